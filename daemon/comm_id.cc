@@ -1,0 +1,52 @@
+#include "daemon/comm_id.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace railyard {
+namespace {
+constexpr absl::string_view kPrefix = "ry1-";
+constexpr size_t kNonceLength = 32;
+constexpr size_t kMaxCoordinatorLength = 255;
+}  // namespace
+
+std::string FormatCommId(const CommId& id) {
+  return absl::StrCat(kPrefix, id.nonce, "@", id.coordinator);
+}
+
+absl::StatusOr<CommId> ParseCommId(absl::string_view text) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed comm id '", text.substr(0, 80),
+                                                   "': ", why,
+                                                   " (expected ry1-<32 hex>@<coordinator>)"));
+  };
+  if (text.substr(0, kPrefix.size()) != kPrefix) return bad("wrong prefix");
+  text.remove_prefix(kPrefix.size());
+  const size_t at = text.find('@');
+  if (at != kNonceLength) return bad("nonce is not 32 hex digits");
+  CommId id;
+  id.nonce = std::string(text.substr(0, at));
+  for (char c : id.nonce) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return bad("nonce is not hex");
+  }
+  id.coordinator = std::string(text.substr(at + 1));
+  if (id.coordinator.empty() || id.coordinator.size() > kMaxCoordinatorLength) {
+    return bad("coordinator address is empty or too long");
+  }
+  for (char c : id.coordinator) {
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) {
+      return bad("coordinator address has spaces or control characters");
+    }
+  }
+  return id;
+}
+
+std::string RandomHex128() {
+  // Session ids are capabilities: draw every bit from the OS (getrandom / /dev/urandom).
+  static thread_local std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+
+}  // namespace railyard

@@ -1,0 +1,199 @@
+// A communicator of one job on this node: its ranks, the merge of their submissions into
+// node-level operations, in-order execution, deadlines and failure.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/deadline_timer.h"
+#include "daemon/scheduler/executor.h"
+#include "daemon/scheduler/merge.h"
+#include "daemon/scheduler/op.h"
+#include "daemon/shm_segment.h"
+
+namespace railyard {
+
+class Session;
+
+// What a communicator needs from the daemon.
+struct CommEnv {
+  scheduler::Executor* executor = nullptr;
+  DeadlineTimer* timer = nullptr;
+  size_t chunk_bytes = 256 * 1024;
+  absl::Duration op_timeout = absl::Seconds(300);
+  absl::Duration init_timeout = absl::Seconds(120);
+};
+
+// One rank's accepted submission, alive until its completion is posted.
+struct PendingRequest {
+  uint64_t request_id = 0;
+  int rank = 0;
+  std::weak_ptr<Session> session;
+  scheduler::RankRequest req;
+  // Keep the mapped buffers alive while the operation may touch them.
+  std::shared_ptr<MappedSegment> send_segment;
+  std::shared_ptr<MappedSegment> recv_segment;
+  absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
+  absl::Time deadline = absl::InfiniteFuture();    // set when the communicator accepts it
+};
+
+struct CommStats {
+  std::string comm_id;
+  std::string job;
+  int nranks = 0;
+  int joined = 0;
+  std::string state;
+  std::string error;
+  uint64_t ops_completed = 0;
+  uint64_t ops_failed = 0;
+  uint64_t bytes_moved = 0;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  using JoinDone = std::function<void(const absl::Status&)>;
+
+  Communicator(std::string comm_id, std::string job, int nranks, CommEnv env);
+  ~Communicator();
+
+  const std::string& comm_id() const { return comm_id_; }
+  const std::string& job() const { return job_; }
+  int nranks() const { return nranks_; }
+
+  // Adds rank; done(OK) runs for every rank once all have joined, or done(DEADLINE_EXCEEDED)
+  // naming the missing ranks when timeout passes first. Immediate errors are returned (and done
+  // is not called): INVALID_ARGUMENT for a rank out of range, ALREADY_EXISTS when the rank has
+  // joined already, FAILED_PRECONDITION when the communicator failed.
+  absl::Status Join(int rank, absl::Duration timeout, JoinDone done);
+
+  // Accepts a rank's operation and returns its sequence number; the completion is posted to the
+  // request's session. Errors are returned immediately and consume nothing: ABORTED when the
+  // communicator has failed, FAILED_PRECONDITION before every rank joined, INVALID_ARGUMENT when
+  // the request disagrees with other ranks' (which also aborts the communicator).
+  absl::StatusOr<uint64_t> Submit(std::unique_ptr<PendingRequest> request);
+
+  // The rank's process left (destroyed the communicator, disconnected or died). Aborts the
+  // communicator for the other ranks with `why` when they are still members.
+  void Leave(int rank, const absl::Status& why);
+
+  // Fails every pending operation with status and every later one with ABORTED. Idempotent:
+  // the first reason sticks.
+  void Abort(const absl::Status& status);
+
+  bool failed() const;
+  bool all_left() const;
+  CommStats Stats() const;
+
+ private:
+  enum class State { kJoining, kReady, kFailed };
+
+  struct Member {
+    bool joined = false;
+    bool left = false;
+    JoinDone join_done;
+  };
+
+  // The submissions of one collective sequence number.
+  struct SeqSlot {
+    scheduler::OpMerge merge;
+    std::vector<std::unique_ptr<PendingRequest>> requests;  // by rank
+    DeadlineTimer::Id timer = 0;
+  };
+
+  // A FIFO of sends from one rank to another and the matching receives.
+  struct Channel {
+    std::deque<std::unique_ptr<PendingRequest>> sends;
+    std::deque<std::unique_ptr<PendingRequest>> recvs;
+    std::deque<DeadlineTimer::Id> send_timers;
+    std::deque<DeadlineTimer::Id> recv_timers;
+    uint64_t matched = 0;  // pairs matched so far: the next pair's sequence number
+    bool executing = false;
+  };
+
+  // A matched send/recv pair being copied.
+  struct P2PRun {
+    scheduler::Execution exec;
+    std::unique_ptr<PendingRequest> send;
+    std::unique_ptr<PendingRequest> recv;
+    std::pair<int, int> channel;
+    uint64_t seq = 0;
+    std::shared_ptr<Communicator> self;  // keeps the communicator alive while it runs
+  };
+
+  // Completions gathered under the lock and delivered after it is released.
+  struct Outcome {
+    std::unique_ptr<PendingRequest> request;
+    absl::Status status;
+    uint64_t seq = 0;
+  };
+  struct Outcomes {
+    std::vector<Outcome> completions;
+    std::vector<JoinDone> joins;
+    absl::Status join_status;
+    scheduler::Execution* collective = nullptr;  // to start on the executor
+    std::vector<P2PRun*> p2p;                    // to start on the executor
+  };
+
+  absl::StatusOr<uint64_t> SubmitCollectiveLocked(std::unique_ptr<PendingRequest> request,
+                                                  Outcomes* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint64_t> SubmitPointToPointLocked(std::unique_ptr<PendingRequest> request,
+                                                    Outcomes* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Prepares the next collective when it is complete and none runs (into out->collective, to be
+  // started outside the lock). Operations without steps complete right here.
+  void NextCollectiveLocked(Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Same for the next matched send/recv pair of a channel.
+  void NextPointToPointLocked(std::pair<int, int> key, Outcomes* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCollectiveDone();
+  void OnPointToPointDone(P2PRun* run);
+  void OnOpDeadline(uint64_t seq);
+  void OnP2PDeadline(std::pair<int, int> key, bool send_side);
+  void OnJoinDeadline();
+  void AbortLocked(const absl::Status& status, Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration TimeoutOf(const PendingRequest& r) const;
+  // Posts completions, runs join callbacks and starts prepared executions. Without the lock.
+  void Deliver(Outcomes& out);
+
+  const std::string comm_id_;
+  const std::string job_;
+  const int nranks_;
+  const CommEnv env_;
+
+  mutable absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
+  int joined_ ABSL_GUARDED_BY(mu_) = 0;
+  DeadlineTimer::Id join_timer_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Collectives: slots_[i] holds sequence number base_seq_ + i.
+  std::vector<uint64_t> next_seq_ ABSL_GUARDED_BY(mu_);  // per rank
+  std::deque<SeqSlot> slots_ ABSL_GUARDED_BY(mu_);
+  uint64_t base_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool collective_running_ ABSL_GUARDED_BY(mu_) = false;
+  scheduler::Execution collective_exec_;  // owned by the running collective while it runs
+  std::shared_ptr<Communicator> running_self_ ABSL_GUARDED_BY(mu_);
+
+  std::map<std::pair<int, int>, Channel> channels_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<P2PRun>> p2p_runs_ ABSL_GUARDED_BY(mu_);  // all ever made
+  std::vector<P2PRun*> idle_p2p_runs_ ABSL_GUARDED_BY(mu_);
+
+  uint64_t ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_moved_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace railyard

@@ -1,0 +1,33 @@
+// Everything railyardd is configured with. main() turns flags (and RAILYARD_<FLAG> env) into this.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace railyard {
+
+struct DaemonConfig {
+  // Unix socket serving the local (client) and admin APIs; created with mode 0660.
+  std::string socket = "/run/railyard/railyard.sock";
+  // This node's name in comm ids, logs and status. Empty: the host name.
+  std::string node_name;
+  // host:port of the daemon<->daemon service; named as coordinator in comm ids when set.
+  std::string peer_listen;
+  // File of "job_id token" lines. When set, only these jobs may connect, with these tokens;
+  // when empty, the first session of a job sets its token.
+  std::string job_tokens_file;
+  // Threads executing collectives. 0: one per CPU.
+  int worker_threads = 0;
+  // Default wait for the other ranks' matching submission of a collective.
+  absl::Duration op_timeout = absl::Seconds(300);
+  // Default wait for all ranks to join a communicator.
+  absl::Duration init_timeout = absl::Seconds(120);
+  // Size of one step of a local plan (see daemon/scheduler/local_plan.h).
+  size_t chunk_bytes = 256 * 1024;
+  // How long shutdown waits for RPCs in flight before cancelling them.
+  absl::Duration shutdown_grace = absl::Seconds(2);
+};
+
+}  // namespace railyard

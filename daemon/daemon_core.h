@@ -1,0 +1,97 @@
+// The daemon's state behind the gRPC services: sessions, jobs and their tokens, buffers,
+// communicators. Every method is thread-safe and returns errors as absl::Status with a message
+// that says what and why; none blocks on another client.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/communicator.h"
+#include "daemon/config.h"
+#include "daemon/deadline_timer.h"
+#include "daemon/scheduler/executor.h"
+#include "daemon/session.h"
+#include "railyard/v1/admin.pb.h"
+#include "railyard/v1/local.pb.h"
+
+namespace railyard {
+
+class DaemonCore {
+ public:
+  // job_tokens: fixed tokens (from --job_tokens); empty map: first session sets a job's token.
+  DaemonCore(DaemonConfig config, std::map<std::string, std::string> job_tokens);
+  ~DaemonCore();
+
+  const DaemonConfig& config() const { return config_; }
+  // Name written into comm ids as coordinator.
+  const std::string& coordinator() const { return coordinator_; }
+
+  // INVALID_ARGUMENT for a malformed job id, PERMISSION_DENIED for a wrong token,
+  // UNAVAILABLE when shutting down.
+  absl::StatusOr<std::shared_ptr<Session>> OpenSession(const v1::ConnectRequest& req);
+  // NOT_FOUND for an unknown (or closed) session id.
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& session_id);
+  // Ends a session: unmaps its buffers, leaves its communicators (failing them for their other
+  // ranks with `why`), finishes its stream with `stream_status`. Idempotent.
+  void CloseSession(const std::shared_ptr<Session>& session, const std::string& why,
+                    const grpc::Status& stream_status);
+
+  absl::StatusOr<uint64_t> RegisterBuffer(Session& session, const std::string& shm_name,
+                                          uint64_t size);
+  absl::Status ReleaseBuffer(Session& session, uint64_t buffer_id);
+
+  std::string NewCommId();
+
+  using InitDone = std::function<void(const absl::Status&, uint64_t handle)>;
+  // Joins a communicator; done runs once every rank has joined or the join failed. Errors found
+  // at once are returned and done is not called.
+  absl::Status InitComm(const std::shared_ptr<Session>& session, const v1::InitCommRequest& req,
+                        InitDone done);
+  absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
+                                  const v1::SubmitRequest& req);
+  absl::Status DestroyComm(Session& session, uint64_t handle);
+
+  v1::StatusResponse Status();
+
+  // Fails every communicator with CANCELLED and closes every session. Idempotent.
+  void Shutdown();
+
+ private:
+  void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
+
+  const DaemonConfig config_;
+  const std::map<std::string, std::string> fixed_tokens_;
+  const absl::Time started_at_;
+  std::string coordinator_;
+  DeadlineTimer timer_;
+  scheduler::Executor executor_;
+  std::atomic<uint64_t> next_buffer_id_{1};
+  std::atomic<uint64_t> next_comm_handle_{1};
+
+  struct Job {
+    std::string token;
+    int sessions = 0;
+  };
+
+  absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // (job, comm id) -> communicator
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<Communicator>> comms_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t retired_ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t retired_ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace railyard

@@ -1,0 +1,72 @@
+#include "daemon/deadline_timer.h"
+
+#include "absl/time/clock.h"
+
+namespace railyard {
+
+DeadlineTimer::DeadlineTimer() : thread_([this] { Loop(); }) {}
+
+DeadlineTimer::~DeadlineTimer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+DeadlineTimer::Id DeadlineTimer::Schedule(absl::Time deadline, std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  const Id id = next_id_++;
+  pending_.emplace(std::make_pair(deadline, id), std::move(fn));
+  deadlines_.emplace(id, deadline);
+  return id;
+}
+
+void DeadlineTimer::Cancel(Id id) {
+  absl::MutexLock lock(&mu_);
+  auto it = deadlines_.find(id);
+  if (it == deadlines_.end()) return;
+  pending_.erase(std::make_pair(it->second, id));
+  deadlines_.erase(it);
+}
+
+void DeadlineTimer::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    if (pending_.empty()) {
+      mu_.Await(absl::Condition(
+          +[](DeadlineTimer* t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return t->stopping_ || !t->pending_.empty();
+          },
+          this));
+      continue;
+    }
+    auto first = pending_.begin();
+    const absl::Time due = first->first.first;
+    if (absl::Now() < due) {
+      // Wake at the deadline, or earlier when an earlier deadline is scheduled or we stop.
+      struct WakeArg {
+        DeadlineTimer* timer;
+        std::pair<absl::Time, Id> earliest;
+      };
+      WakeArg arg{this, first->first};
+      mu_.AwaitWithDeadline(absl::Condition(
+                                +[](WakeArg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                  DeadlineTimer* t = a->timer;
+                                  return t->stopping_ || t->pending_.empty() ||
+                                         t->pending_.begin()->first < a->earliest;
+                                },
+                                &arg),
+                            due);
+      continue;
+    }
+    std::function<void()> fn = std::move(first->second);
+    deadlines_.erase(first->first.second);
+    pending_.erase(first);
+    mu_.Unlock();
+    fn();
+    mu_.Lock();
+  }
+}
+
+}  // namespace railyard

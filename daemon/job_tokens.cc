@@ -1,0 +1,55 @@
+#include "daemon/job_tokens.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace railyard {
+
+bool ValidJobId(absl::string_view job) {
+  if (job.empty() || job.size() > 128) return false;
+  for (char c : job) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ParseJobTokens(absl::string_view content) {
+  std::map<std::string, std::string> tokens;
+  int lineno = 0;
+  for (absl::string_view line : absl::StrSplit(content, '\n')) {
+    ++lineno;
+    if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    std::vector<absl::string_view> parts = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    if (parts.size() != 2 || !ValidJobId(parts[0])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job tokens line ", lineno, ": expected '<job_id> <token>'"));
+    }
+    if (!tokens.emplace(std::string(parts[0]), std::string(parts[1])).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job tokens line ", lineno, ": job ", parts[0], " listed twice"));
+    }
+  }
+  return tokens;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> LoadJobTokens(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job tokens file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto parsed = ParseJobTokens(ss.str());
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", parsed.status().message()));
+  }
+  return parsed;
+}
+
+}  // namespace railyard

@@ -1,0 +1,19 @@
+// The --job_tokens file: one "job_id token" pair per line; '#' starts a comment.
+#pragma once
+
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace railyard {
+
+// INVALID_ARGUMENT naming the line for malformed content, NOT_FOUND when the file is missing.
+absl::StatusOr<std::map<std::string, std::string>> ParseJobTokens(absl::string_view content);
+absl::StatusOr<std::map<std::string, std::string>> LoadJobTokens(const std::string& path);
+
+// Job ids are [A-Za-z0-9._-]{1,128}.
+bool ValidJobId(absl::string_view job);
+
+}  // namespace railyard

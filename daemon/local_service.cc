@@ -1,0 +1,124 @@
+#include "daemon/local_service.h"
+
+#include "daemon/log.h"
+#include "daemon/version.h"
+
+namespace railyard {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpc(s));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::SessionEvent>* LocalService::Connect(grpc::CallbackServerContext* ctx,
+                                                                  const v1::ConnectRequest* req) {
+  absl::StatusOr<std::shared_ptr<Session>> session = core_->OpenSession(*req);
+  if (!session.ok()) {
+    Log(LogLevel::kWarning, "session", "connect refused",
+        {F("job", req->job_id().substr(0, 64)), F("pid", req->pid()),
+         F("reason", session.status().message())});
+    auto* stream = new SessionStream(nullptr, nullptr);
+    stream->Close(ToGrpc(session.status()));
+    return stream;
+  }
+  std::shared_ptr<Session> s = *session;
+  DaemonCore* core = core_;
+  auto* stream = new SessionStream(
+      [core, s] {
+        core->CloseSession(s, "client disconnected", grpc::Status::CANCELLED);
+      },
+      [s] { s->DetachStream(); });
+  s->AttachStream(stream);
+  v1::SessionEvent event;
+  auto* c = event.mutable_connected();
+  c->set_session_id(s->id());
+  c->set_daemon_version(kRailyardVersion);
+  c->set_node_name(core_->config().node_name);
+  stream->Send(std::move(event));
+  return stream;
+}
+
+grpc::ServerUnaryReactor* LocalService::RegisterBuffer(grpc::CallbackServerContext* ctx,
+                                                       const v1::RegisterBufferRequest* req,
+                                                       v1::RegisterBufferResponse* resp) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  absl::StatusOr<uint64_t> id =
+      core_->RegisterBuffer(**session, req->shm_name(), req->size_bytes());
+  if (id.ok()) resp->set_buffer_id(*id);
+  return Done(ctx, id.status());
+}
+
+grpc::ServerUnaryReactor* LocalService::ReleaseBuffer(grpc::CallbackServerContext* ctx,
+                                                      const v1::ReleaseBufferRequest* req,
+                                                      v1::ReleaseBufferResponse*) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  return Done(ctx, core_->ReleaseBuffer(**session, req->buffer_id()));
+}
+
+grpc::ServerUnaryReactor* LocalService::CreateCommId(grpc::CallbackServerContext* ctx,
+                                                     const v1::CreateCommIdRequest* req,
+                                                     v1::CreateCommIdResponse* resp) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  resp->set_comm_id(core_->NewCommId());
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* LocalService::InitComm(grpc::CallbackServerContext* ctx,
+                                                 const v1::InitCommRequest* req,
+                                                 v1::InitCommResponse* resp) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s =
+      core_->InitComm(*session, *req, [reactor, resp](const absl::Status& st, uint64_t handle) {
+        if (st.ok()) {
+          resp->set_comm_handle(handle);
+          resp->set_nnodes(1);
+        }
+        reactor->Finish(ToGrpc(st));
+      });
+  if (!s.ok()) reactor->Finish(ToGrpc(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LocalService::Submit(grpc::CallbackServerContext* ctx,
+                                               const v1::SubmitRequest* req,
+                                               v1::SubmitResponse* resp) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  absl::StatusOr<uint64_t> seq = core_->Submit(*session, *req);
+  if (seq.ok()) resp->set_seq(*seq);
+  return Done(ctx, seq.status());
+}
+
+grpc::ServerUnaryReactor* LocalService::DestroyComm(grpc::CallbackServerContext* ctx,
+                                                    const v1::DestroyCommRequest* req,
+                                                    v1::DestroyCommResponse*) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  return Done(ctx, core_->DestroyComm(**session, req->comm_handle()));
+}
+
+grpc::ServerUnaryReactor* LocalService::Disconnect(grpc::CallbackServerContext* ctx,
+                                                   const v1::DisconnectRequest* req,
+                                                   v1::DisconnectResponse*) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  core_->CloseSession(*session, "client disconnected", grpc::Status::OK);
+  return Done(ctx, absl::OkStatus());
+}
+
+}  // namespace railyard

@@ -1,0 +1,45 @@
+// railyardd: the per-node collective communication daemon. main() only turns flags into config.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "daemon/flags.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("railyardd [--socket PATH] [flags]; every flag is also RAILYARD_<FLAG>");
+  // Signals are taken synchronously by sigwait below, never by a handler on a random thread.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  if (absl::Status s = railyard::ApplyEnvironment(
+          [](const char* name) -> const char* { return std::getenv(name); });
+      !s.ok()) {
+    std::fprintf(stderr, "railyardd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<railyard::DaemonConfig> config = railyard::ConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "railyardd: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  railyard::Server server(*config);
+  if (absl::Status s = server.Start(); !s.ok()) {
+    railyard::Log(railyard::LogLevel::kError, "daemon", "cannot start",
+                  {railyard::F("reason", s.message())});
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  railyard::Log(railyard::LogLevel::kInfo, "daemon", "signal received", {railyard::F("signal", sig)});
+  server.Shutdown();
+  return 0;
+}

@@ -1,0 +1,138 @@
+#include "daemon/request_decode.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace railyard {
+
+using kernels::DataType;
+using kernels::RedOp;
+using scheduler::OpKind;
+
+bool FromProto(v1::DataType in, DataType* out) {
+  switch (in) {
+    case v1::DATA_TYPE_FLOAT32: *out = DataType::kFloat32; return true;
+    case v1::DATA_TYPE_FLOAT64: *out = DataType::kFloat64; return true;
+    case v1::DATA_TYPE_FLOAT16: *out = DataType::kFloat16; return true;
+    case v1::DATA_TYPE_BFLOAT16: *out = DataType::kBFloat16; return true;
+    case v1::DATA_TYPE_INT8: *out = DataType::kInt8; return true;
+    case v1::DATA_TYPE_UINT8: *out = DataType::kUint8; return true;
+    case v1::DATA_TYPE_INT32: *out = DataType::kInt32; return true;
+    case v1::DATA_TYPE_UINT32: *out = DataType::kUint32; return true;
+    case v1::DATA_TYPE_INT64: *out = DataType::kInt64; return true;
+    case v1::DATA_TYPE_UINT64: *out = DataType::kUint64; return true;
+    default: return false;
+  }
+}
+
+bool FromProto(v1::RedOp in, RedOp* out) {
+  switch (in) {
+    case v1::RED_OP_SUM: *out = RedOp::kSum; return true;
+    case v1::RED_OP_PROD: *out = RedOp::kProd; return true;
+    case v1::RED_OP_MIN: *out = RedOp::kMin; return true;
+    case v1::RED_OP_MAX: *out = RedOp::kMax; return true;
+    case v1::RED_OP_AVG: *out = RedOp::kAvg; return true;
+    default: return false;
+  }
+}
+
+bool FromProto(v1::CollectiveOp in, OpKind* out) {
+  switch (in) {
+    case v1::COLLECTIVE_OP_ALL_REDUCE: *out = OpKind::kAllReduce; return true;
+    case v1::COLLECTIVE_OP_REDUCE_SCATTER: *out = OpKind::kReduceScatter; return true;
+    case v1::COLLECTIVE_OP_ALL_GATHER: *out = OpKind::kAllGather; return true;
+    case v1::COLLECTIVE_OP_BROADCAST: *out = OpKind::kBroadcast; return true;
+    case v1::COLLECTIVE_OP_REDUCE: *out = OpKind::kReduce; return true;
+    case v1::COLLECTIVE_OP_ALL_TO_ALL: *out = OpKind::kAllToAll; return true;
+    case v1::COLLECTIVE_OP_ALL_TO_ALL_V: *out = OpKind::kAllToAllv; return true;
+    case v1::COLLECTIVE_OP_SEND: *out = OpKind::kSend; return true;
+    case v1::COLLECTIVE_OP_RECV: *out = OpKind::kRecv; return true;
+    case v1::COLLECTIVE_OP_BARRIER: *out = OpKind::kBarrier; return true;
+    default: return false;
+  }
+}
+
+bool ValidAlgo(absl::string_view algo) {
+  return algo.empty() || algo == "ring" || algo == "tree" || algo == "rhd" || algo == "hier" ||
+         algo == "direct";
+}
+
+namespace {
+
+// Resolves one buffer reference of `bytes` bytes. Returns null for "not given" (buffer_id 0)
+// only when that is allowed: the region is empty.
+absl::Status Resolve(const v1::BufferRef& ref, const char* which, uint64_t bytes, size_t esize,
+                     const Session& session, std::shared_ptr<MappedSegment>* segment,
+                     std::byte** ptr) {
+  if (ref.buffer_id() == 0) {
+    if (bytes == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, " buffer is required (", bytes, " bytes) but buffer_id is 0"));
+  }
+  *segment = session.FindBuffer(ref.buffer_id());
+  if (*segment == nullptr) {
+    return absl::NotFoundError(absl::StrCat(which, " buffer ", ref.buffer_id(),
+                                            " is not registered in this session"));
+  }
+  if (absl::Status s = (*segment)->CheckRange(ref.offset(), bytes, esize); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, " buffer ", ref.buffer_id(), ": ", s.message()));
+  }
+  *ptr = (*segment)->data() + ref.offset();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitRequest& in,
+                                                             const Session& session, int rank,
+                                                             int nranks) {
+  auto out = std::make_unique<PendingRequest>();
+  out->request_id = in.request_id();
+  out->rank = rank;
+  scheduler::RankRequest& r = out->req;
+  if (!FromProto(in.op(), &r.op)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("op ", static_cast<int>(in.op()), " is not a collective operation"));
+  }
+  if (r.op != OpKind::kBarrier && !FromProto(in.dtype(), &r.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", static_cast<int>(in.dtype()), " is not a supported data type"));
+  }
+  if (scheduler::IsReduction(r.op) && !FromProto(in.red_op(), &r.red_op)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "red_op ", static_cast<int>(in.red_op()), " is not a reduction (sum|prod|min|max|avg)"));
+  }
+  if (!ValidAlgo(in.algo())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown algo '", in.algo().substr(0, 32), "' (expected ring|tree|rhd|hier|direct)"));
+  }
+  r.algo = in.algo();
+  r.count = in.count();
+  r.root = in.root();
+  r.send_counts.assign(in.send_counts().begin(), in.send_counts().end());
+  r.send_displs.assign(in.send_displs().begin(), in.send_displs().end());
+  r.recv_counts.assign(in.recv_counts().begin(), in.recv_counts().end());
+  r.recv_displs.assign(in.recv_displs().begin(), in.recv_displs().end());
+  absl::StatusOr<scheduler::Extents> extents = scheduler::ComputeExtents(r, rank, nranks);
+  if (!extents.ok()) return extents.status();
+  const size_t esize = kernels::ElementSize(r.dtype);
+  if (extents->needs_send) {
+    if (auto s = Resolve(in.send(), "send", extents->send_bytes, esize, session,
+                         &out->send_segment, &r.send);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (extents->needs_recv) {
+    if (auto s = Resolve(in.recv(), "recv", extents->recv_bytes, esize, session,
+                         &out->recv_segment, &r.recv);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (auto s = scheduler::CheckInPlaceLayout(r, rank, *extents); !s.ok()) return s;
+  out->timeout = absl::Milliseconds(in.timeout_ms());
+  return out;
+}
+
+}  // namespace railyard

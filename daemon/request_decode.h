@@ -1,0 +1,27 @@
+// Turns a SubmitRequest from the wire into a PendingRequest: enum conversion, buffer lookup and
+// bounds checks, in-place layout checks. Everything a single rank can get wrong is caught here.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "daemon/communicator.h"
+#include "daemon/session.h"
+#include "railyard/v1/local.pb.h"
+
+namespace railyard {
+
+bool FromProto(v1::DataType in, kernels::DataType* out);
+bool FromProto(v1::RedOp in, kernels::RedOp* out);
+bool FromProto(v1::CollectiveOp in, scheduler::OpKind* out);
+
+// Algorithms a request may force (RAILYARD_ALGO). Single-node communicators run every one of
+// them as the same local plan.
+bool ValidAlgo(absl::string_view algo);
+
+// INVALID_ARGUMENT / NOT_FOUND with a message saying which field and why.
+absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitRequest& req,
+                                                             const Session& session, int rank,
+                                                             int nranks);
+
+}  // namespace railyard

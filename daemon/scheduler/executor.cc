@@ -1,0 +1,61 @@
+#include "daemon/scheduler/executor.h"
+
+namespace railyard::scheduler {
+
+Executor::Executor(int threads) {
+  if (threads < 1) threads = 1;
+  workers_.reserve(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+Executor::~Executor() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (auto& t : workers_) t.join();
+}
+
+void Executor::Run(Execution* exec) {
+  const size_t nsteps = exec->plan.steps.size();
+  if (nsteps == 0) {
+    exec->on_done();
+    return;
+  }
+  exec->next_step = 0;
+  exec->remaining.store(nsteps, std::memory_order_relaxed);
+  exec->next_in_queue = nullptr;
+  absl::MutexLock lock(&mu_);
+  if (tail_ == nullptr) {
+    head_ = tail_ = exec;
+  } else {
+    tail_->next_in_queue = exec;
+    tail_ = exec;
+  }
+}
+
+void Executor::WorkerLoop() {
+  for (;;) {
+    Execution* exec = nullptr;
+    size_t step = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return head_ != nullptr || stopping_;
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (head_ == nullptr) return;  // stopping and drained
+      exec = head_;
+      step = exec->next_step++;
+      if (exec->next_step == exec->plan.steps.size()) {
+        // Last step handed out: the next worker starts on the next operation.
+        head_ = exec->next_in_queue;
+        if (head_ == nullptr) tail_ = nullptr;
+      }
+    }
+    RunStep(exec->plan, step);
+    if (exec->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) exec->on_done();
+  }
+}
+
+}  // namespace railyard::scheduler

@@ -1,0 +1,53 @@
+// Runs local plans on a fixed pool of worker threads. Workers sleep on a condition variable when
+// there is no work (no CPU when idle) and help each other on the steps of one large operation.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/scheduler/local_plan.h"
+
+namespace railyard::scheduler {
+
+// One operation's run. Owned and reused by its caller (a communicator keeps one per ordered
+// channel), so the data path allocates nothing.
+struct Execution {
+  LocalPlan plan;
+  // Called once, from the thread that finished the last step, after every step has run.
+  std::function<void()> on_done;
+
+  // Executor state.
+  size_t next_step = 0;
+  std::atomic<size_t> remaining{0};
+  Execution* next_in_queue = nullptr;
+};
+
+class Executor {
+ public:
+  explicit Executor(int threads);
+  ~Executor();  // drains queued work, then joins
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Runs exec->plan's steps on the workers, then exec->on_done(). A plan without steps completes
+  // inline, on the calling thread. exec must stay alive and untouched until on_done runs.
+  void Run(Execution* exec);
+
+  int threads() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  void WorkerLoop();
+
+  absl::Mutex mu_;
+  Execution* head_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Execution* tail_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace railyard::scheduler

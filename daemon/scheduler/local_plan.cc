@@ -1,0 +1,226 @@
+#include "daemon/scheduler/local_plan.h"
+
+#include <algorithm>
+
+#include "daemon/kernels/reduce.h"
+
+namespace railyard::scheduler {
+namespace {
+
+// Appends chunked steps to a plan. Pointer lists are passed as (pointer, count) pairs of the
+// caller's small arrays so that planning does not allocate once the plan has grown to size.
+class PlanBuilder {
+ public:
+  PlanBuilder(LocalPlan* plan, size_t chunk_bytes, size_t esize)
+      : plan_(plan), chunk_bytes_(std::max<size_t>(chunk_bytes, 64)), esize_(esize) {}
+
+  // Reduces count elements of every src into every dst (same offsets).
+  void Reduce(std::byte* const* srcs, uint32_t nsrcs, std::byte* const* dsts, uint32_t ndsts,
+              uint64_t count) {
+    if (count == 0 || ndsts == 0) return;
+    const uint64_t chunk = std::max<uint64_t>(1, chunk_bytes_ / esize_);
+    for (uint64_t off = 0; off < count; off += chunk) {
+      LocalStep step;
+      step.kind = LocalStep::Kind::kReduce;
+      step.count = std::min(chunk, count - off);
+      step.src_begin = Push(srcs, nsrcs, off * esize_);
+      step.nsrcs = nsrcs;
+      step.dst_begin = Push(dsts, ndsts, off * esize_);
+      step.ndsts = ndsts;
+      plan_->steps.push_back(step);
+    }
+    plan_->bytes_moved += count * esize_ * ndsts;
+  }
+
+  // Copies bytes from srcs[k] to dsts[k], k in order within each chunk. Pairs whose source and
+  // destination are the same address are dropped (nothing to move).
+  void Copy(std::byte* const* srcs, std::byte* const* dsts, uint32_t npairs, uint64_t bytes) {
+    uint32_t kept = 0;
+    for (uint32_t k = 0; k < npairs; ++k) kept += srcs[k] != dsts[k] ? 1 : 0;
+    if (bytes == 0 || kept == 0) return;
+    for (uint64_t off = 0; off < bytes; off += chunk_bytes_) {
+      LocalStep step;
+      step.kind = LocalStep::Kind::kCopy;
+      step.count = std::min<uint64_t>(chunk_bytes_, bytes - off);
+      step.src_begin = static_cast<uint32_t>(plan_->ptrs.size());
+      for (uint32_t k = 0; k < npairs; ++k) {
+        if (srcs[k] != dsts[k]) plan_->ptrs.push_back(srcs[k] + off);
+      }
+      step.nsrcs = kept;
+      step.dst_begin = static_cast<uint32_t>(plan_->ptrs.size());
+      for (uint32_t k = 0; k < npairs; ++k) {
+        if (srcs[k] != dsts[k]) plan_->ptrs.push_back(dsts[k] + off);
+      }
+      step.ndsts = kept;
+      plan_->steps.push_back(step);
+    }
+    plan_->bytes_moved += bytes * kept;
+  }
+
+  void Swap(std::byte* a, std::byte* b, uint64_t bytes) {
+    if (bytes == 0 || a == b) return;
+    for (uint64_t off = 0; off < bytes; off += chunk_bytes_) {
+      LocalStep step;
+      step.kind = LocalStep::Kind::kSwap;
+      step.count = std::min<uint64_t>(chunk_bytes_, bytes - off);
+      step.src_begin = Push(&a, 1, off);
+      step.nsrcs = 1;
+      step.dst_begin = Push(&b, 1, off);
+      step.ndsts = 1;
+      plan_->steps.push_back(step);
+    }
+    plan_->bytes_moved += 2 * bytes;
+  }
+
+ private:
+  uint32_t Push(std::byte* const* ptrs, uint32_t n, uint64_t offset) {
+    const auto begin = static_cast<uint32_t>(plan_->ptrs.size());
+    for (uint32_t i = 0; i < n; ++i) plan_->ptrs.push_back(ptrs[i] + offset);
+    return begin;
+  }
+
+  LocalPlan* plan_;
+  size_t chunk_bytes_;
+  size_t esize_;
+};
+
+// One block of an AllToAll(v): what rank `from` sends to rank `to`.
+struct Block {
+  std::byte* src;
+  std::byte* dst;
+  uint64_t bytes;
+};
+
+Block AllToAllBlock(const std::vector<const RankRequest*>& reqs, int from, int to, size_t esize) {
+  const RankRequest& f = *reqs[from];
+  const RankRequest& t = *reqs[to];
+  if (f.op == OpKind::kAllToAllv) {
+    if (f.send_counts[to] == 0) return Block{nullptr, nullptr, 0};  // buffers may be absent
+    return Block{f.send + f.send_displs[to] * esize, t.recv + t.recv_displs[from] * esize,
+                 f.send_counts[to] * esize};
+  }
+  const uint64_t bytes = f.count * esize;
+  return Block{f.send + static_cast<uint64_t>(to) * bytes,
+               t.recv + static_cast<uint64_t>(from) * bytes, bytes};
+}
+
+void PlanAllToAll(const std::vector<const RankRequest*>& reqs, size_t esize, PlanBuilder& b) {
+  const int n = static_cast<int>(reqs.size());
+  for (int r = 0; r < n; ++r) {
+    const Block self = AllToAllBlock(reqs, r, r, esize);
+    b.Copy(&self.src, &self.dst, 1, self.bytes);
+    const bool r_in_place = IsInPlace(*reqs[r], r);
+    for (int j = r + 1; j < n; ++j) {
+      const bool j_in_place = IsInPlace(*reqs[j], j);
+      const Block rj = AllToAllBlock(reqs, r, j, esize);  // r's block for j
+      const Block jr = AllToAllBlock(reqs, j, r, esize);  // j's block for r
+      if (r_in_place && j_in_place) {
+        // rj.src is jr.dst and jr.src is rj.dst: an exchange (equal sizes by count symmetry).
+        b.Swap(rj.src, jr.src, rj.bytes);
+      } else if (r_in_place || j_in_place) {
+        // The in-place rank's outgoing block is overwritten by its incoming one: read it first.
+        // Count symmetry plus send == recv layout makes both blocks the same size.
+        const Block& first = r_in_place ? rj : jr;
+        const Block& second = r_in_place ? jr : rj;
+        std::byte* srcs[2] = {first.src, second.src};
+        std::byte* dsts[2] = {first.dst, second.dst};
+        b.Copy(srcs, dsts, 2, first.bytes);
+      } else {
+        b.Copy(&rj.src, &rj.dst, 1, rj.bytes);
+        b.Copy(&jr.src, &jr.dst, 1, jr.bytes);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void BuildLocalPlan(const std::vector<const RankRequest*>& reqs, size_t chunk_bytes,
+                    LocalPlan* plan) {
+  plan->Clear();
+  const RankRequest& r0 = *reqs[0];
+  const auto n = static_cast<uint32_t>(reqs.size());
+  plan->dtype = r0.dtype;
+  plan->red_op = r0.red_op;
+  plan->avg_divisor = n;
+  const size_t esize = kernels::ElementSize(r0.dtype);
+  const uint64_t c = r0.count;
+  const uint64_t seg = c * esize;
+  PlanBuilder b(plan, chunk_bytes, esize);
+  // Per-rank pointer arrays (a comm has few local ranks; these are small).
+  std::vector<std::byte*>& srcs = plan->scratch_srcs;
+  std::vector<std::byte*>& dsts = plan->scratch_dsts;
+  srcs.resize(n);
+  dsts.resize(n);
+  switch (r0.op) {
+    case OpKind::kAllReduce:
+      for (uint32_t r = 0; r < n; ++r) {
+        srcs[r] = reqs[r]->send;
+        dsts[r] = reqs[r]->recv;
+      }
+      b.Reduce(srcs.data(), n, dsts.data(), n, c);
+      break;
+    case OpKind::kReduce:
+      for (uint32_t r = 0; r < n; ++r) srcs[r] = reqs[r]->send;
+      b.Reduce(srcs.data(), n, &reqs[r0.root]->recv, 1, c);
+      break;
+    case OpKind::kReduceScatter:
+      for (uint32_t r = 0; r < n; ++r) {
+        for (uint32_t j = 0; j < n; ++j) srcs[j] = reqs[j]->send + r * seg;
+        b.Reduce(srcs.data(), n, &reqs[r]->recv, 1, c);
+      }
+      break;
+    case OpKind::kBroadcast:
+      for (uint32_t r = 0; r < n; ++r) {
+        srcs[r] = reqs[r0.root]->send;
+        dsts[r] = reqs[r]->recv;
+      }
+      b.Copy(srcs.data(), dsts.data(), n, seg);
+      break;
+    case OpKind::kAllGather:
+      for (uint32_t j = 0; j < n; ++j) {
+        for (uint32_t r = 0; r < n; ++r) {
+          srcs[r] = reqs[j]->send;
+          dsts[r] = reqs[r]->recv + j * seg;
+        }
+        b.Copy(srcs.data(), dsts.data(), n, seg);
+      }
+      break;
+    case OpKind::kAllToAll:
+    case OpKind::kAllToAllv:
+      PlanAllToAll(reqs, esize, b);
+      break;
+    case OpKind::kBarrier:
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      break;
+  }
+}
+
+void BuildCopyPlan(std::byte* src, std::byte* dst, uint64_t bytes, size_t chunk_bytes,
+                   LocalPlan* plan) {
+  plan->Clear();
+  PlanBuilder b(plan, chunk_bytes, 1);
+  b.Copy(&src, &dst, 1, bytes);
+}
+
+void RunStep(const LocalPlan& plan, size_t i) {
+  const LocalStep& s = plan.steps[i];
+  std::byte* const* srcs = plan.ptrs.data() + s.src_begin;
+  std::byte* const* dsts = plan.ptrs.data() + s.dst_begin;
+  switch (s.kind) {
+    case LocalStep::Kind::kReduce:
+      kernels::ReduceToMany(plan.dtype, plan.red_op, reinterpret_cast<void* const*>(dsts),
+                            static_cast<int>(s.ndsts), reinterpret_cast<const void* const*>(srcs),
+                            static_cast<int>(s.nsrcs), s.count, plan.avg_divisor);
+      break;
+    case LocalStep::Kind::kCopy:
+      for (uint32_t k = 0; k < s.nsrcs; ++k) kernels::Copy(dsts[k], srcs[k], s.count);
+      break;
+    case LocalStep::Kind::kSwap:
+      kernels::Swap(srcs[0], dsts[0], s.count);
+      break;
+  }
+}
+
+}  // namespace railyard::scheduler

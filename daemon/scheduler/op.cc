@@ -1,0 +1,219 @@
+#include "daemon/scheduler/op.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace railyard::scheduler {
+
+absl::string_view OpName(OpKind op) {
+  switch (op) {
+    case OpKind::kAllReduce:
+      return "allreduce";
+    case OpKind::kReduceScatter:
+      return "reducescatter";
+    case OpKind::kAllGather:
+      return "allgather";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllToAll:
+      return "alltoall";
+    case OpKind::kAllToAllv:
+      return "alltoallv";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kBarrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+bool IsPointToPoint(OpKind op) { return op == OpKind::kSend || op == OpKind::kRecv; }
+
+bool IsReduction(OpKind op) {
+  return op == OpKind::kAllReduce || op == OpKind::kReduceScatter || op == OpKind::kReduce;
+}
+
+bool HasRoot(OpKind op) {
+  return op == OpKind::kBroadcast || op == OpKind::kReduce || IsPointToPoint(op);
+}
+
+namespace {
+
+// Largest element count we accept: keeps count * nranks * element size far from overflow.
+constexpr uint64_t kMaxBytes = uint64_t{1} << 48;
+
+absl::Status CheckBytes(uint64_t count, uint64_t multiple, size_t esize, uint64_t* bytes) {
+  if (count > kMaxBytes / esize || multiple > kMaxBytes || count * esize > kMaxBytes / multiple) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("count ", count, " x ", multiple, " elements of ", esize,
+                     " bytes exceeds the 2^48-byte limit of one operation"));
+  }
+  *bytes = count * multiple * esize;
+  return absl::OkStatus();
+}
+
+// Bytes spanned by per-peer blocks (counts[i] elements at displs[i]).
+absl::Status SpanOfBlocks(const std::vector<uint64_t>& counts, const std::vector<uint64_t>& displs,
+                          int nranks, size_t esize, const char* what, uint64_t* bytes) {
+  if (counts.size() != static_cast<size_t>(nranks) ||
+      displs.size() != static_cast<size_t>(nranks)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "_counts and ", what, "_displs need ",
+                                                   nranks, " entries (one per rank), got ",
+                                                   counts.size(), " and ", displs.size()));
+  }
+  uint64_t end = 0;
+  for (int i = 0; i < nranks; ++i) {
+    if (counts[i] > kMaxBytes / esize || displs[i] > kMaxBytes / esize) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " block for rank ", i,
+                                                     " exceeds the 2^48-byte limit"));
+    }
+    if (counts[i] > 0) end = std::max(end, (displs[i] + counts[i]) * esize);
+  }
+  *bytes = end;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Extents> ComputeExtents(const RankRequest& req, int rank, int nranks) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " not in [0, ", nranks, ")"));
+  }
+  if (HasRoot(req.op) && (req.root < 0 || req.root >= nranks)) {
+    return absl::InvalidArgumentError(absl::StrCat(IsPointToPoint(req.op) ? "peer " : "root ",
+                                                   req.root, " not in [0, ", nranks, ")"));
+  }
+  if (IsPointToPoint(req.op) && req.root == rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpName(req.op), " to itself (peer ", rank, ") is not allowed"));
+  }
+  const size_t esize = kernels::ElementSize(req.dtype);
+  const uint64_t n = static_cast<uint64_t>(nranks);
+  Extents e;
+  switch (req.op) {
+    case OpKind::kAllReduce:
+      if (auto s = CheckBytes(req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
+      e.recv_bytes = e.send_bytes;
+      e.needs_send = e.needs_recv = true;
+      break;
+    case OpKind::kReduceScatter:
+      if (auto s = CheckBytes(req.count, n, esize, &e.send_bytes); !s.ok()) return s;
+      e.recv_bytes = req.count * esize;
+      e.needs_send = e.needs_recv = true;
+      break;
+    case OpKind::kAllGather:
+      if (auto s = CheckBytes(req.count, n, esize, &e.recv_bytes); !s.ok()) return s;
+      e.send_bytes = req.count * esize;
+      e.needs_send = e.needs_recv = true;
+      break;
+    case OpKind::kBroadcast:
+      if (auto s = CheckBytes(req.count, 1, esize, &e.recv_bytes); !s.ok()) return s;
+      e.send_bytes = e.recv_bytes;
+      e.needs_send = rank == req.root;
+      e.needs_recv = true;
+      break;
+    case OpKind::kReduce:
+      if (auto s = CheckBytes(req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
+      e.recv_bytes = e.send_bytes;
+      e.needs_send = true;
+      e.needs_recv = rank == req.root;
+      break;
+    case OpKind::kAllToAll:
+      if (auto s = CheckBytes(req.count, n, esize, &e.send_bytes); !s.ok()) return s;
+      e.recv_bytes = e.send_bytes;
+      e.needs_send = e.needs_recv = true;
+      break;
+    case OpKind::kAllToAllv:
+      if (auto s = SpanOfBlocks(req.send_counts, req.send_displs, nranks, esize, "send",
+                                &e.send_bytes);
+          !s.ok()) {
+        return s;
+      }
+      if (auto s = SpanOfBlocks(req.recv_counts, req.recv_displs, nranks, esize, "recv",
+                                &e.recv_bytes);
+          !s.ok()) {
+        return s;
+      }
+      e.needs_send = e.needs_recv = true;
+      break;
+    case OpKind::kSend:
+      if (auto s = CheckBytes(req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
+      e.needs_send = true;
+      break;
+    case OpKind::kRecv:
+      if (auto s = CheckBytes(req.count, 1, esize, &e.recv_bytes); !s.ok()) return s;
+      e.needs_recv = true;
+      break;
+    case OpKind::kBarrier:
+      break;
+  }
+  return e;
+}
+
+}  // namespace railyard::scheduler
+
+namespace railyard::scheduler {
+
+bool IsInPlace(const RankRequest& req, int rank) {
+  if (req.send == nullptr || req.recv == nullptr) return false;
+  const uint64_t seg = req.count * kernels::ElementSize(req.dtype) * static_cast<uint64_t>(rank);
+  switch (req.op) {
+    case OpKind::kReduceScatter:
+      return req.recv == req.send + seg;
+    case OpKind::kAllGather:
+      return req.send == req.recv + seg;
+    case OpKind::kAllReduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+    case OpKind::kAllToAll:
+    case OpKind::kAllToAllv:
+      return req.send == req.recv;
+    default:
+      return false;
+  }
+}
+
+absl::Status CheckInPlaceLayout(const RankRequest& req, int rank, const Extents& e) {
+  if (!e.needs_send || !e.needs_recv || req.send == nullptr || req.recv == nullptr) {
+    return absl::OkStatus();
+  }
+  if (IsInPlace(req, rank)) {
+    if (req.op != OpKind::kAllToAllv) return absl::OkStatus();
+    if (req.send_counts != req.recv_counts || req.send_displs != req.recv_displs) {
+      return absl::InvalidArgumentError(
+          "in-place alltoallv needs send_counts == recv_counts and send_displs == recv_displs");
+    }
+    // Blocks of one buffer are read and written in place: they must not overlap each other.
+    std::vector<std::pair<uint64_t, uint64_t>> blocks;
+    for (size_t i = 0; i < req.recv_counts.size(); ++i) {
+      if (req.recv_counts[i] > 0) blocks.emplace_back(req.recv_displs[i], req.recv_counts[i]);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    for (size_t i = 1; i < blocks.size(); ++i) {
+      if (blocks[i - 1].first + blocks[i - 1].second > blocks[i].first) {
+        return absl::InvalidArgumentError(
+            "in-place alltoallv blocks overlap: each peer's block must be disjoint");
+      }
+    }
+    return absl::OkStatus();
+  }
+  const std::byte* s0 = req.send;
+  const std::byte* s1 = req.send + e.send_bytes;
+  const std::byte* r0 = req.recv;
+  const std::byte* r1 = req.recv + e.recv_bytes;
+  if (e.send_bytes > 0 && e.recv_bytes > 0 && s0 < r1 && r0 < s1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "send and recv regions overlap but are not the in-place layout of ", OpName(req.op),
+        " (see docs/local-api.md)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace railyard::scheduler

@@ -1,0 +1,73 @@
+// What a rank asks of a collective, in the scheduler's terms: no gRPC, no sessions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/kernels/types.h"
+
+namespace railyard::scheduler {
+
+enum class OpKind : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kReduce,
+  kAllToAll,
+  kAllToAllv,
+  kSend,
+  kRecv,
+  kBarrier,
+};
+
+absl::string_view OpName(OpKind op);
+bool IsPointToPoint(OpKind op);
+// True for ops whose result combines elements with a RedOp.
+bool IsReduction(OpKind op);
+// True when `root` names a rank that must be in range (Broadcast, Reduce, Send, Recv peer).
+bool HasRoot(OpKind op);
+
+// One rank's request with its buffers already resolved to daemon addresses.
+struct RankRequest {
+  OpKind op = OpKind::kBarrier;
+  kernels::DataType dtype = kernels::DataType::kFloat32;
+  kernels::RedOp red_op = kernels::RedOp::kSum;
+  uint64_t count = 0;  // elements, NCCL semantics (docs/local-api.md)
+  int root = 0;        // root for Broadcast/Reduce, peer for Send/Recv
+  std::string algo;    // forced algorithm, empty = daemon's choice
+  std::byte* send = nullptr;
+  std::byte* recv = nullptr;
+  // AllToAllv only: elements per peer rank.
+  std::vector<uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+};
+
+// Byte extents a rank's send and recv regions must have for its request.
+struct Extents {
+  uint64_t send_bytes = 0;
+  uint64_t recv_bytes = 0;
+  bool needs_send = false;
+  bool needs_recv = false;
+};
+
+// Checks a request's own shape (root/peer in range, alltoallv vectors of nranks entries, sizes
+// that do not overflow) and computes the regions it touches. INVALID_ARGUMENT says what is wrong.
+absl::StatusOr<Extents> ComputeExtents(const RankRequest& req, int rank, int nranks);
+
+}  // namespace railyard::scheduler
+
+namespace railyard::scheduler {
+
+// A rank's send and recv regions must either be the op's in-place layout (docs/local-api.md) or
+// not overlap at all. INVALID_ARGUMENT otherwise.
+absl::Status CheckInPlaceLayout(const RankRequest& req, int rank, const Extents& extents);
+
+// True when the request is in place (send and recv are the op's in-place layout).
+bool IsInPlace(const RankRequest& req, int rank);
+
+}  // namespace railyard::scheduler

@@ -1,0 +1,120 @@
+#include "daemon/server.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/job_tokens.h"
+#include "daemon/log.h"
+#include "daemon/version.h"
+#include "grpcpp/server_builder.h"
+
+namespace railyard {
+namespace {
+
+// True when something accepts connections on the Unix socket at path.
+bool SomeoneListens(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+absl::Status PrepareSocketPath(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("--socket is empty");
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("--socket path is ", path.size(),
+                                                   " bytes; Unix sockets allow at most ",
+                                                   sizeof(sockaddr_un{}.sun_path) - 1));
+  }
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create socket directory ", dir.string(), ": ", ec.message()));
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+    }
+    if (SomeoneListens(path)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("another daemon is already serving ", path));
+    }
+    ::unlink(path.c_str());  // stale socket of a daemon that died
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Server::~Server() { Shutdown(); }
+
+absl::Status Server::Start() {
+  std::map<std::string, std::string> tokens;
+  if (!config_.job_tokens_file.empty()) {
+    auto loaded = LoadJobTokens(config_.job_tokens_file);
+    if (!loaded.ok()) return loaded.status();
+    tokens = *std::move(loaded);
+  }
+  if (absl::Status s = PrepareSocketPath(config_.socket); !s.ok()) return s;
+  core_ = std::make_unique<DaemonCore>(config_, std::move(tokens));
+  local_ = std::make_unique<LocalService>(core_.get());
+  admin_ = std::make_unique<AdminService>(core_.get());
+
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(absl::StrCat("unix:", config_.socket),
+                           grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(local_.get());
+  builder.RegisterService(admin_.get());
+  grpc_ = builder.BuildAndStart();
+  if (grpc_ == nullptr || bound == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config_.socket));
+  }
+  socket_created_ = true;
+  if (::chmod(config_.socket.c_str(), 0660) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("chmod 0660 ", config_.socket, ": ",
+                                                      std::strerror(errno)));
+  }
+  Log(LogLevel::kInfo, "daemon", "serving",
+      {F("version", kRailyardVersion), F("socket", config_.socket),
+       F("node", config_.node_name), F("coordinator", core_->coordinator()),
+       F("worker_threads", core_->Status().worker_threads())});
+  return absl::OkStatus();
+}
+
+void Server::Shutdown() {
+  if (core_ == nullptr) return;
+  Log(LogLevel::kInfo, "daemon", "shutting down", {F("socket", config_.socket)});
+  core_->Shutdown();
+  if (grpc_ != nullptr) {
+    grpc_->Shutdown(absl::ToChronoTime(absl::Now() + config_.shutdown_grace));
+    grpc_->Wait();
+    grpc_.reset();
+  }
+  if (socket_created_) {
+    ::unlink(config_.socket.c_str());
+    socket_created_ = false;
+  }
+  local_.reset();
+  admin_.reset();
+  core_.reset();
+  Log(LogLevel::kInfo, "daemon", "stopped", {});
+}
+
+}  // namespace railyard

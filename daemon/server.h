@@ -1,0 +1,36 @@
+// railyardd's lifetime: the Unix socket, the gRPC server and its services, and clean shutdown.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "daemon/admin_service.h"
+#include "daemon/config.h"
+#include "daemon/daemon_core.h"
+#include "daemon/local_service.h"
+#include "grpcpp/server.h"
+
+namespace railyard {
+
+class Server {
+ public:
+  explicit Server(DaemonConfig config) : config_(std::move(config)) {}
+  ~Server();
+
+  // Loads the job tokens file, prepares the socket path (creating its directory, refusing when
+  // another daemon answers on it, removing a stale file) and starts serving.
+  absl::Status Start();
+  // Fails in-flight collectives with CANCELLED, finishes sessions, stops the gRPC server (RPCs
+  // still running after the grace period are cancelled) and removes the socket file. Idempotent.
+  void Shutdown();
+
+ private:
+  DaemonConfig config_;
+  std::unique_ptr<DaemonCore> core_;
+  std::unique_ptr<LocalService> local_;
+  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<grpc::Server> grpc_;
+  bool socket_created_ = false;
+};
+
+}  // namespace railyard

@@ -1,0 +1,104 @@
+// A client process's session: its job, its mapped buffers, its communicator memberships and the
+// stream its completions go out on.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/shm_segment.h"
+#include "railyard/v1/local.grpc.pb.h"
+
+namespace railyard {
+
+class Communicator;
+
+// The Connect server stream of one session. Writes queued events one at a time.
+class SessionStream : public grpc::ServerWriteReactor<v1::SessionEvent> {
+ public:
+  // on_cancel runs once if the client goes away (process exit, crash, cancelled call);
+  // on_done runs last, just before the stream deletes itself.
+  SessionStream(std::function<void()> on_cancel, std::function<void()> on_done)
+      : on_cancel_(std::move(on_cancel)), on_done_(std::move(on_done)) {}
+
+  // Queues an event for the client. Dropped after Close().
+  void Send(v1::SessionEvent event);
+  // Finishes the stream with status once the queued events are written.
+  void Close(const grpc::Status& status);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  absl::Mutex mu_;
+  std::deque<v1::SessionEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_cancel_;
+  std::function<void()> on_done_;
+};
+
+// A communicator this session's process is a rank of.
+struct Membership {
+  std::shared_ptr<Communicator> comm;
+  int rank = 0;
+};
+
+class Session {
+ public:
+  Session(std::string id, std::string job, int64_t pid, std::string client);
+
+  const std::string& id() const { return id_; }
+  const std::string& job() const { return job_; }
+  int64_t pid() const { return pid_; }
+  const std::string& client() const { return client_; }
+  absl::Time connected_at() const { return connected_at_; }
+
+  // Completions. The stream is attached by Connect and detached when it is done.
+  void AttachStream(SessionStream* stream);
+  void DetachStream();
+  void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq);
+  // Marks the session closed and finishes its stream (if any) with status.
+  void Close(const grpc::Status& status);
+  bool closed() const;
+
+  // Buffers.
+  absl::Status AddBuffer(uint64_t id, std::shared_ptr<MappedSegment> segment);
+  std::shared_ptr<MappedSegment> FindBuffer(uint64_t id) const;
+  bool RemoveBuffer(uint64_t id);
+  std::map<uint64_t, std::shared_ptr<MappedSegment>> TakeBuffers();
+  uint32_t buffer_count() const;
+  uint64_t buffer_bytes() const;
+
+  // Communicator memberships, by comm handle.
+  absl::Status AddMembership(uint64_t handle, Membership m);
+  absl::StatusOr<Membership> FindMembership(uint64_t handle) const;
+  bool RemoveMembership(uint64_t handle);
+  std::map<uint64_t, Membership> TakeMemberships();
+
+ private:
+  const std::string id_;
+  const std::string job_;
+  const int64_t pid_;
+  const std::string client_;
+  const absl::Time connected_at_;
+
+  mutable absl::Mutex mu_;
+  SessionStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, std::shared_ptr<MappedSegment>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Membership> memberships_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace railyard

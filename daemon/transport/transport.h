@@ -1,0 +1,52 @@
+// The data plane between daemons, as the scheduler's executor sees it: move bytes to and from a
+// peer daemon over one rail, asynchronously. A transport never knows what a collective is.
+//
+// Only the in-node path exists so far (no remote peers); this interface is the seam the UCX
+// implementation (daemon/transport/ucx) and the in-process test implementation plug into.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace railyard::transport {
+
+// Called exactly once per Send/Recv, from a transport thread: OK once the bytes have left the
+// source buffer (Send) or arrived in full (Recv), else why not (UNAVAILABLE for a dead peer).
+using CompletionFn = std::function<void(absl::Status)>;
+
+// Matches a send with its receive: (communicator, sequence number, step) packed by the scheduler.
+using Tag = uint64_t;
+
+// A connection to one peer daemon over one rail. Thread-safe.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  // Sends bytes [data, data + size) tagged tag. data stays valid until done runs.
+  virtual void Send(Tag tag, const void* data, size_t size, CompletionFn done) = 0;
+  // Receives exactly size bytes tagged tag into data.
+  virtual void Recv(Tag tag, void* data, size_t size, CompletionFn done) = 0;
+  // Fails every pending and later operation on this endpoint with status.
+  virtual void Abort(const absl::Status& status) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Rails (NICs) this daemon has; rail indices are [0, num_rails()).
+  virtual int num_rails() const = 0;
+  // Opaque address of this daemon's worker on rail, exchanged during communicator bootstrap.
+  virtual absl::StatusOr<std::string> LocalAddress(int rail) = 0;
+  // Connects to a peer's worker on rail, given the address its LocalAddress returned.
+  virtual absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address,
+                                                            int rail) = 0;
+  // Stops progress; pending operations fail with CANCELLED.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace railyard::transport
