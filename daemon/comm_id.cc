@@ -18,9 +18,8 @@ std::string FormatCommId(const CommId& id) {
 
 absl::StatusOr<CommId> ParseCommId(absl::string_view text) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed comm id '", text.substr(0, 80),
-                                                   "': ", why,
-                                                   " (expected ry1-<32 hex>@<coordinator>)"));
+    return absl::InvalidArgumentError(absl::StrCat("malformed comm id '", text.substr(0, 80), "': ",
+                                                   why, " (expected ry1-<32 hex>@<coordinator>)"));
   };
   if (text.substr(0, kPrefix.size()) != kPrefix) return bad("wrong prefix");
   text.remove_prefix(kPrefix.size());

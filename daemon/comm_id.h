@@ -3,9 +3,9 @@
 #pragma once
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace railyard {
 

@@ -116,9 +116,9 @@ absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
   }
   SeqSlot& slot = slots_[idx];
   if (absl::Status s = slot.merge.Add(rank, &request->req); !s.ok()) {
-    const absl::Status why(s.code(), absl::StrCat(scheduler::OpName(request->req.op), " seq ", seq,
-                                                  " on communicator ", comm_id_, ": ",
-                                                  s.message()));
+    const absl::Status why(s.code(),
+                           absl::StrCat(scheduler::OpName(request->req.op), " seq ", seq,
+                                        " on communicator ", comm_id_, ": ", s.message()));
     AbortLocked(why, out);
     return why;
   }
@@ -155,7 +155,8 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
       return;
     }
     // Nothing to move (barrier, count 0): complete now.
-    for (auto& r : slot.requests) out->completions.push_back({std::move(r), absl::OkStatus(), base_seq_});
+    for (auto& r : slot.requests)
+      out->completions.push_back({std::move(r), absl::OkStatus(), base_seq_});
     ++ops_completed_;
     slots_.pop_front();
     ++base_seq_;
@@ -169,7 +170,8 @@ void Communicator::OnCollectiveDone() {
     absl::MutexLock lock(&mu_);
     keep = std::move(running_self_);
     SeqSlot& slot = slots_.front();
-    for (auto& r : slot.requests) out.completions.push_back({std::move(r), absl::OkStatus(), base_seq_});
+    for (auto& r : slot.requests)
+      out.completions.push_back({std::move(r), absl::OkStatus(), base_seq_});
     ++ops_completed_;
     bytes_moved_ += collective_exec_.plan.bytes_moved;
     slots_.pop_front();
@@ -195,9 +197,8 @@ void Communicator::OnOpDeadline(uint64_t seq) {
     const std::vector<int> missing = slot.merge.MissingRanks();
     AbortLocked(absl::DeadlineExceededError(absl::StrCat(
                     scheduler::OpName(first->req.op), " seq ", seq, " on communicator ", comm_id_,
-                    ": rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
-                    " of ", nranks_, " did not submit within ",
-                    absl::FormatDuration(TimeoutOf(*first)))),
+                    ": rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " of ",
+                    nranks_, " did not submit within ", absl::FormatDuration(TimeoutOf(*first)))),
                 &out);
   }
   Deliver(out);
@@ -228,11 +229,12 @@ void Communicator::NextPointToPointLocked(std::pair<int, int> key, Outcomes* out
     const PendingRequest& send = *ch.sends.front();
     const PendingRequest& recv = *ch.recvs.front();
     if (send.req.dtype != recv.req.dtype || send.req.count != recv.req.count) {
-      AbortLocked(absl::InvalidArgumentError(absl::StrCat(
-                      "send/recv mismatch on communicator ", comm_id_, " (pair seq ", ch.matched,
-                      "): rank ", key.first, " sends ", send.req.count, " x ",
-                      std::string(kernels::Name(send.req.dtype)), " to rank ", key.second, ", which receives ",
-                      recv.req.count, " x ", std::string(kernels::Name(recv.req.dtype)))),
+      AbortLocked(absl::InvalidArgumentError(
+                      absl::StrCat("send/recv mismatch on communicator ", comm_id_, " (pair seq ",
+                                   ch.matched, "): rank ", key.first, " sends ", send.req.count,
+                                   " x ", std::string(kernels::Name(send.req.dtype)), " to rank ",
+                                   key.second, ", which receives ", recv.req.count, " x ",
+                                   std::string(kernels::Name(recv.req.dtype)))),
                   out);
       return;
     }
@@ -300,12 +302,12 @@ void Communicator::OnP2PDeadline(std::pair<int, int> key, bool send_side) {
     if (queue.empty() || queue.front()->deadline > absl::Now()) return;
     const int waiting = send_side ? key.first : key.second;
     const int missing = send_side ? key.second : key.first;
-    AbortLocked(absl::DeadlineExceededError(absl::StrCat(
-                    send_side ? "send" : "recv", " of rank ", waiting, " on communicator ",
-                    comm_id_, ": rank ", missing, " did not post the matching ",
-                    send_side ? "recv" : "send", " within ",
-                    absl::FormatDuration(TimeoutOf(*queue.front())))),
-                &out);
+    AbortLocked(
+        absl::DeadlineExceededError(absl::StrCat(
+            send_side ? "send" : "recv", " of rank ", waiting, " on communicator ", comm_id_,
+            ": rank ", missing, " did not post the matching ", send_side ? "recv" : "send",
+            " within ", absl::FormatDuration(TimeoutOf(*queue.front())))),
+        &out);
   }
   Deliver(out);
 }
@@ -317,7 +319,8 @@ void Communicator::Leave(int rank, const absl::Status& why) {
     if (rank < 0 || rank >= nranks_ || members_[rank].left) return;
     members_[rank].left = true;
     bool others = false;
-    for (int r = 0; r < nranks_; ++r) others |= r != rank && members_[r].joined && !members_[r].left;
+    for (int r = 0; r < nranks_; ++r)
+      others |= r != rank && members_[r].joined && !members_[r].left;
     if (others || state_ == State::kJoining) AbortLocked(why, &out);
   }
   Deliver(out);
@@ -337,9 +340,7 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out) {
   const bool was_joining = state_ == State::kJoining;
   state_ = State::kFailed;
   error_ = status;
-  Log(LogLevel::kWarning, "comm", "communicator aborted",
-      {F("comm", comm_id_), F("job", job_), F("code", absl::StatusCodeToString(status.code())),
-       F("reason", status.message())});
+  const size_t failed_before = out->completions.size() + out->joins.size();
   if (was_joining) {
     env_.timer->Cancel(join_timer_);
     for (auto& m : members_) {
@@ -371,6 +372,12 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out) {
     ch.sends.clear();
     ch.recvs.clear();
   }
+  // A rank leaving an idle communicator is how jobs end: only failed work is worth a warning.
+  const size_t failed = out->completions.size() + out->joins.size() - failed_before;
+  Log(failed > 0 ? LogLevel::kWarning : LogLevel::kInfo, "comm",
+      failed > 0 ? "communicator aborted" : "communicator closed",
+      {F("comm", comm_id_), F("job", job_), F("code", absl::StatusCodeToString(status.code())),
+       F("reason", status.message()), F("failed_requests", failed)});
 }
 
 void Communicator::Deliver(Outcomes& out) {

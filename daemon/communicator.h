@@ -45,7 +45,7 @@ struct PendingRequest {
   std::shared_ptr<MappedSegment> send_segment;
   std::shared_ptr<MappedSegment> recv_segment;
   absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
-  absl::Time deadline = absl::InfiniteFuture();    // set when the communicator accepts it
+  absl::Time deadline = absl::InfiniteFuture();   // set when the communicator accepts it
 };
 
 struct CommStats {
@@ -146,8 +146,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   };
 
   absl::StatusOr<uint64_t> SubmitCollectiveLocked(std::unique_ptr<PendingRequest> request,
-                                                  Outcomes* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                                  Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> SubmitPointToPointLocked(std::unique_ptr<PendingRequest> request,
                                                     Outcomes* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -36,8 +36,8 @@ DaemonCore::~DaemonCore() { Shutdown(); }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::ConnectRequest& req) {
   if (!ValidJobId(req.job_id())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job id '", req.job_id().substr(0, 64), "' is not [A-Za-z0-9._-]{1,128}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id '", req.job_id().substr(0, 64), "' is not [A-Za-z0-9._-]{1,128}"));
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
@@ -56,8 +56,9 @@ absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Conne
   if (inserted) {
     job.token = req.token();
   } else if (job.token != req.token()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "wrong token for job ", req.job_id(), ": it does not match the token its first session set"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("wrong token for job ", req.job_id(),
+                     ": it does not match the token its first session set"));
   }
   ++job.sessions;
   auto session = std::make_shared<Session>(RandomHex128(), req.job_id(), req.pid(),
@@ -90,14 +91,14 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
   session->Close(stream_status);
   const auto buffers = session->TakeBuffers();  // unmapped when the last operation lets go
   for (auto& [handle, m] : session->TakeMemberships()) {
-    m.comm->Leave(m.rank, absl::UnavailableError(absl::StrCat(
-                              "rank ", m.rank, " of communicator ", m.comm->comm_id(), " (pid ",
-                              session->pid(), ") left: ", why)));
+    m.comm->Leave(m.rank, absl::UnavailableError(absl::StrCat("rank ", m.rank, " of communicator ",
+                                                              m.comm->comm_id(), " (pid ",
+                                                              session->pid(), ") left: ", why)));
     RetireCommIfEmpty(m.comm);
   }
   Log(LogLevel::kInfo, "session", "closed",
-      {F("session", session->id().substr(0, 8)), F("job", session->job()),
-       F("pid", session->pid()), F("reason", why), F("buffers_released", buffers.size())});
+      {F("session", session->id().substr(0, 8)), F("job", session->job()), F("pid", session->pid()),
+       F("reason", why), F("buffers_released", buffers.size())});
 }
 
 absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, const std::string& shm_name,
@@ -155,9 +156,9 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
     } else {
       comm = it->second;
       if (comm->nranks() != req.nranks()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "communicator ", req.comm_id(), " has ", comm->nranks(), " ranks, rank ", req.rank(),
-            " asked for ", req.nranks()));
+        return absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
+                                                       comm->nranks(), " ranks, rank ", req.rank(),
+                                                       " asked for ", req.nranks()));
       }
     }
   }
@@ -166,13 +167,13 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
   const absl::Duration timeout =
       req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : config_.init_timeout;
   std::weak_ptr<Session> weak_session = session;
-  absl::Status s = comm->Join(req.rank(), timeout,
-                              [done, handle, weak_session](const absl::Status& status) {
-                                if (!status.ok()) {
-                                  if (auto sess = weak_session.lock()) sess->RemoveMembership(handle);
-                                }
-                                done(status, handle);
-                              });
+  absl::Status s =
+      comm->Join(req.rank(), timeout, [done, handle, weak_session](const absl::Status& status) {
+        if (!status.ok()) {
+          if (auto sess = weak_session.lock()) sess->RemoveMembership(handle);
+        }
+        done(status, handle);
+      });
   if (!s.ok()) {
     session->RemoveMembership(handle);
     RetireCommIfEmpty(comm);
@@ -198,9 +199,8 @@ absl::Status DaemonCore::DestroyComm(Session& session, uint64_t handle) {
   absl::StatusOr<Membership> m = session.FindMembership(handle);
   if (!m.ok()) return m.status();
   session.RemoveMembership(handle);
-  m->comm->Leave(m->rank, absl::AbortedError(absl::StrCat("rank ", m->rank,
-                                                          " destroyed communicator ",
-                                                          m->comm->comm_id())));
+  m->comm->Leave(m->rank, absl::AbortedError(absl::StrCat(
+                              "rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
   RetireCommIfEmpty(m->comm);
   return absl::OkStatus();
 }

@@ -35,9 +35,8 @@ void DeadlineTimer::Loop() {
   while (!stopping_) {
     if (pending_.empty()) {
       mu_.Await(absl::Condition(
-          +[](DeadlineTimer* t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return t->stopping_ || !t->pending_.empty();
-          },
+          +[](DeadlineTimer* t)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->stopping_ || !t->pending_.empty(); },
           this));
       continue;
     }

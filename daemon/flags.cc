@@ -11,7 +11,8 @@
 
 ABSL_FLAG(std::string, socket, "/run/railyard/railyard.sock",
           "Unix socket of the local (client) and admin gRPC APIs; created with mode 0660");
-ABSL_FLAG(std::string, node_name, "", "This node's name in comm ids, logs and status (default: host name)");
+ABSL_FLAG(std::string, node_name, "",
+          "This node's name in comm ids, logs and status (default: host name)");
 ABSL_FLAG(std::string, peer_listen, "",
           "host:port of the daemon-to-daemon service; named as coordinator in comm ids when set");
 ABSL_FLAG(std::string, job_tokens, "",
@@ -30,15 +31,16 @@ namespace railyard {
 
 const std::vector<std::string>& DaemonFlagNames() {
   static const auto* names = new std::vector<std::string>{
-      "socket",       "node_name",   "peer_listen",    "job_tokens", "worker_threads",
-      "op_timeout",   "init_timeout", "chunk_bytes",   "shutdown_grace", "log_level"};
+      "socket",     "node_name",    "peer_listen", "job_tokens",     "worker_threads",
+      "op_timeout", "init_timeout", "chunk_bytes", "shutdown_grace", "log_level"};
   return *names;
 }
 
 absl::Status ApplyEnvironment(const char* (*getenv_fn)(const char*)) {
   for (const std::string& name : DaemonFlagNames()) {
     std::string var = "RAILYARD_";
-    for (char c : name) var.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+    for (char c : name)
+      var.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
     const char* value = getenv_fn(var.c_str());
     if (value == nullptr) continue;
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);

@@ -3,9 +3,9 @@
 
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace railyard {
 

@@ -34,9 +34,7 @@ grpc::ServerWriteReactor<v1::SessionEvent>* LocalService::Connect(grpc::Callback
   std::shared_ptr<Session> s = *session;
   DaemonCore* core = core_;
   auto* stream = new SessionStream(
-      [core, s] {
-        core->CloseSession(s, "client disconnected", grpc::Status::CANCELLED);
-      },
+      [core, s] { core->CloseSession(s, "client disconnected", grpc::Status::CANCELLED); },
       [s] { s->DetachStream(); });
   s->AttachStream(stream);
   v1::SessionEvent event;

@@ -4,10 +4,10 @@
 
 #include <initializer_list>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace railyard {
 

@@ -10,7 +10,8 @@
 #include "daemon/server.h"
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("railyardd [--socket PATH] [flags]; every flag is also RAILYARD_<FLAG>");
+  absl::SetProgramUsageMessage(
+      "railyardd [--socket PATH] [flags]; every flag is also RAILYARD_<FLAG>");
   // Signals are taken synchronously by sigwait below, never by a handler on a random thread.
   sigset_t signals;
   sigemptyset(&signals);
@@ -39,7 +40,8 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&signals, &sig);
-  railyard::Log(railyard::LogLevel::kInfo, "daemon", "signal received", {railyard::F("signal", sig)});
+  railyard::Log(railyard::LogLevel::kInfo, "daemon", "signal received",
+                {railyard::F("signal", sig)});
   server.Shutdown();
   return 0;
 }

@@ -10,44 +10,97 @@ using scheduler::OpKind;
 
 bool FromProto(v1::DataType in, DataType* out) {
   switch (in) {
-    case v1::DATA_TYPE_FLOAT32: *out = DataType::kFloat32; return true;
-    case v1::DATA_TYPE_FLOAT64: *out = DataType::kFloat64; return true;
-    case v1::DATA_TYPE_FLOAT16: *out = DataType::kFloat16; return true;
-    case v1::DATA_TYPE_BFLOAT16: *out = DataType::kBFloat16; return true;
-    case v1::DATA_TYPE_INT8: *out = DataType::kInt8; return true;
-    case v1::DATA_TYPE_UINT8: *out = DataType::kUint8; return true;
-    case v1::DATA_TYPE_INT32: *out = DataType::kInt32; return true;
-    case v1::DATA_TYPE_UINT32: *out = DataType::kUint32; return true;
-    case v1::DATA_TYPE_INT64: *out = DataType::kInt64; return true;
-    case v1::DATA_TYPE_UINT64: *out = DataType::kUint64; return true;
-    default: return false;
+    case v1::DATA_TYPE_FLOAT32:
+      *out = DataType::kFloat32;
+      return true;
+    case v1::DATA_TYPE_FLOAT64:
+      *out = DataType::kFloat64;
+      return true;
+    case v1::DATA_TYPE_FLOAT16:
+      *out = DataType::kFloat16;
+      return true;
+    case v1::DATA_TYPE_BFLOAT16:
+      *out = DataType::kBFloat16;
+      return true;
+    case v1::DATA_TYPE_INT8:
+      *out = DataType::kInt8;
+      return true;
+    case v1::DATA_TYPE_UINT8:
+      *out = DataType::kUint8;
+      return true;
+    case v1::DATA_TYPE_INT32:
+      *out = DataType::kInt32;
+      return true;
+    case v1::DATA_TYPE_UINT32:
+      *out = DataType::kUint32;
+      return true;
+    case v1::DATA_TYPE_INT64:
+      *out = DataType::kInt64;
+      return true;
+    case v1::DATA_TYPE_UINT64:
+      *out = DataType::kUint64;
+      return true;
+    default:
+      return false;
   }
 }
 
 bool FromProto(v1::RedOp in, RedOp* out) {
   switch (in) {
-    case v1::RED_OP_SUM: *out = RedOp::kSum; return true;
-    case v1::RED_OP_PROD: *out = RedOp::kProd; return true;
-    case v1::RED_OP_MIN: *out = RedOp::kMin; return true;
-    case v1::RED_OP_MAX: *out = RedOp::kMax; return true;
-    case v1::RED_OP_AVG: *out = RedOp::kAvg; return true;
-    default: return false;
+    case v1::RED_OP_SUM:
+      *out = RedOp::kSum;
+      return true;
+    case v1::RED_OP_PROD:
+      *out = RedOp::kProd;
+      return true;
+    case v1::RED_OP_MIN:
+      *out = RedOp::kMin;
+      return true;
+    case v1::RED_OP_MAX:
+      *out = RedOp::kMax;
+      return true;
+    case v1::RED_OP_AVG:
+      *out = RedOp::kAvg;
+      return true;
+    default:
+      return false;
   }
 }
 
 bool FromProto(v1::CollectiveOp in, OpKind* out) {
   switch (in) {
-    case v1::COLLECTIVE_OP_ALL_REDUCE: *out = OpKind::kAllReduce; return true;
-    case v1::COLLECTIVE_OP_REDUCE_SCATTER: *out = OpKind::kReduceScatter; return true;
-    case v1::COLLECTIVE_OP_ALL_GATHER: *out = OpKind::kAllGather; return true;
-    case v1::COLLECTIVE_OP_BROADCAST: *out = OpKind::kBroadcast; return true;
-    case v1::COLLECTIVE_OP_REDUCE: *out = OpKind::kReduce; return true;
-    case v1::COLLECTIVE_OP_ALL_TO_ALL: *out = OpKind::kAllToAll; return true;
-    case v1::COLLECTIVE_OP_ALL_TO_ALL_V: *out = OpKind::kAllToAllv; return true;
-    case v1::COLLECTIVE_OP_SEND: *out = OpKind::kSend; return true;
-    case v1::COLLECTIVE_OP_RECV: *out = OpKind::kRecv; return true;
-    case v1::COLLECTIVE_OP_BARRIER: *out = OpKind::kBarrier; return true;
-    default: return false;
+    case v1::COLLECTIVE_OP_ALL_REDUCE:
+      *out = OpKind::kAllReduce;
+      return true;
+    case v1::COLLECTIVE_OP_REDUCE_SCATTER:
+      *out = OpKind::kReduceScatter;
+      return true;
+    case v1::COLLECTIVE_OP_ALL_GATHER:
+      *out = OpKind::kAllGather;
+      return true;
+    case v1::COLLECTIVE_OP_BROADCAST:
+      *out = OpKind::kBroadcast;
+      return true;
+    case v1::COLLECTIVE_OP_REDUCE:
+      *out = OpKind::kReduce;
+      return true;
+    case v1::COLLECTIVE_OP_ALL_TO_ALL:
+      *out = OpKind::kAllToAll;
+      return true;
+    case v1::COLLECTIVE_OP_ALL_TO_ALL_V:
+      *out = OpKind::kAllToAllv;
+      return true;
+    case v1::COLLECTIVE_OP_SEND:
+      *out = OpKind::kSend;
+      return true;
+    case v1::COLLECTIVE_OP_RECV:
+      *out = OpKind::kRecv;
+      return true;
+    case v1::COLLECTIVE_OP_BARRIER:
+      *out = OpKind::kBarrier;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -70,8 +123,8 @@ absl::Status Resolve(const v1::BufferRef& ref, const char* which, uint64_t bytes
   }
   *segment = session.FindBuffer(ref.buffer_id());
   if (*segment == nullptr) {
-    return absl::NotFoundError(absl::StrCat(which, " buffer ", ref.buffer_id(),
-                                            " is not registered in this session"));
+    return absl::NotFoundError(
+        absl::StrCat(which, " buffer ", ref.buffer_id(), " is not registered in this session"));
   }
   if (absl::Status s = (*segment)->CheckRange(ref.offset(), bytes, esize); !s.ok()) {
     return absl::InvalidArgumentError(
@@ -99,12 +152,12 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
         absl::StrCat("dtype ", static_cast<int>(in.dtype()), " is not a supported data type"));
   }
   if (scheduler::IsReduction(r.op) && !FromProto(in.red_op(), &r.red_op)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "red_op ", static_cast<int>(in.red_op()), " is not a reduction (sum|prod|min|max|avg)"));
+    return absl::InvalidArgumentError(absl::StrCat("red_op ", static_cast<int>(in.red_op()),
+                                                   " is not a reduction (sum|prod|min|max|avg)"));
   }
   if (!ValidAlgo(in.algo())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown algo '", in.algo().substr(0, 32), "' (expected ring|tree|rhd|hier|direct)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown algo '", in.algo().substr(0, 32),
+                                                   "' (expected ring|tree|rhd|hier|direct)"));
   }
   r.algo = in.algo();
   r.count = in.count();
@@ -117,15 +170,15 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
   if (!extents.ok()) return extents.status();
   const size_t esize = kernels::ElementSize(r.dtype);
   if (extents->needs_send) {
-    if (auto s = Resolve(in.send(), "send", extents->send_bytes, esize, session,
-                         &out->send_segment, &r.send);
+    if (auto s = Resolve(in.send(), "send", extents->send_bytes, esize, session, &out->send_segment,
+                         &r.send);
         !s.ok()) {
       return s;
     }
   }
   if (extents->needs_recv) {
-    if (auto s = Resolve(in.recv(), "recv", extents->recv_bytes, esize, session,
-                         &out->recv_segment, &r.recv);
+    if (auto s = Resolve(in.recv(), "recv", extents->recv_bytes, esize, session, &out->recv_segment,
+                         &r.recv);
         !s.ok()) {
       return s;
     }

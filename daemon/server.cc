@@ -52,8 +52,7 @@ absl::Status PrepareSocketPath(const std::string& path) {
           absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
     }
     if (SomeoneListens(path)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("another daemon is already serving ", path));
+      return absl::AlreadyExistsError(absl::StrCat("another daemon is already serving ", path));
     }
     ::unlink(path.c_str());  // stale socket of a daemon that died
   }
@@ -78,8 +77,8 @@ absl::Status Server::Start() {
 
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(absl::StrCat("unix:", config_.socket),
-                           grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(absl::StrCat("unix:", config_.socket), grpc::InsecureServerCredentials(),
+                           &bound);
   builder.RegisterService(local_.get());
   builder.RegisterService(admin_.get());
   grpc_ = builder.BuildAndStart();
@@ -88,12 +87,12 @@ absl::Status Server::Start() {
   }
   socket_created_ = true;
   if (::chmod(config_.socket.c_str(), 0660) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("chmod 0660 ", config_.socket, ": ",
-                                                      std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("chmod 0660 ", config_.socket, ": ", std::strerror(errno)));
   }
   Log(LogLevel::kInfo, "daemon", "serving",
-      {F("version", kRailyardVersion), F("socket", config_.socket),
-       F("node", config_.node_name), F("coordinator", core_->coordinator()),
+      {F("version", kRailyardVersion), F("socket", config_.socket), F("node", config_.node_name),
+       F("coordinator", core_->coordinator()),
        F("worker_threads", core_->Status().worker_threads())});
   return absl::OkStatus();
 }

@@ -67,8 +67,7 @@ absl::StatusOr<std::shared_ptr<MappedSegment>> MappedSegment::Map(absl::string_v
     return absl::ResourceExhaustedError(
         absl::StrCat("mmap of ", size, " bytes of ", n, " failed: ", std::strerror(err)));
   }
-  return std::shared_ptr<MappedSegment>(
-      new MappedSegment(n, static_cast<std::byte*>(p), size));
+  return std::shared_ptr<MappedSegment>(new MappedSegment(n, static_cast<std::byte*>(p), size));
 }
 
 MappedSegment::~MappedSegment() { ::munmap(data_, size_); }
@@ -79,9 +78,9 @@ absl::Status MappedSegment::CheckRange(uint64_t offset, uint64_t bytes, size_t a
         absl::StrCat("offset ", offset, " is not a multiple of the element size ", align));
   }
   if (offset > size_ || bytes > size_ - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region [", offset, ", ", offset + bytes, ") runs past the end of the ", size_,
-        "-byte buffer by ", offset + bytes - size_, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("region [", offset, ", ", offset + bytes, ") runs past the end of the ", size_,
+                     "-byte buffer by ", offset + bytes - size_, " bytes"));
   }
   return absl::OkStatus();
 }

@@ -48,11 +48,13 @@ absl::Status CheckAgreement(const RankRequest& a, int rank_a, const RankRequest&
   if (a.op != b.op) return mismatch("op", OpName(a.op), OpName(b.op));
   if (a.op == OpKind::kBarrier) return absl::OkStatus();
   if (a.dtype != b.dtype) {
-    return mismatch("dtype", std::string(kernels::Name(a.dtype)), std::string(kernels::Name(b.dtype)));
+    return mismatch("dtype", std::string(kernels::Name(a.dtype)),
+                    std::string(kernels::Name(b.dtype)));
   }
   if (a.op != OpKind::kAllToAllv && a.count != b.count) return mismatch("count", a.count, b.count);
   if (IsReduction(a.op) && a.red_op != b.red_op) {
-    return mismatch("red_op", std::string(kernels::Name(a.red_op)), std::string(kernels::Name(b.red_op)));
+    return mismatch("red_op", std::string(kernels::Name(a.red_op)),
+                    std::string(kernels::Name(b.red_op)));
   }
   if ((a.op == OpKind::kBroadcast || a.op == OpKind::kReduce) && a.root != b.root) {
     return mismatch("root", a.root, b.root);

@@ -71,8 +71,8 @@ absl::Status SpanOfBlocks(const std::vector<uint64_t>& counts, const std::vector
   uint64_t end = 0;
   for (int i = 0; i < nranks; ++i) {
     if (counts[i] > kMaxBytes / esize || displs[i] > kMaxBytes / esize) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " block for rank ", i,
-                                                     " exceeds the 2^48-byte limit"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " block for rank ", i, " exceeds the 2^48-byte limit"));
     }
     if (counts[i] > 0) end = std::max(end, (displs[i] + counts[i]) * esize);
   }
@@ -131,13 +131,13 @@ absl::StatusOr<Extents> ComputeExtents(const RankRequest& req, int rank, int nra
       e.needs_send = e.needs_recv = true;
       break;
     case OpKind::kAllToAllv:
-      if (auto s = SpanOfBlocks(req.send_counts, req.send_displs, nranks, esize, "send",
-                                &e.send_bytes);
+      if (auto s =
+              SpanOfBlocks(req.send_counts, req.send_displs, nranks, esize, "send", &e.send_bytes);
           !s.ok()) {
         return s;
       }
-      if (auto s = SpanOfBlocks(req.recv_counts, req.recv_displs, nranks, esize, "recv",
-                                &e.recv_bytes);
+      if (auto s =
+              SpanOfBlocks(req.recv_counts, req.recv_displs, nranks, esize, "recv", &e.recv_bytes);
           !s.ok()) {
         return s;
       }
@@ -209,9 +209,9 @@ absl::Status CheckInPlaceLayout(const RankRequest& req, int rank, const Extents&
   const std::byte* r0 = req.recv;
   const std::byte* r1 = req.recv + e.recv_bytes;
   if (e.send_bytes > 0 && e.recv_bytes > 0 && s0 < r1 && r0 < s1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "send and recv regions overlap but are not the in-place layout of ", OpName(req.op),
-        " (see docs/local-api.md)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("send and recv regions overlap but are not the in-place layout of ",
+                     OpName(req.op), " (see docs/local-api.md)"));
   }
   return absl::OkStatus();
 }

@@ -4,11 +4,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "daemon/kernels/types.h"
 
 namespace railyard::scheduler {

@@ -1,0 +1,102 @@
+// A real railyardd in a temporary directory, for integration tests.
+#pragma once
+
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "railyard/client.h"
+#include "railyard/v1/admin.grpc.pb.h"
+#include "railyard/v1/local.grpc.pb.h"
+#include "tests/integration/process.h"
+
+namespace railyard::testing {
+
+inline std::string MakeTempDir() {
+  char tmpl[] = "/tmp/ryit-XXXXXX";  // short: Unix socket paths are limited to 107 bytes
+  const char* dir = ::mkdtemp(tmpl);
+  return dir == nullptr ? std::string("/tmp") : std::string(dir);
+}
+
+inline bool SocketAccepts(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(std::vector<std::string> extra_flags = {}) : dir_(MakeTempDir()) {
+    socket_ = dir_ + "/ry.sock";
+    std::vector<std::string> argv = {RAILYARDD_PATH, "--socket=" + socket_, "--node_name=itest"};
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    proc_ = std::make_unique<Process>(argv, dir_ + "/railyardd.log");
+    for (int i = 0; i < 1000 && !SocketAccepts(socket_); ++i) {
+      if (proc_->Wait(std::chrono::milliseconds(10)).has_value()) break;
+    }
+  }
+  ~DaemonProcess() {
+    Stop();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // SIGTERM and wait; returns the exit code (or -1 when it had to be killed).
+  int Stop() {
+    if (stopped_) return stop_code_;
+    stopped_ = true;
+    proc_->Signal(SIGTERM);
+    auto code = proc_->Wait(std::chrono::seconds(15));
+    stop_code_ = code.value_or(-1);
+    return stop_code_;
+  }
+
+  bool ready() const { return SocketAccepts(socket_); }
+  const std::string& socket() const { return socket_; }
+  const std::string& dir() const { return dir_; }
+  Process& process() { return *proc_; }
+  std::string Log() const { return proc_->Output(); }
+
+  ClientOptions Options(const std::string& job = "itest", const std::string& token = "") const {
+    ClientOptions o;
+    o.socket = socket_;
+    o.job = job;
+    o.token = token;
+    return o;
+  }
+
+  std::shared_ptr<grpc::Channel> Channel() const {
+    return grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials());
+  }
+
+  v1::StatusResponse Status() const {
+    auto stub = v1::Admin::NewStub(Channel());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::StatusResponse resp;
+    grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  std::unique_ptr<Process> proc_;
+  bool stopped_ = false;
+  int stop_code_ = -1;
+};
+
+}  // namespace railyard::testing

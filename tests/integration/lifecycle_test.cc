@@ -1,0 +1,121 @@
+// Processes that die, daemons that stop: nothing hangs, nothing leaks, survivors get a status.
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace railyard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<Process> Rank(const DaemonProcess& d, const std::string& mode,
+                              const std::string& comm_id, int rank, int nranks,
+                              const std::string& job = "itest") {
+  return std::make_unique<Process>(
+      std::vector<std::string>{RANK_PATH, "--mode=" + mode, "--socket=" + d.socket(),
+                               "--comm_id=" + comm_id, "--rank=" + std::to_string(rank),
+                               "--nranks=" + std::to_string(nranks), "--job=" + job,
+                               "--count=100000"},
+      d.dir() + "/" + job + "-rank" + std::to_string(rank) + ".log");
+}
+
+TEST(LifecycleTest, ClientKilledMidCollectiveFailsTheOthersAndLeaksNothing) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready());
+  auto c = Client::Connect(daemon.Options("launcher"));
+  ASSERT_TRUE(c.ok());
+  auto id = (*c)->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  auto r0 = Rank(daemon, "submit", *id, 0, 3, "victimjob");
+  auto r1 = Rank(daemon, "idle", *id, 1, 3, "victimjob");
+  auto r2 = Rank(daemon, "submit", *id, 2, 3, "victimjob");
+  ASSERT_TRUE(r1->WaitForOutput("READY", std::chrono::seconds(20))) << r1->Output();
+  ASSERT_TRUE(r0->WaitForOutput("SUBMITTED", std::chrono::seconds(20))) << r0->Output();
+  ASSERT_TRUE(r2->WaitForOutput("SUBMITTED", std::chrono::seconds(20))) << r2->Output();
+  r1->Signal(SIGKILL);
+  for (auto* r : {r0.get(), r2.get()}) {
+    auto code = r->Wait(std::chrono::seconds(20));
+    ASSERT_TRUE(code.has_value()) << "a surviving rank hung";
+    EXPECT_EQ(*code, 3) << r->Output();
+    EXPECT_THAT(r->Output(), HasSubstr("RESULT code=14"));  // UNAVAILABLE
+    EXPECT_THAT(r->Output(), HasSubstr("rank 1 of communicator"));
+    EXPECT_THAT(r->Output(), HasSubstr("left: client disconnected"));
+  }
+  EXPECT_EQ(r1->Wait(std::chrono::seconds(5)).value_or(0), 128 + SIGKILL);
+  // Every session of the job is gone with its buffers and its communicator.
+  v1::StatusResponse st;
+  for (int i = 0; i < 200; ++i) {
+    st = daemon.Status();
+    if (st.sessions_size() == 1 && st.comms_size() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(st.sessions_size(), 1);
+  EXPECT_EQ(st.comms_size(), 0);
+  EXPECT_EQ(st.buffers(), 0u);
+  // The daemon serves the next job.
+  auto next_id = (*c)->CreateCommId();
+  ASSERT_TRUE(next_id.ok());
+  auto n0 = Rank(daemon, "cases", *next_id, 0, 2, "nextjob");
+  auto n1 = Rank(daemon, "cases", *next_id, 1, 2, "nextjob");
+  EXPECT_EQ(n0->Wait(std::chrono::seconds(120)).value_or(-1), 0) << n0->Output();
+  EXPECT_EQ(n1->Wait(std::chrono::seconds(120)).value_or(-1), 0) << n1->Output();
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
+TEST(LifecycleTest, ShutdownCancelsInFlightCollectivesAndRemovesTheSocket) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready());
+  auto c = Client::Connect(daemon.Options());
+  ASSERT_TRUE(c.ok());
+  auto id = (*c)->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  auto r0 = Rank(daemon, "submit", *id, 0, 2);
+  auto r1 = Rank(daemon, "idle", *id, 1, 2);
+  ASSERT_TRUE(r0->WaitForOutput("SUBMITTED", std::chrono::seconds(20))) << r0->Output();
+  ASSERT_TRUE(r1->WaitForOutput("READY", std::chrono::seconds(20))) << r1->Output();
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+  EXPECT_FALSE(std::filesystem::exists(daemon.socket()));
+  EXPECT_EQ(r0->Wait(std::chrono::seconds(20)).value_or(-1), 3) << r0->Output();
+  EXPECT_THAT(r0->Output(), HasSubstr("RESULT code=1 "));  // CANCELLED
+  EXPECT_THAT(r0->Output(), HasSubstr("shutting down"));
+  EXPECT_THAT(daemon.Log(), HasSubstr("msg=stopped"));
+}
+
+TEST(LifecycleTest, SecondDaemonOnTheSameSocketIsRefused) {
+  DaemonProcess first;
+  ASSERT_TRUE(first.ready());
+  Process second({RAILYARDD_PATH, "--socket=" + first.socket()}, first.dir() + "/second.log");
+  auto code = second.Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(second.Output(), HasSubstr("another daemon is already serving"));
+  EXPECT_TRUE(first.ready());
+}
+
+TEST(LifecycleTest, FlagsComeFromTheEnvironmentAndBadValuesAreRefused) {
+  const std::string dir = MakeTempDir();
+  const std::string sock = dir + "/env.sock";
+  ::setenv("RAILYARD_SOCKET", sock.c_str(), 1);
+  ::setenv("RAILYARD_NODE_NAME", "from-env", 1);
+  Process d({RAILYARDD_PATH}, dir + "/d.log");
+  ::unsetenv("RAILYARD_SOCKET");
+  ::unsetenv("RAILYARD_NODE_NAME");
+  bool up = false;
+  for (int i = 0; i < 500 && !(up = SocketAccepts(sock)); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(up) << d.Output();
+  EXPECT_THAT(d.Output(), HasSubstr("node=from-env"));
+  d.Signal(SIGTERM);
+  EXPECT_EQ(d.Wait(std::chrono::seconds(10)).value_or(-1), 0);
+
+  ::setenv("RAILYARD_OP_TIMEOUT", "soon", 1);
+  Process bad({RAILYARDD_PATH, "--socket=" + dir + "/bad.sock"}, dir + "/bad.log");
+  ::unsetenv("RAILYARD_OP_TIMEOUT");
+  EXPECT_EQ(bad.Wait(std::chrono::seconds(10)).value_or(-1), 2);
+  EXPECT_THAT(bad.Output(), HasSubstr("RAILYARD_OP_TIMEOUT=soon"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace railyard::testing

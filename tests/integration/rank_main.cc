@@ -1,0 +1,91 @@
+// railyard-test-rank: one rank process for the integration tests. Modes:
+//   cases   run the whole correctness matrix (rank_cases.h); prints "PASS <n>" or the failures.
+//   idle    join the communicator, print READY, then sleep (to be killed, or to never submit).
+//   submit  submit one float32 allreduce (count --count, --timeout_ms), print RESULT code= msg=.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "railyard/client.h"
+#include "tests/integration/rank_cases.h"
+
+ABSL_FLAG(std::string, mode, "cases", "cases | idle | submit");
+ABSL_FLAG(std::string, socket, "", "daemon socket");
+ABSL_FLAG(std::string, job, "itest", "job id");
+ABSL_FLAG(std::string, token, "", "job token");
+ABSL_FLAG(std::string, comm_id, "", "communicator id");
+ABSL_FLAG(int, rank, 0, "rank");
+ABSL_FLAG(int, nranks, 1, "nranks");
+ABSL_FLAG(uint64_t, count, 1024, "elements (submit mode)");
+ABSL_FLAG(int, timeout_ms, 0, "daemon-side wait for the other ranks (submit mode)");
+
+namespace {
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::printf("RESULT code=%d msg=%s: %s\n", static_cast<int>(s.code()), what.c_str(),
+              std::string(s.message()).c_str());
+  std::fflush(stdout);
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  railyard::ClientOptions opts;
+  opts.socket = absl::GetFlag(FLAGS_socket);
+  opts.job = absl::GetFlag(FLAGS_job);
+  opts.token = absl::GetFlag(FLAGS_token);
+  auto client = railyard::Client::Connect(opts);
+  if (!client.ok()) return Fail("connect", client.status());
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int nranks = absl::GetFlag(FLAGS_nranks);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  const size_t bytes = mode == "cases" ? railyard::testing::ScratchBytes(nranks)
+                                       : absl::GetFlag(FLAGS_count) * sizeof(float) + 64;
+  auto buf = (*client)->Allocate(bytes);
+  if (!buf.ok()) return Fail("allocate", buf.status());
+  auto comm = (*client)->InitComm(absl::GetFlag(FLAGS_comm_id), rank, nranks);
+  if (!comm.ok()) return Fail("init", comm.status());
+
+  if (mode == "idle") {
+    std::printf("READY\n");
+    std::fflush(stdout);
+    for (int i = 0; i < 600; ++i) sleep(1);  // bounded: the test kills us long before
+    return 0;
+  }
+  if (mode == "submit") {
+    railyard::CollectiveOptions o;
+    o.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+    const uint64_t count = absl::GetFlag(FLAGS_count);
+    railyard::Work w =
+        comm->AllReduce(*buf, *buf, count, railyard::DataType::kFloat32, railyard::RedOp::kSum, o);
+    std::printf("SUBMITTED\n");
+    std::fflush(stdout);
+    absl::Status s = w.wait(std::chrono::seconds(120));
+    if (!s.ok()) return Fail("allreduce", s);
+    std::printf("RESULT code=0 msg=ok\n");
+    return 0;
+  }
+  const auto cases = railyard::testing::AllCases(nranks);
+  int failures = 0;
+  for (const auto& c : cases) {
+    auto wrong = railyard::testing::RunCase(*comm, *buf, c);
+    if (!wrong.ok()) {
+      std::printf("FAIL rank=%d %s: %s\n", rank, c.Describe().c_str(),
+                  std::string(wrong.status().message()).c_str());
+      return 1;  // the communicator's sequence is broken after an error: stop here
+    }
+    if (*wrong > 0) {
+      std::printf("FAIL rank=%d %s: %llu wrong elements\n", rank, c.Describe().c_str(),
+                  static_cast<unsigned long long>(*wrong));
+      ++failures;
+    }
+  }
+  if (failures > 0) return 1;
+  std::printf("PASS %zu\n", cases.size());
+  return 0;
+}

@@ -1,0 +1,142 @@
+// The daemon's small parts: comm ids, job tokens, logs, the deadline timer, shm mapping.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "daemon/comm_id.h"
+#include "daemon/deadline_timer.h"
+#include "daemon/job_tokens.h"
+#include "daemon/log.h"
+#include "daemon/shm_segment.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace railyard {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CommIdTest, RoundTripsAndRejectsMalformedIds) {
+  const CommId id{RandomHex128(), "10.0.0.7:7070"};
+  EXPECT_EQ(id.nonce.size(), 32u);
+  auto parsed = ParseCommId(FormatCommId(id));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->nonce, id.nonce);
+  EXPECT_EQ(parsed->coordinator, "10.0.0.7:7070");
+  EXPECT_NE(RandomHex128(), RandomHex128());
+  for (const char* bad :
+       {"", "ry1-", "ry2-0123456789abcdef0123456789abcdef@x",
+        "ry1-0123456789ABCDEF0123456789abcdef@x", "ry1-0123456789abcdef0123456789abcde@x",
+        "ry1-0123456789abcdef0123456789abcdef@", "ry1-0123456789abcdef0123456789abcdef@a b"}) {
+    auto s = ParseCommId(bad);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("malformed comm id"));
+  }
+}
+
+TEST(JobTokensTest, ParsesLinesAndNamesBadOnes) {
+  auto t = ParseJobTokens("# comment\n\njob-a  tokA\njob.b tokB # trailing\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->size(), 2u);
+  EXPECT_EQ(t->at("job-a"), "tokA");
+  EXPECT_EQ(t->at("job.b"), "tokB");
+  EXPECT_THAT(std::string(ParseJobTokens("a b\nonlyone\n").status().message()),
+              HasSubstr("line 2"));
+  EXPECT_THAT(std::string(ParseJobTokens("a b\na c\n").status().message()),
+              HasSubstr("listed twice"));
+  EXPECT_EQ(LoadJobTokens("/nonexistent/tokens").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(ValidJobId("train_7.x-y"));
+  EXPECT_FALSE(ValidJobId(""));
+  EXPECT_FALSE(ValidJobId("a/b"));
+  EXPECT_FALSE(ValidJobId(std::string(129, 'a')));
+}
+
+TEST(LogTest, LinesAreLogfmtAndQuoteWhatNeedsIt) {
+  const std::string line =
+      FormatLogLine(LogLevel::kWarning, "comm", "rank left",
+                    {F("rank", 3), F("reason", "said \"bye\"\nnow"), F("empty", "")});
+  EXPECT_THAT(line, HasSubstr(" level=warn comp=comm msg=\"rank left\" rank=3 "));
+  EXPECT_THAT(line, HasSubstr("reason=\"said \\\"bye\\\"\\nnow\""));
+  EXPECT_THAT(line, HasSubstr("empty=\"\""));
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_EQ(line.substr(0, 3), "ts=");
+  LogLevel l;
+  EXPECT_TRUE(ParseLogLevel("debug", &l));
+  EXPECT_EQ(l, LogLevel::kDebug);
+  EXPECT_FALSE(ParseLogLevel("loud", &l));
+}
+
+TEST(DeadlineTimerTest, RunsInDeadlineOrderAndHonoursCancel) {
+  DeadlineTimer timer;
+  std::vector<int> order;
+  absl::Mutex mu;
+  absl::Notification done;
+  const absl::Time now = absl::Now();
+  timer.Schedule(now + absl::Milliseconds(60), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(3);
+    done.Notify();
+  });
+  timer.Schedule(now + absl::Milliseconds(20), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(1);
+  });
+  auto cancelled = timer.Schedule(now + absl::Milliseconds(30), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(99);
+  });
+  timer.Schedule(now + absl::Milliseconds(40), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(2);
+  });
+  timer.Cancel(cancelled);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+  EXPECT_GE(absl::Now() - now, absl::Milliseconds(60));
+}
+
+TEST(DeadlineTimerTest, AnEarlierDeadlineWakesTheSleepingThread) {
+  DeadlineTimer timer;
+  timer.Schedule(absl::Now() + absl::Hours(1), [] {});
+  absl::Notification fired;
+  const absl::Time start = absl::Now();
+  timer.Schedule(start + absl::Milliseconds(10), [&] { fired.Notify(); });
+  ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(MappedSegmentTest, MapsChecksRangesAndRefusesBadNames) {
+  const std::string name = "/railyard.unit." + std::to_string(::getpid());
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 8192), 0);
+  void* client = ::mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  auto seg = MappedSegment::Map(name, 8192);
+  ::shm_unlink(name.c_str());
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  // Zero copy: the daemon's mapping and the client's are the same memory.
+  static_cast<char*>(client)[100] = 42;
+  EXPECT_EQ(static_cast<char>((*seg)->data()[100]), 42);
+  (*seg)->data()[200] = std::byte{7};
+  EXPECT_EQ(static_cast<char*>(client)[200], 7);
+  ::munmap(client, 8192);
+  EXPECT_TRUE((*seg)->CheckRange(0, 8192, 4).ok());
+  EXPECT_TRUE((*seg)->CheckRange(8192, 0, 4).ok());
+  EXPECT_THAT(std::string((*seg)->CheckRange(8000, 200, 4).message()), HasSubstr("by 8 bytes"));
+  EXPECT_THAT(std::string((*seg)->CheckRange(2, 4, 4).message()), HasSubstr("multiple"));
+  EXPECT_FALSE((*seg)->CheckRange(~uint64_t{0}, 2, 1).ok());
+  EXPECT_EQ(MappedSegment::Map("/dev/shm/x", 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MappedSegment::Map("/railyard.a/../b", 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MappedSegment::Map("/railyard.gone", 1).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace railyard
