@@ -1,0 +1,331 @@
+// Public API of the C++ client (include/railyard/client.h) over ClientCore.
+#include "railyard/client.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client_core.h"
+#include "shm_segment.h"
+
+namespace railyard {
+
+// A Work's state is its pending request: the session completes it.
+struct Work::State : internal::PendingRequest {};
+
+namespace {
+
+v1::DataType ToProto(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return v1::DATA_TYPE_FLOAT32;
+    case DataType::kFloat64:
+      return v1::DATA_TYPE_FLOAT64;
+    case DataType::kFloat16:
+      return v1::DATA_TYPE_FLOAT16;
+    case DataType::kBFloat16:
+      return v1::DATA_TYPE_BFLOAT16;
+    case DataType::kInt8:
+      return v1::DATA_TYPE_INT8;
+    case DataType::kUint8:
+      return v1::DATA_TYPE_UINT8;
+    case DataType::kInt32:
+      return v1::DATA_TYPE_INT32;
+    case DataType::kUint32:
+      return v1::DATA_TYPE_UINT32;
+    case DataType::kInt64:
+      return v1::DATA_TYPE_INT64;
+    case DataType::kUint64:
+      return v1::DATA_TYPE_UINT64;
+  }
+  return v1::DATA_TYPE_UNSPECIFIED;
+}
+
+v1::RedOp ToProto(RedOp op) {
+  switch (op) {
+    case RedOp::kSum:
+      return v1::RED_OP_SUM;
+    case RedOp::kProd:
+      return v1::RED_OP_PROD;
+    case RedOp::kMin:
+      return v1::RED_OP_MIN;
+    case RedOp::kMax:
+      return v1::RED_OP_MAX;
+    case RedOp::kAvg:
+      return v1::RED_OP_AVG;
+  }
+  return v1::RED_OP_UNSPECIFIED;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Buffer
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : core_(std::move(other.core_)), data_(other.data_), size_(other.size_), id_(other.id_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+  other.id_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Buffer old(std::move(*this));  // released at the end of this scope
+    core_ = std::move(other.core_);
+    data_ = other.data_;
+    size_ = other.size_;
+    id_ = other.id_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+    other.id_ = 0;
+  }
+  return *this;
+}
+
+Buffer::~Buffer() {
+  // The daemon unmaps the session's buffers itself when the session is gone.
+  if (core_ != nullptr && id_ != 0 && core_->alive()) (void)core_->ReleaseBuffer(id_);
+  internal::UnmapShm(data_, size_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work
+
+absl::Status Work::wait(std::chrono::milliseconds timeout) {
+  if (state_ == nullptr) {
+    return absl::FailedPreconditionError("wait() on an empty Work (default-constructed)");
+  }
+  return state_->Wait(timeout);
+}
+
+bool Work::test() const { return state_ != nullptr && state_->done(); }
+
+uint64_t Work::seq() const { return state_ == nullptr ? 0 : state_->seq(); }
+
+// ---------------------------------------------------------------------------------------------
+// Comm
+
+Comm& Comm::operator=(Comm&& other) noexcept {
+  if (this != &other) {
+    Comm old(std::move(*this));  // leaves the old communicator at the end of this scope
+    core_ = std::move(other.core_);
+    handle_ = other.handle_;
+    rank_ = other.rank_;
+    nranks_ = other.nranks_;
+    other.handle_ = 0;
+  }
+  return *this;
+}
+
+Comm::~Comm() {
+  if (core_ != nullptr && handle_ != 0 && core_->alive()) (void)core_->DestroyComm(handle_);
+}
+
+absl::Status Comm::Destroy() {
+  if (core_ == nullptr || handle_ == 0) return absl::OkStatus();
+  absl::Status status = core_->DestroyComm(handle_);
+  core_.reset();
+  handle_ = 0;
+  return status;
+}
+
+Work Comm::Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
+                  const CollectiveOptions& opts) {
+  Work work;
+  work.state_ = std::make_shared<Work::State>();
+  if (core_ == nullptr || handle_ == 0) {
+    work.state_->Complete(absl::FailedPreconditionError(
+                              "communicator not initialized (default-constructed, moved from or "
+                              "destroyed)"),
+                          0);
+    return work;
+  }
+  auto set_ref = [&](const char* which, BufferRef ref, v1::BufferRef* out) -> absl::Status {
+    if (ref.buffer == nullptr) return absl::OkStatus();  // unset (buffer_id 0)
+    if (ref.buffer->id_ == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, " buffer is empty (default-constructed or moved from)"));
+    }
+    if (ref.buffer->core_ != core_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, " buffer belongs to another Client than this communicator"));
+    }
+    out->set_buffer_id(ref.buffer->id_);
+    out->set_offset(ref.offset);
+    return absl::OkStatus();
+  };
+  absl::Status st = set_ref("send", send, request->mutable_send());
+  if (st.ok()) st = set_ref("recv", recv, request->mutable_recv());
+  const int64_t timeout_ms = opts.timeout.count();
+  if (st.ok() && (timeout_ms < 0 || timeout_ms > std::numeric_limits<uint32_t>::max())) {
+    st = absl::InvalidArgumentError(absl::StrCat("timeout ", timeout_ms, " ms out of range"));
+  }
+  if (!st.ok()) {
+    work.state_->Complete(std::move(st), 0);
+    return work;
+  }
+  request->set_comm_handle(handle_);
+  request->set_timeout_ms(static_cast<uint32_t>(timeout_ms));
+  request->set_algo(opts.algo.empty() ? core_->default_algo() : opts.algo);
+  core_->Submit(std::move(*request), work.state_);
+  return work;
+}
+
+Work Comm::AllReduce(BufferRef send, BufferRef recv, size_t count, DataType dtype, RedOp op,
+                     const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_ALL_REDUCE);
+  request.set_dtype(ToProto(dtype));
+  request.set_red_op(ToProto(op));
+  request.set_count(count);
+  return Submit(&request, send, recv, opts);
+}
+
+Work Comm::ReduceScatter(BufferRef send, BufferRef recv, size_t recvcount, DataType dtype, RedOp op,
+                         const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_REDUCE_SCATTER);
+  request.set_dtype(ToProto(dtype));
+  request.set_red_op(ToProto(op));
+  request.set_count(recvcount);
+  return Submit(&request, send, recv, opts);
+}
+
+Work Comm::AllGather(BufferRef send, BufferRef recv, size_t sendcount, DataType dtype,
+                     const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_ALL_GATHER);
+  request.set_dtype(ToProto(dtype));
+  request.set_count(sendcount);
+  return Submit(&request, send, recv, opts);
+}
+
+Work Comm::Broadcast(BufferRef send, BufferRef recv, size_t count, DataType dtype, int root,
+                     const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_BROADCAST);
+  request.set_dtype(ToProto(dtype));
+  request.set_count(count);
+  request.set_root(root);
+  return Submit(&request, send, recv, opts);
+}
+
+Work Comm::Reduce(BufferRef send, BufferRef recv, size_t count, DataType dtype, RedOp op, int root,
+                  const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_REDUCE);
+  request.set_dtype(ToProto(dtype));
+  request.set_red_op(ToProto(op));
+  request.set_count(count);
+  request.set_root(root);
+  return Submit(&request, send, recv, opts);
+}
+
+Work Comm::AllToAll(BufferRef send, BufferRef recv, size_t count, DataType dtype,
+                    const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_ALL_TO_ALL);
+  request.set_dtype(ToProto(dtype));
+  request.set_count(count);
+  return Submit(&request, send, recv, opts);
+}
+
+Work Comm::AllToAllv(BufferRef send, const std::vector<uint64_t>& send_counts,
+                     const std::vector<uint64_t>& send_displs, BufferRef recv,
+                     const std::vector<uint64_t>& recv_counts,
+                     const std::vector<uint64_t>& recv_displs, DataType dtype,
+                     const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_ALL_TO_ALL_V);
+  request.set_dtype(ToProto(dtype));
+  request.mutable_send_counts()->Add(send_counts.begin(), send_counts.end());
+  request.mutable_send_displs()->Add(send_displs.begin(), send_displs.end());
+  request.mutable_recv_counts()->Add(recv_counts.begin(), recv_counts.end());
+  request.mutable_recv_displs()->Add(recv_displs.begin(), recv_displs.end());
+  return Submit(&request, send, recv, opts);
+}
+
+Work Comm::Send(BufferRef send, size_t count, DataType dtype, int peer,
+                const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_SEND);
+  request.set_dtype(ToProto(dtype));
+  request.set_count(count);
+  request.set_root(peer);
+  return Submit(&request, send, BufferRef(), opts);
+}
+
+Work Comm::Recv(BufferRef recv, size_t count, DataType dtype, int peer,
+                const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_RECV);
+  request.set_dtype(ToProto(dtype));
+  request.set_count(count);
+  request.set_root(peer);
+  return Submit(&request, BufferRef(), recv, opts);
+}
+
+Work Comm::Barrier(const CollectiveOptions& opts) {
+  v1::SubmitRequest request;
+  request.set_op(v1::COLLECTIVE_OP_BARRIER);
+  return Submit(&request, BufferRef(), BufferRef(), opts);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+Client::Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
+
+Client::~Client() { core_->Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  absl::StatusOr<std::shared_ptr<ClientCore>> core = ClientCore::Connect(options);
+  if (!core.ok()) return core.status();
+  return std::unique_ptr<Client>(new Client(*std::move(core)));
+}
+
+absl::StatusOr<Buffer> Client::Allocate(size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("cannot allocate a buffer of 0 bytes");
+  absl::StatusOr<internal::ShmSegment> segment =
+      internal::CreateShmSegment(core_->job(), core_->NextBufferSerial(), size);
+  if (!segment.ok()) return segment.status();
+  absl::StatusOr<uint64_t> id = core_->RegisterBuffer(segment->name, size);
+  // Whatever happened, the name goes now: the two mappings keep the memory alive, and nothing is
+  // left in /dev/shm whoever dies first.
+  internal::UnlinkShmSegment(*segment);
+  if (!id.ok()) {
+    internal::UnmapShm(segment->data, segment->size);
+    return id.status();
+  }
+  Buffer buffer;
+  buffer.core_ = core_;
+  buffer.data_ = segment->data;
+  buffer.size_ = segment->size;
+  buffer.id_ = *id;
+  return buffer;
+}
+
+absl::StatusOr<std::string> Client::CreateCommId() { return core_->CreateCommId(); }
+
+absl::StatusOr<Comm> Client::InitComm(const std::string& comm_id, int rank, int nranks,
+                                      std::chrono::milliseconds timeout) {
+  if (nranks <= 0 || rank < 0 || rank >= nranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", nranks, " ranks: need 0 <= rank < nranks"));
+  }
+  absl::StatusOr<v1::InitCommResponse> response = core_->InitComm(comm_id, rank, nranks, timeout);
+  if (!response.ok()) return response.status();
+  Comm comm;
+  comm.core_ = core_;
+  comm.handle_ = response->comm_handle();
+  comm.rank_ = rank;
+  comm.nranks_ = nranks;
+  return comm;
+}
+
+const std::string& Client::session_id() const { return core_->session_id(); }
+
+const std::string& Client::node_name() const { return core_->node_name(); }
+
+}  // namespace railyard

@@ -1,0 +1,383 @@
+#include "client_core.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "shm_segment.h"
+
+namespace railyard {
+namespace internal {
+namespace {
+
+// Deadline of every unary call but InitComm.
+constexpr std::chrono::milliseconds kRpcTimeout{30000};
+// InitComm waits for the other ranks: its own timeout plus this margin, or kInitDefaultTimeout
+// when the daemon's default applies (its value is not known here).
+constexpr std::chrono::milliseconds kInitMargin{5000};
+constexpr std::chrono::milliseconds kInitDefaultTimeout{10 * 60 * 1000};
+// How long Shutdown waits for the daemon to acknowledge Disconnect.
+constexpr std::chrono::milliseconds kDisconnectTimeout{5000};
+// Waits longer than this are treated as unbounded (avoids overflowing time_point arithmetic).
+constexpr std::chrono::milliseconds kForever{std::chrono::hours(24 * 365)};
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): read at Connect only; this library never sets env.
+  const char* value = std::getenv(name);
+  return (value != nullptr && *value != '\0') ? std::string(value) : fallback;
+}
+
+absl::StatusCode CodeFromInt(int code) {
+  if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::StatusCode::kUnknown;
+  }
+  return static_cast<absl::StatusCode>(code);
+}
+
+// A clear error before gRPC's generic one when the socket is obviously not there.
+absl::Status CheckSocketPath(const std::string& socket) {
+  if (socket.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path ", socket, " is ", socket.size(),
+                                                   " bytes; Unix sockets allow at most ",
+                                                   sizeof(sockaddr_un::sun_path) - 1));
+  }
+  struct stat st;
+  if (stat(socket.c_str(), &st) != 0) {
+    int err = errno;
+    return absl::UnavailableError(absl::StrCat(
+        "railyardd not reachable at ", socket, ": ", ErrnoText(err),
+        err == ENOENT ? " (is railyardd running? the socket is set by its --socket flag and by "
+                        "RAILYARD_SOCKET for clients)"
+                      : ""));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(
+        absl::StrCat("railyardd not reachable at ", socket, ": not a Unix socket"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void PendingRequest::Complete(absl::Status status, uint64_t seq) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    done_ = true;
+    status_ = std::move(status);
+    if (seq != 0) seq_ = seq;
+  }
+  cv_.notify_all();
+}
+
+void PendingRequest::SetSeq(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (seq_ == 0) seq_ = seq;
+}
+
+absl::Status PendingRequest::Wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (timeout >= kForever) {
+    cv_.wait(lock, [this] { return done_; });
+  } else if (!cv_.wait_for(lock, std::max(timeout, std::chrono::milliseconds(0)),
+                           [this] { return done_; })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("operation not complete after ", timeout.count(),
+                     " ms (it keeps running in the daemon; wait again or give up)"));
+  }
+  return status_;
+}
+
+bool PendingRequest::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+uint64_t PendingRequest::seq() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seq_;
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(CodeFromInt(static_cast<int>(status.error_code())), status.error_message());
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOptions& options) {
+  std::shared_ptr<ClientCore> core(new ClientCore());
+  core->socket_ = !options.socket.empty()
+                      ? options.socket
+                      : internal::EnvOr("RAILYARD_SOCKET", "/run/railyard/railyard.sock");
+  core->job_ = !options.job.empty() ? options.job : internal::EnvOr("RAILYARD_JOB", "default");
+  const std::string token =
+      !options.token.empty() ? options.token : internal::EnvOr("RAILYARD_TOKEN", "");
+  core->default_algo_ = internal::EnvOr("RAILYARD_ALGO", "");
+  if (absl::Status st = internal::CheckSocketPath(core->socket_); !st.ok()) return st;
+
+  core->channel_ = grpc::CreateChannel("unix:" + core->socket_, grpc::InsecureChannelCredentials());
+  core->stub_ = v1::Local::NewStub(core->channel_);
+
+  v1::ConnectRequest request;
+  request.set_job_id(core->job_);
+  request.set_token(token);
+  request.set_pid(getpid());
+  request.set_client("railyard-cpp/" RAILYARD_VERSION);
+  // The reader thread opens the stream itself: opening can block while the channel connects, and
+  // TryCancel() from here bounds that wait too.
+  core->reader_ = std::thread([raw = core.get(), request] {
+    raw->stream_ = raw->stub_->Connect(&raw->stream_ctx_, request);
+    raw->ReadEvents();
+  });
+
+  std::unique_lock<std::mutex> lock(core->mu_);
+  auto answered_pred = [&] { return core->connected_ || core->stream_ended_; };
+  bool answered = true;
+  if (options.connect_timeout >= internal::kForever) {
+    core->connected_cv_.wait(lock, answered_pred);
+  } else {
+    answered = core->connected_cv_.wait_for(
+        lock, std::max(options.connect_timeout, std::chrono::milliseconds(0)), answered_pred);
+  }
+  if (core->connected_) return core;
+  absl::Status error;
+  if (!answered) {
+    error = absl::UnavailableError(absl::StrCat("railyardd not reachable at ", core->socket_,
+                                                ": no answer within ",
+                                                options.connect_timeout.count(), " ms"));
+  } else if (core->end_status_.code() == absl::StatusCode::kUnavailable ||
+             core->end_status_.code() == absl::StatusCode::kDeadlineExceeded) {
+    error = absl::UnavailableError(absl::StrCat("railyardd not reachable at ", core->socket_, ": ",
+                                                core->end_status_.message()));
+  } else {
+    // The daemon refused the session (token, job id): its message says why.
+    error = core->end_status_;
+  }
+  lock.unlock();
+  core->Shutdown();
+  return error;
+}
+
+ClientCore::~ClientCore() { Shutdown(); }
+
+void ClientCore::ReadEvents() {
+  v1::SessionEvent event;
+  while (stream_->Read(&event)) {
+    if (event.has_connected()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (connected_) continue;  // only the first one counts
+        session_id_ = event.connected().session_id();
+        node_name_ = event.connected().node_name();
+        connected_ = true;
+      }
+      connected_cv_.notify_all();
+    } else if (event.has_completion()) {
+      const v1::Completion& completion = event.completion();
+      std::shared_ptr<internal::PendingRequest> pending;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(completion.request_id());
+        if (it == pending_.end()) continue;  // e.g. its Submit timed out on our side
+        pending = std::move(it->second);
+        pending_.erase(it);
+      }
+      pending->Complete(
+          absl::Status(internal::CodeFromInt(completion.code()), completion.message()),
+          completion.seq());
+    }
+  }
+  grpc::Status finish = stream_->Finish();
+
+  std::unordered_map<uint64_t, std::shared_ptr<internal::PendingRequest>> orphans;
+  absl::Status end;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) {
+      end = absl::CancelledError("the client disconnected");
+    } else if (finish.ok()) {
+      end = absl::UnavailableError("daemon closed the session");
+    } else {
+      end = absl::Status(internal::CodeFromInt(static_cast<int>(finish.error_code())),
+                         absl::StrCat("daemon closed the session: ", finish.error_message()));
+      if (!connected_) end = internal::FromGrpc(finish);  // refused: keep the daemon's words
+    }
+    end_status_ = end;
+    stream_ended_ = true;
+    orphans.swap(pending_);
+  }
+  connected_cv_.notify_all();
+  for (auto& [id, pending] : orphans) pending->Complete(end, 0);
+}
+
+void ClientCore::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    bool disconnect = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      disconnect = connected_ && !stream_ended_;
+      shutting_down_ = true;
+    }
+    if (disconnect) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, internal::kDisconnectTimeout);
+      v1::DisconnectRequest request;
+      request.set_session_id(session_id_);
+      v1::DisconnectResponse response;
+      (void)stub_->Disconnect(&ctx, request, &response);  // the session ends either way
+    }
+    stream_ctx_.TryCancel();
+    if (reader_.joinable()) reader_.join();
+  });
+}
+
+bool ClientCore::alive() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return connected_ && !stream_ended_ && !shutting_down_;
+}
+
+void ClientCore::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) {
+  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+absl::Status ClientCore::SessionError() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return absl::FailedPreconditionError("the client is disconnected");
+  if (stream_ended_) return end_status_;
+  return absl::OkStatus();
+}
+
+absl::Status ClientCore::RpcError(const char* rpc, const grpc::Status& status) const {
+  absl::Status st = internal::FromGrpc(status);
+  if (st.code() == absl::StatusCode::kUnavailable) {
+    // Most likely the daemon went away: say so if the session stream noticed.
+    if (absl::Status session = SessionError(); !session.ok()) return session;
+    return absl::UnavailableError(
+        absl::StrCat(rpc, ": railyardd at ", socket_, " unavailable: ", st.message()));
+  }
+  if (st.code() == absl::StatusCode::kDeadlineExceeded && st.message() == "Deadline Exceeded") {
+    return absl::DeadlineExceededError(
+        absl::StrCat(rpc, ": no answer from railyardd at ", socket_, " in time"));
+  }
+  return st;
+}
+
+absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(const std::string& shm_name, uint64_t size) {
+  if (absl::Status st = SessionError(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  v1::RegisterBufferRequest request;
+  request.set_session_id(session_id_);
+  request.set_shm_name(shm_name);
+  request.set_size_bytes(size);
+  v1::RegisterBufferResponse response;
+  grpc::Status status = stub_->RegisterBuffer(&ctx, request, &response);
+  if (!status.ok()) return RpcError("RegisterBuffer", status);
+  return response.buffer_id();
+}
+
+absl::Status ClientCore::ReleaseBuffer(uint64_t buffer_id) {
+  if (absl::Status st = SessionError(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  v1::ReleaseBufferRequest request;
+  request.set_session_id(session_id_);
+  request.set_buffer_id(buffer_id);
+  v1::ReleaseBufferResponse response;
+  grpc::Status status = stub_->ReleaseBuffer(&ctx, request, &response);
+  if (!status.ok()) return RpcError("ReleaseBuffer", status);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ClientCore::CreateCommId() {
+  if (absl::Status st = SessionError(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  v1::CreateCommIdRequest request;
+  request.set_session_id(session_id_);
+  v1::CreateCommIdResponse response;
+  grpc::Status status = stub_->CreateCommId(&ctx, request, &response);
+  if (!status.ok()) return RpcError("CreateCommId", status);
+  return response.comm_id();
+}
+
+absl::StatusOr<v1::InitCommResponse> ClientCore::InitComm(const std::string& comm_id, int rank,
+                                                          int nranks,
+                                                          std::chrono::milliseconds timeout) {
+  if (absl::Status st = SessionError(); !st.ok()) return st;
+  if (timeout.count() < 0 || timeout.count() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("InitComm timeout ", timeout.count(), " ms out of range"));
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(
+      &ctx, timeout.count() == 0 ? internal::kInitDefaultTimeout : timeout + internal::kInitMargin);
+  v1::InitCommRequest request;
+  request.set_session_id(session_id_);
+  request.set_comm_id(comm_id);
+  request.set_rank(rank);
+  request.set_nranks(nranks);
+  request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+  v1::InitCommResponse response;
+  grpc::Status status = stub_->InitComm(&ctx, request, &response);
+  if (!status.ok()) return RpcError("InitComm", status);
+  return response;
+}
+
+absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
+  if (absl::Status st = SessionError(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  v1::DestroyCommRequest request;
+  request.set_session_id(session_id_);
+  request.set_comm_handle(comm_handle);
+  v1::DestroyCommResponse response;
+  grpc::Status status = stub_->DestroyComm(&ctx, request, &response);
+  if (!status.ok()) return RpcError("DestroyComm", status);
+  return absl::OkStatus();
+}
+
+void ClientCore::Submit(v1::SubmitRequest request,
+                        const std::shared_ptr<internal::PendingRequest>& pending) {
+  const uint64_t request_id = next_request_id_.fetch_add(1);
+  request.set_session_id(session_id_);
+  request.set_request_id(request_id);
+  {
+    // Registered before the RPC, so that the completion can never arrive unknown.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_ || stream_ended_) {
+      absl::Status closed = shutting_down_
+                                ? absl::FailedPreconditionError("the client is disconnected")
+                                : end_status_;
+      pending->Complete(closed, 0);
+      return;
+    }
+    pending_.emplace(request_id, pending);
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  v1::SubmitResponse response;
+  grpc::Status status = stub_->Submit(&ctx, request, &response);
+  if (!status.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.erase(request_id);
+    }
+    pending->Complete(RpcError("Submit", status), 0);
+    return;
+  }
+  pending->SetSeq(response.seq());
+}
+
+}  // namespace railyard

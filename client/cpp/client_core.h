@@ -1,0 +1,124 @@
+// The state a Client shares with its Buffers, Comms and Works: the gRPC stub, the session (the
+// Connect stream and the thread that reads it) and the table of requests in flight.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "railyard/client.h"
+#include "railyard/v1/local.grpc.pb.h"
+
+namespace railyard {
+
+namespace internal {
+
+// One submitted request, completed exactly once: by its Completion event, by a failed Submit, or
+// by the end of the session.
+class PendingRequest {
+ public:
+  // Records the outcome and wakes the waiters; later calls are ignored.
+  void Complete(absl::Status status, uint64_t seq);
+  // Sets the sequence number from the Submit reply (unless the completion already set it).
+  void SetSeq(uint64_t seq);
+  // Waits until completed or timeout; DEADLINE_EXCEEDED on timeout.
+  absl::Status Wait(std::chrono::milliseconds timeout);
+  bool done() const;
+  uint64_t seq() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+  uint64_t seq_ = 0;
+};
+
+// Converts a gRPC status, keeping the code and the daemon's message.
+absl::Status FromGrpc(const grpc::Status& status);
+
+}  // namespace internal
+
+class ClientCore {
+ public:
+  // Connects and waits (up to options.connect_timeout) for the Connected event.
+  // Errors: UNAVAILABLE naming the socket when the daemon cannot be reached or does not answer;
+  // PERMISSION_DENIED / INVALID_ARGUMENT from the daemon for a bad token or job id.
+  static absl::StatusOr<std::shared_ptr<ClientCore>> Connect(const ClientOptions& options);
+  ~ClientCore();
+  ClientCore(const ClientCore&) = delete;
+  ClientCore& operator=(const ClientCore&) = delete;
+
+  // Ends the session: Disconnect, cancel the stream, join the reader, fail outstanding requests
+  // with CANCELLED. Idempotent.
+  void Shutdown();
+  // True while the session is open (not shut down and the stream has not ended).
+  bool alive() const;
+
+  const std::string& session_id() const { return session_id_; }
+  const std::string& node_name() const { return node_name_; }
+  const std::string& socket() const { return socket_; }
+  const std::string& job() const { return job_; }
+  const std::string& default_algo() const { return default_algo_; }
+
+  absl::StatusOr<uint64_t> RegisterBuffer(const std::string& shm_name, uint64_t size);
+  absl::Status ReleaseBuffer(uint64_t buffer_id);
+  absl::StatusOr<std::string> CreateCommId();
+  absl::StatusOr<v1::InitCommResponse> InitComm(const std::string& comm_id, int rank, int nranks,
+                                                std::chrono::milliseconds timeout);
+  absl::Status DestroyComm(uint64_t comm_handle);
+
+  // Fills in session_id and request_id, registers `pending` and submits. A Submit error, or a
+  // session already closed, completes `pending` with that status.
+  void Submit(v1::SubmitRequest request, const std::shared_ptr<internal::PendingRequest>& pending);
+
+  // Serial numbers for shared-memory names.
+  uint64_t NextBufferSerial() { return next_buffer_serial_.fetch_add(1); }
+
+ private:
+  ClientCore() = default;
+  // Runs on reader_: reads the Connect stream until it ends.
+  void ReadEvents();
+  // Sets a deadline of `timeout` from now on ctx.
+  static void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout);
+  // OK while the session is open; else why it is not (client shut down, or the stream's end).
+  absl::Status SessionError() const;
+  // Adds which daemon to UNAVAILABLE errors of unary calls.
+  absl::Status RpcError(const char* rpc, const grpc::Status& status) const;
+
+  std::string socket_;
+  std::string job_;
+  std::string default_algo_;
+  std::string session_id_;
+  std::string node_name_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Local::Stub> stub_;
+
+  grpc::ClientContext stream_ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> stream_;
+  std::thread reader_;
+
+  mutable std::mutex mu_;
+  std::condition_variable connected_cv_;
+  bool connected_ = false;      // the Connected event arrived
+  bool stream_ended_ = false;   // the reader saw the end of the stream
+  bool shutting_down_ = false;  // Shutdown() started
+  absl::Status end_status_;     // why the session ended (valid once stream_ended_)
+  std::unordered_map<uint64_t, std::shared_ptr<internal::PendingRequest>> pending_;
+
+  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<uint64_t> next_buffer_serial_{0};
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace railyard

@@ -1,0 +1,169 @@
+// Railyard C++ client: connect to the node's railyardd, share buffers with it without copies, and
+// run collectives on communicators. Errors are absl::Status values carrying the gRPC code and the
+// daemon's message.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/kernels/types.h"
+
+namespace railyard {
+
+using kernels::DataType;
+using kernels::RedOp;
+
+class ClientCore;  // shared state between Client, Buffer, Comm and Work (client.cc)
+namespace v1 {
+class SubmitRequest;
+}  // namespace v1
+
+struct ClientOptions {
+  // Unix socket of the daemon. Empty: $RAILYARD_SOCKET, else /run/railyard/railyard.sock.
+  std::string socket;
+  // Job id. Empty: $RAILYARD_JOB, else "default".
+  std::string job;
+  // Job token. Empty: $RAILYARD_TOKEN, else "".
+  std::string token;
+  // How long Connect waits for the daemon to answer.
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+// A shared-memory allocation registered with the daemon. Movable, not copyable; released (and
+// unmapped in both processes) when destroyed.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&&) noexcept;
+  Buffer& operator=(Buffer&&) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  uint64_t id() const { return id_; }
+  template <typename T>
+  std::span<T> span() const {
+    return std::span<T>(static_cast<T*>(data_), size_ / sizeof(T));
+  }
+
+ private:
+  friend class Client;
+  friend class Comm;
+  std::shared_ptr<ClientCore> core_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  uint64_t id_ = 0;
+};
+
+// A region of a Buffer: the buffer and a byte offset into it.
+struct BufferRef {
+  const Buffer* buffer = nullptr;
+  size_t offset = 0;
+  BufferRef() = default;
+  BufferRef(const Buffer& b, size_t off = 0) : buffer(&b), offset(off) {}  // NOLINT: implicit
+};
+
+// An operation in flight. wait() may be called more than once; it returns the same status.
+class Work {
+ public:
+  Work() = default;
+  // Waits up to timeout for completion. DEADLINE_EXCEEDED (from the client side) if it did not
+  // complete in time; the operation keeps running in the daemon and can be waited on again.
+  absl::Status wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+  // True once the operation has completed (successfully or not).
+  bool test() const;
+  uint64_t seq() const;
+
+ private:
+  friend class Comm;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+struct CollectiveOptions {
+  // How long the daemon waits for the other ranks' matching submission. 0: daemon default.
+  std::chrono::milliseconds timeout{0};
+  // Forced algorithm; empty: $RAILYARD_ALGO, else the daemon's choice.
+  std::string algo;
+};
+
+// This rank's membership in a communicator.
+class Comm {
+ public:
+  Comm() = default;
+  Comm(Comm&&) noexcept = default;
+  Comm& operator=(Comm&&) noexcept;  // leaves the communicator it replaces
+  ~Comm();                           // leaves the communicator (DestroyComm) if still a member
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  uint64_t handle() const { return handle_; }
+
+  // Non-blocking collectives. Validation errors are returned by the Work's wait().
+  Work AllReduce(BufferRef send, BufferRef recv, size_t count, DataType dtype, RedOp op,
+                 const CollectiveOptions& opts = {});
+  Work ReduceScatter(BufferRef send, BufferRef recv, size_t recvcount, DataType dtype, RedOp op,
+                     const CollectiveOptions& opts = {});
+  Work AllGather(BufferRef send, BufferRef recv, size_t sendcount, DataType dtype,
+                 const CollectiveOptions& opts = {});
+  Work Broadcast(BufferRef send, BufferRef recv, size_t count, DataType dtype, int root,
+                 const CollectiveOptions& opts = {});
+  Work Reduce(BufferRef send, BufferRef recv, size_t count, DataType dtype, RedOp op, int root,
+              const CollectiveOptions& opts = {});
+  Work AllToAll(BufferRef send, BufferRef recv, size_t count, DataType dtype,
+                const CollectiveOptions& opts = {});
+  Work AllToAllv(BufferRef send, const std::vector<uint64_t>& send_counts,
+                 const std::vector<uint64_t>& send_displs, BufferRef recv,
+                 const std::vector<uint64_t>& recv_counts, const std::vector<uint64_t>& recv_displs,
+                 DataType dtype, const CollectiveOptions& opts = {});
+  Work Send(BufferRef send, size_t count, DataType dtype, int peer,
+            const CollectiveOptions& opts = {});
+  Work Recv(BufferRef recv, size_t count, DataType dtype, int peer,
+            const CollectiveOptions& opts = {});
+  Work Barrier(const CollectiveOptions& opts = {});
+
+  // Leaves the communicator now.
+  absl::Status Destroy();
+
+ private:
+  friend class Client;
+  // Fills in the buffers, handle and options, and submits.
+  Work Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
+              const CollectiveOptions& opts);
+  std::shared_ptr<ClientCore> core_;
+  uint64_t handle_ = 0;
+  int rank_ = 0;
+  int nranks_ = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options = {});
+  ~Client();  // disconnects
+
+  // Allocates size bytes of shared memory (pre-faulted) and registers it with the daemon.
+  absl::StatusOr<Buffer> Allocate(size_t size);
+  // A fresh communicator id naming this daemon as coordinator (ncclGetUniqueId).
+  absl::StatusOr<std::string> CreateCommId();
+  // Joins comm_id as rank of nranks; returns when all ranks have joined.
+  absl::StatusOr<Comm> InitComm(const std::string& comm_id, int rank, int nranks,
+                                std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+
+  const std::string& session_id() const;
+  const std::string& node_name() const;
+
+ private:
+  explicit Client(std::shared_ptr<ClientCore> core);
+  std::shared_ptr<ClientCore> core_;
+};
+
+}  // namespace railyard

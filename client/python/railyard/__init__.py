@@ -1,0 +1,47 @@
+"""Railyard: collectives through the node's railyardd daemon, from Python.
+
+Three lines::
+
+    import railyard
+    comm = railyard.connect().comm(comm_id, rank, nranks)   # comm_id from client.new_comm_id()
+    comm.all_reduce(x)                                        # x: a numpy array, summed in place
+
+Arrays from ``client.empty(shape, dtype)`` live in shared memory mapped by the daemon, so
+collectives on them copy nothing; other arrays are copied in and out (slower). Errors raise
+:class:`RailyardError` subclasses carrying the gRPC code and the daemon's message.
+
+``import railyard.torch`` registers the ``"railyard"`` backend with ``torch.distributed``.
+"""
+
+from ._types import DTYPE_BFLOAT16, SUPPORTED_DTYPES, ReduceOp
+from .client import DEFAULT_SOCKET, Client, Comm, Work, connect, init_from_env
+from .errors import (
+    AbortedError,
+    AlreadyExistsError,
+    CancelledError,
+    DataLossError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    RailyardError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+    UnknownError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "connect", "init_from_env", "Client", "Comm", "Work", "ReduceOp", "DEFAULT_SOCKET",
+    "SUPPORTED_DTYPES", "DTYPE_BFLOAT16",
+    "RailyardError", "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
+    "DeadlineExceededError", "FailedPreconditionError", "InternalError", "InvalidArgumentError",
+    "NotFoundError", "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError",
+    "UnauthenticatedError", "UnavailableError", "UnimplementedError", "UnknownError",
+]

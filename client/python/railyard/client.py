@@ -1,0 +1,975 @@
+"""Sessions, shared buffers, communicators and collectives over the daemon's local API.
+
+See docs/local-api.md for the protocol. In short: :func:`connect` opens the ``Connect`` stream
+(whose first event names the session) and a thread reads it; every collective is a ``Submit``
+whose outcome arrives later on that stream as a ``Completion`` keyed by the request id chosen
+here, so the waiter is registered before the request is sent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import collections
+import itertools
+import math
+import os
+import stat
+import threading
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+
+from . import _shm
+from ._types import RedOpLike, ReduceOp, dtype_number, red_op_number
+from .errors import (
+    CancelledError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    RailyardError,
+    UnavailableError,
+    error_from_code,
+    error_from_rpc,
+)
+
+try:
+    from .v1 import common_pb2, local_pb2, local_pb2_grpc
+except ImportError as _e:  # pragma: no cover - only in an unbuilt source tree
+    raise ImportError(
+        "railyard's generated gRPC stubs (railyard.v1.*_pb2) are missing: use the copy the build "
+        "places in <build>/python (cmake target railyard_python), or `pip install "
+        "./client/python`, or run client/python/gen_stubs.py") from _e
+
+__all__ = ["Client", "Comm", "Work", "connect", "init_from_env", "DEFAULT_SOCKET"]
+
+#: Socket used when neither ``socket=`` nor ``$RAILYARD_SOCKET`` is given.
+DEFAULT_SOCKET = "/run/railyard/railyard.sock"
+_VERSION = "0.1.0"
+# Deadline of every unary RPC but InitComm (seconds).
+_RPC_TIMEOUT = 30.0
+# InitComm: its own timeout plus this margin, or this much when the daemon's default applies.
+_INIT_MARGIN = 5.0
+_INIT_DEFAULT_DEADLINE = 600.0
+# Staging buffers (for arrays not in shared memory) come in power-of-two sizes from this up.
+_STAGING_MIN = 1 << 16
+# Free staging buffers kept per size class.
+_STAGING_KEEP = 4
+
+ArrayLike = np.ndarray
+Shape = Union[int, Sequence[int]]
+
+
+def _env(name: str, fallback: Optional[str] = None) -> Optional[str]:
+    value = os.environ.get(name)
+    return value if value else fallback
+
+
+def _check_socket(path: str) -> None:
+    """A clear error before gRPC's generic one when the socket is obviously not there."""
+    if len(path.encode()) >= 108:
+        raise InvalidArgumentError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"socket path {path} is {len(path.encode())} bytes; Unix sockets allow at most 107")
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        hint = (" (is railyardd running? the socket is set by its --socket flag and by "
+                "RAILYARD_SOCKET for clients)") if isinstance(e, FileNotFoundError) else ""
+        raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                               f"railyardd not reachable at {path}: {e.strerror}{hint}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                               f"railyardd not reachable at {path}: not a Unix socket")
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    if timeout is None:
+        return 0
+    ms = int(math.ceil(float(timeout) * 1000.0))
+    if ms <= 0 or ms > 0xFFFFFFFF:
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"timeout {timeout} s out of range")
+    return ms
+
+
+def _invalid(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]
+
+
+class Work:
+    """An operation in flight, returned by every collective called with ``async_op=True``.
+
+    The outcome is final once :meth:`is_completed` is true; :meth:`wait` may be called any number
+    of times and returns (or raises) the same thing each time. Results of arrays that are not in
+    shared memory have been copied out by the time the operation counts as completed.
+    """
+
+    __slots__ = ("_event", "_lock", "_error", "_result", "_finish", "_callbacks", "_seq",
+                 "__weakref__")
+
+    def __init__(self, result: Any = None,
+                 finish: Optional[Callable[[bool], None]] = None) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._error: Optional[RailyardError] = None
+        self._result = result
+        self._finish = finish
+        self._callbacks: List[Callable[["Work"], None]] = []
+        self._seq = 0
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Waits until the operation completes and returns its result (the output array).
+
+        Args:
+            timeout: seconds to wait; ``None`` waits until the daemon answers (which it always
+                does: the daemon's own ``--op_timeout`` bounds every operation).
+
+        Raises:
+            DeadlineExceededError: not complete within ``timeout``; the operation keeps running in
+                the daemon and can be waited on again.
+            RailyardError: the operation failed (the subclass matches the daemon's code).
+        """
+        if not self._event.wait(timeout):
+            raise DeadlineExceededError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"operation not complete after {timeout} s (it keeps running in the daemon; "
+                "wait again or give up)")
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once the operation has completed, successfully or not."""
+        return self._event.is_set()
+
+    def exception(self) -> Optional[RailyardError]:
+        """The error of a completed, failed operation; ``None`` while running or on success."""
+        return self._error if self._event.is_set() else None
+
+    @property
+    def seq(self) -> int:
+        """Sequence number the daemon gave the operation (0 until known)."""
+        return self._seq
+
+    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+        """Calls ``fn(work)`` once the operation completes (at once if it already has).
+
+        Callbacks run on the client's event thread: they must be quick and must not wait for
+        other Railyard operations.
+        """
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _complete(self, error: Optional[RailyardError], seq: int = 0) -> None:
+        with self._lock:
+            if self._event.is_set() or self._finish is False:
+                return
+            finish, self._finish = self._finish, False  # False: completing (ignore repeats)
+        if finish:
+            try:
+                finish(error is None)
+            except Exception as e:  # pragma: no cover - copy-out cannot normally fail
+                if error is None:
+                    error = RailyardError(grpc.StatusCode.INTERNAL, f"copying the result: {e}")
+        with self._lock:
+            self._error = error
+            if seq:
+                self._seq = seq
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:  # pragma: no cover - a callback's bug must not kill the reader
+                import traceback
+                traceback.print_exc()
+
+    def __repr__(self) -> str:
+        state = ("running" if not self._event.is_set()
+                 else "ok" if self._error is None else f"failed ({self._error.code.name})")
+        return f"<railyard.Work seq={self._seq} {state}>"
+
+
+class _Region:
+    """A registered shared buffer's address range, for finding arrays that lie inside it."""
+
+    __slots__ = ("start", "end", "ref", "buffer_id")
+
+    def __init__(self, start: int, end: int, mapping: _shm.Mapping, buffer_id: int) -> None:
+        self.start = start
+        self.end = end
+        self.ref = weakref.ref(mapping)
+        self.buffer_id = buffer_id
+
+
+_live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:  # pragma: no cover - exit path
+    for client in list(_live_clients):
+        try:
+            client.close()
+        except Exception:
+            pass
+
+
+class Client:
+    """A session with the node's railyardd. Create it with :func:`connect`.
+
+    Thread-safe. Close it with :meth:`close` (or use it as a context manager); a process that
+    exits without closing leaves the daemon to notice the broken stream, which it does at once.
+    """
+
+    def __init__(self, socket: Optional[str] = None, job: Optional[str] = None,
+                 token: Optional[str] = None, *, connect_timeout: float = 5.0) -> None:
+        self.socket: str = socket or _env("RAILYARD_SOCKET", DEFAULT_SOCKET)
+        self.job: str = job or _env("RAILYARD_JOB", "default")
+        token = token if token is not None else _env("RAILYARD_TOKEN", "")
+        self.default_algo: str = _env("RAILYARD_ALGO", "") or ""
+        self.session_id: str = ""
+        self.node_name: str = ""
+        self.daemon_version: str = ""
+
+        self._lock = threading.Lock()
+        self._pending: dict = {}
+        self._request_ids = itertools.count(1)
+        self._buffer_serials = itertools.count(0)
+        self._connected = threading.Event()
+        self._ended = threading.Event()
+        self._closing = False
+        self._end_error: Optional[RailyardError] = None
+        self._regions: List[_Region] = []
+        self._region_starts: List[int] = []
+        self._to_release: collections.deque = collections.deque()
+        self._staging_free: dict = {}
+        self._stream = None
+
+        _check_socket(self.socket)
+        self._channel = grpc.insecure_channel("unix:" + self.socket)
+        self._stub = local_pb2_grpc.LocalStub(self._channel)
+        request = local_pb2.ConnectRequest(job_id=self.job, token=token or "", pid=os.getpid(),
+                                           client=f"railyard-python/{_VERSION}")
+        self._stream = self._stub.Connect(request)
+        self._reader = threading.Thread(target=self._read_events, name="railyard-events",
+                                        daemon=True)
+        self._reader.start()
+
+        self._connected.wait(connect_timeout)
+        if not self.session_id:
+            if self._ended.is_set():
+                error: RailyardError = self._end_error or UnavailableError(
+                    grpc.StatusCode.UNAVAILABLE, f"railyardd at {self.socket} closed the session")
+            else:
+                error = UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                         f"railyardd not reachable at {self.socket}: no answer "
+                                         f"within {connect_timeout} s")
+            self._shutdown(disconnect=False)
+            raise error
+        _live_clients.add(self)
+
+    # -- session -------------------------------------------------------------------------------
+
+    def _read_events(self) -> None:
+        final: Optional[grpc.RpcError] = None
+        try:
+            for event in self._stream:
+                kind = event.WhichOneof("event")
+                if kind == "connected":
+                    if not self._connected.is_set():
+                        self.session_id = event.connected.session_id
+                        self.node_name = event.connected.node_name
+                        self.daemon_version = event.connected.daemon_version
+                        self._connected.set()
+                elif kind == "completion":
+                    c = event.completion
+                    with self._lock:
+                        work = self._pending.pop(c.request_id, None)
+                    if work is not None:
+                        work._complete(None if c.code == 0 else error_from_code(c.code, c.message),
+                                       c.seq)
+        except grpc.RpcError as e:
+            final = e
+        except Exception as e:  # pragma: no cover - defensive: never die silently
+            final = None
+            self._end_error = RailyardError(grpc.StatusCode.INTERNAL, f"event reader: {e!r}")
+        with self._lock:
+            if self._closing:
+                end: RailyardError = CancelledError(grpc.StatusCode.CANCELLED,
+                                                    "the client disconnected")
+            elif self._end_error is not None:
+                end = self._end_error
+            elif final is None:
+                end = UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                       f"railyardd at {self.socket} closed the session")
+            elif not self._connected.is_set():
+                code = final.code()
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    end = UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                           f"railyardd not reachable at {self.socket}: "
+                                           f"{final.details()}")
+                else:  # the daemon refused the session (token, job id): its words say why
+                    end = error_from_rpc(final)
+            else:
+                end = error_from_code(final.code(),
+                                      f"railyardd at {self.socket} closed the session: "
+                                      f"{final.details()}")
+            self._end_error = end
+            orphans, self._pending = self._pending, {}
+        self._ended.set()
+        self._connected.set()  # wakes a connect() still waiting
+        for work in orphans.values():
+            work._complete(end)
+
+    def _session_error(self) -> Optional[RailyardError]:
+        if self._closing:
+            return FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           "the client is closed")
+        if self._ended.is_set():
+            return self._end_error
+        return None
+
+    def _rpc_error(self, rpc: str, err: grpc.RpcError) -> RailyardError:
+        code = err.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            session = self._session_error()
+            if session is not None:
+                return session
+            return UnavailableError(code, f"{rpc}: railyardd at {self.socket} unavailable: "
+                                          f"{err.details()}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and err.details() == "Deadline Exceeded":
+            return DeadlineExceededError(code, f"{rpc}: no answer from railyardd at "
+                                               f"{self.socket} in time")
+        return error_from_rpc(err)
+
+    def _call(self, rpc: str, request: Any, timeout: float = _RPC_TIMEOUT) -> Any:
+        error = self._session_error()
+        if error is not None:
+            raise error
+        request.session_id = self.session_id
+        try:
+            return getattr(self._stub, rpc)(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise self._rpc_error(rpc, e) from None
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called or the daemon ended the session."""
+        return self._closing or self._ended.is_set()
+
+    def close(self) -> None:
+        """Ends the session (``Disconnect``). The daemon leaves this session's communicators and
+        unmaps its buffers; arrays from :meth:`empty` stay valid as ordinary memory here.
+        Operations still pending fail with :class:`CancelledError`. Idempotent."""
+        self._shutdown(disconnect=True)
+
+    def _shutdown(self, disconnect: bool) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        _live_clients.discard(self)
+        if disconnect and self.session_id and not self._ended.is_set():
+            try:
+                self._stub.Disconnect(local_pb2.DisconnectRequest(session_id=self.session_id),
+                                      timeout=5.0)
+            except grpc.RpcError:
+                pass  # the session ends either way
+        if self._stream is not None:
+            self._stream.cancel()
+        if self._reader.is_alive() and self._reader is not threading.current_thread():
+            self._reader.join(10.0)
+        self._channel.close()
+        with self._lock:
+            self._staging_free.clear()
+            self._to_release.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"session {self.session_id[:8]}…"
+        return f"<railyard.Client {self.socket} job={self.job} node={self.node_name} {state}>"
+
+    # -- buffers -------------------------------------------------------------------------------
+
+    def _allocate(self, size: int) -> _shm.Mapping:
+        self._flush_releases()
+        error = self._session_error()
+        if error is not None:
+            raise error
+        try:
+            mapping = _shm.create(self.job, next(self._buffer_serials), size)
+        except OSError as e:
+            from .errors import ResourceExhaustedError
+            raise ResourceExhaustedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                         f"shared memory of {size} bytes: {e}") from None
+        try:
+            response = self._call("RegisterBuffer", local_pb2.RegisterBufferRequest(
+                shm_name=mapping.name, size_bytes=size))
+        finally:
+            _shm.shm_unlink(mapping.name)  # both mappings stay valid; nothing left in /dev/shm
+        mapping.buffer_id = response.buffer_id
+        start = _address(np.frombuffer(mapping, dtype=np.uint8, count=1))
+        region = _Region(start, start + size, mapping, response.buffer_id)
+        weakref.finalize(mapping, self._to_release.append, response.buffer_id)
+        with self._lock:
+            # Drop regions whose mapping is gone (their address range may be reused).
+            live = [r for r in self._regions if r.ref() is not None]
+            live.append(region)
+            live.sort(key=lambda r: r.start)
+            self._regions = live
+            self._region_starts = [r.start for r in live]
+        return mapping
+
+    def _flush_releases(self) -> None:
+        while self._to_release:
+            try:
+                buffer_id = self._to_release.popleft()
+            except IndexError:
+                break
+            if self.closed:
+                continue
+            try:
+                self._call("ReleaseBuffer", local_pb2.ReleaseBufferRequest(buffer_id=buffer_id))
+            except RailyardError:
+                pass  # the daemon forgets the buffer with the session anyway
+
+    def empty(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
+        """A new uninitialized array in shared memory registered with the daemon.
+
+        Collectives on arrays from here (or on contiguous views of them) copy no byte between
+        this process and the daemon. The memory is released when the last view of it is gone.
+
+        Args:
+            shape: the array's shape (an int or a tuple of ints).
+            dtype: any numpy dtype (collectives accept the supported ones: float32, float64,
+                float16, int8, uint8, int32, uint32, int64, uint64).
+        """
+        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape_t, dtype=np.int64))
+        if n < 0 or any(s < 0 for s in shape_t):
+            raise ValueError(f"negative dimensions in shape {shape_t}")
+        mapping = self._allocate(max(n * dt.itemsize, 1))
+        return np.frombuffer(mapping, dtype=dt, count=n).reshape(shape_t)
+
+    def zeros(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
+        """Like :meth:`empty`, filled with zeros."""
+        arr = self.empty(shape, dtype)
+        arr.fill(0)
+        return arr
+
+    def is_shared(self, arr: np.ndarray) -> bool:
+        """True when collectives on ``arr`` are zero-copy (it lies in one of this client's
+        shared buffers and is C-contiguous)."""
+        return self._locate(arr) is not None
+
+    def _locate(self, arr: np.ndarray) -> Optional[Tuple[int, int]]:
+        if not arr.flags.c_contiguous:
+            return None
+        addr = _address(arr)
+        end = addr + arr.nbytes
+        with self._lock:
+            i = bisect.bisect_right(self._region_starts, addr) - 1
+            if i < 0:
+                return None
+            region = self._regions[i]
+            if end <= region.end and region.ref() is not None:
+                return region.buffer_id, addr - region.start
+        return None
+
+    def _staging_acquire(self, nbytes: int) -> _shm.Mapping:
+        size = max(_STAGING_MIN, 1 << max(0, (nbytes - 1).bit_length()))
+        with self._lock:
+            free = self._staging_free.get(size)
+            if free:
+                return free.pop()
+        return self._allocate(size)
+
+    def _staging_release(self, mapping: _shm.Mapping) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            free = self._staging_free.setdefault(len(mapping), [])
+            if len(free) < _STAGING_KEEP:
+                free.append(mapping)
+
+    # -- communicators -------------------------------------------------------------------------
+
+    def new_comm_id(self) -> str:
+        """A fresh communicator id naming this daemon as coordinator (like ncclGetUniqueId).
+        Hand it to every rank, which then calls :meth:`comm`."""
+        return self._call("CreateCommId", local_pb2.CreateCommIdRequest()).comm_id
+
+    def comm(self, comm_id: str, rank: int, nranks: int,
+             timeout: Optional[float] = None) -> "Comm":
+        """Joins communicator ``comm_id`` as ``rank`` of ``nranks``; returns once all have joined.
+
+        Args:
+            timeout: seconds to wait for the other ranks (``None``: the daemon's
+                ``--init_timeout``). Missing ranks raise :class:`DeadlineExceededError` naming
+                them.
+        """
+        if not 0 <= rank < nranks:
+            raise _invalid(f"rank {rank} out of range for {nranks} ranks")
+        ms = _timeout_ms(timeout)
+        deadline = _INIT_DEFAULT_DEADLINE if ms == 0 else ms / 1000.0 + _INIT_MARGIN
+        response = self._call("InitComm", local_pb2.InitCommRequest(
+            comm_id=comm_id, rank=rank, nranks=nranks, timeout_ms=ms), timeout=deadline)
+        return Comm(self, comm_id, response.comm_handle, rank, nranks, response.nnodes)
+
+    def _submit(self, request: Any, work: Work) -> None:
+        request_id = next(self._request_ids)
+        request.session_id = self.session_id
+        request.request_id = request_id
+        with self._lock:
+            error = self._session_error()
+            if error is None:
+                self._pending[request_id] = work  # before Submit: never an unknown completion
+        if error is not None:
+            work._complete(error)
+            return
+        try:
+            response = self._stub.Submit(request, timeout=_RPC_TIMEOUT)
+        except grpc.RpcError as e:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            work._complete(self._rpc_error("Submit", e))
+            return
+        if not work._seq:
+            work._seq = response.seq
+
+
+class _Staged:
+    """Per-operation bookkeeping of the staging buffers used for non-shared arrays."""
+
+    __slots__ = ("client", "entries")
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        # (mapping, array to copy the result into or None, buffer id)
+        self.entries: List[Tuple[_shm.Mapping, Optional[np.ndarray], np.ndarray]] = []
+
+    def ref(self, arr: np.ndarray, *, copy_in: bool, copy_out: bool) -> Tuple[int, int]:
+        loc = self.client._locate(arr)
+        if loc is not None:
+            return loc
+        for mapping, out, arr_seen in self.entries:  # same array as send and recv: one staging
+            if arr_seen is arr:
+                if copy_out and out is None:
+                    self.entries.remove((mapping, out, arr_seen))
+                    self.entries.append((mapping, arr, arr_seen))
+                return mapping.buffer_id, 0
+        if copy_out and not arr.flags.writeable:
+            raise _invalid("the output array is read-only")
+        mapping = self.client._staging_acquire(max(arr.nbytes, 1))
+        if copy_in and arr.nbytes:
+            staged = np.frombuffer(mapping, dtype=arr.dtype, count=arr.size).reshape(arr.shape)
+            np.copyto(staged, arr, casting="no")
+        self.entries.append((mapping, arr if copy_out else None, arr))
+        return mapping.buffer_id, 0
+
+    def finish(self, ok: bool) -> None:
+        for mapping, out, _ in self.entries:
+            if ok and out is not None and out.nbytes:
+                staged = np.frombuffer(mapping, dtype=out.dtype, count=out.size).reshape(out.shape)
+                np.copyto(out, staged, casting="no")
+            self.client._staging_release(mapping)
+        self.entries = []
+
+
+OpResult = Union[np.ndarray, Work, None]
+
+
+class Comm:
+    """This process's rank in a communicator. Create it with :meth:`Client.comm`.
+
+    Every collective takes numpy arrays. Arrays from :meth:`Client.empty` (and contiguous views
+    of them) are zero-copy; any other array is accepted too and is copied into a shared staging
+    buffer and back, which is slower (two extra copies, and a registration the first time a size
+    is seen). With ``async_op=True`` a collective returns a :class:`Work` whose ``wait()`` gives
+    the result; otherwise it waits and returns the result itself (the output array).
+
+    Errors in the arguments raise :class:`InvalidArgumentError` at once; failures reported by the
+    daemon raise from the call (or from ``Work.wait``). ``timeout`` (seconds) bounds how long the
+    daemon waits for the other ranks' matching call (default: the daemon's ``--op_timeout``);
+    ``algo`` forces an algorithm (default ``$RAILYARD_ALGO``; all ranks must agree).
+    """
+
+    def __init__(self, client: Client, comm_id: str, handle: int, rank: int, nranks: int,
+                 nnodes: int) -> None:
+        self.client = client
+        self.comm_id = comm_id
+        self.handle = handle
+        self.rank = rank
+        self.nranks = nranks
+        self.nnodes = nnodes
+        self.local_rank: Optional[int] = None
+
+    def __repr__(self) -> str:
+        return (f"<railyard.Comm rank {self.rank} of {self.nranks} ({self.nnodes} node(s)) "
+                f"{self.comm_id}>")
+
+    def close(self) -> None:
+        """Leaves the communicator (``DestroyComm``); other ranks' pending operations fail."""
+        if self.handle and not self.client.closed:
+            handle, self.handle = self.handle, 0
+            self.client._call("DestroyComm", local_pb2.DestroyCommRequest(comm_handle=handle))
+        self.handle = 0
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _like(self, x: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
+        """A new output array: shared when ``x`` is, else ordinary memory."""
+        if self.client.is_shared(x):
+            return self.client.empty(shape, x.dtype)
+        return np.empty(shape, x.dtype)
+
+    @staticmethod
+    def _check_array(name: str, arr: Any) -> np.ndarray:
+        if not isinstance(arr, np.ndarray):
+            raise _invalid(f"{name} must be a numpy array, not {type(arr).__name__}")
+        return arr
+
+    def _run(self, op: int, *, dtype: int, count: int = 0, red_op: int = 0, root: int = 0,
+             send: Optional[np.ndarray] = None, recv: Optional[np.ndarray] = None,
+             result: OpResult = None, async_op: bool = False, timeout: Optional[float] = None,
+             algo: Optional[str] = None, **extra: Any) -> OpResult:
+        if not self.handle:
+            raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
+                                          "communicator closed")
+        request = local_pb2.SubmitRequest(
+            comm_handle=self.handle, op=op, dtype=dtype, red_op=red_op, count=count, root=root,
+            timeout_ms=_timeout_ms(timeout),
+            algo=algo if algo is not None else self.client.default_algo, **extra)
+        staged = _Staged(self.client)
+        try:
+            if send is not None:
+                buffer_id, offset = staged.ref(send, copy_in=True, copy_out=False)
+                request.send.buffer_id = buffer_id
+                request.send.offset = offset
+            if recv is not None:
+                buffer_id, offset = staged.ref(recv, copy_in=recv is send, copy_out=True)
+                request.recv.buffer_id = buffer_id
+                request.recv.offset = offset
+        except BaseException:
+            staged.finish(False)
+            raise
+        work = Work(result, staged.finish if staged.entries else None)
+        self.client._submit(request, work)
+        if async_op:
+            return work
+        return work.wait()
+
+    def _dtype(self, dtype: Any, *arrays: Optional[np.ndarray]) -> int:
+        arrays_ = [a for a in arrays if a is not None]
+        first = arrays_[0].dtype
+        for a in arrays_[1:]:
+            if a.dtype != first:
+                raise _invalid(f"arrays of different dtypes: {first} and {a.dtype}")
+        try:
+            return dtype_number(first, dtype)
+        except ValueError as e:
+            raise _invalid(str(e)) from None
+
+    @staticmethod
+    def _red(op: RedOpLike) -> int:
+        try:
+            return red_op_number(op)
+        except ValueError as e:
+            raise _invalid(str(e)) from None
+
+    def _check_root(self, root: int, what: str = "root") -> int:
+        if not 0 <= int(root) < self.nranks:
+            raise _invalid(f"{what} {root} out of range for {self.nranks} ranks")
+        return int(root)
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def all_reduce(self, x: ArrayLike, op: RedOpLike = ReduceOp.SUM, *,
+                   out: Optional[ArrayLike] = None, async_op: bool = False,
+                   timeout: Optional[float] = None, algo: Optional[str] = None,
+                   dtype: Any = None) -> OpResult:
+        """Reduces ``x`` element-wise over all ranks; every rank gets the result.
+
+        Args:
+            x: this rank's contribution (any shape; same size and dtype on every rank).
+            op: ``"sum"`` (default), ``"prod"``, ``"min"``, ``"max"``, ``"avg"`` or a
+                :class:`ReduceOp`.
+            out: where the result goes (same size as ``x``); default ``x`` itself (in place).
+            dtype: only ``"bfloat16"``, for 2-byte arrays holding bfloat16 bits.
+
+        Returns:
+            ``out`` (or ``x``), or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        out = x if out is None else self._check_array("out", out)
+        if out.size != x.size:
+            raise _invalid(f"all_reduce: out has {out.size} elements, x has {x.size}")
+        return self._run(common_pb2.COLLECTIVE_OP_ALL_REDUCE, dtype=self._dtype(dtype, x, out),
+                         count=x.size, red_op=self._red(op), send=x, recv=out, result=out,
+                         async_op=async_op, timeout=timeout, algo=algo)
+
+    def reduce_scatter(self, x: ArrayLike, op: RedOpLike = ReduceOp.SUM, *,
+                       out: Optional[ArrayLike] = None, async_op: bool = False,
+                       timeout: Optional[float] = None, algo: Optional[str] = None,
+                       dtype: Any = None) -> OpResult:
+        """Reduces ``x`` over all ranks and gives rank ``r`` the ``r``-th of ``nranks`` equal
+        chunks of the result (in C order).
+
+        Args:
+            x: ``nranks * c`` elements on every rank.
+            out: ``c`` elements; default a new array of shape ``x.shape[1:]`` when
+                ``x.shape[0] == nranks``, else of shape ``(c,)`` (shared when ``x`` is).
+
+        Returns:
+            ``out``, or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        if x.size % self.nranks:
+            raise _invalid(f"reduce_scatter: x has {x.size} elements, not a multiple of "
+                           f"{self.nranks} ranks")
+        count = x.size // self.nranks
+        if out is None:
+            shape = x.shape[1:] if x.ndim >= 1 and x.shape[0] == self.nranks else (count,)
+            out = self._like(x, shape)
+        out = self._check_array("out", out)
+        if out.size != count:
+            raise _invalid(f"reduce_scatter: out has {out.size} elements, expected {count} "
+                           f"(x.size / nranks)")
+        return self._run(common_pb2.COLLECTIVE_OP_REDUCE_SCATTER,
+                         dtype=self._dtype(dtype, x, out), count=count, red_op=self._red(op),
+                         send=x, recv=out, result=out, async_op=async_op, timeout=timeout,
+                         algo=algo)
+
+    def all_gather(self, x: ArrayLike, *, out: Optional[ArrayLike] = None,
+                   async_op: bool = False, timeout: Optional[float] = None,
+                   algo: Optional[str] = None, dtype: Any = None) -> OpResult:
+        """Gathers every rank's ``x``: ``out[r]`` is rank ``r``'s ``x``.
+
+        Args:
+            x: ``c`` elements on every rank.
+            out: ``nranks * c`` elements; default a new array of shape ``(nranks, *x.shape)``
+                (shared when ``x`` is). Rank ``r``'s data lands at elements ``[r*c, (r+1)*c)``.
+
+        Returns:
+            ``out``, or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        if out is None:
+            out = self._like(x, (self.nranks,) + x.shape)
+        out = self._check_array("out", out)
+        if out.size != x.size * self.nranks:
+            raise _invalid(f"all_gather: out has {out.size} elements, expected "
+                           f"{x.size * self.nranks} (nranks * x.size)")
+        return self._run(common_pb2.COLLECTIVE_OP_ALL_GATHER, dtype=self._dtype(dtype, x, out),
+                         count=x.size, send=x, recv=out, result=out, async_op=async_op,
+                         timeout=timeout, algo=algo)
+
+    def broadcast(self, x: ArrayLike, root: int = 0, *, async_op: bool = False,
+                  timeout: Optional[float] = None, algo: Optional[str] = None,
+                  dtype: Any = None) -> OpResult:
+        """Copies root's ``x`` into ``x`` on every rank (in place).
+
+        Returns:
+            ``x``, or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        root = self._check_root(root)
+        return self._run(common_pb2.COLLECTIVE_OP_BROADCAST, dtype=self._dtype(dtype, x),
+                         count=x.size, root=root, send=x if self.rank == root else None, recv=x,
+                         result=x, async_op=async_op, timeout=timeout, algo=algo)
+
+    def reduce(self, x: ArrayLike, root: int = 0, op: RedOpLike = ReduceOp.SUM, *,
+               out: Optional[ArrayLike] = None, async_op: bool = False,
+               timeout: Optional[float] = None, algo: Optional[str] = None,
+               dtype: Any = None) -> OpResult:
+        """Reduces ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only; the other
+        ranks' ``out`` is left untouched.
+
+        Returns:
+            ``out`` (or ``x``), or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        root = self._check_root(root)
+        out = x if out is None else self._check_array("out", out)
+        if out.size != x.size:
+            raise _invalid(f"reduce: out has {out.size} elements, x has {x.size}")
+        return self._run(common_pb2.COLLECTIVE_OP_REDUCE, dtype=self._dtype(dtype, x, out),
+                         count=x.size, red_op=self._red(op), root=root, send=x,
+                         recv=out if self.rank == root else None, result=out,
+                         async_op=async_op, timeout=timeout, algo=algo)
+
+    def all_to_all(self, x: ArrayLike, *, out: Optional[ArrayLike] = None,
+                   async_op: bool = False, timeout: Optional[float] = None,
+                   algo: Optional[str] = None, dtype: Any = None) -> OpResult:
+        """Rank ``r`` sends the ``p``-th of its ``nranks`` equal chunks of ``x`` to rank ``p``
+        and receives rank ``p``'s ``r``-th chunk as the ``p``-th chunk of ``out``.
+
+        Args:
+            x: ``nranks * c`` elements.
+            out: ``nranks * c`` elements; default a new array shaped like ``x``.
+
+        Returns:
+            ``out``, or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        if x.size % self.nranks:
+            raise _invalid(f"all_to_all: x has {x.size} elements, not a multiple of "
+                           f"{self.nranks} ranks")
+        if out is None:
+            out = self._like(x, x.shape)
+        out = self._check_array("out", out)
+        if out.size != x.size:
+            raise _invalid(f"all_to_all: out has {out.size} elements, x has {x.size}")
+        return self._run(common_pb2.COLLECTIVE_OP_ALL_TO_ALL, dtype=self._dtype(dtype, x, out),
+                         count=x.size // self.nranks, send=x, recv=out, result=out,
+                         async_op=async_op, timeout=timeout, algo=algo)
+
+    def all_to_all_v(self, x: ArrayLike, send_counts: Sequence[int],
+                     recv_counts: Sequence[int], *, out: Optional[ArrayLike] = None,
+                     send_displs: Optional[Sequence[int]] = None,
+                     recv_displs: Optional[Sequence[int]] = None, async_op: bool = False,
+                     timeout: Optional[float] = None, algo: Optional[str] = None,
+                     dtype: Any = None) -> OpResult:
+        """All-to-all with per-peer sizes: ``send_counts[p]`` elements of ``x`` starting at
+        ``send_displs[p]`` go to rank ``p``, and ``recv_counts[p]`` elements from rank ``p``
+        land in ``out`` at ``recv_displs[p]`` (counts and displacements in elements).
+
+        Rank ``j``'s ``send_counts[i]`` must equal rank ``i``'s ``recv_counts[j]``.
+        Displacements default to the running sums of the counts; ``out`` defaults to a new flat
+        array just large enough.
+
+        Returns:
+            ``out``, or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+
+        def vec(name: str, values: Optional[Sequence[int]],
+                counts: Optional[List[int]] = None) -> List[int]:
+            if values is None:
+                assert counts is not None
+                return [0] + list(itertools.accumulate(counts))[:-1]
+            v = [int(c) for c in values]
+            if len(v) != self.nranks or any(c < 0 for c in v):
+                raise _invalid(f"all_to_all_v: {name} needs {self.nranks} non-negative entries, "
+                               f"got {list(values)}")
+            return v
+
+        sc = vec("send_counts", send_counts)
+        rc = vec("recv_counts", recv_counts)
+        sd = vec("send_displs", send_displs, sc)
+        rd = vec("recv_displs", recv_displs, rc)
+        send_need = max((d + c for d, c in zip(sd, sc)), default=0)
+        recv_need = max((d + c for d, c in zip(rd, rc)), default=0)
+        if send_need > x.size:
+            raise _invalid(f"all_to_all_v: x has {x.size} elements, counts/displs need "
+                           f"{send_need}")
+        if out is None:
+            out = self._like(x, (recv_need,))
+        out = self._check_array("out", out)
+        if recv_need > out.size:
+            raise _invalid(f"all_to_all_v: out has {out.size} elements, counts/displs need "
+                           f"{recv_need}")
+        return self._run(common_pb2.COLLECTIVE_OP_ALL_TO_ALL_V, dtype=self._dtype(dtype, x, out),
+                         send=x, recv=out, result=out, async_op=async_op, timeout=timeout,
+                         algo=algo, send_counts=sc, send_displs=sd, recv_counts=rc,
+                         recv_displs=rd)
+
+    def send(self, x: ArrayLike, peer: int, *, async_op: bool = False,
+             timeout: Optional[float] = None, dtype: Any = None) -> OpResult:
+        """Sends ``x`` to rank ``peer``, which calls :meth:`recv` with the same size and dtype.
+        Pairs match in FIFO order per (sender, receiver), independently of collectives.
+
+        Returns:
+            ``x``, or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        peer = self._check_root(peer, "peer")
+        return self._run(common_pb2.COLLECTIVE_OP_SEND, dtype=self._dtype(dtype, x), count=x.size,
+                         root=peer, send=x, result=x, async_op=async_op, timeout=timeout)
+
+    def recv(self, x: ArrayLike, peer: int, *, async_op: bool = False,
+             timeout: Optional[float] = None, dtype: Any = None) -> OpResult:
+        """Receives into ``x`` what rank ``peer`` sends with :meth:`send`.
+
+        Returns:
+            ``x``, or a :class:`Work` with ``async_op=True``.
+        """
+        x = self._check_array("x", x)
+        peer = self._check_root(peer, "peer")
+        return self._run(common_pb2.COLLECTIVE_OP_RECV, dtype=self._dtype(dtype, x), count=x.size,
+                         root=peer, recv=x, result=x, async_op=async_op, timeout=timeout)
+
+    def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None) -> OpResult:
+        """Returns once every rank has entered the barrier.
+
+        Returns:
+            ``None``, or a :class:`Work` with ``async_op=True``.
+        """
+        return self._run(common_pb2.COLLECTIVE_OP_BARRIER, dtype=0, async_op=async_op,
+                         timeout=timeout)
+
+
+def connect(socket: Optional[str] = None, job: Optional[str] = None,
+            token: Optional[str] = None, *, connect_timeout: float = 5.0) -> Client:
+    """Opens a session with the node's railyardd.
+
+    Args:
+        socket: the daemon's Unix socket; default ``$RAILYARD_SOCKET``, else
+            ``/run/railyard/railyard.sock``.
+        job: the job id (``[A-Za-z0-9._-]{1,128}``); default ``$RAILYARD_JOB``, else
+            ``"default"``.
+        token: the job's shared secret; default ``$RAILYARD_TOKEN``, else empty. The job's
+            first session sets it unless the daemon has a ``--job_tokens`` file.
+        connect_timeout: seconds to wait for the daemon's answer.
+
+    Raises:
+        UnavailableError: no daemon at the socket (the message names it).
+        PermissionDeniedError: wrong token for the job.
+        InvalidArgumentError: malformed job id or socket path.
+    """
+    return Client(socket, job, token, connect_timeout=connect_timeout)
+
+
+def init_from_env(client: Optional[Client] = None, *,
+                  timeout: Optional[float] = None) -> Comm:
+    """Joins the communicator described by the environment, as set by a launcher (torchrun style).
+
+    Reads ``RANK``, ``WORLD_SIZE`` and ``RAILYARD_COMM_ID`` (required) and ``LOCAL_RANK``
+    (optional, kept as ``comm.local_rank``); connects with :func:`connect` (so
+    ``RAILYARD_SOCKET``, ``RAILYARD_JOB`` and ``RAILYARD_TOKEN`` apply) unless ``client`` is
+    given. ``python3 -m railyard.launch`` sets all of these.
+    """
+    missing = [n for n in ("RANK", "WORLD_SIZE", "RAILYARD_COMM_ID") if not os.environ.get(n)]
+    if missing:
+        raise _invalid(f"init_from_env: {', '.join(missing)} not set in the environment "
+                       "(a launcher such as `python3 -m railyard.launch` sets them)")
+    rank = int(os.environ["RANK"])
+    nranks = int(os.environ["WORLD_SIZE"])
+    if client is None:
+        client = connect()
+    comm = client.comm(os.environ["RAILYARD_COMM_ID"], rank, nranks, timeout=timeout)
+    local = os.environ.get("LOCAL_RANK")
+    comm.local_rank = int(local) if local else rank
+    return comm

@@ -1,0 +1,650 @@
+"""The ``"railyard"`` backend of ``torch.distributed`` (CPU tensors).
+
+Importing this module registers the backend::
+
+    import torch.distributed as dist
+    import railyard.torch  # noqa: F401  (registers "railyard")
+
+    dist.init_process_group("railyard", rank=rank, world_size=world_size, store=store)
+    # or init_method="env://" / "tcp://..." like any backend (torchrun works unchanged)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Each process talks to its node's railyardd (``RAILYARD_SOCKET``, ``RAILYARD_JOB``,
+``RAILYARD_TOKEN`` as for :func:`railyard.connect`). Rank 0 of every process group creates a
+communicator id and publishes it through the group's c10d store; every rank then joins it.
+
+How it is built, and why: :class:`ProcessGroupRailyard` is a *Python* subclass of
+``torch.distributed.ProcessGroup``. PyTorch 1.13 ships a pybind11 trampoline
+(``c10d::PyProcessGroup``) that forwards the C++ virtual calls DDP makes (``allreduce``,
+``broadcast``, ``allgather``, ``barrier``...) to Python overrides, and
+``Backend.register_backend`` accepts a Python creator, so no C++ extension (and no libtorch
+headers, which Debian's python3-torch does not ship) is needed. Works returned to PyTorch are
+Python subclasses of ``Work``: PyTorch's own ``_create_work_from_future`` wrapper would do for
+DDP, but its ``wait()`` ignores the future's error (a failed ``dist.all_reduce`` would look
+successful), so the Python ``Work`` here raises instead and hands DDP a ``torch.futures.Future``
+from ``get_future()``. Such a Python object must outlive every C++ call on it (otherwise the
+trampoline falls back to the base class, whose ``wait()`` never returns), so each one is kept
+alive until its operation has completed *and* it has been waited on or had its future taken.
+
+Supported: ``all_reduce`` (sum, product, min, max, avg), ``broadcast``, ``reduce``,
+``all_gather`` (list and ``_all_gather_base``/``all_gather_into_tensor``), ``reduce_scatter``
+(list and ``_reduce_scatter_base``), ``all_to_all`` (list and ``all_to_all_single`` with or
+without split sizes), ``gather``, ``scatter``, ``send``/``recv`` (tags are ignored: messages
+between two ranks match in order), ``barrier`` and ``allreduce_coalesced``, on CPU tensors of
+float32/64, float16, bfloat16, int8, uint8, int32, int64 (and, for the operations that do not
+reduce, any dtype; complex for sum/avg). Tensors are copied into shared staging memory and back,
+except those from :func:`empty`, which live in shared memory (zero copy).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import railyard
+from railyard import errors as _errors
+
+__all__ = ["ProcessGroupRailyard", "BACKEND", "empty", "create_process_group"]
+
+#: The backend name, for ``dist.init_process_group(BACKEND, ...)``.
+BACKEND = "railyard"
+
+_Work = torch._C._distributed_c10d.Work
+_STORE_KEY = "railyard/comm_id"
+_INIT_COUNT_KEY = "railyard/inits"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors <-> numpy views
+
+
+def _red_op(op: Any) -> str:
+    for name, ref in (("sum", dist.ReduceOp.SUM), ("prod", dist.ReduceOp.PRODUCT),
+                      ("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX),
+                      ("avg", dist.ReduceOp.AVG)):
+        if op == ref:
+            return name
+    raise ValueError(f"railyard: reduce op {op} is not supported "
+                     "(supported: SUM, PRODUCT, MIN, MAX, AVG)")
+
+
+def _check_tensor(t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"railyard: {what} must be a tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"railyard: {what} is on {t.device}; the railyard backend handles CPU "
+                         "tensors only")
+    if t.is_sparse:
+        raise ValueError(f"railyard: {what} is sparse; only dense tensors are supported")
+    return t
+
+
+def _as_numpy(t: torch.Tensor, red: Optional[str]) -> Tuple[np.ndarray, Optional[str]]:
+    """A numpy view of contiguous ``t`` and the ``dtype=`` override for railyard.
+
+    Reductions need a dtype the daemon reduces; other operations move any dtype as bytes.
+    """
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), "bfloat16"
+    if t.is_complex():
+        if red is not None and red not in ("sum", "avg"):
+            raise ValueError(f"railyard: {red} is not defined for complex tensors")
+        t = torch.view_as_real(t)
+    if t.dtype == torch.bool:
+        if red is not None and red not in ("min", "max"):
+            raise ValueError(f"railyard: {red} is not supported for bool tensors (min/max are)")
+        arr = t.view(torch.uint8).numpy()
+    else:
+        arr = t.numpy()
+    if arr.dtype in railyard.SUPPORTED_DTYPES:
+        return arr, None
+    if red is not None:
+        raise ValueError(f"railyard: dtype {t.dtype} cannot be reduced (supported: float32, "
+                         "float64, float16, bfloat16, int8, uint8, int32, int64)")
+    return arr.reshape(-1).view(np.uint8), None
+
+
+class _Io:
+    """Numpy views of an operation's tensors: non-contiguous tensors go through contiguous
+    copies, copied back into the originals once the operation completes."""
+
+    def __init__(self) -> None:
+        self.copy_back: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+    def input(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_contiguous() else t.contiguous()
+
+    def output(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_contiguous():
+            return t
+        tmp = t.contiguous()
+        self.copy_back.append((tmp, t))
+        return tmp
+
+    def finish(self) -> None:
+        with torch.no_grad():
+            for tmp, t in self.copy_back:
+                t.copy_(tmp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Work
+
+
+class _Completer:
+    """One thread per process that completes torch futures, so that their callbacks (DDP comm
+    hooks, ``Future.then``) never run on, and never block, the railyard client's event thread."""
+
+    _lock = threading.Lock()
+    _queue: "Optional[queue.SimpleQueue]" = None
+    _thread_pid = -1
+
+    @classmethod
+    def submit(cls, fn: Callable[[], None]) -> None:
+        with cls._lock:
+            if cls._queue is None or cls._thread_pid != os.getpid():
+                cls._queue = queue.SimpleQueue()
+                cls._thread_pid = os.getpid()
+                threading.Thread(target=cls._run, args=(cls._queue,), daemon=True,
+                                 name="railyard-torch-futures").start()
+            q = cls._queue
+        q.put(fn)
+
+    @staticmethod
+    def _run(q: "queue.SimpleQueue") -> None:
+        while True:
+            fn = q.get()
+            try:
+                fn()
+            except Exception:  # pragma: no cover - a callback's bug must not stop the thread
+                import traceback
+                traceback.print_exc()
+
+
+# Works kept alive until completed and consumed (see the module docstring).
+_live_works: Dict[int, "Work"] = {}
+_live_lock = threading.Lock()
+
+
+class Work(_Work):
+    """A railyard operation as a ``torch.distributed`` Work.
+
+    ``wait()`` raises the operation's error (a :class:`railyard.RailyardError` subclass);
+    ``get_future()`` returns a ``torch.futures.Future`` whose value is the list of output tensors
+    (DDP uses it for its bucketed asynchronous all_reduce).
+    """
+
+    def __init__(self, outputs: List[torch.Tensor],
+                 post: Optional[Callable[[], None]] = None) -> None:
+        super().__init__()
+        self._outputs = outputs
+        self._post = post
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._future: Optional[torch.futures.Future] = None
+        self._consumed = False
+        with _live_lock:
+            _live_works[id(self)] = self
+
+    # Called once by the railyard work's completion (client event thread).
+    def _on_done(self, rw: "railyard.Work") -> None:
+        error = rw.exception()
+        if error is None and self._post is not None:
+            try:
+                self._post()
+            except Exception as e:  # pragma: no cover
+                error = e
+        self._post = None
+        with self._lock:
+            self._error = error
+            self._event.set()
+            future = self._future
+        if future is not None:
+            _Completer.submit(lambda: self._complete_future(future))
+        self._maybe_release()
+
+    def _complete_future(self, future: torch.futures.Future) -> None:
+        if self._error is None:
+            future.set_result(self._outputs)
+        else:
+            future.set_exception(self._error)
+
+    def _maybe_release(self) -> None:
+        if self._consumed and self._event.is_set():
+            with _live_lock:
+                _live_works.pop(id(self), None)
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Waits for completion; raises the operation's error. ``timeout``: a ``timedelta`` or
+        seconds (``None`` or zero: until the daemon answers)."""
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        if timeout is not None and timeout <= 0:
+            timeout = None
+        if not self._event.wait(timeout):
+            raise _errors.DeadlineExceededError(
+                _errors.status_code(4),
+                f"railyard operation not complete after {timeout} s")
+        self._consumed = True
+        self._maybe_release()
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        """A future completed with the output tensors (or the error) when the operation ends."""
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._event.is_set():
+                    future = self._future
+                    _Completer.submit(lambda: self._complete_future(future))
+            future = self._future
+            self._consumed = True
+        self._maybe_release()
+        return future
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def result(self) -> List[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def source_rank(self) -> int:
+        raise RuntimeError("railyard: source_rank() is not supported (recv from any source is "
+                           "not supported)")
+
+    def synchronize(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Process group
+
+
+_clients: Dict[Tuple[int, str, str, str], "railyard.Client"] = {}
+_clients_lock = threading.Lock()
+
+
+def _shared_client() -> "railyard.Client":
+    """One session per process (and daemon): every process group's comm shares it."""
+    key = (os.getpid(), os.environ.get("RAILYARD_SOCKET", ""),
+           os.environ.get("RAILYARD_JOB", ""), os.environ.get("RAILYARD_TOKEN", ""))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None or client.closed:
+            client = railyard.connect()
+            _clients[key] = client
+        return client
+
+
+class ProcessGroupRailyard(dist.ProcessGroup):
+    """A ``torch.distributed`` process group whose collectives run in railyardd.
+
+    Created by ``dist.init_process_group("railyard", ...)`` / ``dist.new_group(...,
+    backend="railyard")`` through :func:`create_process_group`; see the module docstring.
+
+    Attributes:
+        comm: the :class:`railyard.Comm` of this group (its ``client`` is the session).
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int,
+                 timeout: timedelta = timedelta(minutes=30),
+                 client: Optional["railyard.Client"] = None) -> None:
+        super().__init__(rank, world_size)
+        self.client = client if client is not None else _shared_client()
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        self._op_timeout = min(max(seconds, 0.001), 4_000_000.0)
+        # Every init of this store's group gets its own key (re-initialization reuses group
+        # names): the n-th init of each rank reads the n-th id.
+        generation = (store.add(_INIT_COUNT_KEY, 1) - 1) // world_size
+        key = f"{_STORE_KEY}/{generation}"
+        if rank == 0:
+            comm_id = self.client.new_comm_id()
+            store.set(key, comm_id)
+        else:
+            comm_id = store.get(key).decode()
+        self.comm = self.client.comm(comm_id, rank, world_size, timeout=self._op_timeout)
+
+    def getBackendName(self) -> str:  # noqa: N802 - the name C++ calls
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupRailyard rank {self.rank()} of {self.size()} {self.comm.comm_id}>"
+
+    def shutdown(self) -> None:
+        """Leaves the communicator (``dist.destroy_process_group`` does not tell Python groups)."""
+        try:
+            self.comm.close()
+        except railyard.RailyardError:
+            pass
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _start(self, outputs: List[torch.Tensor], io: _Io,
+               launch: Callable[[], "railyard.Work"],
+               post: Optional[Callable[[], None]] = None) -> Work:
+        def finish() -> None:
+            if post is not None:
+                post()
+            io.finish()
+
+        work = Work(outputs, finish)
+        try:
+            rw = launch()
+        except BaseException:
+            with _live_lock:
+                _live_works.pop(id(work), None)
+            raise
+        rw.add_done_callback(work._on_done)
+        return work
+
+    @staticmethod
+    def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise ValueError(f"railyard: {what} takes exactly one tensor per process, got "
+                             f"{len(tensors)}")
+        return _check_tensor(tensors[0], what)
+
+    def _kw(self) -> Dict[str, Any]:
+        return {"async_op": True, "timeout": self._op_timeout}
+
+    # -- collectives (signatures of c10d::ProcessGroup) ----------------------------------------
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        t = self._one(tensors, "all_reduce")
+        red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        io = _Io()
+        buf = io.output(t)
+        arr, dt = _as_numpy(buf, red)
+        return self._start([t], io, lambda: self.comm.all_reduce(arr, red, dtype=dt,
+                                                                 **self._kw()))
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if not tensors:
+            raise ValueError("railyard: allreduce_coalesced needs at least one tensor")
+        for t in tensors:
+            _check_tensor(t, "all_reduce_coalesced")
+            if t.dtype != tensors[0].dtype:
+                raise ValueError("railyard: allreduce_coalesced tensors must share a dtype")
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        arr, dt = _as_numpy(flat, red)
+
+        def post() -> None:
+            offset = 0
+            with torch.no_grad():
+                for t in tensors:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+        return self._start(list(tensors), _Io(),
+                           lambda: self.comm.all_reduce(arr, red, dtype=dt, **self._kw()), post)
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        t = self._one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        io = _Io()
+        buf = io.output(t)
+        arr, dt = _as_numpy(buf, None)
+        return self._start([t], io, lambda: self.comm.broadcast(arr, root, dtype=dt,
+                                                                **self._kw()))
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        t = self._one(tensors, "reduce")
+        red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        root = opts.rootRank if opts is not None else 0
+        io = _Io()
+        buf = io.output(t)
+        arr, dt = _as_numpy(buf, red)
+        return self._start([t], io, lambda: self.comm.reduce(arr, root, red, dtype=dt,
+                                                             **self._kw()))
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: Any = None) -> Work:
+        _check_tensor(output, "all_gather output")
+        _check_tensor(input, "all_gather input")
+        if output.dtype != input.dtype or output.numel() != input.numel() * self.size():
+            raise ValueError(f"railyard: all_gather output must have world_size * "
+                             f"{input.numel()} elements of {input.dtype}, got "
+                             f"{output.numel()} of {output.dtype}")
+        io = _Io()
+        src, _ = _as_numpy(io.input(input), None)
+        out, dt = _as_numpy(io.output(output), None)
+        return self._start([output], io, lambda: self.comm.all_gather(
+            src, out=out, dtype=dt, **self._kw()))
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]],
+                  input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        t = self._one(input_tensors, "all_gather")
+        if len(output_tensors) != 1 or len(output_tensors[0]) != self.size():
+            raise ValueError(f"railyard: all_gather needs one list of {self.size()} output "
+                             "tensors")
+        outs = output_tensors[0]
+        for o in outs:
+            _check_tensor(o, "all_gather output")
+            if o.numel() != t.numel() or o.dtype != t.dtype:
+                raise ValueError("railyard: all_gather outputs must match the input's size and "
+                                 "dtype")
+        gathered = torch.empty((self.size(),) + tuple(t.shape), dtype=t.dtype)
+        src, _ = _as_numpy(t.contiguous(), None)
+        out, dt = _as_numpy(gathered, None)
+
+        def post() -> None:
+            with torch.no_grad():
+                for r, o in enumerate(outs):
+                    o.copy_(gathered[r].view_as(o))
+
+        return self._start(list(outs), _Io(), lambda: self.comm.all_gather(
+            src, out=out, dtype=dt, **self._kw()), post)
+
+    def gather(self, output_tensors: List[List[torch.Tensor]],
+               input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        t = self._one(input_tensors, "gather")
+        root = opts.rootRank if opts is not None else 0
+        gathered = torch.empty((self.size(),) + tuple(t.shape), dtype=t.dtype)
+        src, _ = _as_numpy(t.contiguous(), None)
+        out, dt = _as_numpy(gathered, None)
+        outs = output_tensors[0] if self.rank() == root else []
+        if self.rank() == root and len(outs) != self.size():
+            raise ValueError(f"railyard: gather needs {self.size()} output tensors on the root")
+
+        def post() -> None:
+            with torch.no_grad():
+                for r, o in enumerate(outs):
+                    o.copy_(gathered[r].view_as(o))
+
+        return self._start(list(outs), _Io(), lambda: self.comm.all_gather(
+            src, out=out, dtype=dt, **self._kw()), post)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> Work:
+        _check_tensor(output, "reduce_scatter output")
+        _check_tensor(input, "reduce_scatter input")
+        red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if output.dtype != input.dtype or input.numel() != output.numel() * self.size():
+            raise ValueError(f"railyard: reduce_scatter input must have world_size * "
+                             f"{output.numel()} elements of {output.dtype}, got "
+                             f"{input.numel()} of {input.dtype}")
+        io = _Io()
+        src, dt = _as_numpy(io.input(input), red)
+        out, _ = _as_numpy(io.output(output), red)
+        return self._start([output], io, lambda: self.comm.reduce_scatter(
+            src, red, out=out, dtype=dt, **self._kw()))
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor],
+                       input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Work:
+        t = self._one(output_tensors, "reduce_scatter")
+        red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if len(input_tensors) != 1 or len(input_tensors[0]) != self.size():
+            raise ValueError(f"railyard: reduce_scatter needs one list of {self.size()} input "
+                             "tensors")
+        for i in input_tensors[0]:
+            _check_tensor(i, "reduce_scatter input")
+            if i.numel() != t.numel() or i.dtype != t.dtype:
+                raise ValueError("railyard: reduce_scatter inputs must match the output's size "
+                                 "and dtype")
+        stacked = torch.stack([i.detach().reshape(-1) for i in input_tensors[0]])
+        io = _Io()
+        src, dt = _as_numpy(stacked, red)
+        out, _ = _as_numpy(io.output(t), red)
+        return self._start([t], io, lambda: self.comm.reduce_scatter(
+            src, red, out=out, dtype=dt, **self._kw()))
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: List[int], input_split_sizes: List[int],
+                      opts: Any = None) -> Work:
+        _check_tensor(output, "all_to_all output")
+        _check_tensor(input, "all_to_all input")
+        if output.dtype != input.dtype:
+            raise ValueError("railyard: all_to_all input and output dtypes differ")
+        io = _Io()
+        src, dt = _as_numpy(io.input(input), None)
+        out, _ = _as_numpy(io.output(output), None)
+        n = self.size()
+        if not output_split_sizes and not input_split_sizes:
+            if src.size != out.size or src.size % n:
+                raise ValueError(f"railyard: all_to_all_single needs equal input and output "
+                                 f"sizes divisible by {n}")
+            return self._start([output], io, lambda: self.comm.all_to_all(
+                src, out=out, dtype=dt, **self._kw()))
+        # Split sizes count rows (dim 0); counts for the daemon are elements (or bytes).
+        def counts(t: torch.Tensor, arr: np.ndarray, splits: List[int]) -> List[int]:
+            if not splits:
+                if t.shape[0] % n:
+                    raise ValueError(f"railyard: dim 0 ({t.shape[0]}) not divisible by {n}")
+                splits = [t.shape[0] // n] * n
+            if len(splits) != n or sum(splits) != (t.shape[0] if t.dim() else 1):
+                raise ValueError(f"railyard: split sizes {splits} do not split dim 0 "
+                                 f"({t.shape[0] if t.dim() else 1}) in {n}")
+            per_row = arr.size // max(t.shape[0] if t.dim() else 1, 1)
+            return [s * per_row for s in splits]
+
+        sc = counts(input, src, list(input_split_sizes))
+        rc = counts(output, out, list(output_split_sizes))
+        return self._start([output], io, lambda: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **self._kw()))
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> Work:
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"railyard: all_to_all needs {n} input and {n} output tensors")
+        for t in list(input_tensors) + list(output_tensors):
+            _check_tensor(t, "all_to_all")
+            if t.dtype != input_tensors[0].dtype:
+                raise ValueError("railyard: all_to_all tensors must share a dtype")
+        flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
+        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
+        src, dt = _as_numpy(flat_in, None)
+        out, _ = _as_numpy(flat_out, None)
+        scale = src.size // max(flat_in.numel(), 1) if flat_in.numel() else 1
+        sc = [t.numel() * scale for t in input_tensors]
+        rc = [t.numel() * scale for t in output_tensors]
+
+        def post() -> None:
+            offset = 0
+            with torch.no_grad():
+                for t in output_tensors:
+                    t.copy_(flat_out[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+        return self._start(list(output_tensors), _Io(), lambda: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **self._kw()), post)
+
+    def scatter(self, output_tensors: List[torch.Tensor],
+                input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Work:
+        t = self._one(output_tensors, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        n = self.size()
+        if self.rank() == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != n:
+                raise ValueError(f"railyard: scatter needs {n} input tensors on the root")
+            flat_in = torch.cat([i.detach().reshape(-1) for i in input_tensors[0]])
+        else:
+            flat_in = torch.empty(0, dtype=t.dtype)
+        io = _Io()
+        src, dt = _as_numpy(flat_in, None)
+        out, _ = _as_numpy(io.output(t), None)
+        scale = out.size // max(t.numel(), 1) if t.numel() else 1
+        c = t.numel() * scale
+        sc = [c] * n if self.rank() == root else [0] * n
+        rc = [c if p == root else 0 for p in range(n)]
+        if src.size == 0:  # no send buffer needed, but the array must exist
+            src = np.empty(1, dtype=out.dtype)
+        return self._start([t], io, lambda: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **self._kw()))
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Work:
+        t = self._one(tensors, "send")
+        src, dt = _as_numpy(t.contiguous(), None)
+        return self._start([t], _Io(), lambda: self.comm.send(src, dst, dtype=dt,
+                                                              **self._kw()))
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Work:
+        t = self._one(tensors, "recv")
+        io = _Io()
+        out, dt = _as_numpy(io.output(t), None)
+        return self._start([t], io, lambda: self.comm.recv(out, src, dtype=dt, **self._kw()))
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
+        raise RuntimeError("railyard: recv from any source is not supported; pass src")
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._start([], _Io(), lambda: self.comm.barrier(**self._kw()))
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        self.comm.barrier(timeout=seconds or self._op_timeout)
+
+    # -- shared tensors ------------------------------------------------------------------------
+
+    def empty(self, *size: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor in shared memory registered with this group's daemon: collectives on it
+        (or on contiguous views of it) copy nothing."""
+        return empty(*size, dtype=dtype, client=self.client)
+
+
+def empty(*size: Any, dtype: torch.dtype = torch.float32,
+          client: Optional["railyard.Client"] = None) -> torch.Tensor:
+    """A CPU tensor in railyard shared memory: collectives of the railyard backend on it (or on
+    contiguous views of it) are zero-copy. Uses the process's shared session unless ``client``
+    is given."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    client = client if client is not None else _shared_client()
+    probe = torch.empty(0, dtype=dtype)
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(client.empty(size, np.int16)).view(torch.bfloat16)
+    np_dtype = probe.numpy().dtype if dtype != torch.bool else np.dtype(np.bool_)
+    return torch.from_numpy(client.empty(size, np_dtype))
+
+
+def create_process_group(store: Any, rank: int, world_size: int,
+                         timeout: timedelta) -> ProcessGroupRailyard:
+    """The creator registered with ``torch.distributed.Backend.register_backend``."""
+    return ProcessGroupRailyard(store, rank, world_size, timeout)
+
+
+def _register() -> None:
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, create_process_group)
+
+
+_register()

@@ -1,0 +1,73 @@
+// railyard-perf's command line: nccl-tests' flags (-b -e -f -i -n -w -c -o -d -r) plus the
+// collective (--op), the daemons and ranks to run, and hidden flags for the rank processes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/kernels/types.h"
+#include "tools/perf/perf_op.h"
+
+namespace railyard::perf {
+
+using kernels::DataType;
+using kernels::RedOp;
+
+inline constexpr std::string_view kDefaultSocket = "/run/railyard/railyard.sock";
+
+struct PerfArgs {
+  // Sizes (bytes): min_bytes, then * step_factor when it is > 1, else + step_bytes, up to
+  // max_bytes. nccl-tests' defaults.
+  size_t min_bytes = 32 << 20;
+  size_t max_bytes = 32 << 20;
+  size_t step_bytes = 1 << 20;
+  size_t step_factor = 1;
+  int iters = 20;
+  int warmup_iters = 5;
+  int check = 1;  // checked iterations per size and mode; 0: no data check
+  std::vector<RedOp> redops = {RedOp::kSum};
+  std::vector<DataType> dtypes = {DataType::kFloat32};
+  int root = 0;
+  PerfOp op = PerfOp::kAllReduce;
+  std::vector<std::string> daemons;  // sockets; ranks are numbered daemon-major
+  int ranks_per_daemon = 1;
+  uint32_t timeout_ms = 0;  // InitComm and per-operation timeout; 0: the daemon's defaults
+  std::string job;          // empty: $RAILYARD_JOB, else "default"
+  std::string token;        // empty: $RAILYARD_TOKEN
+  int deadline_s = 3600;    // the launcher kills ranks still running after this long
+  bool help = false;
+
+  // Set on the rank processes the launcher spawns (hidden --_rank, --_comm_id, ...).
+  bool worker = false;
+  int rank = -1;
+  std::string comm_id;
+  std::string socket;  // this rank's daemon
+  int64_t parent_pid = 0;
+
+  int nranks() const { return static_cast<int>(daemons.size()) * ranks_per_daemon; }
+};
+
+// Parses argv[1..] (without the program name). env_socket: $RAILYARD_SOCKET or null.
+// Errors (INVALID_ARGUMENT) name the flag and the bad value.
+absl::StatusOr<PerfArgs> ParsePerfArgs(const std::vector<std::string>& args,
+                                       const char* env_socket);
+
+// nccl-tests sizes: a number with an optional K, M or G suffix (powers of 1024, either case),
+// e.g. "8", "64K", "1M", "2G", "0.5M".
+absl::StatusOr<size_t> ParseSize(std::string_view text);
+
+// The sizes to run, in order. Barrier runs once, with size 0.
+std::vector<size_t> SizeSweep(const PerfArgs& args);
+
+// The hidden flags that turn the program into rank `rank` of the launcher's run.
+std::vector<std::string> WorkerFlags(int rank, const std::string& socket,
+                                     const std::string& comm_id, int64_t parent_pid);
+
+// Usage text for -h.
+std::string PerfUsage();
+
+}  // namespace railyard::perf

@@ -1,0 +1,66 @@
+#include "tools/railctl/admin_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace railyard::railctl {
+namespace {
+
+constexpr std::chrono::seconds kRpcTimeout{10};
+
+std::string ErrnoText(int err) {
+  char buffer[256];
+  return strerror_r(err, buffer, sizeof(buffer));  // the GNU variant returns the text
+}
+
+}  // namespace
+
+AdminClient::AdminClient(std::string socket) : socket_(std::move(socket)) {
+  stub_ = v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
+}
+
+absl::Status AdminClient::CheckSocket() const {
+  if (socket_.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path ", socket_, " is too long for a Unix socket"));
+  }
+  struct stat st;
+  if (stat(socket_.c_str(), &st) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("railyardd not reachable at ", socket_, ": ", ErrnoText(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(
+        absl::StrCat("railyardd not reachable at ", socket_, ": not a Unix socket"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AdminClient::FromGrpc(const char* rpc, const grpc::Status& status) const {
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(code, absl::StrCat("railyardd not reachable at ", socket_, ": ", rpc, ": ",
+                                           status.error_message()));
+  }
+  return absl::Status(code, absl::StrCat(rpc, ": ", status.error_message()));
+}
+
+absl::StatusOr<v1::StatusResponse> AdminClient::Status() {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  v1::StatusResponse response;
+  grpc::Status status = stub_->Status(&ctx, v1::StatusRequest(), &response);
+  if (!status.ok()) return FromGrpc("Admin.Status", status);
+  return response;
+}
+
+}  // namespace railyard::railctl

@@ -1,0 +1,27 @@
+// railctl's connection to a daemon's Admin service on its Unix socket.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "railyard/v1/admin.grpc.pb.h"
+
+namespace railyard::railctl {
+
+class AdminClient {
+ public:
+  explicit AdminClient(std::string socket);
+
+  // Admin.Status with a deadline. UNAVAILABLE names the socket when the daemon is not there.
+  absl::StatusOr<v1::StatusResponse> Status();
+
+ private:
+  absl::Status CheckSocket() const;
+  absl::Status FromGrpc(const char* rpc, const grpc::Status& status) const;
+
+  std::string socket_;
+  std::unique_ptr<v1::Admin::Stub> stub_;
+};
+
+}  // namespace railyard::railctl

@@ -1,0 +1,34 @@
+#include "tools/railctl/command.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace railyard::railctl {
+
+absl::StatusOr<CommonFlags> ParseCommonFlags(const std::vector<std::string>& args) {
+  CommonFlags flags;
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): nothing sets the environment.
+  const char* env_socket = std::getenv("RAILYARD_SOCKET");
+  flags.socket =
+      env_socket != nullptr && *env_socket != '\0' ? env_socket : "/run/railyard/railyard.sock";
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--json") {
+      flags.json = true;
+    } else if (arg == "-h" || arg == "--help") {
+      flags.help = true;
+    } else if (arg == "--socket") {
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError("--socket needs a value");
+      flags.socket = args[++i];
+    } else if (arg.rfind("--socket=", 0) == 0) {
+      flags.socket = arg.substr(9);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
+    }
+  }
+  if (flags.socket.empty()) return absl::InvalidArgumentError("--socket is empty");
+  return flags;
+}
+
+}  // namespace railyard::railctl

@@ -1,0 +1,32 @@
+// railctl subcommands: each is a name, a one-line summary and a function of its arguments.
+// Adding one (topo, model, simulate, explain) is a new file plus a row in main.cc's table.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace railyard::railctl {
+
+struct Command {
+  std::string_view name;
+  std::string_view summary;
+  // Runs with the arguments after the subcommand name; output on stdout. An error is printed by
+  // main() as one line on stderr (exit 1).
+  absl::Status (*run)(const std::vector<std::string>& args);
+};
+
+// Flags every daemon-facing subcommand takes.
+struct CommonFlags {
+  std::string socket;  // --socket; default $RAILYARD_SOCKET, else /run/railyard/railyard.sock
+  bool json = false;   // --json: protobuf JSON instead of the human table
+  bool help = false;   // -h, --help
+};
+
+// Parses --socket S / --socket=S, --json, -h/--help; anything else is INVALID_ARGUMENT.
+absl::StatusOr<CommonFlags> ParseCommonFlags(const std::vector<std::string>& args);
+
+}  // namespace railyard::railctl

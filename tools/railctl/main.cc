@@ -1,0 +1,52 @@
+// railctl: the operator's CLI for railyardd. `railctl <command> [flags]`.
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tools/railctl/command.h"
+#include "tools/railctl/status_command.h"
+
+namespace {
+
+using railyard::railctl::Command;
+
+// One row per subcommand (topo, model, simulate, explain join here).
+constexpr Command kCommands[] = {
+    {"status", "what the daemon is doing: jobs, communicators, sessions",
+     railyard::railctl::RunStatus},
+};
+
+void PrintUsage(FILE* out) {
+  std::fputs(
+      "Usage: railctl <command> [flags]; railctl <command> --help for its flags\n\n"
+      "Commands:\n",
+      out);
+  for (const Command& command : kCommands) {
+    std::fprintf(out, "  %-10s %s\n", std::string(command.name).c_str(),
+                 std::string(command.summary).c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs("railctl: missing command (try 'railctl help')\n", stderr);
+    return 1;
+  }
+  const std::string_view name = argv[1];
+  if (name == "help" || name == "-h" || name == "--help") {
+    PrintUsage(stdout);
+    return 0;
+  }
+  for (const Command& command : kCommands) {
+    if (command.name != name) continue;
+    absl::Status status = command.run(std::vector<std::string>(argv + 2, argv + argc));
+    if (status.ok()) return 0;
+    std::fprintf(stderr, "railctl: %s: %s\n", argv[1], status.ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "railctl: unknown command '%s' (try 'railctl help')\n", argv[1]);
+  return 1;
+}
