@@ -15,9 +15,9 @@ packages=(
   # metrics exposition and the real Prometheus tools the tests use
   libcivetweb-dev prometheus
   # peers measured side by side in bench/
-  openmpi-bin libopenmpi-dev mpich
+  openmpi-bin libopenmpi-dev mpich libmpich-dev
   # Python client (Debian's /usr/bin/python3 only)
-  python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
+  python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch
   # network namespaces and traffic shaping for the emulated fabric
   iproute2 procps
 )

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: dependencies, format check, a -Werror build with every
+# unit and integration test, then the same suite again under AddressSanitizer and
+# UndefinedBehaviorSanitizer in a separate build.
+#   RAILYARD_SKIP_SANITIZERS=1  skips the sanitizer pass (local iteration only; CI runs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+scripts/install-deps.sh
+scripts/check-format.sh
+
+echo "== build (release, -Werror)"
+scripts/build.sh
+echo "== tests"
+ctest --test-dir build --output-on-failure -j 2 --timeout 600
+
+if [ "${RAILYARD_SKIP_SANITIZERS:-0}" != "1" ]; then
+  echo "== build (address,undefined sanitizers)"
+  RAILYARD_BUILD_DIR=build-asan scripts/build.sh -DCMAKE_BUILD_TYPE=Debug \
+    -DRAILYARD_SANITIZE=address,undefined -DRAILYARD_WITH_CUDA=OFF
+  echo "== tests under sanitizers"
+  # gRPC keeps some process-lifetime singletons that LeakSanitizer reports at exit.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900
+fi
+echo "== all tests passed in $(( $(date +%s) - start )) s"
