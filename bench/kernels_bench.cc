@@ -1,0 +1,168 @@
+// Microbenchmarks for the CPU reduction kernels (daemon/kernels/reduce.h).
+//
+// bytes_per_second counts memory traffic: every source read once plus the destination(s) written
+// once, i.e. (nsrcs + ndsts) * bytes per buffer; memcpy counts read + write. The "per_buf" counter
+// is the bytes of one buffer per second (the algorithm bandwidth, as nccl-tests would call it).
+// Run e.g.: kernels_bench --benchmark_filter='F32Sum|Memcpy' --benchmark_min_time=1
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "daemon/kernels/reduce.h"
+#include "daemon/kernels/types.h"
+
+namespace railyard::kernels {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// A buffer of `bytes` bytes filled with small values valid in every dtype (1.0 in f32/f16/bf16
+// bit patterns are not needed: any finite bit pattern is fine for timing, but avoid NaN/denormal
+// slow paths by using a repeating pattern of small positive values).
+std::vector<uint8_t> MakeBuffer(DataType dtype, size_t bytes) {
+  std::vector<uint8_t> buf(bytes);
+  const size_t esize = ElementSize(dtype);
+  const size_t count = bytes / esize;
+  for (size_t i = 0; i < count; ++i) {
+    const float v = 1.0f + static_cast<float>(i % 7) * 0.125f;
+    uint8_t* p = buf.data() + i * esize;
+    switch (dtype) {
+      case DataType::kFloat32: {
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DataType::kFloat64: {
+        const double d = v;
+        std::memcpy(p, &d, 8);
+        break;
+      }
+      case DataType::kFloat16: {
+        const uint16_t h = FloatToHalf(v);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kBFloat16: {
+        const uint16_t b = FloatToBFloat16(v);
+        std::memcpy(p, &b, 2);
+        break;
+      }
+      default: {
+        const uint64_t x = i % 7 + 1;
+        std::memcpy(p, &x, esize);  // little-endian: the low bytes
+        break;
+      }
+    }
+  }
+  return buf;
+}
+
+void SetRates(benchmark::State& state, size_t bytes_per_buf, int nbufs_touched) {
+  const auto iters = static_cast<int64_t>(state.iterations());
+  state.SetBytesProcessed(iters * static_cast<int64_t>(bytes_per_buf) * nbufs_touched);
+  state.counters["per_buf"] =
+      benchmark::Counter(static_cast<double>(bytes_per_buf) * iters, benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1024);
+}
+
+// Args: {MiB per buffer, nsrcs, in_place (dst == srcs[0])}.
+template <DataType kType, RedOp kOp>
+void BM_Reduce(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0)) * kMiB;
+  const int nsrcs = static_cast<int>(state.range(1));
+  const bool in_place = state.range(2) != 0;
+  const size_t count = bytes / ElementSize(kType);
+  std::vector<std::vector<uint8_t>> srcs_buf;
+  for (int s = 0; s < nsrcs; ++s) srcs_buf.push_back(MakeBuffer(kType, bytes));
+  std::vector<uint8_t> dst_buf(bytes, 0);
+  std::vector<const void*> srcs;
+  for (const auto& b : srcs_buf) srcs.push_back(b.data());
+  void* dst = in_place ? srcs_buf[0].data() : dst_buf.data();
+  const uint32_t div = static_cast<uint32_t>(nsrcs);
+  for (auto _ : state) {
+    Reduce(kType, kOp, dst, srcs.data(), nsrcs, count, div);
+    benchmark::ClobberMemory();
+  }
+  SetRates(state, bytes, nsrcs + 1);
+}
+
+// Args: {MiB per buffer, nsrcs, ndsts}.
+void BM_ReduceToManyF32Sum(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0)) * kMiB;
+  const int nsrcs = static_cast<int>(state.range(1));
+  const int ndsts = static_cast<int>(state.range(2));
+  const size_t count = bytes / 4;
+  std::vector<std::vector<uint8_t>> bufs;
+  for (int i = 0; i < nsrcs + ndsts; ++i) bufs.push_back(MakeBuffer(DataType::kFloat32, bytes));
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
+  for (int i = 0; i < nsrcs; ++i) srcs.push_back(bufs[i].data());
+  for (int i = 0; i < ndsts; ++i) dsts.push_back(bufs[nsrcs + i].data());
+  for (auto _ : state) {
+    ReduceToMany(DataType::kFloat32, RedOp::kSum, dsts.data(), ndsts, srcs.data(), nsrcs, count, 1);
+    benchmark::ClobberMemory();
+  }
+  SetRates(state, bytes, nsrcs + ndsts);
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0)) * kMiB;
+  std::vector<uint8_t> src = MakeBuffer(DataType::kUint8, bytes), dst(bytes, 0);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  SetRates(state, bytes, 2);
+}
+
+void BM_Swap(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0)) * kMiB;
+  std::vector<uint8_t> a = MakeBuffer(DataType::kUint8, bytes), b(bytes, 1);
+  for (auto _ : state) {
+    Swap(a.data(), b.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  SetRates(state, bytes, 4);  // both regions read and written
+}
+
+void ReduceArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"MiB", "nsrcs", "inplace"});
+  for (int64_t mib : {1, 64}) {
+    for (int64_t nsrcs : {2, 4}) b->Args({mib, nsrcs, 0});
+  }
+  b->Args({64, 2, 1});
+  b->Args({64, 8, 0});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+void ShortReduceArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"MiB", "nsrcs", "inplace"});
+  b->Args({1, 4, 0});
+  b->Args({64, 4, 0});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK(BM_Reduce<DataType::kFloat32, RedOp::kSum>)->Name("F32Sum")->Apply(ReduceArgs);
+BENCHMARK(BM_Reduce<DataType::kBFloat16, RedOp::kSum>)->Name("BF16Sum")->Apply(ReduceArgs);
+BENCHMARK(BM_Reduce<DataType::kFloat16, RedOp::kSum>)->Name("F16Sum")->Apply(ShortReduceArgs);
+BENCHMARK(BM_Reduce<DataType::kFloat64, RedOp::kSum>)->Name("F64Sum")->Apply(ShortReduceArgs);
+BENCHMARK(BM_Reduce<DataType::kFloat32, RedOp::kMax>)->Name("F32Max")->Apply(ShortReduceArgs);
+BENCHMARK(BM_Reduce<DataType::kInt32, RedOp::kSum>)->Name("I32Sum")->Apply(ShortReduceArgs);
+BENCHMARK(BM_Reduce<DataType::kFloat32, RedOp::kAvg>)->Name("F32Avg")->Apply(ShortReduceArgs);
+BENCHMARK(BM_ReduceToManyF32Sum)
+    ->Name("F32SumToMany")
+    ->ArgNames({"MiB", "nsrcs", "ndsts"})
+    ->Args({64, 4, 3})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Memcpy)->Name("Memcpy")->ArgName("MiB")->Arg(1)->Arg(64)->UseRealTime()->Unit(
+    benchmark::kMillisecond);
+BENCHMARK(BM_Swap)->Name("Swap")->ArgName("MiB")->Arg(64)->UseRealTime()->Unit(
+    benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace railyard::kernels
+
+BENCHMARK_MAIN();
