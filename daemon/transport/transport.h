@@ -20,7 +20,9 @@ namespace railyard::transport {
 // source buffer (Send) or arrived in full (Recv), else why not (UNAVAILABLE for a dead peer).
 using CompletionFn = std::function<void(absl::Status)>;
 
-// Matches a send with its receive: (communicator, sequence number, step) packed by the scheduler.
+// Matches a send with its receive. The scheduler packs (communicator, sender node, sequence
+// number, step) into it so that a tag is unique among everything in flight to one rail's worker;
+// transports match tags exactly (full 64-bit mask) and need not look inside.
 using Tag = uint64_t;
 
 // A connection to one peer daemon over one rail. Thread-safe.

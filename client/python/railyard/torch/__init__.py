@@ -169,9 +169,20 @@ class _Completer:
                 traceback.print_exc()
 
 
-# Works kept alive until completed and consumed (see the module docstring).
+# Works kept alive until completed and consumed (see the module docstring). A work nobody ever
+# waits on (async_op=True, handle dropped) would stay forever: past this many entries, completed
+# ones are let go (PyTorch's own C++ callers consume a work right after the call that made it).
 _live_works: Dict[int, "Work"] = {}
 _live_lock = threading.Lock()
+_LIVE_PRUNE_AT = 4096
+
+
+def _keep_alive(work: "Work") -> None:
+    with _live_lock:
+        if len(_live_works) >= _LIVE_PRUNE_AT:
+            for key in [k for k, w in _live_works.items() if w._event.is_set()]:
+                del _live_works[key]
+        _live_works[id(work)] = work
 
 
 class Work(_Work):
@@ -192,8 +203,7 @@ class Work(_Work):
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
         self._consumed = False
-        with _live_lock:
-            _live_works[id(self)] = self
+        _keep_alive(self)
 
     # Called once by the railyard work's completion (client event thread).
     def _on_done(self, rw: "railyard.Work") -> None:

@@ -1,0 +1,163 @@
+#!/usr/bin/python3
+"""torch.distributed all_reduce latency and bandwidth: railyard vs gloo, side by side.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_allreduce_vs_gloo.py --nproc 4
+
+Runs --nproc processes on this machine. Each size is all_reduced (sum, float32) --iters times
+after --warmup iterations, with each backend in turn, in the same processes:
+
+  railyard         ordinary CPU tensors (copied into shared memory and back by the backend)
+  railyard-shared  tensors from railyard.torch.empty (shared with the daemon: zero copy)
+  gloo             torch's gloo backend over loopback TCP
+
+Time per op is the slowest rank's mean; algbw = bytes / time and busbw = algbw * 2(n-1)/n (the
+nccl-tests convention: the traffic of a ring all-reduce). A daemon is needed: --socket (or
+$RAILYARD_SOCKET), or --railyardd PATH to start one for the run (default: build/daemon/railyardd
+when no socket is given). Not a test: numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket as socketlib
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Tuple
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+try:
+    import railyard  # noqa: F401
+except ImportError:  # fall back to the build tree's package copy
+    sys.path.append(os.path.join(REPO, "build", "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+VARIANTS = ("railyard", "railyard-shared", "gloo")
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def measure(rank: int, n: int, variant: str, sizes: List[int], iters: int, warmup: int,
+            store_path: str) -> Dict[int, float]:
+    import railyard.torch
+    backend = "gloo" if variant == "gloo" else "railyard"
+    dist.init_process_group(backend, rank=rank, world_size=n,
+                            store=dist.FileStore(store_path, n))
+    times: Dict[int, float] = {}
+    try:
+        for nbytes in sizes:
+            count = max(nbytes // 4, 1)
+            if variant == "railyard-shared":
+                t = railyard.torch.empty(count, dtype=torch.float32)
+            else:
+                t = torch.empty(count, dtype=torch.float32)
+            t.fill_(1.0)
+            reps = iters if nbytes < (16 << 20) else max(3, iters // 10)
+            for _ in range(warmup):
+                dist.all_reduce(t)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(reps):
+                dist.all_reduce(t)
+            elapsed = torch.tensor([(time.perf_counter() - start) / reps], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times[nbytes] = elapsed.item()
+    finally:
+        dist.destroy_process_group()
+    return times
+
+
+def worker(rank: int, n: int, args: argparse.Namespace, tmp: str, queue) -> None:
+    os.environ["RAILYARD_SOCKET"] = args.socket
+    os.environ.setdefault("RAILYARD_JOB", f"bench-{os.getppid()}")
+    results = {}
+    for i, variant in enumerate(args.variants):
+        results[variant] = measure(rank, n, variant, args.sizes, args.iters, args.warmup,
+                                   os.path.join(tmp, f"store{i}"))
+    if rank == 0:
+        queue.put(results)
+
+
+def start_daemon(binary: str, tmp: str) -> Tuple[subprocess.Popen, str]:
+    sock = os.path.join(tmp, "ry.sock")
+    proc = subprocess.Popen([binary, f"--socket={sock}", "--node_name=bench", "--log_level=warn"],
+                            stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        try:
+            s.connect(sock)
+            return proc, sock
+        except OSError:
+            time.sleep(0.02)
+        finally:
+            s.close()
+    proc.kill()
+    raise SystemExit(f"railyardd ({binary}) did not start")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--sizes", default="4,4096,65536,1048576,16777216,67108864",
+                        help="comma-separated message sizes in bytes")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--socket", default=os.environ.get("RAILYARD_SOCKET", ""))
+    parser.add_argument("--railyardd", default=os.environ.get(
+        "RAILYARDD", os.path.join(REPO, "build", "daemon", "railyardd")))
+    args = parser.parse_args()
+    args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    args.variants = [v for v in args.variants.split(",") if v]
+    for v in args.variants:
+        if v not in VARIANTS:
+            parser.error(f"unknown variant {v}; choose from {', '.join(VARIANTS)}")
+
+    with tempfile.TemporaryDirectory(prefix="rybench-", dir="/tmp") as tmp:
+        daemon = None
+        if not args.socket:
+            daemon, args.socket = start_daemon(args.railyardd, tmp)
+        try:
+            ctx = mp.get_context("spawn")
+            queue = ctx.Queue()
+            mp.start_processes(worker, args=(args.nproc, args, tmp, queue), nprocs=args.nproc,
+                               start_method="spawn")
+            results = queue.get(timeout=60)
+        finally:
+            if daemon is not None:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(15)
+
+    n = args.nproc
+    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    print(f"all_reduce float32 sum, {n} processes on one machine "
+          f"(torch {torch.__version__}); time = slowest rank's mean")
+    width = 23
+    print(f"{'':>10} |" + "|".join(f"{v:^{width}}" for v in args.variants))
+    print(f"{'size':>10} |" + "|".join(f"{'time us':>11} {'busbw GB/s':>10} "
+                                       for _ in args.variants))
+    print("-" * (12 + (width + 1) * len(args.variants)))
+    for nbytes in args.sizes:
+        cells = []
+        for v in args.variants:
+            t = results[v][nbytes]
+            busbw = max(nbytes, 4) / t * factor / 1e9
+            cells.append(f"{t * 1e6:>11.1f} {busbw:>10.3f} ")
+        print(f"{human(nbytes):>10} |" + "|".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

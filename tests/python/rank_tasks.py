@@ -1,0 +1,446 @@
+"""Code that runs inside the rank processes of the tests (see conftest.RankPool).
+
+Each rank process serves tasks: the test sends (function, args) to ranks 0..k-1, each runs it and
+sends back its result (or the exception). Functions here are picklable by reference, so the
+spawned processes can import them. Inputs are deterministic functions of (seed, rank), so the
+test process can compute numpy references for every rank without receiving the inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+# Every wait in the tests is bounded: operations use this daemon-side timeout (seconds).
+OP_TIMEOUT = 20.0
+
+_client = None
+
+
+def client():
+    """This rank process's session (connects on first use, to $RAILYARD_SOCKET)."""
+    global _client
+    import railyard
+    if _client is None or _client.closed:
+        _client = railyard.connect(job=os.environ.get("RAILYARD_JOB", "pytest"))
+    return _client
+
+
+def serve(conn, rank: int, env: Dict[str, str]) -> None:
+    """Main loop of a rank process: run tasks until told to stop (None) or the pipe closes."""
+    os.environ.update(env)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        fn, args = task
+        try:
+            conn.send(("ok", fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            try:
+                conn.send(("err", (repr(e), traceback.format_exc())))
+            except Exception:
+                return
+
+
+# ---------------------------------------------------------------------------------------------
+# Deterministic inputs
+
+
+def make_input(seed: int, rank: int, shape: Any, dtype: str, kind: str = "sum") -> np.ndarray:
+    """Rank ``rank``'s input of a test: small values so that sums and averages do not overflow;
+    values near 1 for products of floats."""
+    rng = np.random.default_rng([seed, rank])
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        if kind == "prod":
+            return rng.uniform(0.5, 1.5, size=shape).astype(dt)
+        return rng.standard_normal(size=shape).astype(dt)
+    if kind == "prod":
+        lo, hi = (0, 4) if dt.kind == "u" else (-3, 4)
+    else:
+        lo, hi = (0, 61) if dt.kind == "u" else (-30, 31)
+    return rng.integers(lo, hi, size=shape).astype(dt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives: each task runs the operation three ways (arrays from client.empty, plain numpy
+# arrays, and async_op=True) and returns the three results.
+
+
+def _fill(arr: np.ndarray, values: np.ndarray) -> np.ndarray:
+    arr[...] = values.reshape(arr.shape)
+    return arr
+
+
+def run_collective(rank: int, n: int, comm_id: str, op: str, dtype: str, count: int, seed: int,
+                   red: str = "sum") -> Dict[str, Any]:
+    c = client()
+    comm = c.comm(comm_id, rank, n, timeout=OP_TIMEOUT)
+    kw = {"timeout": OP_TIMEOUT}
+    out: Dict[str, Any] = {}
+    try:
+        for variant in ("shared", "plain", "async"):
+            shared = variant == "shared"
+
+            def new(shape, values=None):
+                arr = c.empty(shape, dtype) if shared else np.empty(shape, dtype)
+                if values is not None:
+                    _fill(arr, values)
+                else:
+                    arr.fill(0)
+                return arr
+
+            a = variant == "async"
+            if op == "all_reduce":
+                x = new((count,), make_input(seed, rank, count, dtype, red))
+                r = comm.all_reduce(x, red, async_op=a, **kw)
+            elif op == "all_reduce_out":
+                x = new((count,), make_input(seed, rank, count, dtype, red))
+                o = new((count,))
+                r = comm.all_reduce(x, red, out=o, async_op=a, **kw)
+                out.setdefault("input_unchanged", []).append(
+                    bool(np.array_equal(x, make_input(seed, rank, count, dtype, red))))
+            elif op == "reduce_scatter":
+                x = new((n, count), make_input(seed, rank, n * count, dtype, red))
+                r = comm.reduce_scatter(x, red, async_op=a, **kw)
+            elif op == "reduce_scatter_inplace":
+                x = new((n, count), make_input(seed, rank, n * count, dtype, red))
+                r = comm.reduce_scatter(x, red, out=x[rank], async_op=a, **kw)
+            elif op == "all_gather":
+                x = new((count,), make_input(seed, rank, count, dtype))
+                r = comm.all_gather(x, async_op=a, **kw)
+            elif op == "all_gather_inplace":
+                o = new((n, count))
+                _fill(o[rank], make_input(seed, rank, count, dtype))
+                r = comm.all_gather(o[rank], out=o, async_op=a, **kw)
+            elif op == "broadcast":
+                root = n - 1
+                x = new((count,), make_input(seed, rank, count, dtype) if rank == root else None)
+                r = comm.broadcast(x, root, async_op=a, **kw)
+            elif op == "reduce":
+                root = n // 2
+                x = new((count,), make_input(seed, rank, count, dtype, red))
+                o = new((count,))
+                r = comm.reduce(x, root, red, out=o, async_op=a, **kw)
+            elif op == "all_to_all":
+                x = new((n, count), make_input(seed, rank, n * count, dtype))
+                r = comm.all_to_all(x, async_op=a, **kw)
+            elif op == "all_to_all_v":
+                # rank r sends (r + p) % 3 + 1 elements to rank p.
+                sc = [(rank + p) % 3 + 1 for p in range(n)]
+                rc = [(p + rank) % 3 + 1 for p in range(n)]
+                x = new((sum(sc),), make_input(seed, rank, sum(sc), dtype))
+                r = comm.all_to_all_v(x, sc, rc, out=new((sum(rc),)), async_op=a, **kw)
+            elif op == "send_recv":
+                # A ring: send to the right, receive from the left.
+                x = new((count,), make_input(seed, rank, count, dtype))
+                y = new((count,))
+                right, left = (rank + 1) % n, (rank - 1) % n
+                ws = comm.send(x, right, async_op=True, **kw)
+                wr = comm.recv(y, left, async_op=True, **kw)
+                ws.wait(OP_TIMEOUT + 5)
+                r = wr if a else wr.wait(OP_TIMEOUT + 5)
+            elif op == "barrier":
+                r = comm.barrier(async_op=a, **kw)
+            else:
+                raise ValueError(op)
+            if a:
+                r = r.wait(OP_TIMEOUT + 5)
+            out[variant] = None if r is None else np.array(r)
+            out.setdefault("shared_checks", []).append(
+                None if r is None else bool(c.is_shared(r)) == shared)
+        # Leaving a comm fails the others' pending operations (docs/local-api.md): after
+        # send/recv a rank may finish before its peers, so everyone waits for everyone first.
+        comm.barrier(timeout=OP_TIMEOUT)
+    finally:
+        comm.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Error cases
+
+
+def error_info(e: BaseException) -> Dict[str, Any]:
+    import railyard
+    return {"type": type(e).__name__, "code": getattr(e, "code", None) and e.code.name,
+            "message": str(e), "is_railyard": isinstance(e, railyard.RailyardError)}
+
+
+def mismatched_all_reduce(rank: int, n: int, comm_id: str) -> Dict[str, Any]:
+    """Rank r all_reduces r+1 elements: every rank gets INVALID_ARGUMENT, then ABORTED."""
+    c = client()
+    comm = c.comm(comm_id, rank, n, timeout=OP_TIMEOUT)
+    result: Dict[str, Any] = {}
+    try:
+        try:
+            comm.all_reduce(c.zeros(rank + 1, np.float32), timeout=OP_TIMEOUT)
+            result["first"] = None
+        except Exception as e:  # noqa: BLE001
+            result["first"] = error_info(e)
+        try:
+            comm.all_reduce(c.zeros(4, np.float32), timeout=OP_TIMEOUT)
+            result["second"] = None
+        except Exception as e:  # noqa: BLE001
+            result["second"] = error_info(e)
+    finally:
+        comm.close()
+    return result
+
+
+def lonely_all_reduce(rank: int, n: int, comm_id: str) -> Dict[str, Any]:
+    """Only rank 0 submits (with a short timeout): DEADLINE_EXCEEDED naming the others. Before
+    that, a client-side wait(timeout) on the same operation times out without failing it."""
+    c = client()
+    comm = c.comm(comm_id, rank, n, timeout=OP_TIMEOUT)
+    result: Dict[str, Any] = {}
+    try:
+        if rank == 0:
+            work = comm.all_reduce(np.ones(8, np.float32), timeout=1.5, async_op=True)
+            try:
+                work.wait(0.2)
+                result["client_wait"] = None
+            except Exception as e:  # noqa: BLE001
+                result["client_wait"] = error_info(e)
+            result["completed_after_client_timeout"] = work.is_completed()
+            try:
+                work.wait(OP_TIMEOUT)
+                result["daemon"] = None
+            except Exception as e:  # noqa: BLE001
+                result["daemon"] = error_info(e)
+        else:
+            import time
+            time.sleep(2.5)  # outlive rank 0's timeout without submitting
+    finally:
+        comm.close()
+    return result
+
+
+def join_and_leave(rank: int, n: int, comm_id: str) -> Dict[str, Any]:
+    """Rank 1 leaves the comm while rank 0's all_reduce waits for it: UNAVAILABLE or ABORTED."""
+    import time
+    c = client()
+    comm = c.comm(comm_id, rank, n, timeout=OP_TIMEOUT)
+    if rank == 1:
+        time.sleep(0.5)
+        comm.close()
+        return {}
+    try:
+        comm.all_reduce(np.ones(4, np.float32), timeout=OP_TIMEOUT)
+        return {"error": None}
+    except Exception as e:  # noqa: BLE001
+        return {"error": error_info(e)}
+    finally:
+        comm.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.distributed
+
+
+def _init_torch(rank: int, n: int, backend: str, store_path: str):
+    import torch.distributed as dist
+    import railyard.torch  # noqa: F401 - registers the backend
+    store = dist.FileStore(store_path, n)
+    dist.init_process_group(backend, rank=rank, world_size=n, store=store)
+    return dist
+
+
+def torch_collectives(rank: int, n: int, store_path: str, dtype_name: str) -> Dict[str, Any]:
+    """The torch.distributed API on the railyard backend; returns the results for the test."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    dtype = getattr(torch, dtype_name)
+    out: Dict[str, Any] = {"backend": dist.get_backend()}
+
+    def val(*shape, base=0.0):
+        return (torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
+                + base).to(dtype)
+
+    def f64(t):
+        return t.to(torch.float64).numpy()
+
+    try:
+        t = val(5, base=rank)
+        dist.all_reduce(t)
+        out["all_reduce"] = f64(t)
+        for name, op in (("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN),
+                         ("prod", dist.ReduceOp.PRODUCT)):
+            t = torch.full((3,), rank + 1.0).to(dtype)
+            dist.all_reduce(t, op=op)
+            out[f"all_reduce_{name}"] = f64(t)
+        if dtype.is_floating_point:
+            t = torch.full((3,), float(rank)).to(dtype)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            out["all_reduce_avg"] = f64(t)
+        # Non-contiguous tensor (a column of a matrix).
+        m = val(4, 3, base=rank)
+        col = m[:, 1]
+        dist.all_reduce(col)
+        out["all_reduce_noncontig"] = f64(m)
+        # Async with get_future, as DDP uses it.
+        t = val(6, base=10 * rank)
+        work = dist.all_reduce(t, async_op=True)
+        fut_value = work.get_future().wait()
+        work.wait()
+        out["all_reduce_async"] = f64(t)
+        out["future_value"] = f64(fut_value[0])
+        out["work_completed"] = work.is_completed()
+
+        t = val(4, base=100 * rank)
+        dist.broadcast(t, src=n - 1)
+        out["broadcast"] = f64(t)
+
+        t = val(3, base=rank)
+        dist.reduce(t, dst=0)
+        out["reduce"] = f64(t)
+
+        outs = [torch.zeros(2, dtype=dtype) for _ in range(n)]
+        dist.all_gather(outs, val(2, base=rank))
+        out["all_gather"] = np.stack([f64(o) for o in outs])
+
+        big = torch.zeros(n * 2, dtype=dtype)
+        dist.all_gather_into_tensor(big, val(2, base=rank)) if hasattr(
+            dist, "all_gather_into_tensor") else dist._all_gather_base(big, val(2, base=rank))
+        out["all_gather_base"] = f64(big)
+
+        o = torch.zeros(2, dtype=dtype)
+        dist.reduce_scatter(o, [val(2, base=10 * rank + i) for i in range(n)])
+        out["reduce_scatter"] = f64(o)
+
+        o = torch.zeros(2, dtype=dtype)
+        dist._reduce_scatter_base(o, val(2 * n, base=rank))
+        out["reduce_scatter_base"] = f64(o)
+
+        outs = [torch.zeros(2, dtype=dtype) for _ in range(n)]
+        dist.all_to_all(outs, [val(2, base=100 * rank + 10 * p) for p in range(n)])
+        out["all_to_all"] = np.stack([f64(o) for o in outs])
+
+        o = torch.zeros(2 * n, dtype=dtype)
+        dist.all_to_all_single(o, val(2 * n, base=100 * rank))
+        out["all_to_all_single"] = f64(o)
+
+        # Uneven splits: rank r sends p+1 rows to rank p; receives r+1 rows from everyone.
+        inp = val(sum(p + 1 for p in range(n)), 2, base=100 * rank)
+        o = torch.zeros(n * (rank + 1), 2, dtype=dtype)
+        dist.all_to_all_single(o, inp, output_split_sizes=[rank + 1] * n,
+                               input_split_sizes=[p + 1 for p in range(n)])
+        out["all_to_all_single_splits"] = f64(o)
+
+        if n > 1:
+            if rank == 0:
+                dist.send(val(3, base=7), dst=1)
+            elif rank == 1:
+                r = torch.zeros(3, dtype=dtype)
+                dist.recv(r, src=0)
+                out["recv"] = f64(r)
+
+        gl = [torch.zeros(2, dtype=dtype) for _ in range(n)] if rank == 0 else None
+        dist.gather(val(2, base=rank), gather_list=gl, dst=0)
+        if rank == 0:
+            out["gather"] = np.stack([f64(g) for g in gl])
+        s = torch.zeros(2, dtype=dtype)
+        dist.scatter(s, scatter_list=[val(2, base=10 * p) for p in range(n)] if rank == 0
+                     else None, src=0)
+        out["scatter"] = f64(s)
+
+        dist.barrier()
+        out["barrier"] = True
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_subgroups(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """dist.new_group: even and odd ranks each get their own communicator."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    try:
+        evens = dist.new_group([r for r in range(n) if r % 2 == 0])
+        odds = dist.new_group([r for r in range(n) if r % 2 == 1])
+        mine = evens if rank % 2 == 0 else odds
+        t = torch.full((2,), float(rank))
+        dist.all_reduce(t, group=mine)
+        world = torch.ones(1)
+        dist.all_reduce(world)
+        return {"group": t.tolist(), "world": world.item(),
+                "group_size": dist.get_world_size(mine), "backend": dist.get_backend(mine)}
+    finally:
+        dist.destroy_process_group()
+
+
+def torch_error(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """Mismatched sizes: the error surfaces from the synchronous call and from Work.wait()."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    result: Dict[str, Any] = {}
+    try:
+        try:
+            dist.all_reduce(torch.zeros(rank + 1))
+            result["sync"] = None
+        except Exception as e:  # noqa: BLE001
+            result["sync"] = error_info(e)
+        work = dist.all_reduce(torch.zeros(4), async_op=True)
+        try:
+            work.wait()
+            result["async"] = None
+        except Exception as e:  # noqa: BLE001
+            result["async"] = error_info(e)
+        try:
+            dist.all_reduce(torch.zeros(4, dtype=torch.int16))
+            result["int16"] = None
+        except Exception as e:  # noqa: BLE001
+            result["int16"] = error_info(e)
+    finally:
+        dist.destroy_process_group()
+    return result
+
+
+def ddp_train(rank: int, n: int, store_path: str, backend: str, steps: int,
+              seed: int = 1234) -> Dict[str, Any]:
+    """A small MLP trained with DDP; returns per-step losses (of this rank's batch, and averaged
+    over ranks) and the final parameters."""
+    import torch
+    dist = _init_torch(rank, n, backend, store_path)
+    try:
+        torch.manual_seed(seed)  # the same initial model everywhere (DDP broadcasts it anyway)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 1))
+        # A small bucket cap: several buckets, so DDP overlaps async all_reduces with backward.
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.002)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        gen = torch.Generator().manual_seed(seed + 1 + rank)
+        w_true = torch.linspace(-1, 1, 16)
+        losses: List[float] = []
+        mean_losses: List[float] = []
+        for _ in range(steps):
+            x = torch.randn(64, 16, generator=gen)
+            y = (x @ w_true).unsqueeze(1) + 0.1 * torch.randn(64, 1, generator=gen)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            mean_losses.append(mean.item() / n)
+        params = [p.detach().numpy().copy() for p in model.parameters()]
+    finally:
+        dist.destroy_process_group()
+    return {"losses": losses, "mean_losses": mean_losses, "params": params}
+
+
+def noop(rank: int) -> int:
+    return rank
+
+
+def pid(rank: int) -> Optional[int]:
+    return os.getpid()

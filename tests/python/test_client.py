@@ -1,0 +1,202 @@
+"""The client API in one process: shared buffers, env defaults, Work handles, bfloat16.
+
+Several ranks of one communicator can live in one process as separate sessions (clients): the
+daemon does not care which process a session belongs to.
+"""
+
+from __future__ import annotations
+
+import gc
+import glob
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import railyard
+
+
+def join_all(clients, comm_id=None, timeout=10.0):
+    """Joins one comm with every client (rank i = clients[i]) concurrently."""
+    comm_id = comm_id or clients[0].new_comm_id()
+    comms = [None] * len(clients)
+    errors = []
+
+    def join(i):
+        try:
+            comms[i] = clients[i].comm(comm_id, i, len(clients), timeout=timeout)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    assert not errors, errors
+    return comms
+
+
+@pytest.fixture
+def pair(daemon):
+    clients = [railyard.connect(daemon.socket, job="pair") for _ in range(2)]
+    yield clients
+    for c in clients:
+        c.close()
+
+
+def test_connect_basics(daemon):
+    with railyard.connect(daemon.socket, job="basics") as c:
+        assert len(c.session_id) == 32 and c.node_name == "pytest"
+        assert c.socket == daemon.socket and c.job == "basics"
+        comm_id = c.new_comm_id()
+        assert comm_id.startswith("ry1-") and comm_id.endswith("@local:pytest")
+        with c.comm(comm_id, 0, 1) as comm:
+            assert (comm.rank, comm.nranks, comm.nnodes) == (0, 1, 1)
+            assert "rank 0 of 1" in repr(comm)
+    assert c.closed
+
+
+def test_env_defaults(daemon, monkeypatch):
+    monkeypatch.setenv("RAILYARD_SOCKET", daemon.socket)
+    monkeypatch.setenv("RAILYARD_JOB", "from-env")
+    monkeypatch.delenv("RAILYARD_TOKEN", raising=False)
+    with railyard.connect() as c:
+        assert c.socket == daemon.socket and c.job == "from-env"
+        jobs = {j.job_id for j in daemon.status().jobs}
+        assert "from-env" in jobs
+
+
+def test_init_from_env(daemon, monkeypatch):
+    with railyard.connect(daemon.socket, job="envinit") as c:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("RAILYARD_COMM_ID", c.new_comm_id())
+        comm = railyard.init_from_env(c)
+        assert (comm.rank, comm.nranks, comm.local_rank) == (0, 1, 0)
+        x = c.empty(3, np.int32)
+        x[:] = 5
+        assert comm.all_reduce(x).tolist() == [5, 5, 5]
+        monkeypatch.delenv("RAILYARD_COMM_ID")
+        with pytest.raises(railyard.InvalidArgumentError, match="RAILYARD_COMM_ID"):
+            railyard.init_from_env(c)
+
+
+def test_empty_is_shared_and_zero_copy(daemon):
+    with railyard.connect(daemon.socket, job="shared") as c:
+        before = sum(s.buffers for s in daemon.status().sessions
+                     if s.session_id_prefix == c.session_id[:8])
+        x = c.empty((4, 5), np.float64)
+        assert x.shape == (4, 5) and x.dtype == np.float64
+        assert c.is_shared(x) and c.is_shared(x[1:3]) and c.is_shared(x[2])
+        assert not c.is_shared(x[:, 1])  # not contiguous
+        assert not c.is_shared(np.zeros(3))
+        z = c.zeros(7, np.uint8)
+        assert z.sum() == 0
+        after = [s for s in daemon.status().sessions if s.session_id_prefix == c.session_id[:8]]
+        assert after[0].buffers == before + 2
+        # Collectives on views of a shared array are zero copy and write through.
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        x[:] = 1.5
+        out = comm.all_gather(x[1], out=x[2:3])
+        assert out.base is not None and c.is_shared(out)
+        comm.close()
+
+
+def test_buffers_are_released_and_unlinked(daemon):
+    with railyard.connect(daemon.socket, job="release") as c:
+        def buffers():
+            return [s.buffers for s in daemon.status().sessions
+                    if s.session_id_prefix == c.session_id[:8]][0]
+
+        arrays = [c.empty(1000, np.float32) for _ in range(5)]
+        assert buffers() == 5
+        # Names are unlinked right after registration: nothing left in /dev/shm.
+        assert not glob.glob(f"/dev/shm/railyard.release.{os.getpid()}.*")
+        view = arrays[0][10:20]
+        del arrays
+        gc.collect()
+        keep = c.empty(1, np.uint8)  # releases pending buffers
+        assert buffers() == 2  # the one still viewed, and the new one
+        assert view.sum() == view.sum()  # still valid memory
+        del view, keep
+        gc.collect()
+        keep = c.empty(1, np.uint8)
+        assert buffers() == 1  # only the new one: the viewed buffer and the last one went
+
+
+def test_staging_buffers_are_reused(daemon):
+    with railyard.connect(daemon.socket, job="staging") as c:
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        for _ in range(20):
+            comm.all_reduce(np.ones(1000, np.float32))
+        sessions = [s for s in daemon.status().sessions
+                    if s.session_id_prefix == c.session_id[:8]]
+        assert sessions[0].buffers <= 2
+        comm.close()
+
+
+def test_work_handle(pair):
+    a, b = join_all(pair)
+    xa, xb = pair[0].zeros(4, np.int64), pair[1].zeros(4, np.int64)
+    xa += 1
+    xb += 2
+    wa = a.all_reduce(xa, async_op=True, timeout=10)
+    assert not wa.is_completed()  # rank 1 has not submitted yet
+    seen = []
+    wa.add_done_callback(lambda w: seen.append(w.is_completed()))
+    wb = b.all_reduce(xb, async_op=True, timeout=10)
+    assert wa.wait(10) is xa and wb.wait(10) is xb
+    assert wa.wait(0) is xa  # again: same result
+    assert xa.tolist() == [3] * 4 and xb.tolist() == [3] * 4
+    assert wa.is_completed() and wa.exception() is None and wa.seq == 0 and seen == [True]
+    assert "ok" in repr(wa)
+
+
+def test_bfloat16_bits(pair):
+    a, b = join_all(pair)
+    # bfloat16 1.0 = 0x3F80, 2.0 = 0x4000, 3.0 = 0x4040
+    xa = np.full(3, 0x3F80, np.uint16)
+    xb = np.full(3, 0x4000, np.uint16)
+    wa = a.all_reduce(xa, dtype="bfloat16", async_op=True, timeout=10)
+    b.all_reduce(xb, dtype="bfloat16", timeout=10)
+    wa.wait(10)
+    assert xa.tolist() == [0x4040] * 3 and xb.tolist() == [0x4040] * 3
+
+
+def test_int_sum_wraps(pair):
+    a, b = join_all(pair)
+    xa = np.full(2, 100, np.int8)
+    xb = np.full(2, 100, np.int8)
+    wa = a.all_reduce(xa, async_op=True, timeout=10)
+    b.all_reduce(xb, timeout=10)
+    wa.wait(10)
+    assert xa.tolist() == [-56, -56]  # 200 - 256
+
+
+def test_non_contiguous_plain_arrays(pair):
+    a, b = join_all(pair)
+    ma = np.arange(12, dtype=np.float32).reshape(3, 4)
+    mb = np.arange(12, dtype=np.float32).reshape(3, 4) * 10
+    wa = a.all_reduce(ma[:, 1], async_op=True, timeout=10)  # a strided column, in place
+    b.all_reduce(mb[:, 1], timeout=10)
+    wa.wait(10)
+    assert ma[:, 1].tolist() == [11.0, 55.0, 99.0]
+    assert ma[:, 0].tolist() == [0.0, 4.0, 8.0]  # untouched
+
+
+def test_many_async_in_flight(pair):
+    a, b = join_all(pair)
+    n = 50
+    xs = [pair[0].empty(16, np.float32) for _ in range(n)]
+    ys = [np.full(16, i, np.float32) for i in range(n)]
+    for i, x in enumerate(xs):
+        x[:] = i
+    works = [a.all_reduce(x, async_op=True, timeout=20) for x in xs]
+    for y in ys:
+        b.all_reduce(y, async_op=True, timeout=20)
+    for i, w in enumerate(works):
+        assert w.wait(20)[0] == 2 * i
+    assert [w.seq for w in works] == list(range(n))  # sequence numbers count from 0

@@ -1,0 +1,113 @@
+"""The torch.distributed backend "railyard": the collectives through the dist API, and DDP trained
+side by side with gloo from the same seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rank_tasks
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+def test_backend_registers():
+    import railyard.torch
+    assert dist.Backend("railyard") == "railyard"
+    assert issubclass(railyard.torch.ProcessGroupRailyard, dist.ProcessGroup)
+
+
+def ar(n, *shape, base_of=lambda r: r):
+    """Sum over ranks of arange(shape) + base_of(rank)."""
+    size = int(np.prod(shape))
+    return sum(np.arange(size, dtype=np.float64).reshape(shape) + base_of(r) for r in range(n))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int64"])
+def test_collectives(ranks, store_path, n, dtype):
+    results = ranks.run(rank_tasks.torch_collectives,
+                        [(r, n, store_path, dtype) for r in range(n)], timeout=120)
+    floating = dtype != "int64"
+    for r, got in enumerate(results):
+        def eq(key, want):
+            np.testing.assert_allclose(got[key], want, rtol=1e-2 if dtype == "bfloat16" else 0,
+                                       err_msg=f"{key} rank {r}")
+
+        assert got["backend"] == "railyard"
+        eq("all_reduce", ar(n, 5))
+        eq("all_reduce_max", np.full(3, n))
+        eq("all_reduce_min", np.full(3, 1))
+        eq("all_reduce_prod", np.full(3, float(np.prod(np.arange(1, n + 1)))))
+        if floating:
+            eq("all_reduce_avg", np.full(3, (n - 1) / 2))
+        m = np.arange(12, dtype=np.float64).reshape(4, 3) + r
+        m[:, 1] = ar(n, 4, 3)[:, 1]
+        eq("all_reduce_noncontig", m)
+        eq("all_reduce_async", ar(n, 6, base_of=lambda q: 10 * q))
+        eq("future_value", ar(n, 6, base_of=lambda q: 10 * q))
+        assert got["work_completed"]
+        eq("broadcast", np.arange(4) + 100 * (n - 1))
+        if r == 0:
+            eq("reduce", ar(n, 3))
+        gathered = np.stack([np.arange(2) + q for q in range(n)])
+        eq("all_gather", gathered)
+        eq("all_gather_base", gathered.reshape(-1))
+        eq("reduce_scatter", sum(np.arange(2) + 10 * q + r for q in range(n)))
+        eq("reduce_scatter_base", ar(n, 2 * n)[2 * r:2 * r + 2])
+        eq("all_to_all", np.stack([np.arange(2) + 100 * p + 10 * r for p in range(n)]))
+        eq("all_to_all_single", np.concatenate(
+            [(np.arange(2 * n) + 100 * p)[2 * r:2 * r + 2] for p in range(n)]))
+        # rank p sent rows [sum(1..r), sum(1..r) + r + 1) of its (sum(1..n), 2) input to rank r.
+        rows = sum(q + 1 for q in range(n))
+        start = sum(q + 1 for q in range(r))
+        eq("all_to_all_single_splits", np.concatenate(
+            [(np.arange(rows * 2).reshape(rows, 2) + 100 * p)[start:start + r + 1]
+             for p in range(n)]))
+        if n > 1 and r == 1:
+            eq("recv", np.arange(3) + 7)
+        if r == 0:
+            eq("gather", gathered)
+        eq("scatter", np.arange(2) + 10 * r)
+        assert got["barrier"]
+
+
+def test_subgroups(ranks, store_path):
+    n = 4
+    results = ranks.run(rank_tasks.torch_subgroups, [(r, n, store_path) for r in range(n)],
+                        timeout=120)
+    for r, got in enumerate(results):
+        want = float(sum(q for q in range(n) if q % 2 == r % 2))
+        assert got == {"group": [want, want], "world": float(n), "group_size": 2,
+                       "backend": "railyard"}, got
+
+
+def test_errors_surface_from_wait(ranks, store_path):
+    results = ranks.run(rank_tasks.torch_error, [(r, 2, store_path) for r in range(2)])
+    for got in results:
+        assert got["sync"] is not None and got["sync"]["is_railyard"], got
+        assert got["sync"]["code"] in ("INVALID_ARGUMENT", "ABORTED")
+        assert got["async"] is not None and got["async"]["code"] == "ABORTED", got
+        assert got["int16"] is not None and "cannot be reduced" in got["int16"]["message"]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ddp_matches_gloo(ranks, tmp_path, n):
+    steps = 20
+    ry = ranks.run(rank_tasks.ddp_train,
+                   [(r, n, str(tmp_path / "ry"), "railyard", steps) for r in range(n)],
+                   timeout=150)
+    gl = ranks.run(rank_tasks.ddp_train,
+                   [(r, n, str(tmp_path / "gloo"), "gloo", steps) for r in range(n)],
+                   timeout=150)
+    for r in range(n):
+        for step, (a, b) in enumerate(zip(ry[r]["losses"], gl[r]["losses"])):
+            assert abs(a - b) <= 1e-6 * abs(b), (
+                f"rank {r} step {step}: railyard loss {a!r}, gloo loss {b!r}")
+        np.testing.assert_allclose(ry[r]["mean_losses"], gl[r]["mean_losses"], rtol=1e-6)
+    # The training made progress, and every rank ends with the very same parameters.
+    assert ry[0]["mean_losses"][-1] < ry[0]["mean_losses"][0]
+    for r in range(1, n):
+        for p0, p in zip(ry[0]["params"], ry[r]["params"]):
+            np.testing.assert_array_equal(p0, p, err_msg=f"railyard rank {r} parameters")
