@@ -1,0 +1,688 @@
+#include "daemon/transport/ucx/ucx_rail.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/transport/ucx/ucx_address.h"
+
+namespace railyard::transport {
+namespace {
+
+// While operations are pending the progress thread wakes at least this often even without
+// events, so that UCX's timer-driven work (keepalive, which detects a hung peer) keeps running.
+// Idle, it sleeps until an event or a command arrives.
+constexpr int kPendingPollMs = 100;
+
+absl::Status UcxError(absl::string_view what, ucs_status_t status) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
+}
+
+// Errors by which UCX reports that the other side is gone or unreachable.
+bool IsPeerFailure(ucs_status_t status) {
+  switch (status) {
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_TIMED_OUT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string ErrnoText(int err) {
+  char buffer[128];
+  return strerror_r(err, buffer, sizeof(buffer));  // the GNU variant returns the text
+}
+
+int MillisUntil(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  // Round up: waking a little early would only spin once more.
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+}
+
+}  // namespace
+
+struct UcxRail::Peer {
+  UcxRail* rail;
+  uint64_t id;
+  std::string label;      // the peer's, for messages
+  ucp_ep_h ep = nullptr;  // null once closed (or never created)
+  bool closing = false;   // ucp_ep_close_nbx has not completed yet
+  bool released = false;  // no endpoint handle refers to this peer any more
+  // Once set, every pending and later operation fails with it.
+  absl::Status failure;
+  std::unordered_set<Op*> ops;  // started, not completed
+  // Set by FailPeer while ops remain that UCX could not cancel at once.
+  absl::Time grace_deadline = absl::InfiniteFuture();
+};
+
+struct UcxRail::Op {
+  UcxRail* rail;
+  uint64_t peer_id;
+  bool is_send;
+  Tag tag;
+  void* data;
+  size_t size;
+  CompletionFn done;
+  Peer* peer = nullptr;     // set when started; null once failed without UCX's consent (orphan)
+  void* request = nullptr;  // UCX's request while in flight
+  // A receive's callback can run inside ucp_tag_recv_nbx; it leaves its result here.
+  bool starting = false;
+  bool completed_inline = false;
+  ucs_status_t inline_status = UCS_OK;
+  size_t inline_length = 0;
+};
+
+UcxRail::UcxRail(Config config) : config_(std::move(config)) {}
+
+UcxRail::~UcxRail() {
+  {
+    absl::MutexLock lock(&join_mu_);
+    if (thread_.joinable()) {
+      // The progress thread holds a reference until it exits, so the last one can drop on it.
+      if (thread_.get_id() == std::this_thread::get_id()) {
+        thread_.detach();
+      } else {
+        thread_.join();
+      }
+    }
+  }
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+absl::StatusOr<std::shared_ptr<UcxRail>> UcxRail::Create(Config config) {
+  std::shared_ptr<UcxRail> rail(new UcxRail(std::move(config)));
+  {
+    absl::MutexLock lock(&rail->join_mu_);
+    rail->thread_ = std::thread([rail] { rail->Run(); });
+  }
+  if (!rail->started_.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+    rail->RequestStop();
+    return absl::DeadlineExceededError(
+        absl::StrCat("UCX rail ", rail->index(), " did not initialise within 60 s"));
+  }
+  if (!rail->init_status_.ok()) {
+    rail->StopAndWait();
+    return rail->init_status_;
+  }
+  return rail;
+}
+
+bool UcxRail::Post(std::function<void()> fn) {
+  bool wake = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_requested_) return false;
+    commands_.push_back(std::move(fn));
+    if (sleeping_ && !wake_pending_) {
+      wake_pending_ = true;
+      wake = true;
+    }
+  }
+  if (wake) Wake();
+  return true;
+}
+
+void UcxRail::Wake() {
+  const uint64_t one = 1;
+  // EAGAIN means the counter is already non-zero: the thread will wake anyway.
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void UcxRail::RequestStop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_requested_) return;
+    stop_requested_ = true;
+  }
+  if (started_.HasBeenNotified() && wake_fd_ >= 0) Wake();
+}
+
+void UcxRail::StopAndWait() {
+  RequestStop();
+  // From a completion callback: the thread finishes the stop after the callback returns.
+  if (std::this_thread::get_id() == thread_id_) return;
+  const absl::Duration bound = config_.shutdown_timeout + absl::Seconds(5);
+  if (!exited_.WaitForNotificationWithTimeout(bound)) {
+    // A completion callback is blocking the progress thread. Leave it running (it holds its
+    // own reference to this rail) rather than hang the caller.
+    std::fprintf(stderr,
+                 "level=error comp=transport msg=\"UCX rail %d progress thread did not exit "
+                 "within %s; a completion callback is probably blocked\"\n",
+                 config_.index, absl::FormatDuration(bound).c_str());
+    return;
+  }
+  absl::MutexLock lock(&join_mu_);
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
+  absl::StatusOr<UcxWorkerAddress> address = DecodeUcxAddress(peer_address);
+  if (!address.ok()) return address.status();
+  struct Result {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto result = std::make_shared<Result>();
+  const std::string label = address->label;
+  const uint64_t id = next_peer_id_.fetch_add(1);
+  const bool posted = Post([this, id, address = *std::move(address), result] {
+    auto peer = std::make_unique<Peer>();
+    peer->rail = this;
+    peer->id = id;
+    peer->label = address.label;
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(address.bytes.data());
+    // PEER mode: UCX detects a dead peer and fails its requests instead of hanging them.
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &UcxRail::EndpointErrorCallback;
+    params.err_handler.arg = peer.get();
+    const ucs_status_t status = ucp_ep_create(worker_, &params, &peer->ep);
+    if (status != UCS_OK) {
+      result->status = UcxError(absl::StrCat("UCX rail ", config_.index, " (", config_.label,
+                                             ") cannot reach ", address.label),
+                                status);
+    } else {
+      peers_.emplace(id, std::move(peer));
+    }
+    result->done.Notify();
+  });
+  if (!posted) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("UCX rail ", config_.index, " is shut down; cannot connect"));
+  }
+  if (!result->done.WaitForNotificationWithTimeout(config_.connect_timeout)) {
+    Release(id);  // runs after the connect command, whenever that happens
+    return absl::DeadlineExceededError(
+        absl::StrCat("UCX rail ", config_.index, ": creating an endpoint to ", label,
+                     " took longer than ", absl::FormatDuration(config_.connect_timeout)));
+  }
+  if (!result->status.ok()) return result->status;
+  return id;
+}
+
+void UcxRail::Send(uint64_t peer, Tag tag, const void* data, size_t size, CompletionFn done) {
+  auto* op =
+      new Op{this, peer, /*is_send=*/true, tag, const_cast<void*>(data), size, std::move(done)};
+  if (!Post([this, op] { Start(op); })) {
+    CompletionFn fn = std::move(op->done);
+    delete op;
+    fn(absl::CancelledError(absl::StrCat("UCX rail ", config_.index, " is shut down")));
+  }
+}
+
+void UcxRail::Recv(uint64_t peer, Tag tag, void* data, size_t size, CompletionFn done) {
+  auto* op = new Op{this, peer, /*is_send=*/false, tag, data, size, std::move(done)};
+  if (!Post([this, op] { Start(op); })) {
+    CompletionFn fn = std::move(op->done);
+    delete op;
+    fn(absl::CancelledError(absl::StrCat("UCX rail ", config_.index, " is shut down")));
+  }
+}
+
+void UcxRail::Abort(uint64_t peer, absl::Status status) {
+  // An OK failure would read as "healthy" below.
+  if (status.ok()) status = absl::CancelledError("endpoint aborted (with an OK status)");
+  Post([this, peer, status = std::move(status)] {
+    if (Peer* p = FindPeer(peer)) FailPeer(p, status);
+  });
+}
+
+void UcxRail::Release(uint64_t peer) {
+  Post([this, peer] {
+    Peer* p = FindPeer(peer);
+    if (p == nullptr) return;
+    p->released = true;
+    if (p->failure.ok() && p->ops.empty()) {
+      // Nothing in flight: close politely so that the peer sees an orderly disconnect.
+      p->failure = absl::CancelledError(absl::StrCat("endpoint to ", p->label, " was released"));
+      CloseEndpoint(p, /*force=*/false);
+    } else {
+      FailPeer(p, absl::CancelledError(absl::StrCat("endpoint to ", p->label,
+                                                    " was released with operations pending")));
+    }
+    sweep_.push_back(peer);
+  });
+}
+
+// ---- Progress thread ----
+
+void UcxRail::Run() {
+  thread_id_ = std::this_thread::get_id();
+  init_status_ = InitUcx();
+  started_.Notify();
+  if (init_status_.ok()) {
+    Loop();
+    DrainForStop();
+  }
+  TeardownUcx();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_requested_ = true;  // Post refuses from now on
+  }
+  exited_.Notify();
+}
+
+absl::Status UcxRail::InitUcx() {
+  const std::string where =
+      absl::StrCat("UCX rail ", config_.index, " (device \"", config_.rail.device, "\", tls \"",
+                   config_.rail.tls, "\")");
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd_ < 0 || epoll_fd_ < 0) {
+    return absl::InternalError(absl::StrCat(where, ": eventfd/epoll: ", ErrnoText(errno)));
+  }
+
+  // One context per rail, so that each rail's UCX_NET_DEVICES/UCX_TLS apply to it alone.
+  ucp_config_t* ucp_config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &ucp_config);
+  if (status != UCS_OK) return UcxError(absl::StrCat(where, ": reading UCX config"), status);
+  if (!config_.rail.device.empty()) {
+    status = ucp_config_modify(ucp_config, "NET_DEVICES", config_.rail.device.c_str());
+  }
+  if (status == UCS_OK) status = ucp_config_modify(ucp_config, "TLS", config_.rail.tls.c_str());
+  if (status != UCS_OK) {
+    ucp_config_release(ucp_config);
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": UCX rejects the setting: ", ucs_status_string(status)));
+  }
+  ucp_params_t params{};
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  params.name = config_.label.c_str();
+  status = ucp_init(&params, ucp_config, &context_);
+  ucp_config_release(ucp_config);
+  if (status != UCS_OK) {
+    context_ = nullptr;
+    return UcxError(absl::StrCat(where, ": ucp_init"), status);
+  }
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Only this thread ever touches the worker (see ucx_transport.h).
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  status = ucp_worker_create(context_, &worker_params, &worker_);
+  if (status != UCS_OK) {
+    worker_ = nullptr;
+    return UcxError(absl::StrCat(where, ": ucp_worker_create"), status);
+  }
+
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  status = ucp_worker_get_address(worker_, &address, &address_length);
+  if (status != UCS_OK) return UcxError(absl::StrCat(where, ": ucp_worker_get_address"), status);
+  address_ = EncodeUcxAddress(
+      {config_.label, std::string(reinterpret_cast<const char*>(address), address_length)});
+  ucp_worker_release_address(worker_, address);
+
+  int worker_fd = -1;
+  status = ucp_worker_get_efd(worker_, &worker_fd);
+  if (status != UCS_OK) return UcxError(absl::StrCat(where, ": ucp_worker_get_efd"), status);
+  for (int fd : {worker_fd, wake_fd_}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      return absl::InternalError(absl::StrCat(where, ": epoll_ctl: ", ErrnoText(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void UcxRail::TeardownUcx() {
+  // Destroying the worker also destroys endpoints whose close did not finish in time; callbacks
+  // it runs still find their Peer and Op objects, which are freed only afterwards.
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+  if (context_ != nullptr) ucp_cleanup(context_);
+  context_ = nullptr;
+  for (Op* op : orphans_) delete op;
+  orphans_.clear();
+  peers_.clear();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  epoll_fd_ = -1;
+  // wake_fd_ stays open until destruction: a late Post may still write it.
+}
+
+void UcxRail::Loop() {
+  while (true) {
+    const bool stop = RunCommands();
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    HandleFailedPeers();
+    ExpireGracePeriods(/*all=*/false);
+    Sweep();
+    if (stop) return;
+    BusyPoll();
+    WaitForEvents();
+  }
+}
+
+void UcxRail::BusyPoll() {
+  if (config_.busy_poll <= absl::ZeroDuration()) return;
+  const absl::Time until = absl::Now() + config_.busy_poll;
+  do {
+    if (ucp_worker_progress(worker_) != 0) return;
+    absl::MutexLock lock(&mu_);
+    if (!commands_.empty() || stop_requested_) return;
+  } while (absl::Now() < until);
+}
+
+bool UcxRail::RunCommands() {
+  bool stop;
+  {
+    absl::MutexLock lock(&mu_);
+    batch_.swap(commands_);
+    stop = stop_requested_;
+  }
+  for (std::function<void()>& fn : batch_) fn();
+  batch_.clear();
+  return stop;
+}
+
+void UcxRail::WaitForEvents() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!commands_.empty() || stop_requested_) return;
+    sleeping_ = true;
+  }
+  int timeout_ms = active_ops_ > 0 ? kPendingPollMs : -1;
+  if (grace_peers_ > 0) {
+    for (const auto& [id, peer] : peers_) {
+      if (peer->grace_deadline == absl::InfiniteFuture()) continue;
+      const int ms = MillisUntil(peer->grace_deadline);
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+  }
+  Sleep(timeout_ms);
+  absl::MutexLock lock(&mu_);
+  sleeping_ = false;
+  wake_pending_ = false;
+}
+
+void UcxRail::Sleep(int timeout_ms) {
+  const ucs_status_t status = ucp_worker_arm(worker_);
+  if (status == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress them first
+  // Without an armed event fd nothing would wake us for UCX events: poll instead.
+  if (status != UCS_OK) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
+  epoll_event events[2];
+  const int n = epoll_wait(epoll_fd_, events, 2, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd == wake_fd_) {
+      uint64_t value;
+      (void)!read(wake_fd_, &value, sizeof(value));
+    }
+  }
+}
+
+UcxRail::Peer* UcxRail::FindPeer(uint64_t id) {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+void UcxRail::Start(Op* op) {
+  Peer* peer = FindPeer(op->peer_id);
+  if (peer == nullptr || !peer->failure.ok()) {
+    absl::Status status = peer != nullptr
+                              ? peer->failure
+                              : absl::CancelledError(absl::StrCat("endpoint on UCX rail ",
+                                                                  config_.index, " was released"));
+    CompletionFn done = std::move(op->done);
+    delete op;
+    done(std::move(status));
+    return;
+  }
+  op->peer = peer;
+  peer->ops.insert(op);
+  ++active_ops_;
+
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.user_data = op;
+  if (op->is_send) {
+    param.cb.send = &UcxRail::SendCallback;
+    const ucs_status_ptr_t request =
+        ucp_tag_send_nbx(peer->ep, op->data, op->size, op->tag, &param);
+    if (request == nullptr) {
+      Complete(op, UCS_OK, op->size);
+    } else if (UCS_PTR_IS_ERR(request)) {
+      Complete(op, UCS_PTR_STATUS(request), 0);
+    } else {
+      op->request = request;
+    }
+    return;
+  }
+  // UCX 1.13 leaves recv_info.tag_info unwritten when a receive completes immediately (it matched
+  // an unexpected eager message), so the received length would be unknown. With NO_IMM_CMPL it
+  // instead runs the callback inline, with the length, and returns the (completed) request.
+  param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.recv = &UcxRail::RecvCallback;
+  op->starting = true;
+  // Exact match: the scheduler makes tags unique per sender and step.
+  const ucs_status_ptr_t request =
+      ucp_tag_recv_nbx(worker_, op->data, op->size, op->tag, ~Tag{0}, &param);
+  op->starting = false;
+  if (UCS_PTR_IS_ERR(request)) {
+    Complete(op, UCS_PTR_STATUS(request), 0);
+  } else if (op->completed_inline) {
+    if (request != nullptr) ucp_request_free(request);
+    Complete(op, op->inline_status, op->inline_length);
+  } else if (request == nullptr) {  // immediate completion after all (other UCX versions)
+    Complete(op, UCS_OK, op->size);
+  } else {
+    op->request = request;
+  }
+}
+
+void UcxRail::SendCallback(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  op->request = nullptr;
+  ucp_request_free(request);
+  op->rail->Complete(op, status, op->size);
+}
+
+void UcxRail::RecvCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                           void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  // info lives in the request: read it before the request goes back to UCX's pool.
+  const size_t length = status == UCS_OK ? info->length : 0;
+  if (op->starting) {  // inside ucp_tag_recv_nbx (see Start), which frees the request
+    op->completed_inline = true;
+    op->inline_status = status;
+    op->inline_length = length;
+    return;
+  }
+  op->request = nullptr;
+  ucp_request_free(request);
+  op->rail->Complete(op, status, length);
+}
+
+void UcxRail::Complete(Op* op, ucs_status_t status, size_t length) {
+  Peer* peer = op->peer;
+  if (peer == nullptr) {  // failed earlier; UCX has just let go of the buffer
+    orphans_.erase(op);
+    delete op;
+    return;
+  }
+  peer->ops.erase(op);
+  --active_ops_;
+  absl::Status result = StatusFor(*op, status, length);
+  CompletionFn done = std::move(op->done);
+  delete op;
+  if (peer->ops.empty()) sweep_.push_back(peer->id);
+  done(std::move(result));
+}
+
+absl::Status UcxRail::StatusFor(const Op& op, ucs_status_t status, size_t length) const {
+  if (status == UCS_OK) {
+    if (op.is_send || length == op.size) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("received ", length, " bytes tagged 0x",
+                                            absl::Hex(op.tag), " from UCX rail ", config_.index,
+                                            ", expected ", op.size));
+  }
+  // Cancellation and errors after Abort or a peer failure report why the endpoint failed.
+  if (!op.peer->failure.ok()) return op.peer->failure;
+  if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+    return absl::InternalError(absl::StrCat("message tagged 0x", absl::Hex(op.tag), " on UCX rail ",
+                                            config_.index, " is longer than the ", op.size,
+                                            "-byte receive buffer"));
+  }
+  if (status == UCS_ERR_CANCELED) {
+    return absl::CancelledError(
+        absl::StrCat("operation tagged 0x", absl::Hex(op.tag), " was cancelled"));
+  }
+  const std::string what =
+      absl::StrCat(op.is_send ? "send to " : "receive from ", op.peer->label, " on UCX rail ",
+                   config_.index, " failed: ", ucs_status_string(status));
+  if (IsPeerFailure(status)) return absl::UnavailableError(what);
+  return absl::InternalError(what);
+}
+
+void UcxRail::EndpointErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  // Runs inside ucp_worker_progress; closing the endpoint here would re-enter UCX, so defer.
+  auto* peer = static_cast<Peer*>(arg);
+  peer->rail->failed_peers_.emplace_back(peer->id, status);
+}
+
+void UcxRail::HandleFailedPeers() {
+  if (failed_peers_.empty()) return;
+  std::vector<std::pair<uint64_t, ucs_status_t>> failed;
+  failed.swap(failed_peers_);
+  for (const auto& [id, status] : failed) {
+    Peer* peer = FindPeer(id);
+    if (peer == nullptr) continue;
+    FailPeer(peer, absl::UnavailableError(absl::StrCat("peer ", peer->label, " on UCX rail ",
+                                                       config_.index,
+                                                       " failed: ", ucs_status_string(status))));
+    // A failed endpoint must be closed with force even when FailPeer found it failed already.
+    CloseEndpoint(peer, /*force=*/true);
+  }
+}
+
+void UcxRail::FailPeer(Peer* peer, const absl::Status& status) {
+  if (!peer->failure.ok()) return;
+  peer->failure = status;
+  // Unmatched receives cancel at once (UCX completes them with UCS_ERR_CANCELED, inline). Copy
+  // first: completion erases from peer->ops.
+  std::vector<void*> receives;
+  for (Op* op : peer->ops) {
+    if (!op->is_send && op->request != nullptr) receives.push_back(op->request);
+  }
+  for (void* request : receives) ucp_request_cancel(worker_, request);
+  // Forcing the close fails the endpoint's sends (UCS_ERR_CANCELED) and stops its traffic.
+  CloseEndpoint(peer, /*force=*/true);
+  if (!peer->ops.empty() && peer->grace_deadline == absl::InfiniteFuture()) {
+    peer->grace_deadline = absl::Now() + config_.cancel_grace;
+    ++grace_peers_;
+  }
+  sweep_.push_back(peer->id);
+}
+
+void UcxRail::CloseEndpoint(Peer* peer, bool force) {
+  if (peer->ep == nullptr || peer->closing) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.cb.send = &UcxRail::CloseCallback;
+  param.user_data = peer;
+  const ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
+  if (UCS_PTR_IS_PTR(request)) {
+    peer->closing = true;
+  } else {
+    peer->ep = nullptr;
+    sweep_.push_back(peer->id);
+  }
+}
+
+void UcxRail::CloseCallback(void* request, ucs_status_t status, void* user_data) {
+  auto* peer = static_cast<Peer*>(user_data);
+  ucp_request_free(request);
+  peer->closing = false;
+  peer->ep = nullptr;
+  peer->rail->sweep_.push_back(peer->id);
+}
+
+void UcxRail::ExpireGracePeriods(bool all) {
+  if (grace_peers_ == 0) return;
+  const absl::Time now = absl::Now();
+  std::vector<std::pair<CompletionFn, absl::Status>> late;
+  for (auto& [id, peer] : peers_) {
+    if (peer->grace_deadline == absl::InfiniteFuture() || (!all && now < peer->grace_deadline)) {
+      continue;
+    }
+    peer->grace_deadline = absl::InfiniteFuture();
+    --grace_peers_;
+    for (Op* op : peer->ops) {
+      // UCX still holds the request; keep op alive until it lets go (or the worker dies).
+      op->peer = nullptr;
+      orphans_.insert(op);
+      --active_ops_;
+      late.emplace_back(std::move(op->done), peer->failure);
+    }
+    peer->ops.clear();
+    sweep_.push_back(id);
+  }
+  // Outside the loop: a callback may post work, never touch peers_ directly, but stay safe.
+  for (auto& [done, status] : late) done(status);
+}
+
+void UcxRail::Sweep() {
+  for (uint64_t id : sweep_) {
+    Peer* peer = FindPeer(id);
+    if (peer != nullptr && peer->released && peer->ep == nullptr && !peer->closing &&
+        peer->ops.empty() && peer->grace_deadline == absl::InfiniteFuture()) {
+      peers_.erase(id);
+    }
+  }
+  sweep_.clear();
+}
+
+void UcxRail::DrainForStop() {
+  const absl::Status cancelled =
+      absl::CancelledError(absl::StrCat("UCX transport shut down (rail ", config_.index, ")"));
+  for (auto& [id, peer] : peers_) {
+    if (peer->failure.ok() && peer->ops.empty()) {
+      peer->failure = cancelled;
+      CloseEndpoint(peer.get(), /*force=*/false);
+    } else {
+      FailPeer(peer.get(), cancelled);
+    }
+  }
+  const absl::Time deadline = absl::Now() + config_.shutdown_timeout;
+  auto busy = [this] {
+    if (active_ops_ > 0) return true;
+    for (const auto& [id, peer] : peers_) {
+      if (peer->closing) return true;
+    }
+    return false;
+  };
+  while (busy() && absl::Now() < deadline) {
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    HandleFailedPeers();
+    if (!busy()) break;
+    Sleep(std::min(10, MillisUntil(deadline)));
+  }
+  ExpireGracePeriods(/*all=*/true);
+}
+
+}  // namespace railyard::transport

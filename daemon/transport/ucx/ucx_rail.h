@@ -1,0 +1,137 @@
+// One rail of UcxTransport: a UCX context and worker bound to one NIC, and the progress thread
+// that owns them. See ucx_transport.h for the threading model.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "daemon/transport/transport.h"
+#include "daemon/transport/ucx/ucx_transport.h"
+
+namespace railyard::transport {
+
+class UcxRail {
+ public:
+  struct Config {
+    int index = 0;
+    UcxTransport::Rail rail;
+    std::string label;  // "node/railN", embedded in the address
+    absl::Duration shutdown_timeout;
+    absl::Duration cancel_grace;
+    absl::Duration connect_timeout;
+    absl::Duration busy_poll;
+  };
+
+  // Starts the progress thread, which creates the UCX context and worker. Errors: UNAVAILABLE
+  // when UCX cannot create them with config.rail, INVALID_ARGUMENT when UCX rejects a setting
+  // (messages from UCX included).
+  static absl::StatusOr<std::shared_ptr<UcxRail>> Create(Config config);
+  ~UcxRail();
+  UcxRail(const UcxRail&) = delete;
+  UcxRail& operator=(const UcxRail&) = delete;
+
+  int index() const { return config_.index; }
+  const std::string& address() const { return address_; }
+
+  // Creates a UCX endpoint to the worker whose printable address is peer_address. Returns the id
+  // the operations below take. Errors as UcxTransport::Connect.
+  absl::StatusOr<uint64_t> Connect(const std::string& peer_address);
+  void Send(uint64_t peer, Tag tag, const void* data, size_t size, CompletionFn done);
+  void Recv(uint64_t peer, Tag tag, void* data, size_t size, CompletionFn done);
+  void Abort(uint64_t peer, absl::Status status);
+  // The endpoint handle is gone: cancel what is pending and close the UCX endpoint.
+  void Release(uint64_t peer);
+
+  // Asks the progress thread to cancel everything and exit; StopAndWait also waits (bounded).
+  void RequestStop();
+  void StopAndWait();
+
+ private:
+  struct Peer;
+  struct Op;
+
+  explicit UcxRail(Config config);
+
+  // Runs fn on the progress thread. False (fn dropped) once stopping.
+  bool Post(std::function<void()> fn);
+  void Wake();
+  void Run();
+
+  // Everything below runs on the progress thread only, which is why it needs no lock.
+  absl::Status InitUcx();
+  void TeardownUcx();
+  void Loop();
+  bool RunCommands();  // true once a stop was requested and every earlier command ran
+  void WaitForEvents();
+  void BusyPoll();             // polls up to config_.busy_poll, returning early on any activity
+  void Sleep(int timeout_ms);  // arms the worker, then epoll_wait; -1 waits forever
+  void Start(Op* op);
+  void Complete(Op* op, ucs_status_t status, size_t length);
+  absl::Status StatusFor(const Op& op, ucs_status_t status, size_t length) const;
+  void FailPeer(Peer* peer, const absl::Status& status);
+  void CloseEndpoint(Peer* peer, bool force);
+  void HandleFailedPeers();
+  void ExpireGracePeriods(bool all);
+  void Sweep();  // erases released peers that have nothing left in flight
+  void DrainForStop();
+  Peer* FindPeer(uint64_t id);
+
+  static void SendCallback(void* request, ucs_status_t status, void* user_data);
+  static void RecvCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                           void* user_data);
+  static void CloseCallback(void* request, ucs_status_t status, void* user_data);
+  static void EndpointErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  const Config config_;
+  std::string address_;  // written before Create returns, then read-only
+  std::atomic<uint64_t> next_peer_id_{1};
+
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  // The progress thread is (about to be) in epoll_wait; posters must write wake_fd_.
+  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
+  // Someone already wrote wake_fd_ for this sleep; saves redundant writes.
+  bool wake_pending_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Notification started_;
+  absl::Status init_status_;  // written before started_ is notified
+  absl::Notification exited_;
+  absl::Mutex join_mu_;
+  std::thread thread_ ABSL_GUARDED_BY(join_mu_);
+  std::thread::id thread_id_;  // the progress thread's; written before started_ is notified
+
+  // eventfd that posters write to wake the progress thread; created before started_ is notified.
+  int wake_fd_ = -1;
+
+  // Progress-thread state.
+  int epoll_fd_ = -1;  // wake_fd_ + the worker's event fd
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<std::function<void()>> batch_;  // commands being run, kept for its capacity
+  std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
+  // Reported by EndpointErrorCallback inside UCX progress, handled right after it.
+  std::vector<std::pair<uint64_t, ucs_status_t>> failed_peers_;
+  std::vector<uint64_t> sweep_;      // peers that may have become erasable
+  std::unordered_set<Op*> orphans_;  // failed already; UCX still holds their request
+  size_t active_ops_ = 0;
+  int grace_peers_ = 0;  // peers waiting for cancel_grace to expire
+};
+
+}  // namespace railyard::transport

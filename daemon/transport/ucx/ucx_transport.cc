@@ -1,0 +1,97 @@
+#include "daemon/transport/ucx/ucx_transport.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/transport/ucx/ucx_address.h"
+#include "daemon/transport/ucx/ucx_rail.h"
+
+namespace railyard::transport {
+namespace {
+
+absl::Status CheckRail(int rail, int num_rails) {
+  if (rail >= 0 && rail < num_rails) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rail ", rail, " is out of range: this transport has rails [0, ", num_rails, ")"));
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+// A handle on one peer of one rail. The rail owns the UCX state; this only names it.
+class UcxEndpoint : public Endpoint {
+ public:
+  UcxEndpoint(std::shared_ptr<UcxRail> rail, uint64_t peer) : rail_(std::move(rail)), peer_(peer) {}
+  ~UcxEndpoint() override { rail_->Release(peer_); }
+
+  void Send(Tag tag, const void* data, size_t size, CompletionFn done) override {
+    rail_->Send(peer_, tag, data, size, std::move(done));
+  }
+  void Recv(Tag tag, void* data, size_t size, CompletionFn done) override {
+    rail_->Recv(peer_, tag, data, size, std::move(done));
+  }
+  void Abort(const absl::Status& status) override { rail_->Abort(peer_, status); }
+
+ private:
+  const std::shared_ptr<UcxRail> rail_;
+  const uint64_t peer_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Options options) {
+  if (options.rails.empty()) {
+    return absl::InvalidArgumentError("UcxTransport needs at least one rail in its options");
+  }
+  const std::string node =
+      SanitizeUcxLabel(options.node_name.empty() ? HostName() : options.node_name);
+  std::vector<std::shared_ptr<UcxRail>> rails;
+  for (size_t i = 0; i < options.rails.size(); ++i) {
+    UcxRail::Config config;
+    config.index = static_cast<int>(i);
+    config.rail = options.rails[i];
+    config.label = absl::StrCat(node, "/rail", i);
+    config.shutdown_timeout = options.shutdown_timeout;
+    config.cancel_grace = options.cancel_grace;
+    config.connect_timeout = options.connect_timeout;
+    config.busy_poll = options.busy_poll;
+    absl::StatusOr<std::shared_ptr<UcxRail>> rail = UcxRail::Create(std::move(config));
+    if (!rail.ok()) {
+      for (auto& r : rails) r->StopAndWait();
+      return rail.status();
+    }
+    rails.push_back(*std::move(rail));
+  }
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(rails)));
+}
+
+UcxTransport::UcxTransport(std::vector<std::shared_ptr<UcxRail>> rails)
+    : rails_(std::move(rails)) {}
+
+UcxTransport::~UcxTransport() { Shutdown(); }
+
+absl::StatusOr<std::string> UcxTransport::LocalAddress(int rail) {
+  if (absl::Status s = CheckRail(rail, num_rails()); !s.ok()) return s;
+  return rails_[rail]->address();
+}
+
+absl::StatusOr<std::shared_ptr<Endpoint>> UcxTransport::Connect(const std::string& peer_address,
+                                                                int rail) {
+  if (absl::Status s = CheckRail(rail, num_rails()); !s.ok()) return s;
+  absl::StatusOr<uint64_t> peer = rails_[rail]->Connect(peer_address);
+  if (!peer.ok()) return peer.status();
+  return std::make_shared<UcxEndpoint>(rails_[rail], *peer);
+}
+
+void UcxTransport::Shutdown() {
+  // Stop every rail at once so that the bounded drains overlap.
+  for (auto& rail : rails_) rail->RequestStop();
+  for (auto& rail : rails_) rail->StopAndWait();
+}
+
+}  // namespace railyard::transport

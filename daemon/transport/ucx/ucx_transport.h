@@ -1,0 +1,105 @@
+// The Transport between daemons over UCX: one UCX context and worker per rail (NIC), tagged
+// sends and receives of whole chunks, and a progress thread per worker that sleeps on the
+// worker's event fd when there is nothing to do (no CPU when idle).
+//
+// Threading. Every UCX call of a rail happens on that rail's progress thread: Send, Recv, Abort
+// and Connect enqueue a command and wake the thread through an eventfd (only when it sleeps), and
+// the worker runs in UCS_THREAD_MODE_SINGLE. We chose this funnel over UCS_THREAD_MODE_MULTI with
+// direct posting because MULTI serialises every call on one worker lock anyway, and because an
+// endpoint that one thread closes (on Abort or peer failure) must never be used by another, which
+// direct posting could only guarantee with a lock of our own around every UCX call. One owner
+// thread also keeps the per-endpoint bookkeeping (the operations to fail on Abort or peer failure)
+// free of locks. The cost is one queue hand-off per operation: a mutex, plus an eventfd write
+// when the progress thread sleeps.
+//
+// Completion callbacks run on the rail's progress thread, inside UCX progress. They must not
+// block (no waiting for other operations, no locks held for long, no Shutdown()): while one runs,
+// nothing else on that rail makes progress. Posting more work from a callback is fine.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/transport/transport.h"
+
+namespace railyard::transport {
+
+class UcxRail;
+
+class UcxTransport : public Transport {
+ public:
+  struct Rail {
+    // Network interface this rail's traffic uses (UCX_NET_DEVICES), e.g. "veth-r0" or "lo";
+    // empty lets UCX choose among all devices.
+    std::string device;
+    // UCX transports (UCX_TLS), e.g. "tcp", or "rc,tcp" on an RDMA NIC. "tcp,sm" is accepted
+    // but, in UCX 1.13, buys nothing: endpoints use UCP_ERR_HANDLING_MODE_PEER (a dead peer must
+    // fail operations, not hang them), and no shared-memory transport supports it there
+    // (sysv/posix: "no peer failure handler"; cma: no active messages), so UCX picks tcp alone.
+    // Measured between two processes on one host (tools/ucx-pingpong): the same lanes, so the
+    // same numbers as "tcp" within noise (64 MiB at 1.0-4.1 GB/s on a shared 2-vCPU VM).
+    std::string tls = "tcp";
+  };
+
+  struct Options {
+    // One entry per rail; rail i of this transport uses rails[i]. At least one.
+    std::vector<Rail> rails;
+    // Names this daemon in its addresses, so that peers' errors say who failed ("node-a/rail0").
+    // Empty: the host name.
+    std::string node_name;
+    // Shutdown waits at most this long per rail for UCX to hand back buffers of cancelled
+    // operations before failing them anyway.
+    absl::Duration shutdown_timeout = absl::Seconds(2);
+    // After Abort or a peer failure, a receive that UCX had already matched (a multi-fragment
+    // message half arrived) cannot be cancelled; it is failed after this grace period even if UCX
+    // still holds it, so that no wait is unbounded. UCX may write into such a buffer afterwards
+    // only if the aborted peer is alive and keeps sending that message.
+    absl::Duration cancel_grace = absl::Seconds(1);
+    // Connect waits at most this long for the progress thread to create the endpoint.
+    absl::Duration connect_timeout = absl::Seconds(10);
+    // After each burst of activity a progress thread keeps polling this long before it arms the
+    // worker and sleeps in epoll_wait. Spinning costs CPU only right after traffic, never when
+    // idle. Measured with tools/ucx-pingpong (two processes, tcp on lo, shared 2-vCPU VM): 8 B
+    // round trip ~85-120 us sleeping on a quiet host (the VM's wake-up latency; ucx_perftest
+    // -E sleep is the same) and ~8-10 us with 50us; but with other work on both vCPUs spinning
+    // steals the peer thread's core and 50us gave ~115 us where sleeping gave ~12 us. Hence off
+    // by default; turn it on where the daemon has a core to itself.
+    absl::Duration busy_poll = absl::ZeroDuration();
+  };
+
+  // Creates every rail's UCX context, worker and progress thread. Errors, naming the rail:
+  // INVALID_ARGUMENT for options without rails or a setting UCX rejects; UNAVAILABLE when UCX
+  // finds no usable transport for a rail (a device that does not exist, an unknown tls name).
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(Options options);
+
+  ~UcxTransport() override;  // Shutdown()
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  int num_rails() const override { return static_cast<int>(rails_.size()); }
+  // INVALID_ARGUMENT for a rail out of range.
+  absl::StatusOr<std::string> LocalAddress(int rail) override;
+  // INVALID_ARGUMENT for a rail out of range or an address LocalAddress did not produce;
+  // FAILED_PRECONDITION after Shutdown; UNAVAILABLE when UCX cannot reach the peer's worker from
+  // this rail (no common transport, or a local peer that refuses the connection at once). A
+  // dead peer is otherwise reported by the endpoint's operations (UNAVAILABLE).
+  //
+  // Destroying the returned endpoint cancels its pending operations (CANCELLED) and closes the
+  // UCX endpoint. After Shutdown, the endpoint's operations fail with CANCELLED on the calling
+  // thread (there is no progress thread left to run them).
+  absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address,
+                                                    int rail) override;
+  // Fails pending operations with CANCELLED, closes endpoints and joins the progress threads.
+  // Bounded by options.shutdown_timeout (+ slack) per rail, run in parallel. Idempotent.
+  void Shutdown() override;
+
+ private:
+  explicit UcxTransport(std::vector<std::shared_ptr<UcxRail>> rails);
+
+  std::vector<std::shared_ptr<UcxRail>> rails_;
+};
+
+}  // namespace railyard::transport
