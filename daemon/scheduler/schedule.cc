@@ -1,0 +1,303 @@
+#include "daemon/scheduler/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/scheduler/algorithms/builder.h"
+
+namespace railyard::scheduler {
+
+int CommLayout::ranks_per_node() const {
+  if (ranks_of_node.empty()) return 0;
+  const size_t g = ranks_of_node[0].size();
+  for (const auto& ranks : ranks_of_node) {
+    if (ranks.size() != g) return 0;
+  }
+  return static_cast<int>(g);
+}
+
+int CommLayout::rail_of_rank(int rank) const {
+  return local_index_of_rank[rank] % std::max(1, rails);
+}
+
+CommLayout CommLayout::Uniform(int nnodes, int ranks_per_node, int rails) {
+  std::vector<int> node_of_rank;
+  for (int k = 0; k < nnodes; ++k) node_of_rank.insert(node_of_rank.end(), ranks_per_node, k);
+  return FromNodeOfRank(node_of_rank, rails);
+}
+
+CommLayout CommLayout::FromNodeOfRank(const std::vector<int>& node_of_rank, int rails) {
+  CommLayout l;
+  l.nranks = static_cast<int>(node_of_rank.size());
+  l.nnodes =
+      node_of_rank.empty() ? 0 : *std::max_element(node_of_rank.begin(), node_of_rank.end()) + 1;
+  l.rails = rails;
+  l.node_of_rank = node_of_rank;
+  l.local_index_of_rank.resize(l.nranks);
+  l.ranks_of_node.assign(l.nnodes, {});
+  for (int r = 0; r < l.nranks; ++r) {
+    auto& ranks = l.ranks_of_node[node_of_rank[r]];
+    l.local_index_of_rank[r] = static_cast<int>(ranks.size());
+    ranks.push_back(r);
+  }
+  return l;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Project
+
+namespace {
+
+// Inter-node reductions are received into staging slots: a ring of kStagingDepth slots per
+// stream (source rank -> destination rank), so that one stream never waits for another's
+// reductions. A recv into a slot waits for the step that consumed the slot's previous message.
+constexpr int kStagingDepth = 4;
+
+uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+bool NeedsStaging(const Transfer& t) {
+  return t.bytes > 0 && (t.kind == Transfer::Kind::kReduce || t.finalize);
+}
+
+struct Stream {
+  uint64_t offset = 0;      // first slot, in the destination rank's scratch
+  uint64_t slot_bytes = 0;  // largest transfer of the stream, aligned
+  uint64_t next = 0;        // transfers staged so far
+  std::vector<int64_t> last_user = std::vector<int64_t>(kStagingDepth, -1);
+};
+
+}  // namespace
+
+NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, const OpShape& shape,
+                     int node) {
+  NodeSchedule out;
+  out.node = node;
+  const auto& transfers = schedule.transfers;
+  const auto node_of = [&](int rank) { return layout.node_of_rank[rank]; };
+
+  // Staging streams into this node's ranks, each laid out after the previous one of its rank.
+  std::map<std::pair<int, int>, Stream> streams;  // (dst rank, src rank)
+  for (const Transfer& t : transfers) {
+    if (node_of(t.dst.rank) == node && node_of(t.src.rank) != node && NeedsStaging(t)) {
+      Stream& st = streams[{t.dst.rank, t.src.rank}];
+      st.slot_bytes = std::max(st.slot_bytes, AlignUp(t.bytes, 64));
+    }
+  }
+  const uint64_t staging_base = AlignUp(schedule.scratch_bytes_per_rank, 64);
+  std::vector<uint64_t> staging_end(layout.nranks, staging_base);
+  out.scratch_bytes_per_rank = schedule.scratch_bytes_per_rank;
+  for (auto& [key, st] : streams) {
+    st.offset = staging_end[key.first];
+    staging_end[key.first] += kStagingDepth * st.slot_bytes;
+    out.scratch_bytes_per_rank = std::max(out.scratch_bytes_per_rank, staging_end[key.first]);
+  }
+
+  // This node's completion step of each transfer (-1: the transfer does not touch this node).
+  std::vector<int64_t> step_of(transfers.size(), -1);
+  std::vector<uint64_t> sent_to(layout.nnodes, 0), recv_from(layout.nnodes, 0);
+
+  const auto local_deps = [&](const Transfer& t) {
+    std::vector<uint32_t> deps;
+    for (uint32_t u : t.deps) {
+      if (u < step_of.size() && step_of[u] >= 0) deps.push_back(static_cast<uint32_t>(step_of[u]));
+    }
+    return deps;
+  };
+  const auto add = [&](NodeStep step) {
+    out.steps.push_back(std::move(step));
+    return static_cast<int64_t>(out.steps.size() - 1);
+  };
+
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& t = transfers[i];
+    const int sn = node_of(t.src.rank), dn = node_of(t.dst.rank);
+    if (sn != node && dn != node) continue;
+    if (sn == dn) {
+      NodeStep step;
+      step.kind = t.kind == Transfer::Kind::kCopy ? NodeStep::Kind::kCopy : NodeStep::Kind::kReduce;
+      step.src = t.src;
+      step.dst = t.dst;
+      step.bytes = t.bytes;
+      step.finalize = t.finalize;
+      step.deps = local_deps(t);
+      step_of[i] = add(std::move(step));
+      continue;
+    }
+    const int rail = layout.rail_of_rank(t.src.rank);
+    if (sn == node) {
+      NodeStep send;
+      send.kind = NodeStep::Kind::kSend;
+      send.src = t.src;
+      send.bytes = t.bytes;
+      send.peer = dn;
+      send.rail = rail;
+      send.tag = sent_to[dn]++;
+      send.deps = local_deps(t);
+      step_of[i] = add(std::move(send));
+      continue;
+    }
+    NodeStep recv;
+    recv.kind = NodeStep::Kind::kRecv;
+    recv.bytes = t.bytes;
+    recv.peer = sn;
+    recv.rail = rail;
+    recv.tag = recv_from[sn]++;
+    if (!NeedsStaging(t)) {
+      recv.dst = t.dst;
+      recv.deps = local_deps(t);
+      step_of[i] = add(std::move(recv));
+      continue;
+    }
+    // Receive into a staging slot of the destination rank, then reduce (or finalize-copy) into
+    // place once the destination's own dependencies are done.
+    Stream& st = streams[{t.dst.rank, t.src.rank}];
+    const uint64_t slot = st.next++ % kStagingDepth;
+    int64_t& user = st.last_user[slot];
+    recv.dst.rank = t.dst.rank;
+    recv.dst.space = RankRef::Space::kScratch;
+    recv.dst.offset = st.offset + slot * st.slot_bytes;
+    if (user >= 0) recv.deps.push_back(static_cast<uint32_t>(user));
+    const RankRef staged = recv.dst;
+    const int64_t recv_step = add(std::move(recv));
+    NodeStep apply;
+    apply.kind = t.kind == Transfer::Kind::kCopy ? NodeStep::Kind::kCopy : NodeStep::Kind::kReduce;
+    apply.src = staged;
+    apply.dst = t.dst;
+    apply.bytes = t.bytes;
+    apply.finalize = t.finalize;
+    apply.deps = local_deps(t);
+    apply.deps.push_back(static_cast<uint32_t>(recv_step));
+    user = add(std::move(apply));
+    step_of[i] = user;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generate
+
+namespace {
+
+absl::Status CheckLayout(const CommLayout& l) {
+  if (l.nranks < 1 || l.nnodes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout needs >= 1 rank and node, got ", l.nranks, " and ", l.nnodes));
+  }
+  if (l.rails < 1) return absl::InvalidArgumentError(absl::StrCat("rails ", l.rails, " < 1"));
+  if (l.node_of_rank.size() != static_cast<size_t>(l.nranks) ||
+      l.local_index_of_rank.size() != static_cast<size_t>(l.nranks) ||
+      l.ranks_of_node.size() != static_cast<size_t>(l.nnodes)) {
+    return absl::InvalidArgumentError("layout vectors do not match nranks/nnodes");
+  }
+  std::vector<bool> seen(l.nranks, false);
+  for (int k = 0; k < l.nnodes; ++k) {
+    if (l.ranks_of_node[k].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("node ", k, " holds no rank"));
+    }
+    for (size_t i = 0; i < l.ranks_of_node[k].size(); ++i) {
+      const int r = l.ranks_of_node[k][i];
+      if (r < 0 || r >= l.nranks || seen[r] || l.node_of_rank[r] != k ||
+          l.local_index_of_rank[r] != static_cast<int>(i)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layout is inconsistent at node ", k, " local index ", i));
+      }
+      seen[r] = true;
+    }
+  }
+  if (std::find(seen.begin(), seen.end(), false) != seen.end()) {
+    return absl::InvalidArgumentError("layout leaves a rank on no node");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckShape(const OpShape& s, int n) {
+  if (HasRoot(s.op) && (s.root < 0 || s.root >= n)) {
+    return absl::InvalidArgumentError(absl::StrCat("root ", s.root, " not in [0, ", n, ")"));
+  }
+  if (s.op == OpKind::kAllToAllv) {
+    const size_t nn = static_cast<size_t>(n) * n;
+    if (s.a2av_counts.size() != nn || s.a2av_send_displs.size() != nn ||
+        s.a2av_recv_displs.size() != nn) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("alltoallv needs nranks^2 = ", nn, " counts and displacements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RankSchedule> Generate(const std::string& algo, const OpShape& shape,
+                                      const CommLayout& layout, size_t chunk_bytes) {
+  if (IsPointToPoint(shape.op)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpName(shape.op), " is point-to-point, not a generated collective"));
+  }
+  const algorithms::AlgorithmInfo* info = algorithms::FindAlgorithm(algo);
+  if (info == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& a : algorithms::AlgorithmTable()) names.emplace_back(a.name);
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown algorithm '", algo, "' (known: ", absl::StrJoin(names, ", "), ")"));
+  }
+  if (!algorithms::Implements(*info, shape.op)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("algorithm ", algo, " does not implement op ", OpName(shape.op),
+                     " (available: ", algorithms::AlgorithmsFor(shape.op), ")"));
+  }
+  if (auto s = CheckLayout(layout); !s.ok()) return s;
+  if (auto s = CheckShape(shape, layout.nranks); !s.ok()) return s;
+  algorithms::ScheduleBuilder builder(shape, layout, chunk_bytes);
+  if (auto s = info->generate(builder); !s.ok()) return s;
+  return std::move(builder).Finish(info->name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DefaultAlgorithm
+
+namespace {
+
+// Critical message size alpha * beta of the inter-node link (PRIMER: 2 us x 50 GB/s) until the
+// calibrated cost model replaces this rule.
+constexpr double kCriticalBytes = 100e3;
+
+// PRIMER section 2: below this many bytes a (log-latency) tree beats the ring for n ranks.
+double TreeCrossoverBytes(int n) {
+  if (n <= 2) return 0;
+  const double lg = std::log2(static_cast<double>(n));
+  const double ratio = (n - 1.0) / n;
+  return kCriticalBytes * ((n - 1) - lg) / (lg - ratio);
+}
+
+}  // namespace
+
+std::string DefaultAlgorithm(const OpShape& shape, const CommLayout& layout) {
+  const int n = layout.nranks;
+  const uint64_t esize = kernels::ElementSize(shape.dtype);
+  switch (shape.op) {
+    case OpKind::kAllToAll:
+    case OpKind::kAllToAllv:
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      return kAlgoDirect;
+    case OpKind::kBarrier:
+      return kAlgoRhd;
+    default:
+      break;
+  }
+  if (layout.nnodes <= 1) return kAlgoDirect;
+  uint64_t bytes = shape.count * esize;
+  if (shape.op == OpKind::kReduceScatter || shape.op == OpKind::kAllGather) bytes *= n;
+  const bool tree_op = shape.op == OpKind::kAllReduce || shape.op == OpKind::kBroadcast ||
+                       shape.op == OpKind::kReduce;
+  if (tree_op && static_cast<double>(bytes) < TreeCrossoverBytes(n)) return kAlgoTree;
+  if (layout.ranks_per_node() > 1) return kAlgoHier;
+  return kAlgoRing;
+}
+
+}  // namespace railyard::scheduler

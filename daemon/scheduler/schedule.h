@@ -1,0 +1,154 @@
+// The schedule IR: what every rank of a communicator does for one collective, as transfers
+// between ranks with explicit dependencies, and its projection onto the daemons (nodes) that
+// execute it.
+//
+// An algorithm is a generator: from (op shape, comm layout, chunk size) it emits the same
+// RankSchedule on every daemon (pure function of its inputs, no I/O). Project() then cuts it into
+// one NodeSchedule per daemon: a transfer between two ranks of the same node becomes a memory
+// step; a transfer between nodes becomes a Send on the source daemon (on the source rank's rail)
+// and a Recv (plus a Reduce when the transfer reduces) on the destination daemon. The executor
+// runs any NodeSchedule; algorithms never touch sockets.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/kernels/types.h"
+#include "daemon/scheduler/op.h"
+
+namespace railyard::scheduler {
+
+// Which ranks live where. Node order and local indices are fixed by the coordinator at
+// communicator bootstrap and are the same on every daemon.
+struct CommLayout {
+  int nranks = 0;
+  int nnodes = 0;
+  int rails = 1;                                // NICs per node (the minimum over the nodes)
+  std::vector<int> node_of_rank;                // global rank -> node index
+  std::vector<int> local_index_of_rank;         // global rank -> index among its node's ranks
+  std::vector<std::vector<int>> ranks_of_node;  // node -> global ranks by local index
+
+  // G for uniform layouts; 0 when nodes hold different numbers of ranks.
+  int ranks_per_node() const;
+  // Rail a rank sends and receives on: its local index modulo rails (rail alignment).
+  int rail_of_rank(int rank) const;
+  // K nodes x G ranks, rank r on node r / G (the layout tests and the simulator use).
+  static CommLayout Uniform(int nnodes, int ranks_per_node, int rails);
+  // Any layout: rank r on node node_of_rank[r], local indices in rank order within a node.
+  static CommLayout FromNodeOfRank(const std::vector<int>& node_of_rank, int rails);
+};
+
+// The collective, identical on every rank (after the merge), plus AllToAllv's count matrix.
+struct OpShape {
+  OpKind op = OpKind::kAllReduce;
+  kernels::DataType dtype = kernels::DataType::kFloat32;
+  kernels::RedOp red_op = kernels::RedOp::kSum;
+  uint64_t count = 0;  // NCCL semantics, docs/local-api.md
+  int root = 0;
+  // AllToAllv only: counts[i * nranks + j] elements from rank i to rank j, and each rank's
+  // send/recv displacements (elements) in the same layout: send_displs[i * nranks + j] is where
+  // rank i's block for j starts in its send region, recv_displs[j * nranks + i] where rank j puts
+  // the block it receives from i (row = the rank whose buffer it is).
+  std::vector<uint64_t> a2av_counts;
+  std::vector<uint64_t> a2av_send_displs;
+  std::vector<uint64_t> a2av_recv_displs;
+};
+
+// A byte range of one rank's memory: its send region, its recv region, or scratch the daemon
+// provides for that rank (Schedule::scratch_bytes_per_rank of it).
+struct RankRef {
+  enum class Space : uint8_t { kSend, kRecv, kScratch };
+  int rank = 0;
+  Space space = Space::kSend;
+  uint64_t offset = 0;  // bytes
+};
+
+// One step of the rank-level schedule.
+struct Transfer {
+  enum class Kind : uint8_t {
+    kCopy,    // dst <- src (bytes)
+    kReduce,  // dst <- dst (op) src, elementwise (bytes / element size elements)
+  };
+  Kind kind = Kind::kCopy;
+  RankRef src;
+  RankRef dst;
+  uint64_t bytes = 0;
+  // For RedOp::kAvg: this reduction produces a final value; divide by nranks when storing.
+  // A kCopy with finalize divides while copying (for ranks whose value is final on arrival).
+  bool finalize = false;
+  // Transfers (indices into RankSchedule::transfers) that must complete first.
+  std::vector<uint32_t> deps;
+};
+
+// Contract every generator keeps (checked by CheckRankSchedule in symbolic_executor.h):
+//  - transfers are in a valid sequential order: every dep is an earlier index;
+//  - every dep of a transfer involves (as source or destination rank) a rank on the node of the
+//    transfer's source or destination rank, so Project can enforce it locally;
+//  - the schedule is right whether or not each rank's send and recv alias in the op's in-place
+//    layout (docs/local-api.md): deps order every write of a recv byte after the reads of the
+//    send byte it may alias, and data that would be overwritten is staged in scratch first.
+//  - Transfers between two ranks of one node, and a rank's copies onto itself, are memory steps.
+struct RankSchedule {
+  std::string algorithm;
+  std::vector<Transfer> transfers;
+  uint64_t scratch_bytes_per_rank = 0;
+};
+
+// One daemon's share of a RankSchedule.
+struct NodeStep {
+  enum class Kind : uint8_t {
+    kCopy,    // local: dst <- src
+    kReduce,  // local: dst <- dst (op) src
+    kSend,    // src bytes to node `peer` on `rail`, matched by (this node, peer, tag)
+    kRecv,    // bytes from node `peer` on `rail` into dst
+  };
+  Kind kind = Kind::kCopy;
+  RankRef src;  // kCopy, kReduce, kSend
+  RankRef dst;  // kCopy, kReduce, kRecv
+  uint64_t bytes = 0;
+  bool finalize = false;
+  int peer = -1;
+  int rail = 0;
+  uint64_t tag = 0;            // unique per (sender node, receiver node) within one operation
+  std::vector<uint32_t> deps;  // indices into NodeSchedule::steps
+};
+
+struct NodeSchedule {
+  int node = 0;
+  std::vector<NodeStep> steps;
+  // The rank schedule's scratch plus this node's staging slots for inter-node reductions.
+  uint64_t scratch_bytes_per_rank = 0;
+};
+
+// Cuts a rank schedule into node `node`'s steps. Inter-node reductions receive into scratch
+// staging slots placed after the rank schedule's scratch (NodeSchedule::scratch_bytes_per_rank
+// covers both) and then reduce. Tags count the transfers of each (sender node, receiver node)
+// pair in schedule order, so both sides derive the same tag without talking.
+NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, const OpShape& shape,
+                     int node);
+
+// Algorithms. Names are what RAILYARD_ALGO and --algo take.
+inline constexpr const char* kAlgoRing = "ring";
+inline constexpr const char* kAlgoTree = "tree";  // double binary tree / pipelined tree
+inline constexpr const char* kAlgoRhd = "rhd";    // recursive halving-doubling
+inline constexpr const char* kAlgoHier = "hier";  // hierarchical rail-aligned
+inline constexpr const char* kAlgoDirect = "direct";
+
+// Builds the rank schedule of `algo` for shape on layout, pipelined in chunks of chunk_bytes
+// (0: unchunked). INVALID_ARGUMENT when the algorithm does not implement the op (e.g. rhd for
+// AllToAll; the message lists the algorithms that do), for point-to-point ops, an unknown name,
+// an inconsistent layout or shape, and hier on a non-uniform layout. The table of algorithms and
+// what each implements: algorithms/algorithms.cc.
+absl::StatusOr<RankSchedule> Generate(const std::string& algo, const OpShape& shape,
+                                      const CommLayout& layout, size_t chunk_bytes);
+
+// The algorithm used when none is forced: a size/nodes rule (until the cost model replaces it).
+// alltoall(v) -> direct; barrier -> rhd (dissemination); one node -> direct (memory only, fewest
+// dependent steps); allreduce/broadcast/reduce below the PRIMER's ring/tree crossover for nranks
+// (n* = 100 KB) -> tree; else hier when every node holds the same G > 1 ranks; else ring.
+std::string DefaultAlgorithm(const OpShape& shape, const CommLayout& layout);
+
+}  // namespace railyard::scheduler
