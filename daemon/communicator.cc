@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "daemon/log.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/local_plan.h"
 #include "daemon/session.h"
 
@@ -11,11 +12,54 @@ namespace railyard {
 
 using scheduler::OpKind;
 
+namespace {
+// How long a running multi-node operation may still finish after its communicator was aborted
+// for a reason other than a dead peer.
+constexpr absl::Duration kTransferGrace = absl::Seconds(2);
+}  // namespace
+
 Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env)
-    : comm_id_(std::move(comm_id)), job_(std::move(job)), nranks_(nranks), env_(env) {
-  members_.resize(static_cast<size_t>(nranks));
-  next_seq_.assign(static_cast<size_t>(nranks), 0);
-  collective_exec_.on_done = [this] { OnCollectiveDone(); };
+    : Communicator(std::move(comm_id), std::move(job), std::move(env),
+                   MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {}}) {}
+
+Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net)
+    : comm_id_(std::move(comm_id)),
+      job_(std::move(job)),
+      nranks_(net.layout.nranks),
+      env_(std::move(env)),
+      multi_node_(net.layout.nnodes > 1),
+      net_(std::move(net)),
+      local_ranks_(net_.layout.ranks_of_node[net_.my_node]),
+      comm_hash_(std::hash<std::string>{}(comm_id_)) {
+  members_.resize(local_ranks_.size());
+  next_seq_.assign(local_ranks_.size(), 0);
+  collective_exec_.on_done = [this] { OnCollectiveDone(absl::OkStatus()); };
+}
+
+int Communicator::LocalIndex(int rank) const {
+  if (rank < 0 || rank >= nranks_ || net_.layout.node_of_rank[rank] != net_.my_node) return -1;
+  return net_.layout.local_index_of_rank[rank];
+}
+
+std::vector<std::string> Communicator::PeerAddresses() const {
+  std::vector<std::string> out;
+  for (int n = 0; n < static_cast<int>(net_.node_addresses.size()); ++n) {
+    if (n != net_.my_node) out.push_back(net_.node_addresses[n]);
+  }
+  return out;
+}
+
+std::string Communicator::NodeNameOf(const std::string& address) const {
+  for (size_t n = 0; n < net_.node_addresses.size(); ++n) {
+    if (net_.node_addresses[n] == address && n < net_.node_names.size()) return net_.node_names[n];
+  }
+  return address;
+}
+
+bool Communicator::HasJoined(int rank) const {
+  absl::MutexLock lock(&mu_);
+  const int li = LocalIndex(rank);
+  return li >= 0 && members_[li].joined;
 }
 
 Communicator::~Communicator() = default;
@@ -36,19 +80,24 @@ absl::Status Communicator::Join(int rank, absl::Duration timeout, JoinDone done)
       return absl::FailedPreconditionError(
           absl::StrCat("communicator ", comm_id_, " has failed: ", error_.message()));
     }
-    if (members_[rank].joined) {
+    const int li = LocalIndex(rank);
+    if (li < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of communicator ", comm_id_,
+                                                     " does not live on this daemon"));
+    }
+    if (members_[li].joined) {
       return absl::AlreadyExistsError(
           absl::StrCat("rank ", rank, " has already joined communicator ", comm_id_));
     }
-    members_[rank].joined = true;
-    members_[rank].join_done = std::move(done);
+    members_[li].joined = true;
+    members_[li].join_done = std::move(done);
     if (++joined_ == 1) {
       std::weak_ptr<Communicator> weak = weak_from_this();
       join_timer_ = env_.timer->Schedule(absl::Now() + timeout, [weak] {
         if (auto self = weak.lock()) self->OnJoinDeadline();
       });
     }
-    if (joined_ == nranks_) {
+    if (joined_ == static_cast<int>(local_ranks_.size())) {
       state_ = State::kReady;
       env_.timer->Cancel(join_timer_);
       for (auto& m : members_) out.joins.push_back(std::move(m.join_done));
@@ -65,8 +114,8 @@ void Communicator::OnJoinDeadline() {
     absl::MutexLock lock(&mu_);
     if (state_ != State::kJoining) return;
     std::vector<int> missing;
-    for (int r = 0; r < nranks_; ++r) {
-      if (!members_[r].joined) missing.push_back(r);
+    for (size_t li = 0; li < members_.size(); ++li) {
+      if (!members_[li].joined) missing.push_back(local_ranks_[li]);
     }
     AbortLocked(absl::DeadlineExceededError(absl::StrCat(
                     "communicator ", comm_id_, ": rank", missing.size() > 1 ? "s " : " ",
@@ -89,7 +138,8 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
       return absl::FailedPreconditionError(
           absl::StrCat("communicator ", comm_id_, " is still waiting for ranks to join"));
     }
-    if (members_[request->rank].left) {
+    const int li = LocalIndex(request->rank);
+    if (li < 0 || members_[li].left) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request->rank, " has left communicator ", comm_id_));
     }
@@ -106,13 +156,13 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
 
 absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
     std::unique_ptr<PendingRequest> request, Outcomes* out) {
-  const int rank = request->rank;
+  const int rank = LocalIndex(request->rank);
   const uint64_t seq = next_seq_[rank];
   const uint64_t idx = seq - base_seq_;
   while (slots_.size() <= idx) {
     slots_.emplace_back();
-    slots_.back().merge.Reset(nranks_);
-    slots_.back().requests.resize(static_cast<size_t>(nranks_));
+    slots_.back().merge.Reset(static_cast<int>(local_ranks_.size()), &local_ranks_);
+    slots_.back().requests.resize(local_ranks_.size());
   }
   SeqSlot& slot = slots_[idx];
   if (absl::Status s = slot.merge.Add(rank, &request->req); !s.ok()) {
@@ -147,6 +197,13 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
   while (!collective_running_ && state_ != State::kFailed && !slots_.empty() &&
          slots_.front().merge.complete()) {
     SeqSlot& slot = slots_.front();
+    if (multi_node_) {
+      if (!PrepareNodeRunLocked(out)) continue;  // the op failed here and was completed
+      collective_running_ = true;
+      running_self_ = shared_from_this();
+      out->start_node_run = true;
+      return;
+    }
     scheduler::BuildLocalPlan(slot.merge.requests(), env_.chunk_bytes, &collective_exec_.plan);
     if (!collective_exec_.plan.steps.empty()) {
       collective_running_ = true;
@@ -163,23 +220,96 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
   }
 }
 
-void Communicator::OnCollectiveDone() {
+void Communicator::OnCollectiveDone(const absl::Status& status) {
   std::shared_ptr<Communicator> keep;
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
     keep = std::move(running_self_);
     SeqSlot& slot = slots_.front();
-    for (auto& r : slot.requests)
-      out.completions.push_back({std::move(r), absl::OkStatus(), base_seq_});
-    ++ops_completed_;
-    bytes_moved_ += collective_exec_.plan.bytes_moved;
+    for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, base_seq_});
+    if (status.ok()) {
+      ++ops_completed_;
+      bytes_moved_ += multi_node_ ? 0 : collective_exec_.plan.bytes_moved;
+    } else {
+      ++ops_failed_;
+    }
     slots_.pop_front();
     ++base_seq_;
     collective_running_ = false;
+    // A failed transfer leaves the daemons out of step: the communicator cannot go on.
+    if (!status.ok()) AbortLocked(status, &out, /*transfers_now=*/true);
     NextCollectiveLocked(&out);
   }
   Deliver(out);
+}
+
+bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
+  SeqSlot& slot = slots_.front();
+  const scheduler::RankRequest& r0 = slot.requests[0]->req;
+  scheduler::OpShape shape;
+  shape.op = r0.op;
+  shape.dtype = r0.dtype;
+  shape.red_op = r0.red_op;
+  shape.count = r0.count;
+  shape.root = r0.root;
+  // A forced algorithm (RAILYARD_ALGO, --algo) applies where it implements the op, like
+  // NCCL_ALGO; elsewhere the default rule picks.
+  const std::string fallback = scheduler::DefaultAlgorithm(shape, net_.layout);
+  std::string algo = !r0.algo.empty() ? r0.algo : env_.default_algo;
+  const auto* info = scheduler::algorithms::FindAlgorithm(algo);
+  if (info == nullptr || !scheduler::algorithms::Implements(*info, r0.op)) algo = fallback;
+  const std::string key =
+      absl::StrCat(algo, "|", static_cast<int>(r0.op), "|", static_cast<int>(r0.dtype), "|",
+                   static_cast<int>(r0.red_op), "|", r0.count, "|", r0.root);
+  absl::Status failure;
+  if (r0.op == OpKind::kAllToAllv) {
+    failure = absl::UnimplementedError(
+        "alltoallv across daemons is not supported yet (the count matrix is not exchanged)");
+  } else if (auto it = schedule_cache_.find(key); it != schedule_cache_.end()) {
+    node_schedule_ = it->second;
+  } else {
+    absl::StatusOr<scheduler::RankSchedule> schedule =
+        scheduler::Generate(algo, shape, net_.layout, env_.chunk_bytes);
+    if (!schedule.ok() && algo != fallback) {
+      schedule = scheduler::Generate(fallback, shape, net_.layout, env_.chunk_bytes);
+    }
+    if (schedule.ok()) {
+      if (schedule_cache_.size() >= 64) schedule_cache_.clear();  // bounded; shapes repeat
+      node_schedule_ = std::make_shared<const scheduler::NodeSchedule>(
+          scheduler::Project(*schedule, net_.layout, shape, net_.my_node));
+      schedule_cache_.emplace(key, node_schedule_);
+    } else {
+      failure = schedule.status();
+    }
+  }
+  if (!failure.ok()) {
+    // Every daemon derives the same outcome from the same inputs: failing here is consistent.
+    const absl::Status why(failure.code(),
+                           absl::StrCat(scheduler::OpName(r0.op), " seq ", base_seq_,
+                                        " on communicator ", comm_id_, ": ", failure.message()));
+    for (auto& r : slot.requests) out->completions.push_back({std::move(r), why, base_seq_});
+    ++ops_failed_;
+    slots_.pop_front();
+    ++base_seq_;
+    return false;
+  }
+  const uint64_t per_rank = node_schedule_->scratch_bytes_per_rank;
+  const size_t need = per_rank * local_ranks_.size();
+  if (scratch_.size() < need) scratch_.resize(need);  // grows once per larger shape, then reused
+  node_memory_.send.assign(nranks_, nullptr);
+  node_memory_.recv.assign(nranks_, nullptr);
+  node_memory_.scratch.assign(nranks_, nullptr);
+  for (size_t li = 0; li < local_ranks_.size(); ++li) {
+    const int g = local_ranks_[li];
+    node_memory_.send[g] = slot.requests[li]->req.send;
+    node_memory_.recv[g] = slot.requests[li]->req.recv;
+    node_memory_.scratch[g] = scratch_.data() + li * per_rank;
+  }
+  node_dtype_ = r0.dtype;
+  node_red_op_ = r0.red_op;
+  node_run_seq_ = base_seq_;
+  return true;
 }
 
 void Communicator::OnOpDeadline(uint64_t seq) {
@@ -209,6 +339,11 @@ absl::StatusOr<uint64_t> Communicator::SubmitPointToPointLocked(
   const bool is_send = request->req.op == OpKind::kSend;
   const int rank = request->rank;
   const int peer = request->req.root;
+  if (LocalIndex(peer) < 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        scheduler::OpName(request->req.op), " between rank ", rank, " and rank ", peer,
+        " on another node is not supported yet; use a collective or ranks of one node"));
+  }
   const std::pair<int, int> key = is_send ? std::make_pair(rank, peer) : std::make_pair(peer, rank);
   Channel& ch = channels_[key];
   auto& queue = is_send ? ch.sends : ch.recvs;
@@ -316,30 +451,38 @@ void Communicator::Leave(int rank, const absl::Status& why) {
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
-    if (rank < 0 || rank >= nranks_ || members_[rank].left) return;
-    members_[rank].left = true;
-    bool others = false;
-    for (int r = 0; r < nranks_; ++r)
-      others |= r != rank && members_[r].joined && !members_[r].left;
+    const int li = LocalIndex(rank);
+    if (li < 0 || members_[li].left) return;
+    members_[li].left = true;
+    bool others = multi_node_;  // ranks on other daemons are always still there to be told
+    for (size_t r = 0; r < members_.size(); ++r) {
+      others |= static_cast<int>(r) != li && members_[r].joined && !members_[r].left;
+    }
     if (others || state_ == State::kJoining) AbortLocked(why, &out);
   }
   Deliver(out);
 }
 
-void Communicator::Abort(const absl::Status& status) {
+void Communicator::Abort(const absl::Status& status, bool notify, bool transfers_now) {
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
-    AbortLocked(status, &out);
+    AbortLocked(status, &out, transfers_now);
+    if (!notify) out.notify_peers = false;  // they told us
   }
   Deliver(out);
 }
 
-void Communicator::AbortLocked(const absl::Status& status, Outcomes* out) {
+void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now) {
   if (state_ == State::kFailed) return;
   const bool was_joining = state_ == State::kJoining;
   state_ = State::kFailed;
   error_ = status;
+  if (multi_node_) {
+    out->abort_transfers = status;
+    out->abort_transfers_now = transfers_now;
+    out->notify_peers = true;
+  }
   const size_t failed_before = out->completions.size() + out->joins.size();
   if (was_joining) {
     env_.timer->Cancel(join_timer_);
@@ -391,8 +534,47 @@ void Communicator::Deliver(Outcomes& out) {
     if (done) done(out.join_status);
   }
   out.joins.clear();
+  if (!out.abort_transfers.ok()) {
+    // The running operation's transfers fail now when a peer is dead; otherwise (a rank left, a
+    // peer told us) it gets a grace period, since it usually completes (every daemon already
+    // runs it), and only a stuck one is failed. Unless they told us, the daemons learn why.
+    if (out.abort_transfers_now) {
+      AbortTransfers(out.abort_transfers);
+    } else {
+      std::weak_ptr<Communicator> weak = weak_from_this();
+      env_.timer->Schedule(absl::Now() + kTransferGrace, [weak, s = out.abort_transfers] {
+        if (auto self = weak.lock()) self->AbortTransfers(s);
+      });
+    }
+    if (out.notify_peers && net_.notify_peers) net_.notify_peers(out.abort_transfers);
+  }
+  if (out.start_node_run) {
+    scheduler::NodeRun::Params p;
+    p.schedule = node_schedule_.get();
+    p.memory = &node_memory_;
+    p.endpoints = &net_.endpoints;
+    p.dtype = node_dtype_;
+    p.red_op = node_red_op_;
+    p.nranks = static_cast<uint32_t>(nranks_);
+    p.comm_hash = comm_hash_;
+    p.seq = node_run_seq_;
+    p.pool = env_.executor;
+    node_run_.Start(p, [this](absl::Status s) { OnCollectiveDone(s); });
+  }
   if (out.collective != nullptr) env_.executor->Run(out.collective);
   for (P2PRun* run : out.p2p) env_.executor->Run(&run->exec);
+}
+
+void Communicator::AbortTransfers(const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!collective_running_) return;
+  }
+  for (auto& rails : net_.endpoints) {
+    for (auto& ep : rails) {
+      if (ep != nullptr) ep->Abort(status);
+    }
+  }
 }
 
 bool Communicator::failed() const {
@@ -414,6 +596,7 @@ CommStats Communicator::Stats() const {
   s.comm_id = comm_id_;
   s.job = job_;
   s.nranks = nranks_;
+  s.nnodes = net_.layout.nnodes;
   s.joined = joined_;
   s.state = state_ == State::kJoining ? "joining" : state_ == State::kReady ? "ready" : "failed";
   s.error = std::string(error_.message());

@@ -19,7 +19,9 @@
 #include "daemon/deadline_timer.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/merge.h"
+#include "daemon/scheduler/node_executor.h"
 #include "daemon/scheduler/op.h"
+#include "daemon/scheduler/schedule.h"
 #include "daemon/shm_segment.h"
 
 namespace railyard {
@@ -33,6 +35,20 @@ struct CommEnv {
   size_t chunk_bytes = 256 * 1024;
   absl::Duration op_timeout = absl::Seconds(300);
   absl::Duration init_timeout = absl::Seconds(120);
+  // Algorithm for requests that force none (--algo); empty: scheduler::DefaultAlgorithm.
+  std::string default_algo;
+};
+
+// What a communicator spanning several daemons needs beyond CommEnv.
+struct MultiNodeEnv {
+  scheduler::CommLayout layout;
+  int my_node = 0;
+  std::vector<std::string> node_names;      // by node index, for messages
+  std::vector<std::string> node_addresses;  // by node index: Peer service host:port
+  // endpoints[node][rail] to the other daemons (null for this node).
+  scheduler::EndpointTable endpoints;
+  // Tells the other daemons that this communicator failed here (Peer.AbortComm).
+  std::function<void(const absl::Status&)> notify_peers;
 };
 
 // One rank's accepted submission, alive until its completion is posted.
@@ -52,6 +68,7 @@ struct CommStats {
   std::string comm_id;
   std::string job;
   int nranks = 0;
+  int nnodes = 1;
   int joined = 0;
   std::string state;
   std::string error;
@@ -64,7 +81,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   using JoinDone = std::function<void(const absl::Status&)>;
 
+  // A communicator whose ranks all live on this daemon.
   Communicator(std::string comm_id, std::string job, int nranks, CommEnv env);
+  // A communicator spanning several daemons; this daemon holds the ranks of node net.my_node.
+  Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net);
   ~Communicator();
 
   const std::string& comm_id() const { return comm_id_; }
@@ -88,11 +108,20 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void Leave(int rank, const absl::Status& why);
 
   // Fails every pending operation with status and every later one with ABORTED. Idempotent:
-  // the first reason sticks.
-  void Abort(const absl::Status& status);
+  // the first reason sticks. notify: also tell the other daemons (false when they told us).
+  // transfers_now: also fail the running operation's transfers at once (a peer is dead); else
+  // the running operation gets a grace period to finish before they are failed.
+  void Abort(const absl::Status& status, bool notify = true, bool transfers_now = true);
 
   bool failed() const;
   bool all_left() const;
+  bool multi_node() const { return multi_node_; }
+  // Peer service addresses of the other daemons (empty for a single-node communicator).
+  std::vector<std::string> PeerAddresses() const;
+  // Name of the node whose Peer service is at address (for messages).
+  std::string NodeNameOf(const std::string& address) const;
+  // True when rank lives on this daemon and has joined.
+  bool HasJoined(int rank) const;
   CommStats Stats() const;
 
  private:
@@ -142,7 +171,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::vector<JoinDone> joins;
     absl::Status join_status;
     scheduler::Execution* collective = nullptr;  // to start on the executor
+    bool start_node_run = false;                 // start node_run_ (multi-node collective)
     std::vector<P2PRun*> p2p;                    // to start on the executor
+    absl::Status abort_transfers;                // non-OK: fail transfers to other daemons,
+    bool abort_transfers_now = false;            // now, or after a grace period
+    bool notify_peers = false;                   // and tell those daemons why
   };
 
   absl::StatusOr<uint64_t> SubmitCollectiveLocked(std::unique_ptr<PendingRequest> request,
@@ -156,20 +189,32 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Same for the next matched send/recv pair of a channel.
   void NextPointToPointLocked(std::pair<int, int> key, Outcomes* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnCollectiveDone();
+  void OnCollectiveDone(const absl::Status& status);
+  // Local index of a global rank of this node, or -1.
+  int LocalIndex(int rank) const;
+  // Builds the NodeSchedule of the front slot; false (with the op failed in out) when the
+  // algorithm cannot run it.
+  bool PrepareNodeRunLocked(Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnPointToPointDone(P2PRun* run);
   void OnOpDeadline(uint64_t seq);
   void OnP2PDeadline(std::pair<int, int> key, bool send_side);
   void OnJoinDeadline();
-  void AbortLocked(const absl::Status& status, Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the transfers of the running multi-node operation (if one still runs).
+  void AbortTransfers(const absl::Status& status);
   absl::Duration TimeoutOf(const PendingRequest& r) const;
   // Posts completions, runs join callbacks and starts prepared executions. Without the lock.
   void Deliver(Outcomes& out);
 
   const std::string comm_id_;
   const std::string job_;
-  const int nranks_;
+  const int nranks_;  // global
   const CommEnv env_;
+  const bool multi_node_;
+  MultiNodeEnv net_;              // layout of a multi-node comm; trivial one-node layout otherwise
+  std::vector<int> local_ranks_;  // global rank of each local index
+  const uint64_t comm_hash_;
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
@@ -185,6 +230,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool collective_running_ ABSL_GUARDED_BY(mu_) = false;
   scheduler::Execution collective_exec_;  // owned by the running collective while it runs
   std::shared_ptr<Communicator> running_self_ ABSL_GUARDED_BY(mu_);
+  // Multi-node collectives: the front slot's schedule, memory and run (reused). Schedules are
+  // cached by shape: generating one costs O(ranks x chunks), far more than a training step's
+  // repeated collectives can afford.
+  std::shared_ptr<const scheduler::NodeSchedule> node_schedule_;
+  std::map<std::string, std::shared_ptr<const scheduler::NodeSchedule>> schedule_cache_;
+  scheduler::RankMemory node_memory_;
+  std::vector<std::byte> scratch_;  // per-rank scratch, grown when a schedule needs more
+  scheduler::NodeRun node_run_;
+  uint64_t node_run_seq_ = 0;
+  kernels::DataType node_dtype_ = kernels::DataType::kFloat32;
+  kernels::RedOp node_red_op_ = kernels::RedOp::kSum;
 
   std::map<std::pair<int, int>, Channel> channels_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<P2PRun>> p2p_runs_ ABSL_GUARDED_BY(mu_);  // all ever made

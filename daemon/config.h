@@ -13,8 +13,16 @@ struct DaemonConfig {
   std::string socket = "/run/railyard/railyard.sock";
   // This node's name in comm ids, logs and status. Empty: the host name.
   std::string node_name;
-  // host:port of the daemon<->daemon service; named as coordinator in comm ids when set.
+  // host:port of the daemon<->daemon service; named as coordinator in comm ids when set. Port 0
+  // picks a free port (reported in logs and status).
   std::string peer_listen;
+  // JSON file describing this node's rails (docs/topology.md); empty: one rail, UCX's choice.
+  std::string topology_file;
+  // Algorithm for requests that force none; empty: the scheduler's size/nodes rule.
+  std::string algo;
+  // A peer daemon that has not answered heartbeats for this long fails its communicators.
+  absl::Duration peer_timeout = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
   // File of "job_id token" lines. When set, only these jobs may connect, with these tokens;
   // when empty, the first session of a job sets its token.
   std::string job_tokens_file;

@@ -120,15 +120,59 @@ absl::Status DaemonCore::ReleaseBuffer(Session& session, uint64_t buffer_id) {
 
 std::string DaemonCore::NewCommId() { return FormatCommId({RandomHex128(), coordinator_}); }
 
+void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
+                                 std::unique_ptr<transport::Transport> transport,
+                                 std::string peer_address) {
+  topology_ = std::move(topology);
+  transport_ = std::move(transport);
+  peer_address_ = std::move(peer_address);
+  coordinator_ = peer_address_;
+  absl::MutexLock lock(&mu_);
+  heartbeat_timer_ =
+      timer_.Schedule(absl::Now() + config_.heartbeat_interval, [this] { HeartbeatTick(); });
+}
+
+v1::NodeInfo DaemonCore::MyNodeInfo() {
+  v1::NodeInfo info;
+  info.set_node_name(config_.node_name);
+  info.set_peer_address(peer_address_);
+  if (transport_ != nullptr) {
+    for (int r = 0; r < transport_->num_rails(); ++r) {
+      absl::StatusOr<std::string> addr = transport_->LocalAddress(r);
+      info.add_rail_addresses(addr.ok() ? *addr : std::string());
+    }
+  }
+  return info;
+}
+
+absl::Status DaemonCore::CoordinateJoin(const v1::JoinCommRequest& req, CommBootstrap::Done done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
+  }
+  const absl::Duration timeout =
+      req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : config_.init_timeout;
+  return bootstrap_.Join(req, timeout, std::move(done));
+}
+
+void DaemonCore::AbortFromPeer(const v1::AbortCommRequest& req) {
+  std::shared_ptr<Communicator> comm;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = comms_.find({req.job_id(), req.comm_id()});
+    if (it == comms_.end()) return;
+    comm = it->second;
+  }
+  const auto code = static_cast<absl::StatusCode>(req.code());
+  comm->Abort(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kAborted : code,
+                           req.message()),
+              /*notify=*/false, /*transfers_now=*/false);
+}
+
 absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
                                   const v1::InitCommRequest& req, InitDone done) {
   absl::StatusOr<CommId> id = ParseCommId(req.comm_id());
   if (!id.ok()) return id.status();
-  if (id->coordinator != coordinator_) {
-    return absl::UnimplementedError(absl::StrCat(
-        "comm id names coordinator ", id->coordinator, " but this daemon is ", coordinator_,
-        ": communicators spanning several daemons need the multi-node peer service"));
-  }
   if (req.nranks() < 1 || req.nranks() > kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("nranks ", req.nranks(), " not in [1, ", kMaxRanks, "]"));
@@ -137,10 +181,71 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", req.rank(), " not in [0, ", req.nranks(), ")"));
   }
-  std::shared_ptr<Communicator> comm;
+  const bool local_coordinator = id->coordinator == coordinator_;
+  if (!local_coordinator && peer_address_.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "comm id names coordinator ", id->coordinator, " but this daemon is ", coordinator_,
+        " and has no --peer_listen: communicators spanning daemons need the peer service"));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
+    auto it = comms_.find({session->job(), req.comm_id()});
+    if (it != comms_.end() && !it->second->failed() && it->second->HasJoined(req.rank())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
+    }
+  }
+  const uint64_t handle = next_comm_handle_.fetch_add(1);
+  v1::JoinCommRequest join;
+  join.set_job_id(session->job());
+  join.set_comm_id(req.comm_id());
+  join.set_rank(req.rank());
+  join.set_nranks(req.nranks());
+  join.set_timeout_ms(req.timeout_ms());
+  *join.mutable_node() = MyNodeInfo();
+  std::weak_ptr<Session> weak_session = session;
+  auto on_layout = [this, weak_session, req, handle,
+                    done](const absl::StatusOr<v1::JoinCommResponse>& layout) {
+    OnLayout(weak_session, req, handle, layout, done);
+  };
+  if (local_coordinator) return CoordinateJoin(join, std::move(on_layout));
+  const absl::Duration timeout =
+      req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : config_.init_timeout;
+  peers_.JoinComm(id->coordinator, join, timeout + absl::Seconds(5), std::move(on_layout));
+  return absl::OkStatus();
+}
+
+void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
+                          const v1::InitCommRequest& req, uint64_t handle,
+                          const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done) {
+  std::shared_ptr<Session> session = weak_session.lock();
+  if (session == nullptr) {
+    done(absl::CancelledError("the session ended while joining"), handle);
+    return;
+  }
+  if (!layout.ok()) {
+    done(layout.status(), handle);
+    return;
+  }
+  int my_node = -1;
+  for (int n = 0; n < layout->nodes_size(); ++n) {
+    const v1::NodeInfo& node = layout->nodes(n);
+    const bool me = peer_address_.empty() ? node.node_name() == config_.node_name
+                                          : node.peer_address() == peer_address_;
+    if (me) my_node = n;
+  }
+  if (my_node < 0) {
+    done(absl::InternalError("the coordinator's layout does not include this daemon"), handle);
+    return;
+  }
+  std::shared_ptr<Communicator> comm;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      done(absl::UnavailableError("railyardd is shutting down"), handle);
+      return;
+    }
     auto key = std::make_pair(session->job(), req.comm_id());
     auto it = comms_.find(key);
     if (it != comms_.end() && it->second->failed()) {
@@ -148,40 +253,159 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
       comms_.erase(it);
       it = comms_.end();
     }
-    if (it == comms_.end()) {
-      CommEnv env{&executor_, &timer_, config_.chunk_bytes, config_.op_timeout,
-                  config_.init_timeout};
-      comm = std::make_shared<Communicator>(req.comm_id(), session->job(), req.nranks(), env);
-      comms_.emplace(key, comm);
-    } else {
+    if (it != comms_.end() && it->second->nranks() != req.nranks()) {
+      done(absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
+                                                   it->second->nranks(), " ranks, rank ",
+                                                   req.rank(), " asked for ", req.nranks())),
+           handle);
+      return;
+    }
+    if (it != comms_.end()) {
       comm = it->second;
-      if (comm->nranks() != req.nranks()) {
-        return absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
-                                                       comm->nranks(), " ranks, rank ", req.rank(),
-                                                       " asked for ", req.nranks()));
+    } else {
+      CommEnv env{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
+                  config_.init_timeout, config_.algo};
+      if (layout->nodes_size() == 1) {
+        comm = std::make_shared<Communicator>(req.comm_id(), session->job(), req.nranks(), env);
+      } else {
+        absl::StatusOr<std::shared_ptr<Communicator>> made =
+            MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node);
+        if (!made.ok()) {
+          done(made.status(), handle);
+          return;
+        }
+        comm = *made;
       }
+      comms_.emplace(key, comm);
     }
   }
-  const uint64_t handle = next_comm_handle_.fetch_add(1);
-  if (absl::Status s = session->AddMembership(handle, {comm, req.rank()}); !s.ok()) return s;
-  const absl::Duration timeout =
-      req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : config_.init_timeout;
-  std::weak_ptr<Session> weak_session = session;
-  absl::Status s =
-      comm->Join(req.rank(), timeout, [done, handle, weak_session](const absl::Status& status) {
-        if (!status.ok()) {
-          if (auto sess = weak_session.lock()) sess->RemoveMembership(handle);
-        }
-        done(status, handle);
-      });
+  if (absl::Status s = session->AddMembership(handle, {comm, req.rank()}); !s.ok()) {
+    done(s, handle);
+    return;
+  }
+  absl::Status s = comm->Join(req.rank(), config_.init_timeout,
+                              [done, handle, weak_session](const absl::Status& status) {
+                                if (!status.ok()) {
+                                  if (auto sess = weak_session.lock()) {
+                                    sess->RemoveMembership(handle);
+                                  }
+                                }
+                                done(status, handle);
+                              });
   if (!s.ok()) {
     session->RemoveMembership(handle);
     RetireCommIfEmpty(comm);
-    return s;
+    done(s, handle);
+    return;
   }
   Log(LogLevel::kDebug, "comm", "rank joined",
-      {F("comm", req.comm_id()), F("rank", req.rank()), F("nranks", req.nranks())});
-  return absl::OkStatus();
+      {F("comm", req.comm_id()), F("rank", req.rank()), F("nranks", req.nranks()),
+       F("nodes", layout->nodes_size())});
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
+    const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
+    int my_node) {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError("this daemon has no transport (--peer_listen unset)");
+  }
+  MultiNodeEnv net;
+  const int rails = std::max(1, std::min(layout.rails(), transport_->num_rails()));
+  net.layout = scheduler::CommLayout::FromNodeOfRank(
+      std::vector<int>(layout.node_of_rank().begin(), layout.node_of_rank().end()), rails);
+  const scheduler::CommLayout& l = net.layout;
+  net.my_node = my_node;
+  net.endpoints.assign(l.nnodes, {});
+  for (int n = 0; n < l.nnodes; ++n) {
+    const v1::NodeInfo& node = layout.nodes(n);
+    net.node_names.push_back(node.node_name());
+    net.node_addresses.push_back(node.peer_address());
+    if (n == my_node) continue;
+    net.endpoints[n].resize(l.rails);
+    for (int r = 0; r < l.rails; ++r) {
+      if (r >= node.rail_addresses_size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("node ", node.node_name(), " has no address for rail ", r));
+      }
+      absl::StatusOr<std::shared_ptr<transport::Endpoint>> ep =
+          transport_->Connect(node.rail_addresses(r), r);
+      if (!ep.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot connect to node ", node.node_name(),
+                                                   " on rail ", r, ": ", ep.status().message()));
+      }
+      net.endpoints[n][r] = *std::move(ep);
+    }
+  }
+  const std::vector<std::string> peers = [&] {
+    std::vector<std::string> v;
+    for (int n = 0; n < l.nnodes; ++n) {
+      if (n != my_node) v.push_back(layout.nodes(n).peer_address());
+    }
+    return v;
+  }();
+  const std::string me = config_.node_name;
+  net.notify_peers = [this, peers, job, comm_id, me](const absl::Status& status) {
+    v1::AbortCommRequest abort;
+    abort.set_job_id(job);
+    abort.set_comm_id(comm_id);
+    abort.set_code(static_cast<int32_t>(status.code()));
+    abort.set_message(std::string(status.message()));
+    abort.set_from_node(me);
+    for (const auto& addr : peers) peers_.AbortComm(addr, abort);
+  };
+  CommEnv env{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
+              config_.init_timeout, config_.algo};
+  return std::make_shared<Communicator>(comm_id, job, env, std::move(net));
+}
+
+void DaemonCore::HeartbeatTick() {
+  std::map<std::string, std::vector<std::shared_ptr<Communicator>>> by_peer;
+  std::vector<std::pair<std::string, std::string>> dead;  // (address, last error)
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    const absl::Time now = absl::Now();
+    for (const auto& [key, comm] : comms_) {
+      if (!comm->multi_node() || comm->failed()) continue;
+      for (const auto& addr : comm->PeerAddresses()) {
+        by_peer[addr].push_back(comm);
+        peer_last_seen_.try_emplace(addr, now);  // a new peer gets a full timeout
+      }
+    }
+    for (auto it = peer_last_seen_.begin(); it != peer_last_seen_.end();) {
+      if (by_peer.count(it->first) == 0) {  // no live communicator needs this peer any more
+        peer_last_error_.erase(it->first);
+        it = peer_last_seen_.erase(it);
+        continue;
+      }
+      if (now - it->second > config_.peer_timeout) {
+        dead.emplace_back(it->first, peer_last_error_[it->first]);
+      }
+      ++it;
+    }
+    heartbeat_timer_ =
+        timer_.Schedule(now + config_.heartbeat_interval, [this] { HeartbeatTick(); });
+  }
+  for (const auto& [addr, error] : dead) {
+    for (const auto& comm : by_peer[addr]) {
+      comm->Abort(absl::UnavailableError(absl::StrCat(
+          "node ", comm->NodeNameOf(addr), " (", addr, ") of communicator ", comm->comm_id(),
+          " has not answered for ", absl::FormatDuration(config_.peer_timeout),
+          error.empty() ? "" : ": ", error)));
+    }
+  }
+  for (const auto& [addr, comms] : by_peer) {
+    peers_.Heartbeat(addr, config_.node_name, config_.heartbeat_interval,
+                     [this, addr = addr](const absl::Status& s) {
+                       absl::MutexLock lock(&mu_);
+                       if (s.ok()) {
+                         peer_last_seen_[addr] = absl::Now();
+                         peer_last_error_.erase(addr);
+                       } else {
+                         peer_last_error_[addr] = std::string(s.message());
+                       }
+                     });
+  }
 }
 
 absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& session,
@@ -223,6 +447,11 @@ v1::StatusResponse DaemonCore::Status() {
   out.set_socket(config_.socket);
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_at_));
   out.set_worker_threads(static_cast<uint32_t>(executor_.threads()));
+  out.set_peer_address(peer_address_);
+  for (const auto& rail : topology_.rails()) {
+    out.add_rails(rail.device().empty() ? rail.name()
+                                        : absl::StrCat(rail.name(), "@", rail.device()));
+  }
   std::vector<std::shared_ptr<Session>> sessions;
   std::vector<std::shared_ptr<Communicator>> comms;
   uint64_t ops_completed = 0;
@@ -266,6 +495,7 @@ v1::StatusResponse DaemonCore::Status() {
     cs->set_ops_completed(st.ops_completed);
     cs->set_ops_failed(st.ops_failed);
     cs->set_bytes_reduced(st.bytes_moved);
+    cs->set_nnodes(st.nnodes);
     ops_completed += st.ops_completed;
     ops_failed += st.ops_failed;
     v1::JobStatus& j = jobs[st.job];
@@ -287,6 +517,7 @@ void DaemonCore::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
+    timer_.Cancel(heartbeat_timer_);
     sessions = sessions_;
     comms = comms_;
   }
@@ -297,6 +528,7 @@ void DaemonCore::Shutdown() {
     CloseSession(s, "railyardd is shutting down",
                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "railyardd is shutting down"));
   }
+  if (transport_ != nullptr) transport_->Shutdown();
 }
 
 }  // namespace railyard

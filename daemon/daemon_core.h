@@ -16,13 +16,18 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/bootstrap.h"
 #include "daemon/communicator.h"
 #include "daemon/config.h"
 #include "daemon/deadline_timer.h"
+#include "daemon/peer_client.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/session.h"
+#include "daemon/transport/transport.h"
 #include "railyard/v1/admin.pb.h"
 #include "railyard/v1/local.pb.h"
+#include "railyard/v1/peer.pb.h"
+#include "railyard/v1/topology.pb.h"
 
 namespace railyard {
 
@@ -33,6 +38,18 @@ class DaemonCore {
   ~DaemonCore();
 
   const DaemonConfig& config() const { return config_; }
+
+  // Multi-node set-up, before serving: the rails of this node, the transport over them and the
+  // address other daemons reach this one's Peer service at (empty: single-node only).
+  void EnableMultiNode(v1::NodeTopology topology, std::unique_ptr<transport::Transport> transport,
+                       std::string peer_address);
+  // This daemon as other daemons see it.
+  v1::NodeInfo MyNodeInfo();
+
+  // Coordinator side of communicator bootstrap (Peer.JoinComm, or a local rank's InitComm).
+  absl::Status CoordinateJoin(const v1::JoinCommRequest& req, CommBootstrap::Done done);
+  // Another daemon reports that a communicator failed there.
+  void AbortFromPeer(const v1::AbortCommRequest& req);
   // Name written into comm ids as coordinator.
   const std::string& coordinator() const { return coordinator_; }
 
@@ -68,6 +85,13 @@ class DaemonCore {
 
  private:
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
+  // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
+  void OnLayout(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
+                uint64_t handle, const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done);
+  absl::StatusOr<std::shared_ptr<Communicator>> MakeMultiNodeComm(
+      const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
+      int my_node);
+  void HeartbeatTick();
 
   const DaemonConfig config_;
   const std::map<std::string, std::string> fixed_tokens_;
@@ -75,6 +99,11 @@ class DaemonCore {
   std::string coordinator_;
   DeadlineTimer timer_;
   scheduler::Executor executor_;
+  CommBootstrap bootstrap_{&timer_};
+  PeerClients peers_;
+  v1::NodeTopology topology_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string peer_address_;
   std::atomic<uint64_t> next_buffer_id_{1};
   std::atomic<uint64_t> next_comm_handle_{1};
 
@@ -92,6 +121,10 @@ class DaemonCore {
       ABSL_GUARDED_BY(mu_);
   uint64_t retired_ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t retired_ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Last time each peer daemon (by address) answered a heartbeat.
+  std::map<std::string, absl::Time> peer_last_seen_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> peer_last_error_ ABSL_GUARDED_BY(mu_);
+  DeadlineTimer::Id heartbeat_timer_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace railyard

@@ -15,6 +15,12 @@ ABSL_FLAG(std::string, node_name, "",
           "This node's name in comm ids, logs and status (default: host name)");
 ABSL_FLAG(std::string, peer_listen, "",
           "host:port of the daemon-to-daemon service; named as coordinator in comm ids when set");
+ABSL_FLAG(std::string, topology, "",
+          "JSON file describing this node's rails (docs/topology.md); default: one rail");
+ABSL_FLAG(std::string, algo, "",
+          "Default algorithm when a request forces none: ring, tree, rhd, hier, direct");
+ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
+          "A peer daemon silent this long fails the communicators it shares with this one");
 ABSL_FLAG(std::string, job_tokens, "",
           "File of 'job_id token' lines; when set, only these jobs may connect, with these tokens");
 ABSL_FLAG(int, worker_threads, 0, "Threads executing collectives (0: one per CPU)");
@@ -32,7 +38,8 @@ namespace railyard {
 const std::vector<std::string>& DaemonFlagNames() {
   static const auto* names = new std::vector<std::string>{
       "socket",     "node_name",    "peer_listen", "job_tokens",     "worker_threads",
-      "op_timeout", "init_timeout", "chunk_bytes", "shutdown_grace", "log_level"};
+      "op_timeout", "init_timeout", "chunk_bytes", "shutdown_grace", "log_level",
+      "topology",   "algo",         "peer_timeout"};
   return *names;
 }
 
@@ -66,6 +73,16 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   }
   c.peer_listen = absl::GetFlag(FLAGS_peer_listen);
   c.job_tokens_file = absl::GetFlag(FLAGS_job_tokens);
+  c.topology_file = absl::GetFlag(FLAGS_topology);
+  c.algo = absl::GetFlag(FLAGS_algo);
+  if (!c.algo.empty() && c.algo != "ring" && c.algo != "tree" && c.algo != "rhd" &&
+      c.algo != "hier" && c.algo != "direct") {
+    return absl::InvalidArgumentError("--algo must be ring, tree, rhd, hier or direct");
+  }
+  c.peer_timeout = absl::GetFlag(FLAGS_peer_timeout);
+  if (c.peer_timeout <= absl::ZeroDuration() || c.peer_timeout > absl::Minutes(10)) {
+    return absl::InvalidArgumentError("--peer_timeout must be in (0, 10m]");
+  }
   c.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   if (c.worker_threads < 0 || c.worker_threads > 1024) {
     return absl::InvalidArgumentError("--worker_threads must be in [0, 1024]");

@@ -13,6 +13,8 @@
 #include "absl/time/clock.h"
 #include "daemon/job_tokens.h"
 #include "daemon/log.h"
+#include "daemon/topology_file.h"
+#include "daemon/transport/ucx/ucx_transport.h"
 #include "daemon/version.h"
 #include "grpcpp/server_builder.h"
 
@@ -70,8 +72,18 @@ absl::Status Server::Start() {
     if (!loaded.ok()) return loaded.status();
     tokens = *std::move(loaded);
   }
+  v1::NodeTopology topology = DefaultNodeTopology();
+  if (!config_.topology_file.empty()) {
+    auto loaded = LoadNodeTopology(config_.topology_file);
+    if (!loaded.ok()) return loaded.status();
+    topology = *std::move(loaded);
+    if (!topology.node().empty()) config_.node_name = topology.node();
+  }
   if (absl::Status s = PrepareSocketPath(config_.socket); !s.ok()) return s;
   core_ = std::make_unique<DaemonCore>(config_, std::move(tokens));
+  if (!config_.peer_listen.empty()) {
+    if (absl::Status s = StartPeerService(topology); !s.ok()) return s;
+  }
   local_ = std::make_unique<LocalService>(core_.get());
   admin_ = std::make_unique<AdminService>(core_.get());
 
@@ -97,10 +109,52 @@ absl::Status Server::Start() {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
+  transport::UcxTransport::Options opts;
+  opts.node_name = config_.node_name;
+  for (const v1::Rail& rail : topology.rails()) {
+    transport::UcxTransport::Rail r;
+    r.device = rail.device();
+    if (!rail.transports().empty()) r.tls = rail.transports();
+    opts.rails.push_back(r);
+  }
+  absl::StatusOr<std::unique_ptr<transport::UcxTransport>> transport =
+      transport::UcxTransport::Create(opts);
+  if (!transport.ok()) return transport.status();
+
+  const std::string& listen = config_.peer_listen;
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer_listen '", listen, "' is not host:port"));
+  }
+  peer_ = std::make_unique<PeerService>(core_.get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(peer_.get());
+  peer_grpc_ = builder.BuildAndStart();
+  if (peer_grpc_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on --peer_listen ", listen));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = config_.node_name;
+  peer_address_ = absl::StrCat(host, ":", port);
+  core_->EnableMultiNode(topology, *std::move(transport), peer_address_);
+  Log(LogLevel::kInfo, "daemon", "peer service",
+      {F("peer_address", peer_address_), F("rails", topology.rails_size())});
+  return absl::OkStatus();
+}
+
 void Server::Shutdown() {
   if (core_ == nullptr) return;
   Log(LogLevel::kInfo, "daemon", "shutting down", {F("socket", config_.socket)});
   core_->Shutdown();
+  if (peer_grpc_ != nullptr) {
+    peer_grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    peer_grpc_->Wait();
+    peer_grpc_.reset();
+  }
   if (grpc_ != nullptr) {
     grpc_->Shutdown(absl::ToChronoTime(absl::Now() + config_.shutdown_grace));
     grpc_->Wait();
@@ -112,6 +166,7 @@ void Server::Shutdown() {
   }
   local_.reset();
   admin_.reset();
+  peer_.reset();
   core_.reset();
   Log(LogLevel::kInfo, "daemon", "stopped", {});
 }

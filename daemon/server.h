@@ -8,6 +8,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon_core.h"
 #include "daemon/local_service.h"
+#include "daemon/peer_service.h"
 #include "grpcpp/server.h"
 
 namespace railyard {
@@ -17,9 +18,12 @@ class Server {
   explicit Server(DaemonConfig config) : config_(std::move(config)) {}
   ~Server();
 
-  // Loads the job tokens file, prepares the socket path (creating its directory, refusing when
-  // another daemon answers on it, removing a stale file) and starts serving.
+  // Loads the job tokens and topology files, starts the peer service and the transport when
+  // --peer_listen is set, prepares the socket path (creating its directory, refusing when another
+  // daemon answers on it, removing a stale file) and starts serving.
   absl::Status Start();
+  // host:port the peer service is reachable at ("" without --peer_listen).
+  const std::string& peer_address() const { return peer_address_; }
   // Fails in-flight collectives with CANCELLED, finishes sessions, stops the gRPC server (RPCs
   // still running after the grace period are cancelled) and removes the socket file. Idempotent.
   void Shutdown();
@@ -29,8 +33,13 @@ class Server {
   std::unique_ptr<DaemonCore> core_;
   std::unique_ptr<LocalService> local_;
   std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<PeerService> peer_;
   std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<grpc::Server> peer_grpc_;  // TCP, daemon<->daemon only
   bool socket_created_ = false;
+  std::string peer_address_;
+
+  absl::Status StartPeerService(const v1::NodeTopology& topology);
 };
 
 }  // namespace railyard

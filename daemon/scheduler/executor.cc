@@ -34,24 +34,41 @@ void Executor::Run(Execution* exec) {
   }
 }
 
+void Executor::Post(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back(std::move(fn));
+}
+
 void Executor::WorkerLoop() {
   for (;;) {
     Execution* exec = nullptr;
     size_t step = 0;
+    std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return head_ != nullptr || stopping_;
+        return head_ != nullptr || !tasks_.empty() || stopping_;
       };
       mu_.Await(absl::Condition(&has_work));
-      if (head_ == nullptr) return;  // stopping and drained
-      exec = head_;
-      step = exec->next_step++;
-      if (exec->next_step == exec->plan.steps.size()) {
-        // Last step handed out: the next worker starts on the next operation.
-        head_ = exec->next_in_queue;
-        if (head_ == nullptr) tail_ = nullptr;
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      } else if (head_ == nullptr) {
+        return;  // stopping and drained
       }
+      if (!task) {
+        exec = head_;
+        step = exec->next_step++;
+        if (exec->next_step == exec->plan.steps.size()) {
+          // Last step handed out: the next worker starts on the next operation.
+          head_ = exec->next_in_queue;
+          if (head_ == nullptr) tail_ = nullptr;
+        }
+      }
+    }
+    if (task) {
+      task();
+      continue;
     }
     RunStep(exec->plan, step);
     if (exec->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) exec->on_done();

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -38,6 +39,9 @@ class Executor {
   // inline, on the calling thread. exec must stay alive and untouched until on_done runs.
   void Run(Execution* exec);
 
+  // Runs fn once on a worker (the multi-node executor's local steps).
+  void Post(std::function<void()> fn);
+
   int threads() const { return static_cast<int>(workers_.size()); }
 
  private:
@@ -46,6 +50,7 @@ class Executor {
   absl::Mutex mu_;
   Execution* head_ ABSL_GUARDED_BY(mu_) = nullptr;
   Execution* tail_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

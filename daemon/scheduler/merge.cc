@@ -4,7 +4,8 @@
 
 namespace railyard::scheduler {
 
-void OpMerge::Reset(int nranks) {
+void OpMerge::Reset(int nranks, const std::vector<int>* labels) {
+  labels_ = labels;
   nranks_ = nranks;
   arrived_ = 0;
   first_rank_ = -1;
@@ -17,10 +18,11 @@ absl::Status OpMerge::Add(int rank, const RankRequest* req) {
   }
   if (requests_[rank] != nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank, " already submitted this sequence number"));
+        absl::StrCat("rank ", Label(rank), " already submitted this sequence number"));
   }
   if (first_rank_ >= 0) {
-    if (auto s = CheckAgreement(*requests_[first_rank_], first_rank_, *req, rank); !s.ok()) {
+    if (auto s = CheckAgreement(*requests_[first_rank_], Label(first_rank_), *req, Label(rank));
+        !s.ok()) {
       return s;
     }
   } else {
@@ -34,7 +36,7 @@ absl::Status OpMerge::Add(int rank, const RankRequest* req) {
 std::vector<int> OpMerge::MissingRanks() const {
   std::vector<int> missing;
   for (int r = 0; r < nranks_; ++r) {
-    if (requests_[r] == nullptr) missing.push_back(r);
+    if (requests_[r] == nullptr) missing.push_back(Label(r));
   }
   return missing;
 }
@@ -75,9 +77,9 @@ absl::Status OpMerge::CheckComplete() const {
       const uint64_t sent = requests_[j]->send_counts[i];
       const uint64_t expected = requests_[i]->recv_counts[j];
       if (sent != expected) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("alltoallv counts disagree: rank ", j, " sends ", sent,
-                         " elements to rank ", i, ", which expects ", expected, " from rank ", j));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "alltoallv counts disagree: rank ", Label(j), " sends ", sent, " elements to rank ",
+            Label(i), ", which expects ", expected, " from rank ", Label(j)));
       }
     }
   }

@@ -15,8 +15,9 @@ class OpMerge {
  public:
   explicit OpMerge(int nranks = 0) { Reset(nranks); }
 
-  // Forgets everything; ready for a new sequence number of a comm of nranks ranks.
-  void Reset(int nranks);
+  // Forgets everything; ready for a new sequence number of nranks submitters. labels[i] is the
+  // rank number messages use for submitter i (the global rank of a local index); empty: i itself.
+  void Reset(int nranks, const std::vector<int>* labels = nullptr);
 
   // Adds rank's request. INVALID_ARGUMENT naming both ranks and the field when it disagrees with
   // an earlier rank's, FAILED_PRECONDITION when rank already submitted this sequence number.
@@ -26,7 +27,7 @@ class OpMerge {
   bool complete() const { return arrived_ == nranks_; }
   int arrived() const { return arrived_; }
   int nranks() const { return nranks_; }
-  // Ranks that have not submitted yet, ascending.
+  // Ranks (labels) that have not submitted yet, ascending.
   std::vector<int> MissingRanks() const;
   // The requests by rank; entries of missing ranks are null.
   const std::vector<const RankRequest*>& requests() const { return requests_; }
@@ -40,6 +41,8 @@ class OpMerge {
   int arrived_ = 0;
   int first_rank_ = -1;
   std::vector<const RankRequest*> requests_;
+  const std::vector<int>* labels_ = nullptr;
+  int Label(int i) const { return labels_ == nullptr ? i : (*labels_)[i]; }
 };
 
 // INVALID_ARGUMENT naming the first field where b (from rank_b) disagrees with a (rank_a).

@@ -33,8 +33,9 @@ struct Case {
   std::string Describe() const;
 };
 
-// The matrix for a communicator of nranks ranks.
-std::vector<Case> AllCases(int nranks);
+// The matrix for a communicator of nranks ranks. multinode: leave out the ops that cannot span
+// daemons yet (AllToAllv, Send/Recv).
+std::vector<Case> AllCases(int nranks, bool multinode = false);
 
 // Bytes the scratch buffer must have to run every case of AllCases(nranks).
 size_t ScratchBytes(int nranks);

@@ -1,0 +1,96 @@
+#include "daemon/bootstrap.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+namespace railyard {
+
+v1::JoinCommResponse CommBootstrap::Layout(const std::vector<v1::NodeInfo>& node_of_each_rank) {
+  v1::JoinCommResponse out;
+  // A daemon is identified by its peer address (unique on a fabric), or its name when it has none.
+  std::map<std::string, int> index;
+  int rails = 1 << 30;
+  for (size_t r = 0; r < node_of_each_rank.size(); ++r) {
+    const v1::NodeInfo& n = node_of_each_rank[r];
+    const std::string id = n.peer_address().empty() ? n.node_name() : n.peer_address();
+    auto [it, inserted] = index.emplace(id, out.nodes_size());
+    if (inserted) {
+      *out.add_nodes() = n;  // ranks are visited in order: nodes ordered by their lowest rank
+      rails = std::min(rails, std::max(1, n.rail_addresses_size()));
+    }
+    out.add_node_of_rank(it->second);
+  }
+  out.set_rails(out.nodes_size() == 0 ? 1 : rails);
+  return out;
+}
+
+absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration timeout,
+                                 Done done) {
+  if (req.nranks() < 1 || req.rank() < 0 || req.rank() >= req.nranks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", req.rank(), " not in [0, ", req.nranks(), ")"));
+  }
+  std::vector<Done> dones;
+  absl::StatusOr<v1::JoinCommResponse> result;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto key = std::make_pair(req.job_id(), req.comm_id());
+    auto [it, inserted] = pending_.try_emplace(key);
+    Pending& p = it->second;
+    if (inserted) {
+      p.nranks = req.nranks();
+      p.nodes.resize(req.nranks());
+      p.present.assign(req.nranks(), false);
+      p.dones.resize(req.nranks());
+      p.generation = next_generation_++;
+      const uint64_t gen = p.generation;
+      p.timer = timer_->Schedule(absl::Now() + timeout, [this, key, gen] { OnDeadline(key, gen); });
+    } else if (p.nranks != req.nranks()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "communicator ", req.comm_id(), " has ", p.nranks, " ranks, rank ", req.rank(), " (node ",
+          req.node().node_name(), ") asked for ", req.nranks()));
+    }
+    if (p.present[req.rank()]) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
+    }
+    p.present[req.rank()] = true;
+    p.nodes[req.rank()] = req.node();
+    p.dones[req.rank()] = std::move(done);
+    if (++p.joined < p.nranks) return absl::OkStatus();
+    timer_->Cancel(p.timer);
+    result = Layout(p.nodes);
+    dones = std::move(p.dones);
+    pending_.erase(it);
+  }
+  for (auto& d : dones) d(result);
+  return absl::OkStatus();
+}
+
+void CommBootstrap::OnDeadline(const std::pair<std::string, std::string>& key,
+                               uint64_t generation) {
+  std::vector<Done> dones;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(key);
+    if (it == pending_.end() || it->second.generation != generation) return;
+    std::vector<int> missing;
+    for (int r = 0; r < it->second.nranks; ++r) {
+      if (!it->second.present[r]) missing.push_back(r);
+    }
+    status = absl::DeadlineExceededError(absl::StrCat(
+        "communicator ", key.second, ": rank", missing.size() > 1 ? "s " : " ",
+        absl::StrJoin(missing, ", "), " of ", it->second.nranks, " did not join in time"));
+    for (auto& d : it->second.dones) {
+      if (d) dones.push_back(std::move(d));
+    }
+    pending_.erase(it);
+  }
+  for (auto& d : dones) d(status);
+}
+
+}  // namespace railyard

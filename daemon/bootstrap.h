@@ -1,0 +1,56 @@
+// Communicator bootstrap on the coordinator (the daemon named in the comm id): collects, for each
+// rank, the daemon (node) it lives on, then fixes the node order and the rail count and gives every
+// rank the same layout. Daemons join once per local rank, by RPC (Peer.JoinComm) or, on the
+// coordinator itself, by a direct call.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/deadline_timer.h"
+#include "railyard/v1/peer.pb.h"
+
+namespace railyard {
+
+class CommBootstrap {
+ public:
+  using Done = std::function<void(const absl::StatusOr<v1::JoinCommResponse>&)>;
+
+  explicit CommBootstrap(DeadlineTimer* timer) : timer_(timer) {}
+
+  // Adds a rank. done runs (from some thread) once every rank has joined, or with
+  // DEADLINE_EXCEEDED naming the missing ranks. Errors found at once are returned and done is not
+  // called: INVALID_ARGUMENT for a bad rank/nranks or nranks disagreement, ALREADY_EXISTS for a
+  // rank that joined twice.
+  absl::Status Join(const v1::JoinCommRequest& req, absl::Duration timeout, Done done);
+
+  // The layout for a complete set of joins (exposed for tests): node order by each node's lowest
+  // rank, rails = the minimum over nodes.
+  static v1::JoinCommResponse Layout(const std::vector<v1::NodeInfo>& node_of_each_rank);
+
+ private:
+  struct Pending {
+    int nranks = 0;
+    int joined = 0;
+    std::vector<v1::NodeInfo> nodes;  // by rank
+    std::vector<bool> present;
+    std::vector<Done> dones;
+    DeadlineTimer::Id timer = 0;
+    uint64_t generation = 0;
+  };
+  void OnDeadline(const std::pair<std::string, std::string>& key, uint64_t generation);
+
+  DeadlineTimer* timer_;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, std::string>, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace railyard

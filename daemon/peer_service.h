@@ -1,0 +1,28 @@
+// gRPC railyard.v1.Peer: what other daemons ask of this one (bootstrap, liveness, aborts).
+// Served on --peer_listen (TCP), never on the local Unix socket.
+#pragma once
+
+#include "daemon/daemon_core.h"
+#include "railyard/v1/peer.grpc.pb.h"
+
+namespace railyard {
+
+class PeerService final : public v1::Peer::CallbackService {
+ public:
+  explicit PeerService(DaemonCore* core) : core_(core) {}
+
+  grpc::ServerUnaryReactor* JoinComm(grpc::CallbackServerContext* ctx,
+                                     const v1::JoinCommRequest* req,
+                                     v1::JoinCommResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* AbortComm(grpc::CallbackServerContext* ctx,
+                                      const v1::AbortCommRequest* req,
+                                      v1::AbortCommResponse* resp) override;
+
+ private:
+  DaemonCore* core_;
+};
+
+}  // namespace railyard

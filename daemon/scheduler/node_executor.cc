@@ -1,0 +1,165 @@
+#include "daemon/scheduler/node_executor.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/kernels/reduce.h"
+
+namespace railyard::scheduler {
+
+transport::Tag MakeTag(uint64_t comm_hash, uint64_t seq, int sender_node, uint64_t step_tag) {
+  return ((comm_hash & 0xFFFF) << 48) | ((seq & 0xFFF) << 36) |
+         ((static_cast<uint64_t>(sender_node) & 0xFFF) << 24) | (step_tag & 0xFFFFFF);
+}
+
+std::byte* NodeRun::Resolve(const RankRef& ref) const {
+  const RankMemory& m = *p_.memory;
+  std::byte* base = nullptr;
+  switch (ref.space) {
+    case RankRef::Space::kSend:
+      base = m.send[ref.rank];
+      break;
+    case RankRef::Space::kRecv:
+      base = m.recv[ref.rank];
+      break;
+    case RankRef::Space::kScratch:
+      base = m.scratch[ref.rank];
+      break;
+  }
+  return base == nullptr ? nullptr : base + ref.offset;
+}
+
+void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done) {
+  p_ = params;
+  done_ = std::move(done);
+  const auto& steps = p_.schedule->steps;
+  const auto n = static_cast<uint32_t>(steps.size());
+  {
+    absl::MutexLock lock(&mu_);
+    error_ = absl::OkStatus();
+    failed_ = false;
+    done_called_ = n == 0;
+  }
+  if (n == 0) {
+    done_(absl::OkStatus());
+    return;
+  }
+  successors_.resize(n);
+  for (auto& s : successors_) s.clear();
+  pending_deps_ = std::make_unique<std::atomic<uint32_t>[]>(n);
+  std::vector<uint32_t> initial;
+  for (uint32_t i = 0; i < n; ++i) {
+    pending_deps_[i].store(static_cast<uint32_t>(steps[i].deps.size()));
+    for (uint32_t d : steps[i].deps) successors_[d].push_back(i);
+    if (steps[i].deps.empty()) initial.push_back(i);
+  }
+  remaining_.store(n);
+  in_flight_.store(0);
+  // Count every initial step as in flight before starting any, so that no early completion can
+  // see zero steps in flight and finish the run while others are still to start.
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_.fetch_add(static_cast<uint32_t>(initial.size()));
+  }
+  for (uint32_t i : initial) Ready(i);
+}
+
+// Starts step i; in_flight_ already counts it.
+void NodeRun::Ready(uint32_t i) {
+  const NodeStep& s = p_.schedule->steps[i];
+  switch (s.kind) {
+    case NodeStep::Kind::kCopy:
+    case NodeStep::Kind::kReduce:
+      p_.pool->Post([this, i] {
+        RunLocal(i);
+        Finished(i, absl::OkStatus());
+      });
+      return;
+    case NodeStep::Kind::kSend:
+    case NodeStep::Kind::kRecv: {
+      const EndpointTable& eps = *p_.endpoints;
+      transport::Endpoint* ep = nullptr;
+      if (s.peer >= 0 && static_cast<size_t>(s.peer) < eps.size() && s.rail >= 0 &&
+          static_cast<size_t>(s.rail) < eps[s.peer].size()) {
+        ep = eps[s.peer][s.rail].get();
+      }
+      if (ep == nullptr) {
+        Finished(
+            i, absl::InternalError(absl::StrCat("no endpoint to node ", s.peer, " rail ", s.rail)));
+        return;
+      }
+      if (s.kind == NodeStep::Kind::kSend) {
+        const transport::Tag tag = MakeTag(p_.comm_hash, p_.seq, p_.schedule->node, s.tag);
+        ep->Send(tag, Resolve(s.src), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
+      } else {
+        const transport::Tag tag = MakeTag(p_.comm_hash, p_.seq, s.peer, s.tag);
+        ep->Recv(tag, Resolve(s.dst), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
+      }
+      return;
+    }
+  }
+}
+
+void NodeRun::RunLocal(uint32_t i) {
+  const NodeStep& s = p_.schedule->steps[i];
+  std::byte* dst = Resolve(s.dst);
+  const std::byte* src = Resolve(s.src);
+  const size_t esize = kernels::ElementSize(p_.dtype);
+  const uint64_t count = s.bytes / esize;
+  const bool divide = s.finalize && p_.red_op == kernels::RedOp::kAvg;
+  if (s.kind == NodeStep::Kind::kCopy) {
+    if (divide) {
+      const void* srcs[1] = {src};
+      kernels::Reduce(p_.dtype, kernels::RedOp::kAvg, dst, srcs, 1, count, p_.nranks);
+    } else {
+      kernels::Copy(dst, src, s.bytes);
+    }
+    return;
+  }
+  // dst <- dst (op) src; avg accumulates sums until the finalizing step divides.
+  kernels::RedOp op = p_.red_op;
+  if (op == kernels::RedOp::kAvg && !divide) op = kernels::RedOp::kSum;
+  const void* srcs[2] = {dst, src};
+  kernels::Reduce(p_.dtype, op, dst, srcs, 2, count, p_.nranks);
+}
+
+void NodeRun::Finished(uint32_t i, const absl::Status& status) {
+  bool failed;
+  {
+    absl::MutexLock lock(&mu_);
+    failed = failed_;
+  }
+  if (status.ok() && !failed) {
+    for (uint32_t succ : successors_[i]) {
+      if (pending_deps_[succ].fetch_sub(1) == 1) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (failed_) continue;  // abandoned: the run is failing
+          in_flight_.fetch_add(1);
+        }
+        Ready(succ);
+      }
+    }
+  }
+  bool call = false;
+  absl::Status result;
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_.fetch_sub(1);
+    if (status.ok()) {
+      remaining_.fetch_sub(1);
+    } else if (!failed_) {
+      failed_ = true;
+      error_ = status;
+    }
+    if (!done_called_ &&
+        ((!failed_ && remaining_.load() == 0) || (failed_ && in_flight_.load() == 0))) {
+      done_called_ = true;
+      call = true;
+      result = error_;
+    }
+  }
+  // Transport callbacks run on a rail's progress thread, which must not block: hand the
+  // completion (which plans the next operation) to the pool. Last touch of this run.
+  if (call) p_.pool->Post([done = done_, result] { done(result); });
+}
+
+}  // namespace railyard::scheduler
