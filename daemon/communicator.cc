@@ -264,8 +264,31 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
                    static_cast<int>(r0.red_op), "|", r0.count, "|", r0.root);
   absl::Status failure;
   if (r0.op == OpKind::kAllToAllv) {
-    failure = absl::UnimplementedError(
-        "alltoallv across daemons is not supported yet (the count matrix is not exchanged)");
+    // Each daemon knows the rows (send counts) and columns (recv counts) of its own ranks: every
+    // block to or from them. That is all the direct algorithm needs to derive this node's steps
+    // and the same tags as its peers; blocks between two other nodes are left 0 here.
+    const int n = nranks_;
+    shape.a2av_counts.assign(static_cast<size_t>(n) * n, 0);
+    shape.a2av_send_displs.assign(static_cast<size_t>(n) * n, 0);
+    shape.a2av_recv_displs.assign(static_cast<size_t>(n) * n, 0);
+    for (size_t li = 0; li < local_ranks_.size(); ++li) {
+      const size_t g = static_cast<size_t>(local_ranks_[li]);
+      const scheduler::RankRequest& q = slot.requests[li]->req;
+      for (size_t j = 0; j < static_cast<size_t>(n); ++j) {
+        shape.a2av_counts[g * n + j] = q.send_counts[j];
+        shape.a2av_counts[j * n + g] = q.recv_counts[j];
+        shape.a2av_send_displs[g * n + j] = q.send_displs[j];
+        shape.a2av_recv_displs[g * n + j] = q.recv_displs[j];
+      }
+    }
+    absl::StatusOr<scheduler::RankSchedule> schedule =
+        scheduler::Generate(scheduler::kAlgoDirect, shape, net_.layout, env_.chunk_bytes);
+    if (schedule.ok()) {
+      node_schedule_ = std::make_shared<const scheduler::NodeSchedule>(
+          scheduler::Project(*schedule, net_.layout, shape, net_.my_node));
+    } else {
+      failure = schedule.status();
+    }
   } else if (auto it = schedule_cache_.find(key); it != schedule_cache_.end()) {
     node_schedule_ = it->second;
   } else {
@@ -339,11 +362,7 @@ absl::StatusOr<uint64_t> Communicator::SubmitPointToPointLocked(
   const bool is_send = request->req.op == OpKind::kSend;
   const int rank = request->rank;
   const int peer = request->req.root;
-  if (LocalIndex(peer) < 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        scheduler::OpName(request->req.op), " between rank ", rank, " and rank ", peer,
-        " on another node is not supported yet; use a collective or ranks of one node"));
-  }
+  if (LocalIndex(peer) < 0) return SubmitRemotePointToPointLocked(std::move(request), out);
   const std::pair<int, int> key = is_send ? std::make_pair(rank, peer) : std::make_pair(peer, rank);
   Channel& ch = channels_[key];
   auto& queue = is_send ? ch.sends : ch.recvs;
@@ -407,6 +426,89 @@ void Communicator::NextPointToPointLocked(std::pair<int, int> key, Outcomes* out
     out->p2p.push_back(run);
     return;
   }
+}
+
+absl::StatusOr<uint64_t> Communicator::SubmitRemotePointToPointLocked(
+    std::unique_ptr<PendingRequest> request, Outcomes* out) {
+  const bool is_send = request->req.op == OpKind::kSend;
+  const int rank = request->rank;
+  const int peer = request->req.root;
+  const int src = is_send ? rank : peer;
+  const int dst = is_send ? peer : rank;
+  const int peer_node = net_.layout.node_of_rank[peer];
+  // Rail alignment: both sides use the sender's rail.
+  const int rail = net_.layout.rail_of_rank(src);
+  std::shared_ptr<transport::Endpoint> ep = net_.endpoints[peer_node][rail];
+  if (ep == nullptr) {
+    return absl::InternalError(absl::StrCat("no endpoint to node ", peer_node, " rail ", rail));
+  }
+  Channel& ch = channels_[{src, dst}];
+  auto op = std::make_shared<RemoteP2P>();
+  op->seq = ch.matched++;  // each side numbers its own posts on the channel in FIFO order
+  op->peer = peer;
+  // A tag namespace of its own (one hash bit flipped): never matches a collective's chunks.
+  const transport::Tag tag =
+      scheduler::MakeTag(comm_hash_ ^ 0x8000, op->seq, net_.layout.node_of_rank[src],
+                         ((static_cast<uint64_t>(src) & 0xFFF) << 12) | (dst & 0xFFF));
+  const uint64_t bytes = request->req.count * kernels::ElementSize(request->req.dtype);
+  std::byte* data = is_send ? request->req.send : request->req.recv;
+  std::weak_ptr<Communicator> weak = weak_from_this();
+  op->timer = env_.timer->Schedule(request->deadline, [weak, op] {
+    if (auto self = weak.lock()) self->OnRemoteP2PDeadline(op);
+  });
+  op->request = std::move(request);
+  ++remote_p2p_in_flight_;
+  auto done = [weak, op](absl::Status st) {
+    if (auto self = weak.lock()) self->OnRemoteP2PDone(op, st);
+  };
+  out->transport_posts.push_back([ep, is_send, tag, data, bytes, done] {
+    if (is_send) {
+      ep->Send(tag, data, bytes, done);
+    } else {
+      ep->Recv(tag, data, bytes, done);
+    }
+  });
+  return op->seq;
+}
+
+void Communicator::OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op,
+                                   const absl::Status& status) {
+  Outcomes out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (op->done) return;
+    op->done = true;
+    --remote_p2p_in_flight_;
+    env_.timer->Cancel(op->timer);
+    absl::Status result = status;
+    if (!status.ok()) {
+      result =
+          absl::Status(status.code(), absl::StrCat(scheduler::OpName(op->request->req.op),
+                                                   " of rank ", op->request->rank, " with rank ",
+                                                   op->peer, ": ", status.message()));
+      ++ops_failed_;
+      AbortLocked(result, &out, /*transfers_now=*/true);
+    } else {
+      ++ops_completed_;
+    }
+    out.completions.push_back({std::move(op->request), result, op->seq});
+  }
+  Deliver(out);
+}
+
+void Communicator::OnRemoteP2PDeadline(const std::shared_ptr<RemoteP2P>& op) {
+  Outcomes out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (op->done) return;
+    // Failing the transfers completes op (and every other one in flight) with this status.
+    AbortLocked(absl::DeadlineExceededError(absl::StrCat(
+                    scheduler::OpName(op->request->req.op), " of rank ", op->request->rank,
+                    " with rank ", op->peer, " on communicator ", comm_id_,
+                    " did not complete within ", absl::FormatDuration(TimeoutOf(*op->request)))),
+                &out, /*transfers_now=*/true);
+  }
+  Deliver(out);
 }
 
 void Communicator::OnPointToPointDone(P2PRun* run) {
@@ -534,6 +636,7 @@ void Communicator::Deliver(Outcomes& out) {
     if (done) done(out.join_status);
   }
   out.joins.clear();
+  for (auto& post : out.transport_posts) post();
   if (!out.abort_transfers.ok()) {
     // The running operation's transfers fail now when a peer is dead; otherwise (a rank left, a
     // peer told us) it gets a grace period, since it usually completes (every daemon already
@@ -568,7 +671,7 @@ void Communicator::Deliver(Outcomes& out) {
 void Communicator::AbortTransfers(const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
-    if (!collective_running_) return;
+    if (!collective_running_ && remote_p2p_in_flight_ == 0) return;
   }
   for (auto& rails : net_.endpoints) {
     for (auto& ep : rails) {

@@ -160,6 +160,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::shared_ptr<Communicator> self;  // keeps the communicator alive while it runs
   };
 
+  // A send or receive with a rank on another daemon, in the transport.
+  struct RemoteP2P {
+    std::unique_ptr<PendingRequest> request;
+    uint64_t seq = 0;
+    int peer = 0;
+    DeadlineTimer::Id timer = 0;
+    bool done = false;
+  };
+
   // Completions gathered under the lock and delivered after it is released.
   struct Outcome {
     std::unique_ptr<PendingRequest> request;
@@ -170,12 +179,13 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::vector<Outcome> completions;
     std::vector<JoinDone> joins;
     absl::Status join_status;
-    scheduler::Execution* collective = nullptr;  // to start on the executor
-    bool start_node_run = false;                 // start node_run_ (multi-node collective)
-    std::vector<P2PRun*> p2p;                    // to start on the executor
-    absl::Status abort_transfers;                // non-OK: fail transfers to other daemons,
-    bool abort_transfers_now = false;            // now, or after a grace period
-    bool notify_peers = false;                   // and tell those daemons why
+    scheduler::Execution* collective = nullptr;          // to start on the executor
+    bool start_node_run = false;                         // start node_run_ (multi-node collective)
+    std::vector<P2PRun*> p2p;                            // to start on the executor
+    absl::Status abort_transfers;                        // non-OK: fail transfers to other daemons,
+    bool abort_transfers_now = false;                    // now, or after a grace period
+    bool notify_peers = false;                           // and tell those daemons why
+    std::vector<std::function<void()>> transport_posts;  // Send/Recv to issue, outside the lock
   };
 
   absl::StatusOr<uint64_t> SubmitCollectiveLocked(std::unique_ptr<PendingRequest> request,
@@ -198,6 +208,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void OnPointToPointDone(P2PRun* run);
   void OnOpDeadline(uint64_t seq);
   void OnP2PDeadline(std::pair<int, int> key, bool send_side);
+  // Send/Recv with a rank of another daemon: straight to the transport, FIFO per channel.
+  absl::StatusOr<uint64_t> SubmitRemotePointToPointLocked(std::unique_ptr<PendingRequest> request,
+                                                          Outcomes* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op, const absl::Status& status);
+  void OnRemoteP2PDeadline(const std::shared_ptr<RemoteP2P>& op);
   void OnJoinDeadline();
   void AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -245,6 +261,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::map<std::pair<int, int>, Channel> channels_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<P2PRun>> p2p_runs_ ABSL_GUARDED_BY(mu_);  // all ever made
   std::vector<P2PRun*> idle_p2p_runs_ ABSL_GUARDED_BY(mu_);
+  int remote_p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 
   uint64_t ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;

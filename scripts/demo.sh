@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: installs what is missing, builds, starts railyardd on a
-# private Unix socket (a virtual node on this machine), runs an nccl-tests-style AllReduce sweep
-# with 4 rank processes, shows the daemon's status, and stops the daemon.
-#   DEMO_MAX=64M DEMO_RANKS=4 DEMO_OP=allreduce scripts/demo.sh
+# The main job on the embedded default: installs what is missing, builds, starts two virtual
+# nodes on this machine (two railyardd on loopback, each with its own socket, peer port and a
+# topology of two rails), runs an nccl-tests-style hierarchical rail-aligned AllReduce sweep with
+# two rank processes per node, shows both daemons' status, and stops them.
+#   DEMO_MAX=64M DEMO_RANKS=2 DEMO_ALGO=hier DEMO_OP=allreduce scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -10,34 +11,48 @@ scripts/build.sh
 
 build=${RAILYARD_BUILD_DIR:-build}
 max=${DEMO_MAX:-64M}
-ranks=${DEMO_RANKS:-4}
+ranks=${DEMO_RANKS:-2}
+algo=${DEMO_ALGO:-hier}
 op=${DEMO_OP:-allreduce}
 dir=$(mktemp -d /tmp/railyard-demo.XXXXXX)
-sock="$dir/railyard.sock"
-daemon_pid=""
+pids=()
 cleanup() {
-  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -TERM "$daemon_pid"
-    for _ in $(seq 50); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
-  fi
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  done
   rm -rf "$dir"
 }
 trap cleanup EXIT
 
-"$build/daemon/railyardd" --socket="$sock" --node_name=demo-node-0 >"$dir/railyardd.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-[ -S "$sock" ] || { echo "demo: railyardd did not start:"; cat "$dir/railyardd.log"; exit 1; }
-echo "demo: railyardd (pid $daemon_pid) serving $sock"
+socks=()
+for n in 0 1; do
+  cat >"$dir/node$n.json" <<JSON
+{"node": "demo-node-$n", "rails": [{"name": "rail0", "device": "lo"}, {"name": "rail1", "device": "lo"}]}
+JSON
+  "$build/daemon/railyardd" --socket="$dir/node$n.sock" --peer_listen=127.0.0.1:0 \
+    --topology="$dir/node$n.json" >"$dir/node$n.log" 2>&1 &
+  pids+=($!)
+  socks+=("$dir/node$n.sock")
+done
+for s in "${socks[@]}"; do
+  for _ in $(seq 100); do [ -S "$s" ] && break; sleep 0.05; done
+  [ -S "$s" ] || { echo "demo: railyardd did not start:"; cat "$dir"/node*.log; exit 1; }
+done
+echo "demo: two virtual nodes (railyardd pids ${pids[*]}), 2 rails each, $ranks ranks per node"
 echo
 
-"$build/tools/railyard-perf" --op "$op" -b 8 -e "$max" -f 4 -n 20 -w 5 -c 1 \
-  --daemons "$sock" --ranks-per-daemon "$ranks"
+RAILYARD_ALGO="$algo" "$build/tools/railyard-perf" --op "$op" -b 8 -e "$max" -f 4 -n 20 -w 5 \
+  -c 1 --daemons "$(IFS=,; echo "${socks[*]}")" --ranks-per-daemon "$ranks"
 echo
-"$build/tools/railctl" status --socket "$sock"
-echo
-kill -TERM "$daemon_pid"
-wait "$daemon_pid"
-daemon_pid=""
-echo "demo: daemon log:"
-sed 's/^/  /' "$dir/railyardd.log"
+for s in "${socks[@]}"; do
+  "$build/tools/railctl" status --socket "$s"
+  echo
+done
+for pid in "${pids[@]}"; do kill -TERM "$pid"; done
+for pid in "${pids[@]}"; do wait "$pid"; done
+pids=()
+echo "demo: daemon logs:"
+sed 's/^/  /' "$dir"/node*.log | grep -v 'comp=session' | head -20

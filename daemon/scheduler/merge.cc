@@ -74,8 +74,9 @@ absl::Status OpMerge::CheckComplete() const {
   }
   for (int j = 0; j < nranks_; ++j) {
     for (int i = 0; i < nranks_; ++i) {
-      const uint64_t sent = requests_[j]->send_counts[i];
-      const uint64_t expected = requests_[i]->recv_counts[j];
+      // Counts are indexed by (global) rank: the label of a submitter.
+      const uint64_t sent = requests_[j]->send_counts[Label(i)];
+      const uint64_t expected = requests_[i]->recv_counts[Label(j)];
       if (sent != expected) {
         return absl::InvalidArgumentError(absl::StrCat(
             "alltoallv counts disagree: rank ", Label(j), " sends ", sent, " elements to rank ",

@@ -68,13 +68,13 @@ void RunMatrix(VirtualCluster& cluster, int ranks_per_node, const std::string& a
   for (int r = 0; r < nranks; ++r) {
     const DaemonProcess& d = cluster[r / ranks_per_node];
     ranks.push_back(std::make_unique<Process>(
-        std::vector<std::string>{RANK_PATH, "--mode=cases", "--multinode", "--socket=" + d.socket(),
+        std::vector<std::string>{RANK_PATH, "--mode=cases", "--socket=" + d.socket(),
                                  "--comm_id=" + *id, "--rank=" + std::to_string(r),
                                  "--nranks=" + std::to_string(nranks)},
         cluster.dir() + "/" + algo + "-rank" + std::to_string(r) + ".log"));
   }
   ::unsetenv("RAILYARD_ALGO");
-  const std::string pass = "PASS " + std::to_string(AllCases(nranks, true).size());
+  const std::string pass = "PASS " + std::to_string(AllCases(nranks).size());
   for (int r = 0; r < nranks; ++r) {
     auto code = ranks[r]->Wait(std::chrono::seconds(300));
     ASSERT_TRUE(code.has_value()) << algo << " rank " << r << " hung";

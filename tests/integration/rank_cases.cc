@@ -133,7 +133,7 @@ std::string Case::Describe() const {
                       in_place ? " in-place" : " out-of-place", " root=", root);
 }
 
-std::vector<Case> AllCases(int nranks, bool multinode) {
+std::vector<Case> AllCases(int nranks) {
   std::vector<Case> cases;
   const DataType all_types[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                                 DataType::kBFloat16, DataType::kInt8,    DataType::kUint8,
@@ -159,7 +159,6 @@ std::vector<Case> AllCases(int nranks, bool multinode) {
     for (CaseOp op : {CaseOp::kAllGather, CaseOp::kBroadcast, CaseOp::kAllToAll, CaseOp::kAllToAllv,
                       CaseOp::kSendRecv}) {
       if (op == CaseOp::kSendRecv && (in_place || nranks == 1)) continue;
-      if (multinode && (op == CaseOp::kSendRecv || op == CaseOp::kAllToAllv)) continue;
       for (DataType t :
            {DataType::kFloat32, DataType::kFloat16, DataType::kInt8, DataType::kUint64}) {
         for (uint64_t count : kCounts) cases.push_back({op, t, RedOp::kSum, count, in_place, root});

@@ -33,9 +33,8 @@ struct Case {
   std::string Describe() const;
 };
 
-// The matrix for a communicator of nranks ranks. multinode: leave out the ops that cannot span
-// daemons yet (AllToAllv, Send/Recv).
-std::vector<Case> AllCases(int nranks, bool multinode = false);
+// The matrix for a communicator of nranks ranks (on one daemon or several).
+std::vector<Case> AllCases(int nranks);
 
 // Bytes the scratch buffer must have to run every case of AllCases(nranks).
 size_t ScratchBytes(int nranks);

@@ -21,9 +21,6 @@ ABSL_FLAG(int, rank, 0, "rank");
 ABSL_FLAG(int, nranks, 1, "nranks");
 ABSL_FLAG(uint64_t, count, 1024, "elements (submit mode)");
 ABSL_FLAG(int, timeout_ms, 0, "daemon-side wait for the other ranks (submit mode)");
-ABSL_FLAG(bool, multinode, false,
-          "ranks span several daemons: skip the ops that do not cross daemons yet "
-          "(alltoallv, send/recv)");
 
 namespace {
 
@@ -73,7 +70,7 @@ int main(int argc, char** argv) {
     std::printf("RESULT code=0 msg=ok\n");
     return 0;
   }
-  const auto cases = railyard::testing::AllCases(nranks, absl::GetFlag(FLAGS_multinode));
+  const auto cases = railyard::testing::AllCases(nranks);
   int failures = 0;
   for (const auto& c : cases) {
     auto wrong = railyard::testing::RunCase(*comm, *buf, c);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tools/railctl/admin_client.h"
+#include "absl/strings/str_join.h"
 #include "tools/railctl/command.h"
 #include "tools/railctl/text_table.h"
 
@@ -19,15 +20,21 @@ std::string FormatStatus(const v1::StatusResponse& s) {
       s.version(), s.node_name(), s.socket(), FormatDuration(s.uptime_seconds()),
       s.worker_threads(), s.buffers(), FormatBytes(s.buffer_bytes()), s.ops_completed(),
       s.ops_failed());
+  if (!s.peer_address().empty()) {
+    absl::StrAppend(&out, "peer service ", s.peer_address(), ", rails ",
+                    absl::StrJoin(s.rails(), ", "), "\n");
+  }
 
   TextTable jobs({"JOB", "SESSIONS", "COMMS", "BUFFERS", "BYTES"});
   for (const v1::JobStatus& j : s.jobs()) {
     jobs.AddRow({j.job_id(), absl::StrCat(j.sessions()), absl::StrCat(j.comms()),
                  absl::StrCat(j.buffers()), FormatBytes(j.buffer_bytes())});
   }
-  TextTable comms({"COMM", "JOB", "RANKS", "STATE", "OPS", "FAILED", "REDUCED", "ERROR"});
+  TextTable comms(
+      {"COMM", "JOB", "NODES", "RANKS", "STATE", "OPS", "FAILED", "REDUCED", "ERROR"});
   for (const v1::CommStatus& c : s.comms()) {
-    comms.AddRow({c.comm_id(), c.job_id(), absl::StrCat(c.joined_ranks(), "/", c.nranks()),
+    comms.AddRow({c.comm_id(), c.job_id(), absl::StrCat(c.nnodes()),
+                  absl::StrCat(c.joined_ranks(), "/", c.nranks()),
                   c.state(), absl::StrCat(c.ops_completed()), absl::StrCat(c.ops_failed()),
                   FormatBytes(c.bytes_reduced()), c.error().empty() ? "-" : c.error()});
   }
