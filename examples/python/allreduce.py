@@ -11,9 +11,8 @@ shared-memory array (zero copy) and a plain numpy array (copied in and out), and
 result.
 
 By default both virtual nodes use ONE daemon ($RAILYARD_SOCKET, or --daemons with a single
-socket). ``--daemons a.sock,b.sock`` puts node 0 on daemon a and node 1 on daemon b: that needs
-multi-node support in railyardd, which is not implemented yet (such a communicator fails with
-UNIMPLEMENTED); the option is here so the example works unchanged once it lands.
+socket). ``--daemons a.sock,b.sock`` puts node 0 on daemon a and node 1 on daemon b, which must
+run with ``--peer_listen`` (see docs/topology.md for two virtual nodes on one machine).
 """
 
 from __future__ import annotations
