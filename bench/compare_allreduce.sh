@@ -2,11 +2,12 @@
 # Side-by-side AllReduce (float sum) on this host: railyard-perf through one railyardd vs
 # OpenMPI and MPICH (MPI_Allreduce over their shared-memory transports), same sizes, same ranks,
 # same run. Prints each tool's table, then busbw ratios railyard/peer per size.
-#   bench/compare_allreduce.sh [NRANKS=4] [MAXBYTES=64M]
+#   bench/compare_allreduce.sh [NRANKS=4] [MAXBYTES=64M] [FACTOR=2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-4}
 max=${2:-64M}
+factor=${3:-2}
 build=${RAILYARD_BUILD_DIR:-build}
 [ -x "$build/tools/railyard-perf" ] || scripts/build.sh
 out=$(mktemp -d /tmp/railyard-bench.XXXXXX)
@@ -25,13 +26,13 @@ daemon_pid=$!
 for _ in $(seq 100); do [ -S "$out/ry.sock" ] && break; sleep 0.05; done
 
 echo "## railyard ($n ranks, one railyardd)"
-"$build/tools/railyard-perf" --op allreduce -b 8 -e "$max" -f 4 -n 20 -w 5 -c 0 \
+"$build/tools/railyard-perf" --op allreduce -b 8 -e "$max" -f "$factor" -n 20 -w 5 -c 0 \
   --daemons "$out/ry.sock" --ranks-per-daemon "$n" | tee "$out/ry.txt"
 echo "## OpenMPI $(mpirun.openmpi --version 2>/dev/null | head -1 | awk '{print $NF}')"
-mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" "$out/ar_openmpi" 8 "$max" 4 20 5 \
+mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" "$out/ar_openmpi" 8 "$max" "$factor" 20 5 \
   | tee "$out/ompi.txt"
 echo "## MPICH $(mpichversion 2>/dev/null | awk '/MPICH Version/{print $3}')"
-mpirun.mpich -np "$n" "$out/ar_mpich" 8 "$max" 4 20 5 | tee "$out/mpich.txt"
+mpirun.mpich -np "$n" "$out/ar_mpich" 8 "$max" "$factor" 20 5 | tee "$out/mpich.txt"
 
 echo
 echo "## busbw (GB/s) side by side; ratio = railyard / peer"

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tools/railctl/admin_client.h"
 #include "absl/strings/str_join.h"
+#include "tools/railctl/admin_client.h"
 #include "tools/railctl/command.h"
 #include "tools/railctl/text_table.h"
 
@@ -30,12 +30,11 @@ std::string FormatStatus(const v1::StatusResponse& s) {
     jobs.AddRow({j.job_id(), absl::StrCat(j.sessions()), absl::StrCat(j.comms()),
                  absl::StrCat(j.buffers()), FormatBytes(j.buffer_bytes())});
   }
-  TextTable comms(
-      {"COMM", "JOB", "NODES", "RANKS", "STATE", "OPS", "FAILED", "REDUCED", "ERROR"});
+  TextTable comms({"COMM", "JOB", "NODES", "RANKS", "STATE", "OPS", "FAILED", "REDUCED", "ERROR"});
   for (const v1::CommStatus& c : s.comms()) {
     comms.AddRow({c.comm_id(), c.job_id(), absl::StrCat(c.nnodes()),
-                  absl::StrCat(c.joined_ranks(), "/", c.nranks()),
-                  c.state(), absl::StrCat(c.ops_completed()), absl::StrCat(c.ops_failed()),
+                  absl::StrCat(c.joined_ranks(), "/", c.nranks()), c.state(),
+                  absl::StrCat(c.ops_completed()), absl::StrCat(c.ops_failed()),
                   FormatBytes(c.bytes_reduced()), c.error().empty() ? "-" : c.error()});
   }
   TextTable sessions({"SESSION", "JOB", "PID", "CLIENT", "BUFFERS", "BYTES", "CONNECTED"});
