@@ -11,7 +11,8 @@ if [ "${1:-}" = "--fix" ]; then
 fi
 if ! clang-format --dry-run -Werror "${files[@]}" 2>/tmp/railyard-format.$$; then
   echo "check-format: these files need clang-format (run scripts/check-format.sh --fix):"
-  grep -o '^[^:]*\.\(cc\|h\|cu\)' /tmp/railyard-format.$$ | sort -u | sed 's/^/  /'
+  grep -o '^[^: ]*\.\(cc\|h\|cu\):[0-9]' /tmp/railyard-format.$$ | sed 's/:[0-9]$//' | sort -u |
+    sed 's/^/  /'
   rm -f /tmp/railyard-format.$$
   exit 1
 fi

@@ -20,7 +20,11 @@ if [ "${RAILYARD_SKIP_SANITIZERS:-0}" != "1" ]; then
     -DRAILYARD_SANITIZE=address,undefined -DRAILYARD_WITH_CUDA=OFF
   echo "== tests under sanitizers"
   # gRPC keeps some process-lifetime singletons that LeakSanitizer reports at exit.
+  # The per-algorithm multi-node matrix runs the same executor and transport code for every
+  # algorithm; under sanitizers three of the six (default, ring, hier) keep the suite short, and
+  # schedule_test still runs every generator under ASan.
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900
+    ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 \
+    -E 'EveryCollectiveAcrossThreeDaemons/(tree|rhd|direct)' 
 fi
 echo "== all tests passed in $(( $(date +%s) - start )) s"
