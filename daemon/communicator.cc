@@ -202,6 +202,14 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
       collective_running_ = true;
       running_self_ = shared_from_this();
       out->start_node_run = true;
+      // A running operation waits on other daemons, which may never send (their ranks
+      // submitted something else, or stalled): bound it like everything else.
+      std::weak_ptr<Communicator> weak = weak_from_this();
+      const uint64_t seq = base_seq_;
+      const absl::Duration limit = TimeoutOf(*slot.requests[0]);
+      run_timer_ = env_.timer->Schedule(absl::Now() + limit, [weak, seq, limit] {
+        if (auto self = weak.lock()) self->OnRunDeadline(seq, limit);
+      });
       return;
     }
     scheduler::BuildLocalPlan(slot.merge.requests(), env_.chunk_bytes, &collective_exec_.plan);
@@ -220,12 +228,27 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
   }
 }
 
+void Communicator::OnRunDeadline(uint64_t seq, absl::Duration limit) {
+  Outcomes out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!collective_running_ || base_seq_ != seq) return;
+    AbortLocked(absl::DeadlineExceededError(absl::StrCat(
+                    "seq ", seq, " on communicator ", comm_id_, " did not complete across its ",
+                    net_.layout.nnodes, " nodes within ", absl::FormatDuration(limit),
+                    ": a peer daemon's ranks stalled or submitted a different operation")),
+                &out, /*transfers_now=*/true);
+  }
+  Deliver(out);
+}
+
 void Communicator::OnCollectiveDone(const absl::Status& status) {
   std::shared_ptr<Communicator> keep;
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
     keep = std::move(running_self_);
+    env_.timer->Cancel(run_timer_);
     SeqSlot& slot = slots_.front();
     for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, base_seq_});
     if (status.ok()) {

@@ -200,6 +200,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void NextPointToPointLocked(std::pair<int, int> key, Outcomes* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCollectiveDone(const absl::Status& status);
+  void OnRunDeadline(uint64_t seq, absl::Duration limit);
   // Local index of a global rank of this node, or -1.
   int LocalIndex(int rank) const;
   // Builds the NodeSchedule of the front slot; false (with the op failed in out) when the
@@ -255,6 +256,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<std::byte> scratch_;  // per-rank scratch, grown when a schedule needs more
   scheduler::NodeRun node_run_;
   uint64_t node_run_seq_ = 0;
+  DeadlineTimer::Id run_timer_ ABSL_GUARDED_BY(mu_) = 0;
   kernels::DataType node_dtype_ = kernels::DataType::kFloat32;
   kernels::RedOp node_red_op_ = kernels::RedOp::kSum;
 

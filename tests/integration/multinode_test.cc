@@ -188,3 +188,121 @@ TEST(MultiNodeFailureTest, SurvivorsGetUnavailableNamingTheDeadNode) {
 
 }  // namespace
 }  // namespace railyard::testing
+
+namespace railyard::testing {
+namespace {
+
+TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
+  VirtualCluster cluster(2);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Buffer> bufs;
+  for (int n = 0; n < 2; ++n) {
+    auto c = Client::Connect(cluster[n].Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto b = (*c)->Allocate(1 << 20);
+    ASSERT_TRUE(b.ok());
+    bufs.push_back(*std::move(b));
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  std::vector<Comm> comms(2);
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < 2; ++r) {
+    joiners.emplace_back([&, r] {
+      auto m = clients[r]->InitComm(*id, r, 2);
+      ASSERT_TRUE(m.ok()) << m.status();
+      comms[r] = *std::move(m);
+    });
+  }
+  for (auto& t : joiners) t.join();
+  CollectiveOptions o;
+  o.timeout = std::chrono::milliseconds(1500);
+  const auto start = std::chrono::steady_clock::now();
+  // Each daemon sees one agreeing local rank; only the nodes disagree (count 1000 vs 9000).
+  Work w0 = comms[0].AllReduce(bufs[0], bufs[0], 1000, DataType::kFloat32, RedOp::kSum, o);
+  Work w1 = comms[1].AllReduce(bufs[1], bufs[1], 9000, DataType::kFloat32, RedOp::kSum, o);
+  absl::Status s0 = w0.wait(std::chrono::seconds(30));
+  absl::Status s1 = w1.wait(std::chrono::seconds(30));
+  EXPECT_FALSE(s0.ok());
+  EXPECT_FALSE(s1.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << s0 << s1;
+  // The communicator stays failed on both nodes.
+  EXPECT_EQ(comms[0].Barrier().wait(std::chrono::seconds(10)).code(), absl::StatusCode::kAborted);
+}
+
+// Two daemons in network namespaces of their own, joined by a veth pair: the peer service and
+// UCX run over that link, not loopback. Needs root (ip netns); skipped with the reason otherwise.
+TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
+  const std::string tag = std::to_string(::getpid() % 100000);
+  const std::string ns0 = "ryns0-" + tag, ns1 = "ryns1-" + tag;
+  auto sh = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); };
+  if (sh("ip netns add " + ns0) != 0) GTEST_SKIP() << "cannot create network namespaces (root?)";
+  sh("ip netns add " + ns1);
+  struct Cleanup {
+    std::function<void()> fn;
+    ~Cleanup() { fn(); }
+  } cleanup{[&] {
+    sh("ip netns del " + ns0);
+    sh("ip netns del " + ns1);
+  }};
+  const std::string va = "ryva" + tag, vb = "ryvb" + tag;
+  ASSERT_EQ(
+      sh("ip link add " + va + " netns " + ns0 + " type veth peer name " + vb + " netns " + ns1),
+      0);
+  ASSERT_EQ(sh("ip -n " + ns0 + " addr add 10.251.7.1/24 dev " + va), 0);
+  ASSERT_EQ(sh("ip -n " + ns1 + " addr add 10.251.7.2/24 dev " + vb), 0);
+  for (const auto& ns : {ns0, ns1}) {
+    ASSERT_EQ(sh("ip -n " + ns + " link set lo up"), 0);
+  }
+  ASSERT_EQ(sh("ip -n " + ns0 + " link set " + va + " up"), 0);
+  ASSERT_EQ(sh("ip -n " + ns1 + " link set " + vb + " up"), 0);
+  // UCX only offers devices that are up and running: wait for the veth carrier on both ends.
+  for (int n = 0; n < 2; ++n) {
+    const std::string ns = n == 0 ? ns0 : ns1, dev = n == 0 ? va : vb;
+    bool up = false;
+    for (int i = 0; i < 300 && !up; ++i) {
+      up = sh("ip -n " + ns + " link show dev " + dev + " | grep -q 'state UP'") == 0;
+      if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(up) << dev << " in " << ns << " did not come up";
+  }
+
+  const std::string dir = MakeTempDir();
+  std::vector<std::unique_ptr<Process>> daemons;
+  std::vector<std::string> socks;
+  const std::string nss[] = {ns0, ns1}, devs[] = {va, vb}, ips[] = {"10.251.7.1", "10.251.7.2"};
+  for (int n = 0; n < 2; ++n) {
+    const std::string topo = dir + "/ns" + std::to_string(n) + ".json";
+    std::ofstream(topo) << "{\"node\": \"nsnode" << n << "\", \"rails\": [{\"device\": \""
+                        << devs[n] << "\"}]}\n";
+    socks.push_back(dir + "/ns" + std::to_string(n) + ".sock");
+    daemons.push_back(std::make_unique<Process>(
+        std::vector<std::string>{"/usr/sbin/ip", "netns", "exec", nss[n], RAILYARDD_PATH,
+                                 "--socket=" + socks.back(), "--peer_listen=" + ips[n] + ":0",
+                                 "--topology=" + topo},
+        dir + "/ns" + std::to_string(n) + ".log"));
+  }
+  for (const auto& s : socks) {
+    for (int i = 0; i < 500 && !SocketAccepts(s); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(SocketAccepts(s)) << daemons[0]->Output() << daemons[1]->Output();
+  }
+  Process perf({PERF_PATH, "--op", "allreduce", "-b", "8", "-e", "4M", "-f", "16", "-n", "3", "-w",
+                "1", "-c", "1", "--daemons", socks[0] + "," + socks[1], "--ranks-per-daemon", "2"},
+               dir + "/perf.log");
+  auto code = perf.Wait(std::chrono::seconds(120));
+  ASSERT_TRUE(code.has_value()) << "railyard-perf hung across namespaces";
+  EXPECT_EQ(*code, 0) << perf.Output() << daemons[0]->Output() << daemons[1]->Output();
+  EXPECT_THAT(perf.Output(), HasSubstr("@10.251.7.1:"));  // the coordinator is in ns0
+  for (auto& d : daemons) {
+    d->Signal(SIGTERM);
+    EXPECT_EQ(d->Wait(std::chrono::seconds(15)).value_or(-1), 0) << d->Output();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace railyard::testing
