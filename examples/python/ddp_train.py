@@ -58,6 +58,10 @@ def train(rank: int, world_size: int, args: argparse.Namespace, store_path: str)
     if rank == 0:
         print(f"{args.backend}: {world_size} ranks, {args.steps} steps in "
               f"{time.perf_counter() - start:.2f} s", flush=True)
+    # DDP before the group: the group's last owner runs its destructor, and with gloo only the
+    # group's Python object does that without holding the GIL (a DDP outliving the group can
+    # hang here, its Reducer waiting for gloo threads that wait for the GIL).
+    del ddp
     dist.destroy_process_group()
 
 

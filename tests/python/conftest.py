@@ -178,11 +178,33 @@ class RankPool:
                 proc.join(5)
         for conn in self.conns:
             conn.close()
+        for proc in self.procs:
+            try:
+                os.unlink(rank_tasks.stacks_path(proc.pid))
+            except OSError:
+                pass
         self.procs, self.conns = [], []
 
     def restart(self) -> None:
         self.close()
         self._start()
+
+    def _stacks(self, ranks: Sequence[int]) -> str:
+        """The Python stacks of hung ranks' threads (rank_tasks.serve writes them on SIGUSR1)."""
+        for i in ranks:
+            try:
+                os.kill(self.procs[i].pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(1.0)
+        out = []
+        for i in ranks:
+            try:
+                with open(rank_tasks.stacks_path(self.procs[i].pid)) as f:
+                    out.append(f"--- rank {i} (pid {self.procs[i].pid}):\n{f.read()}")
+            except OSError:
+                pass
+        return "\n".join(out)
 
     def run(self, fn: Callable, args: Sequence[Sequence[Any]], timeout: float = 60.0) -> List[Any]:
         """Runs ``fn(*args[i])`` on ranks 0..len(args)-1 at once; returns their results.
@@ -205,9 +227,10 @@ class RankPool:
             ready = multiprocessing.connection.wait([self.conns[i] for i in pending],
                                                     max(0.0, remaining))
             if not ready:
+                stacks = self._stacks(sorted(pending))
                 self.restart()
                 failures.append(f"ranks {sorted(pending)} did not finish {fn.__name__} within "
-                                f"{timeout} s (rank processes restarted)")
+                                f"{timeout} s (rank processes restarted)\n{stacks}")
                 break
             for conn in ready:
                 i = self.conns.index(conn)

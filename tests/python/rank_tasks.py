@@ -8,7 +8,10 @@ test process can compute numpy references for every rank without receiving the i
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import tempfile
 import traceback
 from typing import Any, Dict, List, Optional
 
@@ -29,9 +32,17 @@ def client():
     return _client
 
 
+def stacks_path(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"rypy-stacks-{pid}.txt")
+
+
 def serve(conn, rank: int, env: Dict[str, str]) -> None:
     """Main loop of a rank process: run tasks until told to stop (None) or the pipe closes."""
     os.environ.update(env)
+    # SIGUSR1 writes every thread's Python stack to stacks_path(pid) (the pool asks for them
+    # when a task hangs, and reports them).
+    stacks = open(stacks_path(os.getpid()), "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     while True:
         try:
             task = conn.recv()
@@ -407,8 +418,12 @@ def ddp_train(rank: int, n: int, store_path: str, backend: str, steps: int,
               seed: int = 1234) -> Dict[str, Any]:
     """A small MLP trained with DDP; returns per-step losses (of this rank's batch, and averaged
     over ranks) and the final parameters."""
+    import gc
+    import weakref
+
     import torch
     dist = _init_torch(rank, n, backend, store_path)
+    ddp = loss = None
     try:
         torch.manual_seed(seed)  # the same initial model everywhere (DDP broadcasts it anyway)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
@@ -434,6 +449,20 @@ def ddp_train(rank: int, n: int, store_path: str, backend: str, steps: int,
             mean_losses.append(mean.item() / n)
         params = [p.detach().numpy().copy() for p in model.parameters()]
     finally:
+        # Free the DDP model while the process group is still registered, then destroy the group.
+        # The order matters for gloo (torch 1.13): whoever drops the last reference to a
+        # ProcessGroupGloo runs its destructor, which joins the group's worker threads. The
+        # group's Python object releases the GIL for that; DDP's C++ Reducer does not. A DDP
+        # model that outlives destroy_process_group() (here: until this frame goes) makes its
+        # Reducer end the group with the GIL held, and a worker that still has to free a tensor
+        # with a Python object (the last all_reduce's `mean`, which it holds for a moment after
+        # completing it) then waits for the GIL forever: the rank hangs in ~ProcessGroupGloo,
+        # now and then under CPU load. Freed first, the Reducer only drops a reference.
+        if ddp is not None:
+            alive = weakref.ref(ddp.reducer)
+            ddp = loss = None
+            if alive() is not None:  # only in a reference cycle: let the collector free it now
+                gc.collect()
         dist.destroy_process_group()
     return {"losses": losses, "mean_losses": mean_losses, "params": params}
 
