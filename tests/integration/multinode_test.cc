@@ -232,6 +232,12 @@ TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
   EXPECT_EQ(comms[0].Barrier().wait(std::chrono::seconds(10)).code(), absl::StatusCode::kAborted);
 }
 
+// Runs fn when the scope ends, however the test leaves it.
+struct Cleanup {
+  std::function<void()> fn;
+  ~Cleanup() { fn(); }
+};
+
 // Two daemons in network namespaces of their own, joined by a veth pair: the peer service and
 // UCX run over that link, not loopback. Needs root (ip netns); skipped with the reason otherwise.
 TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
@@ -240,10 +246,7 @@ TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
   auto sh = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); };
   if (sh("ip netns add " + ns0) != 0) GTEST_SKIP() << "cannot create network namespaces (root?)";
   sh("ip netns add " + ns1);
-  struct Cleanup {
-    std::function<void()> fn;
-    ~Cleanup() { fn(); }
-  } cleanup{[&] {
+  Cleanup cleanup{[&] {
     sh("ip netns del " + ns0);
     sh("ip netns del " + ns1);
   }};
@@ -270,6 +273,7 @@ TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
   }
 
   const std::string dir = MakeTempDir();
+  Cleanup remove_dir{[&] { std::filesystem::remove_all(dir); }};
   std::vector<std::unique_ptr<Process>> daemons;
   std::vector<std::string> socks;
   const std::string nss[] = {ns0, ns1}, devs[] = {va, vb}, ips[] = {"10.251.7.1", "10.251.7.2"};
@@ -301,7 +305,6 @@ TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
     d->Signal(SIGTERM);
     EXPECT_EQ(d->Wait(std::chrono::seconds(15)).value_or(-1), 0) << d->Output();
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
