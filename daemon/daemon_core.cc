@@ -120,6 +120,15 @@ absl::Status DaemonCore::ReleaseBuffer(Session& session, uint64_t buffer_id) {
 
 std::string DaemonCore::NewCommId() { return FormatCommId({RandomHex128(), coordinator_}); }
 
+CommEnv DaemonCore::MakeCommEnv() {
+  return CommEnv{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
+                 config_.init_timeout, config_.algo};
+}
+
+absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
+  return timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : config_.init_timeout;
+}
+
 void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
                                  std::unique_ptr<transport::Transport> transport,
                                  std::string peer_address) {
@@ -150,9 +159,7 @@ absl::Status DaemonCore::CoordinateJoin(const v1::JoinCommRequest& req, CommBoot
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
   }
-  const absl::Duration timeout =
-      req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : config_.init_timeout;
-  return bootstrap_.Join(req, timeout, std::move(done));
+  return bootstrap_.Join(req, JoinTimeout(req.timeout_ms()), std::move(done));
 }
 
 void DaemonCore::AbortFromPeer(const v1::AbortCommRequest& req) {
@@ -210,9 +217,8 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
     OnLayout(weak_session, req, handle, layout, done);
   };
   if (local_coordinator) return CoordinateJoin(join, std::move(on_layout));
-  const absl::Duration timeout =
-      req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : config_.init_timeout;
-  peers_.JoinComm(id->coordinator, join, timeout + absl::Seconds(5), std::move(on_layout));
+  peers_.JoinComm(id->coordinator, join, JoinTimeout(req.timeout_ms()) + absl::Seconds(5),
+                  std::move(on_layout));
   return absl::OkStatus();
 }
 
@@ -263,8 +269,7 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
     if (it != comms_.end()) {
       comm = it->second;
     } else {
-      CommEnv env{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
-                  config_.init_timeout, config_.algo};
+      const CommEnv env = MakeCommEnv();
       if (layout->nodes_size() == 1) {
         comm = std::make_shared<Communicator>(req.comm_id(), session->job(), req.nranks(), env);
       } else {
@@ -336,13 +341,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
       net.endpoints[n][r] = *std::move(ep);
     }
   }
-  const std::vector<std::string> peers = [&] {
-    std::vector<std::string> v;
-    for (int n = 0; n < l.nnodes; ++n) {
-      if (n != my_node) v.push_back(layout.nodes(n).peer_address());
-    }
-    return v;
-  }();
+  std::vector<std::string> peers = net.node_addresses;
+  peers.erase(peers.begin() + my_node);
   const std::string me = config_.node_name;
   net.notify_peers = [this, peers, job, comm_id, me](const absl::Status& status) {
     v1::AbortCommRequest abort;
@@ -353,9 +353,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
     abort.set_from_node(me);
     for (const auto& addr : peers) peers_.AbortComm(addr, abort);
   };
-  CommEnv env{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
-              config_.init_timeout, config_.algo};
-  return std::make_shared<Communicator>(comm_id, job, env, std::move(net));
+  return std::make_shared<Communicator>(comm_id, job, MakeCommEnv(), std::move(net));
 }
 
 void DaemonCore::HeartbeatTick() {

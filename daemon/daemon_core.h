@@ -85,6 +85,10 @@ class DaemonCore {
 
  private:
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
+  // What every communicator of this daemon runs with.
+  CommEnv MakeCommEnv();
+  // A join's wait for the other ranks: the request's, else --init_timeout.
+  absl::Duration JoinTimeout(uint32_t timeout_ms) const;
   // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
   void OnLayout(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
                 uint64_t handle, const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done);
