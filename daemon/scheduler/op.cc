@@ -1,7 +1,9 @@
 #include "daemon/scheduler/op.h"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +34,23 @@ absl::string_view OpName(OpKind op) {
       return "barrier";
   }
   return "unknown";
+}
+
+bool ParseOpName(absl::string_view name, OpKind* op) {
+  std::string n;
+  for (char c : name) {
+    if (c == '_' || c == '-') continue;
+    n.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  for (OpKind k : {OpKind::kAllReduce, OpKind::kReduceScatter, OpKind::kAllGather,
+                   OpKind::kBroadcast, OpKind::kReduce, OpKind::kAllToAll, OpKind::kAllToAllv,
+                   OpKind::kSend, OpKind::kRecv, OpKind::kBarrier}) {
+    if (n == OpName(k)) {
+      *op = k;
+      return true;
+    }
+  }
+  return false;
 }
 
 bool IsPointToPoint(OpKind op) { return op == OpKind::kSend || op == OpKind::kRecv; }

@@ -27,6 +27,9 @@ enum class OpKind : uint8_t {
 };
 
 absl::string_view OpName(OpKind op);
+// The inverse of OpName; also accepts "all_reduce"/"all-reduce" style and any case. False when
+// the name is unknown.
+bool ParseOpName(absl::string_view name, OpKind* op);
 bool IsPointToPoint(OpKind op);
 // True for ops whose result combines elements with a RedOp.
 bool IsReduction(OpKind op);
