@@ -30,6 +30,9 @@ struct CommLayout {
   std::vector<int> node_of_rank;                // global rank -> node index
   std::vector<int> local_index_of_rank;         // global rank -> index among its node's ranks
   std::vector<std::vector<int>> ranks_of_node;  // node -> global ranks by local index
+  // Torus fabrics: dimension sizes (rank r at x = r % X, y = (r / X) % Y, ...); empty when the
+  // communicator does not sit on a torus. The "torus" algorithm needs it.
+  std::vector<int> torus_dims;
 
   // G for uniform layouts; 0 when nodes hold different numbers of ranks.
   int ranks_per_node() const;
@@ -136,6 +139,7 @@ inline constexpr const char* kAlgoTree = "tree";  // double binary tree / pipeli
 inline constexpr const char* kAlgoRhd = "rhd";    // recursive halving-doubling
 inline constexpr const char* kAlgoHier = "hier";  // hierarchical rail-aligned
 inline constexpr const char* kAlgoDirect = "direct";
+inline constexpr const char* kAlgoTorus = "torus";  // dimension-ordered rings on a torus
 
 // Builds the rank schedule of `algo` for shape on layout, pipelined in chunks of chunk_bytes
 // (0: unchunked). INVALID_ARGUMENT when the algorithm does not implement the op (e.g. rhd for

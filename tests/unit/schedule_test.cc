@@ -464,6 +464,7 @@ void PrintTo(const AlgoOp& ao, std::ostream* os) { *os << ao.algo << " " << OpNa
 std::vector<AlgoOp> AllAlgoOps() {
   std::vector<AlgoOp> v;
   for (const auto& a : algorithms::AlgorithmTable()) {
+    if (std::string(a.name) == kAlgoTorus) continue;  // needs torus_dims: TorusAlgorithm below
     for (OpKind op :
          {OpKind::kAllReduce, OpKind::kReduceScatter, OpKind::kAllGather, OpKind::kBroadcast,
           OpKind::kReduce, OpKind::kAllToAll, OpKind::kAllToAllv, OpKind::kBarrier}) {
@@ -523,6 +524,72 @@ INSTANTIATE_TEST_SUITE_P(All, AlgorithmTest, ::testing::ValuesIn(AllAlgoOps()),
                          [](const ::testing::TestParamInfo<AlgoOp>& info) {
                            return absl::StrCat(info.param.algo, "_", OpName(info.param.op));
                          });
+
+// The torus algorithm on torus layouts (one rank per node, rank r at x = r % X, ...): 2x2, 3x4,
+// 2x3x2, counts 0, 1 and not divisible, in and out of place, sum/avg/max; each rank sends what
+// the ring sends (2 (N-1)/N M for AllReduce, (N-1) count for ReduceScatter/AllGather), and every
+// transfer is between torus neighbours.
+TEST(TorusAlgorithm, MatchesDefinitionOnTorusLayouts) {
+  for (const std::vector<int>& dims :
+       {std::vector<int>{2, 2}, std::vector<int>{3, 4}, std::vector<int>{2, 3, 2}}) {
+    int n = 1;
+    for (int d : dims) n *= d;
+    for (OpKind op : {OpKind::kAllReduce, OpKind::kReduceScatter, OpKind::kAllGather}) {
+      for (uint64_t count : {0, 1, 7, 1001}) {
+        for (bool in_place : {false, true}) {
+          for (auto [dtype, red] : {std::pair{DataType::kInt32, RedOp::kSum},
+                                    std::pair{DataType::kFloat32, RedOp::kAvg},
+                                    std::pair{DataType::kInt32, RedOp::kMax}}) {
+            Case c;
+            c.algo = kAlgoTorus;
+            c.op = op;
+            c.layout = CommLayout::Uniform(n, 1, 1);
+            c.layout.torus_dims = dims;
+            c.count = count;
+            c.in_place = in_place;
+            c.dtype = dtype;
+            c.red = red;
+            c.chunk_bytes = ChunkFor(c);
+            const Outcome o = RunCase(c);
+            ASSERT_FALSE(HasFailure()) << c.Name();
+            const uint64_t m = count * 4;
+            for (int r = 0; r < n; ++r) {
+              const uint64_t sent = o.stats.rank_bytes_sent[r];
+              if (op == OpKind::kAllReduce) {
+                EXPECT_LE(std::fabs(sent - 2.0 * (n - 1) / n * m), 4.0 * dims.size() * 4) << r;
+              } else {
+                EXPECT_EQ(sent, (n - 1) * m) << c.Name() << " rank " << r;
+              }
+            }
+            for (const Transfer& t : o.schedule.transfers) {
+              int diff = 0, stride = 1;
+              for (int d : dims) {
+                const int a = t.src.rank / stride % d, b = t.dst.rank / stride % d;
+                if (a != b) diff += (b - a + d) % d == 1 ? 1 : 2;
+                stride *= d;
+              }
+              EXPECT_LE(diff, 1) << "not a torus neighbour: " << t.src.rank << " -> " << t.dst.rank;
+            }
+          }
+        }
+      }
+    }
+  }
+  // Without torus_dims, with a mismatching product or several ranks per node: refused.
+  OpShape s;
+  s.op = OpKind::kAllReduce;
+  s.count = 8;
+  CommLayout l = CommLayout::Uniform(4, 1, 1);
+  EXPECT_THAT(Generate(kAlgoTorus, s, l, 0).status().message(), HasSubstr("torus_dims"));
+  l.torus_dims = {2, 3};
+  EXPECT_THAT(Generate(kAlgoTorus, s, l, 0).status().message(),
+              HasSubstr("does not hold the 4 ranks"));
+  l = CommLayout::Uniform(2, 2, 1);
+  l.torus_dims = {2, 2};
+  EXPECT_THAT(Generate(kAlgoTorus, s, l, 0).status().message(), HasSubstr("one rank per node"));
+  s.op = OpKind::kBroadcast;
+  EXPECT_EQ(Generate(kAlgoTorus, s, l, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
 
 // avg: intermediate reductions are sums, every rank's output is divided exactly once (float and
 // truncating int32); max exercises a non-sum operator.

@@ -5,6 +5,7 @@
 #include "daemon/scheduler/algorithms/hier.h"
 #include "daemon/scheduler/algorithms/rhd.h"
 #include "daemon/scheduler/algorithms/ring.h"
+#include "daemon/scheduler/algorithms/torus.h"
 #include "daemon/scheduler/algorithms/tree.h"
 
 namespace railyard::scheduler::algorithms {
@@ -45,6 +46,10 @@ const std::vector<AlgorithmInfo>& AlgorithmTable() {
        "destination node; uniform layouts only",
        kAllReduce | kReduceScatter | kAllGather | kBroadcast | kReduce | kAllToAll | kBarrier,
        &GenerateHier},
+      {kAlgoTorus,
+       "dimension-ordered rings on a torus (one rank per node, layout.torus_dims): reducescatter "
+       "along each dimension in turn, allgather back in reverse order",
+       kAllReduce | kReduceScatter | kAllGather, &GenerateTorus},
   };
   return *table;
 }
