@@ -1,0 +1,278 @@
+#include "daemon/metrics/daemon_metrics.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace railyard::metrics {
+namespace {
+
+// Weight of the newest operation in the bandwidth averages (about the last 10 operations).
+constexpr double kEwmaAlpha = 0.2;
+// Throughput gauges are rates over at least this window, refreshed by scrapes.
+constexpr absl::Duration kRateWindow = absl::Seconds(1);
+
+const Labels kNoLabels;
+
+double ProcessCpuSeconds() {
+  rusage ru{};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  auto secs = [](const timeval& tv) {
+    return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6;
+  };
+  return secs(ru.ru_utime) + secs(ru.ru_stime);
+}
+
+}  // namespace
+
+std::string SizeBucket(uint64_t bytes) {
+  if (bytes == 0) return "0";
+  uint64_t b = 1;
+  while (b < (uint64_t{1} << 32) && b * 4 <= bytes) b *= 4;
+  return absl::StrCat(b);
+}
+
+double BusBwFactor(std::string_view op, int nranks) {
+  const double n = std::max(1, nranks);
+  if (op == "allreduce") return 2 * (n - 1) / n;
+  if (op == "reducescatter" || op == "allgather" || op == "alltoall" || op == "alltoallv") {
+    return (n - 1) / n;
+  }
+  if (op == "barrier") return 0;
+  return 1;  // broadcast, reduce, send, recv
+}
+
+DaemonMetrics::DaemonMetrics(std::string node_name, std::string version)
+    : node_(std::move(node_name)),
+      link_bytes_(registry_.AddCounter(
+          "railyard_link_bytes_total",
+          "Payload bytes this daemon (node) put on (direction=tx) or took off (direction=rx) the "
+          "link to peer node `peer` on rail `rail`")),
+      link_messages_(registry_.AddCounter("railyard_link_messages_total",
+                                          "Transport messages completed on the link")),
+      link_errors_(registry_.AddCounter("railyard_link_errors_total",
+                                        "Transport messages on the link that failed")),
+      link_throughput_(registry_.AddGauge(
+          "railyard_link_throughput_bytes_per_second",
+          "Payload bytes per second on the link over the last scrape window (>= 1 s)")),
+      coll_ops_(registry_.AddCounter("railyard_collective_ops_total",
+                                     "Collectives completed on this node, by op, algorithm, "
+                                     "power-of-4 size bucket (bytes, lower bound) and job")),
+      coll_bytes_(registry_.AddCounter(
+          "railyard_collective_bytes_total",
+          "Bytes of completed collectives as nccl-tests sizes them (what algbw divides by)")),
+      coll_latency_(registry_.AddHistogram(
+          "railyard_collective_latency_seconds",
+          "Collective time on this daemon: from the start of its execution (every local rank "
+          "submitted, the previous one done) to its completion",
+          Histogram::ExponentialBuckets(1e-5, 4, 12))),
+      coll_algbw_(registry_.AddGauge("railyard_collective_algbw_bytes_per_second",
+                                     "Algorithm bandwidth of the last collective of the key")),
+      coll_busbw_(registry_.AddGauge(
+          "railyard_collective_busbw_bytes_per_second",
+          "Bus bandwidth (nccl-tests factor) of the last collective of the key")),
+      coll_algbw_ewma_(registry_.AddGauge(
+          "railyard_collective_algbw_ewma_bytes_per_second",
+          "Exponentially weighted average (alpha 0.2) of the algorithm bandwidth")),
+      coll_busbw_ewma_(
+          registry_.AddGauge("railyard_collective_busbw_ewma_bytes_per_second",
+                             "Exponentially weighted average (alpha 0.2) of the bus bandwidth")),
+      coll_model_(
+          registry_.AddGauge("railyard_collective_model_seconds",
+                             "Cost model's predicted time of the last collective of the key")),
+      job_comms_(registry_.AddGauge("railyard_job_comms", "Active communicators of the job")),
+      job_queued_(registry_.AddGauge(
+          "railyard_job_queued_ops",
+          "Operations of the job submitted by some local rank and not yet started")),
+      job_in_flight_(
+          registry_.AddGauge("railyard_job_in_flight_ops", "Operations of the job executing now")),
+      job_fabric_bytes_(registry_.AddCounter(
+          "railyard_job_fabric_bytes_total",
+          "Bytes the job's communicators sent and received over the inter-node fabric")),
+      job_weight_(registry_.AddGauge(
+          "railyard_job_fair_share_weight",
+          "The job's weight in fabric arbitration; 1 for every job until per-rail fair queues "
+          "exist")),
+      sessions_(
+          &registry_.AddGauge("railyard_sessions", "Connected client sessions").Add(kNoLabels)),
+      buffer_bytes_(&registry_
+                         .AddGauge("railyard_registered_buffer_bytes",
+                                   "Bytes of client buffers mapped by the daemon")
+                         .Add(kNoLabels)),
+      communicators_(
+          &registry_.AddGauge("railyard_communicators", "Live communicators").Add(kNoLabels)),
+      cpu_seconds_(&registry_
+                        .AddCounter("railyard_process_cpu_seconds_total",
+                                    "User and system CPU time of the daemon process (getrusage)")
+                        .Add(kNoLabels)),
+      ucx_endpoints_(&registry_
+                          .AddGauge("railyard_ucx_endpoints",
+                                    "Transport endpoints to other daemons held by communicators")
+                          .Add(kNoLabels)),
+      op_timeouts_(&registry_
+                        .AddCounter("railyard_op_timeouts_total",
+                                    "Communicators failed because an operation or join timed out")
+                        .Add(kNoLabels)),
+      comm_aborts_(&registry_
+                        .AddCounter("railyard_comm_aborts_total",
+                                    "Communicators aborted with operations failing")
+                        .Add(kNoLabels)),
+      desyncs_(&registry_
+                    .AddCounter("railyard_desync_detections_total",
+                                "Mismatched submissions detected (ranks disagreeing on op, "
+                                "count, dtype, root, redop or algorithm)")
+                    .Add(kNoLabels)),
+      peer_failures_(&registry_
+                          .AddCounter("railyard_peer_failures_total",
+                                      "Peer daemons declared dead (heartbeats unanswered)")
+                          .Add(kNoLabels)) {
+  registry_.AddGauge("railyard_build_info", "Always 1; labels say what runs")
+      .Add({{"version", std::move(version)}, {"node", node_}})
+      .Set(1);
+  registry_.AddCollectHook([this] { Scrape(); });
+}
+
+const LinkCounters* DaemonMetrics::ForLink(const std::string& peer, const std::string& rail) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = links_[{peer, rail}];
+  if (slot == nullptr) {
+    slot = std::make_unique<LinkCounters>();
+    auto labels = [&](std::string_view dir) {
+      return Labels{{"node", node_}, {"peer", peer}, {"rail", rail}, {"direction", dir.data()}};
+    };
+    slot->tx_bytes = &link_bytes_.Add(labels("tx"));
+    slot->rx_bytes = &link_bytes_.Add(labels("rx"));
+    slot->tx_messages = &link_messages_.Add(labels("tx"));
+    slot->rx_messages = &link_messages_.Add(labels("rx"));
+    slot->tx_errors = &link_errors_.Add(labels("tx"));
+    slot->rx_errors = &link_errors_.Add(labels("rx"));
+    link_throughput_.Add(labels("tx"));
+    link_throughput_.Add(labels("rx"));
+  }
+  return slot.get();
+}
+
+Counter* DaemonMetrics::JobFabricBytes(const std::string& job) {
+  return &job_fabric_bytes_.Add({{"job", job}});
+}
+
+void DaemonMetrics::RecordCollective(const CollectiveRecord& r) {
+  const std::string bucket = SizeBucket(r.bytes);
+  const double seconds = absl::ToDoubleSeconds(r.elapsed);
+  absl::MutexLock lock(&mu_);
+  auto key =
+      std::make_tuple(std::string(r.op), std::string(r.algorithm), bucket, std::string(r.job));
+  CollectiveSeries& s = collectives_[key];
+  if (s.ops == nullptr) {
+    const Labels labels{{"op", std::get<0>(key)},
+                        {"algorithm", std::get<1>(key)},
+                        {"size_bucket", bucket},
+                        {"job", std::get<3>(key)}};
+    s.ops = &coll_ops_.Add(labels);
+    s.bytes = &coll_bytes_.Add(labels);
+    s.latency = &coll_latency_.Add(labels);
+    s.algbw = &coll_algbw_.Add(labels);
+    s.busbw = &coll_busbw_.Add(labels);
+    s.algbw_ewma = &coll_algbw_ewma_.Add(labels);
+    s.busbw_ewma = &coll_busbw_ewma_.Add(labels);
+  }
+  s.ops->Increment();
+  s.bytes->Increment(static_cast<double>(r.bytes));
+  s.latency->Observe(seconds);
+  if (seconds <= 0 || r.bytes == 0) return;  // no bandwidth to speak of
+  const double algbw = static_cast<double>(r.bytes) / seconds;
+  const double busbw = algbw * BusBwFactor(r.op, r.nranks);
+  s.algbw->Set(algbw);
+  s.busbw->Set(busbw);
+  if (!s.seen) {
+    s.algbw_ewma->Set(algbw);
+    s.busbw_ewma->Set(busbw);
+    s.seen = true;
+  } else {
+    s.algbw_ewma->Set(kEwmaAlpha * algbw + (1 - kEwmaAlpha) * s.algbw_ewma->Value());
+    s.busbw_ewma->Set(kEwmaAlpha * busbw + (1 - kEwmaAlpha) * s.busbw_ewma->Value());
+  }
+}
+
+void DaemonMetrics::SetModelPrediction(std::string_view op, std::string_view algorithm,
+                                       uint64_t bytes, std::string_view job, double seconds) {
+  coll_model_
+      .Add({{"op", std::string(op)},
+            {"algorithm", std::string(algorithm)},
+            {"size_bucket", SizeBucket(bytes)},
+            {"job", std::string(job)}})
+      .Set(seconds);
+}
+
+void DaemonMetrics::AddJob(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  if (!last_jobs_.emplace(job, JobSample{}).second) return;
+  const Labels labels{{"job", job}};
+  job_comms_.Add(labels);
+  job_queued_.Add(labels);
+  job_in_flight_.Add(labels);
+  job_weight_.Add(labels).Set(1);
+  job_fabric_bytes_.Add(labels);
+}
+
+void DaemonMetrics::SetSampler(std::function<DaemonSample()> sampler) {
+  absl::MutexLock lock(&mu_);
+  sampler_ = std::move(sampler);
+}
+
+void DaemonMetrics::Scrape() {
+  std::function<DaemonSample()> sampler;
+  {
+    absl::MutexLock lock(&mu_);
+    sampler = sampler_;
+  }
+  // Outside mu_: the sampler takes the daemon's locks, which data-path threads hold while
+  // calling into this class.
+  DaemonSample sample;
+  if (sampler) sample = sampler();
+
+  absl::MutexLock lock(&mu_);
+  sessions_->Set(sample.sessions);
+  buffer_bytes_->Set(static_cast<double>(sample.registered_buffer_bytes));
+  communicators_->Set(sample.communicators);
+  const double cpu = ProcessCpuSeconds();
+  if (cpu > cpu_reported_) {
+    cpu_seconds_->Increment(cpu - cpu_reported_);
+    cpu_reported_ = cpu;
+  }
+  // Jobs that went away keep their series at 0 (a vanished gauge reads as "no data").
+  for (auto& [job, last] : last_jobs_) last = JobSample{};
+  for (const auto& [job, j] : sample.jobs) last_jobs_[job] = j;
+  for (const auto& [job, j] : last_jobs_) {
+    const Labels labels{{"job", job}};
+    job_comms_.Add(labels).Set(j.comms);
+    job_queued_.Add(labels).Set(j.queued_ops);
+    job_in_flight_.Add(labels).Set(j.in_flight_ops);
+    job_weight_.Add(labels).Set(1);
+    job_fabric_bytes_.Add(labels);
+  }
+
+  const absl::Time now = absl::Now();
+  if (now - last_rate_sample_ < kRateWindow) return;
+  const double dt = absl::ToDoubleSeconds(now - last_rate_sample_);
+  const bool first = last_rate_sample_ == absl::InfinitePast();
+  last_rate_sample_ = now;
+  for (const auto& [key, link] : links_) {
+    const auto& [peer, rail] = key;
+    for (const auto& [counter, dir] :
+         {std::pair{link->tx_bytes, "tx"}, std::pair{link->rx_bytes, "rx"}}) {
+      const double v = counter->Value();
+      auto [it, inserted] = last_rate_value_.try_emplace(counter, v);
+      const double rate = first || inserted ? 0 : (v - it->second) / dt;
+      it->second = v;
+      link_throughput_.Add({{"node", node_}, {"peer", peer}, {"rail", rail}, {"direction", dir}})
+          .Set(rate);
+    }
+  }
+}
+
+}  // namespace railyard::metrics

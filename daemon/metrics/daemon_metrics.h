@@ -1,0 +1,152 @@
+// What railyardd measures, by name: the metric families of docs (README "Dashboards") and the
+// few calls the data path makes to update them. One instance per daemon, owned by DaemonCore.
+//
+// Hot path: a link's counters are looked up once per communicator (ForLink) and then updated
+// lock-free per message; a collective's series are looked up once per operation (a short map
+// lookup under a lock taken once per collective, never per chunk).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/metrics/registry.h"
+
+namespace railyard::metrics {
+
+// The counters of one (this node, peer node, rail) link, both directions.
+struct LinkCounters {
+  Counter* tx_bytes = nullptr;
+  Counter* rx_bytes = nullptr;
+  Counter* tx_messages = nullptr;
+  Counter* rx_messages = nullptr;
+  Counter* tx_errors = nullptr;
+  Counter* rx_errors = nullptr;
+};
+
+// Power-of-4 bucket of a message size, as a bounded label: "0", "1", "4", "16", ... "4294967296"
+// (the lower bound in bytes; everything from 4 GiB up shares the last one).
+std::string SizeBucket(uint64_t bytes);
+// nccl-tests' bus bandwidth factor for an op name of scheduler::OpName on nranks ranks.
+double BusBwFactor(std::string_view op, int nranks);
+
+// One finished collective, as the communicator saw it.
+struct CollectiveRecord {
+  std::string_view op;         // scheduler::OpName
+  std::string_view algorithm;  // schedule's algorithm; "local" for single-node plans
+  std::string_view job;
+  uint64_t bytes = 0;  // nccl-tests' size: what algbw divides by the time
+  int nranks = 1;
+  absl::Duration elapsed;
+};
+
+// Daemon state sampled at scrape time (DaemonCore fills it).
+struct JobSample {
+  int comms = 0;
+  int queued_ops = 0;
+  int in_flight_ops = 0;
+};
+struct DaemonSample {
+  int sessions = 0;
+  uint64_t registered_buffer_bytes = 0;
+  int communicators = 0;
+  std::map<std::string, JobSample> jobs;
+};
+
+class DaemonMetrics {
+ public:
+  DaemonMetrics(std::string node_name, std::string version);
+  DaemonMetrics(const DaemonMetrics&) = delete;
+  DaemonMetrics& operator=(const DaemonMetrics&) = delete;
+
+  Registry& registry() { return registry_; }
+  const std::string& node_name() const { return node_; }
+
+  // Counters of the link to peer node `peer` on rail `rail` (names). Stable pointer.
+  const LinkCounters* ForLink(const std::string& peer, const std::string& rail);
+  // Bytes a job's communicators moved over the fabric (sent plus received).
+  Counter* JobFabricBytes(const std::string& job);
+  // Endpoints to other daemons in use by communicators.
+  Gauge* ucx_endpoints() { return ucx_endpoints_; }
+
+  void RecordCollective(const CollectiveRecord& r);
+  // The cost model's predicted time of the last operation of this key (scheduler::Tuner's
+  // predicted_s). Not called until a model predicts.
+  void SetModelPrediction(std::string_view op, std::string_view algorithm, uint64_t bytes,
+                          std::string_view job, double seconds);
+
+  void CountOpTimeout() { op_timeouts_->Increment(); }
+  void CountCommAbort() { comm_aborts_->Increment(); }
+  void CountDesync() { desyncs_->Increment(); }
+  void CountPeerFailure() { peer_failures_->Increment(); }
+
+  // Creates the job's series (at 0) when a job first connects, so that a job shows up even when
+  // no scrape fell within its life.
+  void AddJob(const std::string& job);
+
+  // Called at every scrape to refresh the daemon and job gauges.
+  void SetSampler(std::function<DaemonSample()> sampler);
+
+ private:
+  struct CollectiveSeries {
+    Counter* ops = nullptr;
+    Counter* bytes = nullptr;
+    Histogram* latency = nullptr;
+    Gauge* algbw = nullptr;
+    Gauge* busbw = nullptr;
+    Gauge* algbw_ewma = nullptr;
+    Gauge* busbw_ewma = nullptr;
+    bool seen = false;
+  };
+  void Scrape();
+
+  const std::string node_;
+  Registry registry_;
+  Family<Counter>& link_bytes_;
+  Family<Counter>& link_messages_;
+  Family<Counter>& link_errors_;
+  Family<Gauge>& link_throughput_;
+  Family<Counter>& coll_ops_;
+  Family<Counter>& coll_bytes_;
+  Family<Histogram>& coll_latency_;
+  Family<Gauge>& coll_algbw_;
+  Family<Gauge>& coll_busbw_;
+  Family<Gauge>& coll_algbw_ewma_;
+  Family<Gauge>& coll_busbw_ewma_;
+  Family<Gauge>& coll_model_;
+  Family<Gauge>& job_comms_;
+  Family<Gauge>& job_queued_;
+  Family<Gauge>& job_in_flight_;
+  Family<Counter>& job_fabric_bytes_;
+  Family<Gauge>& job_weight_;
+  Gauge* sessions_;
+  Gauge* buffer_bytes_;
+  Gauge* communicators_;
+  Counter* cpu_seconds_;
+  Gauge* ucx_endpoints_;
+  Counter* op_timeouts_;
+  Counter* comm_aborts_;
+  Counter* desyncs_;
+  Counter* peer_failures_;
+
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<LinkCounters>> links_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, CollectiveSeries>
+      collectives_ ABSL_GUARDED_BY(mu_);
+  std::function<DaemonSample()> sampler_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobSample> last_jobs_ ABSL_GUARDED_BY(mu_);
+  double cpu_reported_ ABSL_GUARDED_BY(mu_) = 0;
+  // Throughput: each link counter's value at the previous sample, and when it was taken.
+  absl::Time last_rate_sample_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<const Counter*, double> last_rate_value_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace railyard::metrics
