@@ -166,6 +166,7 @@ absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
   }
   SeqSlot& slot = slots_[idx];
   if (absl::Status s = slot.merge.Add(rank, &request->req); !s.ok()) {
+    if (env_.metrics != nullptr) env_.metrics->CountDesync();
     const absl::Status why(s.code(),
                            absl::StrCat(scheduler::OpName(request->req.op), " seq ", seq,
                                         " on communicator ", comm_id_, ": ", s.message()));
@@ -183,6 +184,7 @@ absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
   if (slot.merge.complete()) {
     env_.timer->Cancel(slot.timer);
     if (absl::Status s = slot.merge.CheckComplete(); !s.ok()) {
+      if (env_.metrics != nullptr) env_.metrics->CountDesync();
       AbortLocked(absl::Status(s.code(), absl::StrCat("seq ", seq, " on communicator ", comm_id_,
                                                       ": ", s.message())),
                   out);
@@ -200,6 +202,7 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     if (multi_node_) {
       if (!PrepareNodeRunLocked(out)) continue;  // the op failed here and was completed
       collective_running_ = true;
+      run_started_ = absl::Now();
       running_self_ = shared_from_this();
       out->start_node_run = true;
       // A running operation waits on other daemons, which may never send (their ranks
@@ -213,6 +216,8 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
       return;
     }
     scheduler::BuildLocalPlan(slot.merge.requests(), env_.chunk_bytes, &collective_exec_.plan);
+    run_started_ = absl::Now();
+    run_algorithm_ = "local";
     if (!collective_exec_.plan.steps.empty()) {
       collective_running_ = true;
       running_self_ = shared_from_this();
@@ -220,6 +225,7 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
       return;
     }
     // Nothing to move (barrier, count 0): complete now.
+    RecordCollectiveLocked(absl::OkStatus());
     for (auto& r : slot.requests)
       out->completions.push_back({std::move(r), absl::OkStatus(), base_seq_});
     ++ops_completed_;
@@ -250,6 +256,7 @@ void Communicator::OnCollectiveDone(const absl::Status& status) {
     keep = std::move(running_self_);
     env_.timer->Cancel(run_timer_);
     SeqSlot& slot = slots_.front();
+    RecordCollectiveLocked(status);
     for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, base_seq_});
     if (status.ok()) {
       ++ops_completed_;
@@ -265,6 +272,24 @@ void Communicator::OnCollectiveDone(const absl::Status& status) {
     NextCollectiveLocked(&out);
   }
   Deliver(out);
+}
+
+void Communicator::RecordCollectiveLocked(const absl::Status& status) {
+  if (env_.metrics == nullptr || !status.ok() || slots_.empty()) return;
+  const SeqSlot& slot = slots_.front();
+  if (slot.requests.empty() || slot.requests[0] == nullptr) return;
+  const scheduler::RankRequest& r = slot.requests[0]->req;
+  // nccl-tests' size (what algbw divides by): the message, or the whole gathered/scattered
+  // buffer for AllGather, ReduceScatter and AllToAll.
+  uint64_t bytes = r.count * kernels::ElementSize(r.dtype);
+  if (r.op == OpKind::kAllGather || r.op == OpKind::kReduceScatter || r.op == OpKind::kAllToAll) {
+    bytes *= static_cast<uint64_t>(nranks_);
+  } else if (r.op == OpKind::kBarrier) {
+    bytes = 0;
+  }
+  const std::string op(scheduler::OpName(r.op));
+  env_.metrics->RecordCollective(
+      {op, run_algorithm_, job_, bytes, nranks_, absl::Now() - run_started_});
 }
 
 bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
@@ -312,8 +337,10 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
     } else {
       failure = schedule.status();
     }
+    run_algorithm_ = scheduler::kAlgoDirect;
   } else if (auto it = schedule_cache_.find(key); it != schedule_cache_.end()) {
     node_schedule_ = it->second;
+    run_algorithm_ = schedule_algorithm_[key];
   } else {
     absl::StatusOr<scheduler::RankSchedule> schedule =
         scheduler::Generate(algo, shape, net_.layout, env_.chunk_bytes);
@@ -321,10 +348,15 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
       schedule = scheduler::Generate(fallback, shape, net_.layout, env_.chunk_bytes);
     }
     if (schedule.ok()) {
-      if (schedule_cache_.size() >= 64) schedule_cache_.clear();  // bounded; shapes repeat
+      if (schedule_cache_.size() >= 64) {  // bounded; shapes repeat
+        schedule_cache_.clear();
+        schedule_algorithm_.clear();
+      }
       node_schedule_ = std::make_shared<const scheduler::NodeSchedule>(
           scheduler::Project(*schedule, net_.layout, shape, net_.my_node));
       schedule_cache_.emplace(key, node_schedule_);
+      run_algorithm_ = schedule->algorithm.empty() ? algo : schedule->algorithm;
+      schedule_algorithm_[key] = run_algorithm_;
     } else {
       failure = schedule.status();
     }
@@ -406,6 +438,7 @@ void Communicator::NextPointToPointLocked(std::pair<int, int> key, Outcomes* out
     const PendingRequest& send = *ch.sends.front();
     const PendingRequest& recv = *ch.recvs.front();
     if (send.req.dtype != recv.req.dtype || send.req.count != recv.req.count) {
+      if (env_.metrics != nullptr) env_.metrics->CountDesync();
       AbortLocked(absl::InvalidArgumentError(
                       absl::StrCat("send/recv mismatch on communicator ", comm_id_, " (pair seq ",
                                    ch.matched, "): rank ", key.first, " sends ", send.req.count,
@@ -642,6 +675,10 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
   }
   // A rank leaving an idle communicator is how jobs end: only failed work is worth a warning.
   const size_t failed = out->completions.size() + out->joins.size() - failed_before;
+  if (env_.metrics != nullptr) {
+    if (failed > 0) env_.metrics->CountCommAbort();
+    if (status.code() == absl::StatusCode::kDeadlineExceeded) env_.metrics->CountOpTimeout();
+  }
   Log(failed > 0 ? LogLevel::kWarning : LogLevel::kInfo, "comm",
       failed > 0 ? "communicator aborted" : "communicator closed",
       {F("comm", comm_id_), F("job", job_), F("code", absl::StatusCodeToString(status.code())),
@@ -729,6 +766,12 @@ CommStats Communicator::Stats() const {
   s.ops_completed = ops_completed_;
   s.ops_failed = ops_failed_;
   s.bytes_moved = bytes_moved_;
+  s.in_flight_ops = (collective_running_ ? 1 : 0) + static_cast<uint64_t>(remote_p2p_in_flight_);
+  s.queued_ops = slots_.size() - (collective_running_ ? 1 : 0);
+  for (const auto& [key, ch] : channels_) {
+    s.in_flight_ops += ch.executing ? 1 : 0;
+    s.queued_ops += ch.sends.size() + ch.recvs.size();
+  }
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/deadline_timer.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/merge.h"
 #include "daemon/scheduler/node_executor.h"
@@ -37,6 +38,8 @@ struct CommEnv {
   absl::Duration init_timeout = absl::Seconds(120);
   // Algorithm for requests that force none (--algo); empty: scheduler::DefaultAlgorithm.
   std::string default_algo;
+  // Where finished collectives and failures are counted; null: not measured (unit tests).
+  metrics::DaemonMetrics* metrics = nullptr;
 };
 
 // What a communicator spanning several daemons needs beyond CommEnv.
@@ -75,6 +78,8 @@ struct CommStats {
   uint64_t ops_completed = 0;
   uint64_t ops_failed = 0;
   uint64_t bytes_moved = 0;
+  uint64_t queued_ops = 0;     // collectives and sends/receives accepted, not started
+  uint64_t in_flight_ops = 0;  // executing now
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
@@ -252,6 +257,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // repeated collectives can afford.
   std::shared_ptr<const scheduler::NodeSchedule> node_schedule_;
   std::map<std::string, std::shared_ptr<const scheduler::NodeSchedule>> schedule_cache_;
+  std::map<std::string, std::string> schedule_algorithm_;  // by cache key: what generated it
   scheduler::RankMemory node_memory_;
   std::vector<std::byte> scratch_;  // per-rank scratch, grown when a schedule needs more
   scheduler::NodeRun node_run_;
@@ -264,6 +270,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<std::unique_ptr<P2PRun>> p2p_runs_ ABSL_GUARDED_BY(mu_);  // all ever made
   std::vector<P2PRun*> idle_p2p_runs_ ABSL_GUARDED_BY(mu_);
   int remote_p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The running collective, for its metrics: when it started and by which algorithm.
+  absl::Time run_started_ ABSL_GUARDED_BY(mu_);
+  std::string run_algorithm_ ABSL_GUARDED_BY(mu_);
+  // Records a finished collective of the front slot (before it is popped).
+  void RecordCollectiveLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   uint64_t ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -16,6 +16,9 @@ struct DaemonConfig {
   // host:port of the daemon<->daemon service; named as coordinator in comm ids when set. Port 0
   // picks a free port (reported in logs and status).
   std::string peer_listen;
+  // host:port of the Prometheus endpoint (/metrics, /healthz, /readyz); empty: none. Port 0 picks
+  // a free port (logged).
+  std::string metrics_listen;
   // JSON file describing this node's rails (docs/topology.md); empty: one rail, UCX's choice.
   std::string topology_file;
   // Algorithm for requests that force none; empty: the scheduler's size/nodes rule.

@@ -7,6 +7,7 @@
 #include "daemon/comm_id.h"
 #include "daemon/job_tokens.h"
 #include "daemon/log.h"
+#include "daemon/metrics/counting_endpoint.h"
 #include "daemon/request_decode.h"
 #include "daemon/version.h"
 
@@ -27,9 +28,11 @@ DaemonCore::DaemonCore(DaemonConfig config, std::map<std::string, std::string> j
     : config_(std::move(config)),
       fixed_tokens_(std::move(job_tokens)),
       started_at_(absl::Now()),
+      metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion)),
       executor_(WorkerThreads(config_.worker_threads)) {
   coordinator_ =
       config_.peer_listen.empty() ? absl::StrCat("local:", config_.node_name) : config_.peer_listen;
+  metrics_->SetSampler([this] { return SampleMetrics(); });
 }
 
 DaemonCore::~DaemonCore() { Shutdown(); }
@@ -64,6 +67,7 @@ absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Conne
   auto session = std::make_shared<Session>(RandomHex128(), req.job_id(), req.pid(),
                                            req.client().substr(0, 128));
   sessions_.emplace(session->id(), session);
+  metrics_->AddJob(session->job());
   Log(LogLevel::kInfo, "session", "connected",
       {F("session", session->id().substr(0, 8)), F("job", session->job()), F("pid", req.pid())});
   return session;
@@ -121,8 +125,10 @@ absl::Status DaemonCore::ReleaseBuffer(Session& session, uint64_t buffer_id) {
 std::string DaemonCore::NewCommId() { return FormatCommId({RandomHex128(), coordinator_}); }
 
 CommEnv DaemonCore::MakeCommEnv() {
-  return CommEnv{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
-                 config_.init_timeout, config_.algo};
+  CommEnv env{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
+              config_.init_timeout, config_.algo};
+  env.metrics = metrics_.get();
+  return env;
 }
 
 absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
@@ -338,7 +344,13 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
         return absl::UnavailableError(absl::StrCat("cannot connect to node ", node.node_name(),
                                                    " on rail ", r, ": ", ep.status().message()));
       }
-      net.endpoints[n][r] = *std::move(ep);
+      // Rails are aligned (this node's rail r talks to the peer's rail r): label by our name.
+      const std::string rail_name = r < topology_.rails_size() && !topology_.rails(r).name().empty()
+                                        ? topology_.rails(r).name()
+                                        : absl::StrCat("rail", r);
+      net.endpoints[n][r] = std::make_shared<metrics::CountingEndpoint>(
+          *std::move(ep), metrics_->ForLink(node.node_name(), rail_name),
+          metrics_->JobFabricBytes(job), metrics_->ucx_endpoints());
     }
   }
   std::vector<std::string> peers = net.node_addresses;
@@ -385,6 +397,7 @@ void DaemonCore::HeartbeatTick() {
         timer_.Schedule(now + config_.heartbeat_interval, [this] { HeartbeatTick(); });
   }
   for (const auto& [addr, error] : dead) {
+    metrics_->CountPeerFailure();
     for (const auto& comm : by_peer[addr]) {
       comm->Abort(absl::UnavailableError(absl::StrCat(
           "node ", comm->NodeNameOf(addr), " (", addr, ") of communicator ", comm->comm_id(),
@@ -436,6 +449,32 @@ void DaemonCore::RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm) {
   retired_ops_completed_ += stats.ops_completed;
   retired_ops_failed_ += stats.ops_failed;
   comms_.erase(it);
+}
+
+metrics::DaemonSample DaemonCore::SampleMetrics() {
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::shared_ptr<Communicator>> comms;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) sessions.push_back(s);
+    for (const auto& [key, c] : comms_) comms.push_back(c);
+  }
+  metrics::DaemonSample out;
+  out.sessions = static_cast<int>(sessions.size());
+  for (const auto& s : sessions) {
+    out.registered_buffer_bytes += s->buffer_bytes();
+    out.jobs[s->job()];  // a connected job shows up with zero comms
+  }
+  for (const auto& c : comms) {
+    const CommStats st = c->Stats();
+    if (st.state == "failed") continue;
+    ++out.communicators;
+    metrics::JobSample& j = out.jobs[st.job];
+    ++j.comms;
+    j.queued_ops += static_cast<int>(st.queued_ops);
+    j.in_flight_ops += static_cast<int>(st.in_flight_ops);
+  }
+  return out;
 }
 
 v1::StatusResponse DaemonCore::Status() {

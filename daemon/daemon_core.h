@@ -20,6 +20,7 @@
 #include "daemon/communicator.h"
 #include "daemon/config.h"
 #include "daemon/deadline_timer.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "daemon/peer_client.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/session.h"
@@ -38,6 +39,8 @@ class DaemonCore {
   ~DaemonCore();
 
   const DaemonConfig& config() const { return config_; }
+  // This daemon's metric families (served by the Server when --metrics_listen is set).
+  metrics::DaemonMetrics& metrics() { return *metrics_; }
 
   // Multi-node set-up, before serving: the rails of this node, the transport over them and the
   // address other daemons reach this one's Peer service at (empty: single-node only).
@@ -96,10 +99,15 @@ class DaemonCore {
       const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
       int my_node);
   void HeartbeatTick();
+  // What the metrics' daemon and job gauges show, sampled at scrape time.
+  metrics::DaemonSample SampleMetrics();
 
   const DaemonConfig config_;
   const std::map<std::string, std::string> fixed_tokens_;
   const absl::Time started_at_;
+  // Before everything that updates it (executor threads, communicators, transport callbacks),
+  // so that it is destroyed after them.
+  const std::unique_ptr<metrics::DaemonMetrics> metrics_;
   std::string coordinator_;
   DeadlineTimer timer_;
   scheduler::Executor executor_;

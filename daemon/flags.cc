@@ -15,6 +15,9 @@ ABSL_FLAG(std::string, node_name, "",
           "This node's name in comm ids, logs and status (default: host name)");
 ABSL_FLAG(std::string, peer_listen, "",
           "host:port of the daemon-to-daemon service; named as coordinator in comm ids when set");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port serving Prometheus /metrics, /healthz and /readyz (port 0: a free port; "
+          "empty: off)");
 ABSL_FLAG(std::string, topology, "",
           "JSON file describing this node's rails (docs/topology.md); default: one rail");
 ABSL_FLAG(std::string, algo, "",
@@ -37,9 +40,9 @@ namespace railyard {
 
 const std::vector<std::string>& DaemonFlagNames() {
   static const auto* names = new std::vector<std::string>{
-      "socket",     "node_name",    "peer_listen", "job_tokens",     "worker_threads",
-      "op_timeout", "init_timeout", "chunk_bytes", "shutdown_grace", "log_level",
-      "topology",   "algo",         "peer_timeout"};
+      "socket",     "node_name",    "peer_listen",  "job_tokens",     "worker_threads",
+      "op_timeout", "init_timeout", "chunk_bytes",  "shutdown_grace", "log_level",
+      "topology",   "algo",         "peer_timeout", "metrics_listen"};
   return *names;
 }
 
@@ -72,6 +75,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     }
   }
   c.peer_listen = absl::GetFlag(FLAGS_peer_listen);
+  c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   c.job_tokens_file = absl::GetFlag(FLAGS_job_tokens);
   c.topology_file = absl::GetFlag(FLAGS_topology);
   c.algo = absl::GetFlag(FLAGS_algo);

@@ -102,6 +102,10 @@ absl::Status Server::Start() {
     return absl::FailedPreconditionError(
         absl::StrCat("chmod 0660 ", config_.socket, ": ", std::strerror(errno)));
   }
+  if (!config_.metrics_listen.empty()) {
+    if (absl::Status s = StartMetrics(); !s.ok()) return s;
+  }
+  serving_ = true;
   Log(LogLevel::kInfo, "daemon", "serving",
       {F("version", kRailyardVersion), F("socket", config_.socket), F("node", config_.node_name),
        F("coordinator", core_->coordinator()),
@@ -146,8 +150,21 @@ absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartMetrics() {
+  metrics_http_ = std::make_unique<metrics::HttpServer>(&core_->metrics().registry(),
+                                                        [this] { return serving_.load(); });
+  absl::StatusOr<std::string> bound = metrics_http_->Start(config_.metrics_listen);
+  if (!bound.ok()) return bound.status();
+  metrics_address_ = *bound;
+  Log(LogLevel::kInfo, "daemon", "metrics",
+      {F("metrics_address", metrics_address_),
+       F("url", absl::StrCat("http://", metrics_address_, "/metrics"))});
+  return absl::OkStatus();
+}
+
 void Server::Shutdown() {
   if (core_ == nullptr) return;
+  serving_ = false;  // /readyz: 503 from here on
   Log(LogLevel::kInfo, "daemon", "shutting down", {F("socket", config_.socket)});
   core_->Shutdown();
   if (peer_grpc_ != nullptr) {
@@ -163,6 +180,10 @@ void Server::Shutdown() {
   if (socket_created_) {
     ::unlink(config_.socket.c_str());
     socket_created_ = false;
+  }
+  if (metrics_http_ != nullptr) {
+    metrics_http_->Stop();  // scrapes read core_'s state: stop them first
+    metrics_http_.reset();
   }
   local_.reset();
   admin_.reset();

@@ -1,6 +1,7 @@
 // railyardd's lifetime: the Unix socket, the gRPC server and its services, and clean shutdown.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -8,6 +9,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon_core.h"
 #include "daemon/local_service.h"
+#include "daemon/metrics/http_server.h"
 #include "daemon/peer_service.h"
 #include "grpcpp/server.h"
 
@@ -24,6 +26,8 @@ class Server {
   absl::Status Start();
   // host:port the peer service is reachable at ("" without --peer_listen).
   const std::string& peer_address() const { return peer_address_; }
+  // host:port of /metrics ("" without --metrics_listen).
+  const std::string& metrics_address() const { return metrics_address_; }
   // Fails in-flight collectives with CANCELLED, finishes sessions, stops the gRPC server (RPCs
   // still running after the grace period are cancelled) and removes the socket file. Idempotent.
   void Shutdown();
@@ -38,6 +42,11 @@ class Server {
   std::unique_ptr<grpc::Server> peer_grpc_;  // TCP, daemon<->daemon only
   bool socket_created_ = false;
   std::string peer_address_;
+  std::unique_ptr<metrics::HttpServer> metrics_http_;
+  std::string metrics_address_;
+  std::atomic<bool> serving_{false};  // what /readyz reports: the gRPC APIs are up
+
+  absl::Status StartMetrics();
 
   absl::Status StartPeerService(const v1::NodeTopology& topology);
 };
