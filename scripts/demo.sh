@@ -33,7 +33,7 @@ for n in 0 1; do
 {"node": "demo-node-$n", "rails": [{"name": "rail0", "device": "lo"}, {"name": "rail1", "device": "lo"}]}
 JSON
   "$build/daemon/railyardd" --socket="$dir/node$n.sock" --peer_listen=127.0.0.1:0 \
-    --topology="$dir/node$n.json" >"$dir/node$n.log" 2>&1 &
+    --topology="$dir/node$n.json" --metrics_listen=127.0.0.1:0 >"$dir/node$n.log" 2>&1 &
   pids+=($!)
   socks+=("$dir/node$n.sock")
 done
@@ -51,6 +51,33 @@ for s in "${socks[@]}"; do
   "$build/tools/railctl" status --socket "$s"
   echo
 done
+# Live figures from each daemon's Prometheus endpoint (railyard_link_bytes_total per peer/rail,
+# collectives counted, p50 latency of the largest AllReduce bucket from the histogram).
+for n in 0 1; do
+  addr=$(grep -o 'metrics_address=[^ ]*' "$dir/node$n.log" | head -1 | cut -d= -f2)
+  [ -n "$addr" ] || continue
+  echo "demo: demo-node-$n metrics at http://$addr/metrics"
+  curl -sf --max-time 5 "http://$addr/metrics" | awk '
+    /^railyard_link_bytes_total\{/ && /direction="tx"/ {
+      match($0, /peer="[^"]*"/); peer = substr($0, RSTART + 6, RLENGTH - 7)
+      match($0, /rail="[^"]*"/); rail = substr($0, RSTART + 6, RLENGTH - 7)
+      printf "  link tx to %-12s %-6s %12.1f MiB\n", peer, rail, $NF / 1048576 }
+    /^railyard_collective_ops_total\{/ { ops += $NF }
+    /^railyard_collective_latency_seconds_bucket\{/ && /op="allreduce"/ {
+      match($0, /size_bucket="[^"]*"/); b = substr($0, RSTART + 13, RLENGTH - 14) + 0
+      match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
+      if (b > maxb) { maxb = b; n = 0 }
+      if (b == maxb) { les[n] = le; cum[n] = $NF; n++ } }
+    END {
+      printf "  collectives completed: %d\n", ops
+      if (n > 0) {
+        total = cum[n - 1]
+        for (i = 0; i < n; i++) if (cum[i] >= total / 2) { p50 = les[i]; break }
+        printf "  allreduce %d B bucket: %d ops, p50 latency <= %s s\n", maxb, total, p50 }
+    }'
+done
+echo
+
 for pid in "${pids[@]}"; do kill -TERM "$pid"; done
 for pid in "${pids[@]}"; do wait "$pid"; done
 pids=()

@@ -13,7 +13,7 @@ packages=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # metrics exposition and the real Prometheus tools the tests use
-  libcivetweb-dev prometheus nlohmann-json3-dev
+  libcivetweb-dev prometheus nlohmann-json3-dev curl
   # peers measured side by side in bench/
   openmpi-bin libopenmpi-dev mpich libmpich-dev
   # Python client (Debian's /usr/bin/python3 only)
