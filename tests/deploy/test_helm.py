@@ -1,0 +1,155 @@
+"""The Helm chart: with default values it renders the objects of deploy/kubernetes; its values
+are wired where they belong; the offline renderer behaves like Helm on the constructs it
+supports and refuses the others. Plus `kubectl kustomize` of deploy/kubernetes when kubectl is
+installed (it works offline; `kubectl apply/create --dry-run=client` does not: both need an API
+server for discovery)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+import deploy_model as dm
+import helm_template
+from conftest import CUSTOM_VALUES
+
+
+def _first_difference(a, b, path="spec"):
+    """The path and the two values where a and b first differ (for a readable failure)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: {a!r} (deploy/kubernetes) != {b!r} (helm)"
+
+
+def _by_key(objects):
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def test_default_values_render_the_plain_manifests(chart):
+    plain = _by_key(o for o in dm.kustomization_objects() if o["kind"] != "Namespace")
+    helm = _by_key(chart.render_objects(release="railyard", namespace="railyard"))
+    assert sorted(plain) == sorted(helm)
+    for key, p in plain.items():
+        h = helm[key]
+        assert p["apiVersion"] == h["apiVersion"], key
+        assert p["metadata"]["namespace"] == h["metadata"]["namespace"], key
+        # Helm adds its own labels (chart, version, managed-by); the plain ones must all be there.
+        assert dm.labels_match(p["metadata"]["labels"], h["metadata"]["labels"]), key
+        assert p["metadata"].get("annotations") == h["metadata"].get("annotations"), key
+        if key[0] == "ConfigMap":
+            assert p["data"].keys() == h["data"].keys()
+            for k in p["data"]:
+                assert json.loads(p["data"][k]) == json.loads(h["data"][k]), (key, k)
+        else:
+            assert p["spec"] == h["spec"], f"{key}: {_first_difference(p['spec'], h['spec'])}"
+
+
+def test_custom_values_are_wired(chart):
+    objs = chart.render_objects(release="ry-prod", namespace="gpu-infra", values=CUSTOM_VALUES)
+    ds = dm.only(objs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    c = dm.daemon_container(objs)
+    args = dm.parse_args(c["args"])
+    assert ds["metadata"]["name"] == "ry-prod-railyard"
+    assert c["image"] == "registry.example/ml/railyardd:1.2.3"
+    assert args["socket"] == "/var/run/ry/daemon.sock"
+    assert args["algo"] == "hier" and args["log_level"] == "debug"
+    assert args["worker_threads"] == "8" and args["shutdown_grace"] == "30s"
+    assert spec["terminationGracePeriodSeconds"] == 45
+    assert c["args"][-2:] == ["--op_timeout=600s", "--init_timeout=5m"]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    # Job tokens: the flag names a file of the mounted Secret.
+    tokens = args["job_tokens"]
+    mount = dm.mount_covering(c, tokens)
+    vol = dm.volume_by_mount(spec, c, mount["mountPath"])
+    assert vol["secret"]["secretName"] == "railyard-job-tokens"
+    assert os.path.relpath(tokens, mount["mountPath"]) == "job_tokens"
+    assert mount["readOnly"] is True
+    cm = dm.only(objs, "ConfigMap")
+    assert json.loads(cm["data"]["topology.json"]) == {"rails": CUSTOM_VALUES["rails"]}
+    sm = dm.only(objs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == ["gpu-infra"]
+
+
+def test_optional_objects_and_annotations_switch_off(chart):
+    objs = chart.render_objects(values={"metrics": {"annotations": False,
+                                                    "serviceMonitor": {"enabled": False}},
+                                        "priorityClassName": ""})
+    assert "ServiceMonitor" not in {o["kind"] for o in objs}
+    ds = dm.only(objs, "DaemonSet")
+    assert "annotations" not in ds["spec"]["template"]["metadata"]
+    assert "annotations" not in dm.only(objs, "Service")["metadata"]
+    assert "priorityClassName" not in ds["spec"]["template"]["spec"]
+
+
+def test_notes_tell_pods_how_to_connect(chart):
+    notes = chart.render(values=CUSTOM_VALUES)["NOTES.txt"]
+    assert "RAILYARD_SOCKET=/var/run/ry/daemon.sock" in notes
+    assert "hostPath /dev/shm/ry -> /dev/shm" in notes
+    assert ":9500/metrics" in notes
+
+
+# ---- the renderer itself --------------------------------------------------------------------
+
+def _render(tmp_path, template, values=None, helpers=""):
+    d = tmp_path / "chart"
+    (d / "templates").mkdir(parents=True, exist_ok=True)
+    (d / "Chart.yaml").write_text("name: t\nversion: 1.0.0\nappVersion: '2'\n")
+    (d / "values.yaml").write_text(yaml.safe_dump(values or {}))
+    (d / "templates" / "t.yaml").write_text(template)
+    (d / "templates" / "_h.tpl").write_text(helpers)
+    return helm_template.Chart(str(d)).render(release="r", namespace="n")["t.yaml"]
+
+
+def test_renderer_matches_go_template_semantics(tmp_path):
+    # Expected strings are what Helm 3 prints for the same template and values.
+    assert _render(tmp_path, "a: {{ .Values.x }}\n", {"x": 3}) == "a: 3\n"
+    assert _render(tmp_path, "a:\n  {{- if .Values.on }} yes{{ end }}\nb: 1\n",
+                   {"on": True}) == "a: yes\nb: 1\n"
+    assert _render(tmp_path, "a: {{ .Values.on }}", {"on": False}) == "a: false"
+    assert _render(tmp_path, "{{- range .Values.l }}\n- {{ . | quote }}\n{{- end }}",
+                   {"l": ["x", 2]}) == '\n- "x"\n- "2"'
+    assert _render(tmp_path, "l:\n  {{- toYaml .Values.m | nindent 2 }}",
+                   {"m": {"b": 1, "a": [1]}}) == "l:\n  a:\n  - 1\n  b: 1"
+    assert _render(tmp_path, '{{ include "h" . }}', helpers='{{- define "h" -}}\n'
+                   '{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 3 }}\n{{- end }}') == "r-t"
+    assert _render(tmp_path, '{{ .Values.t | default .Chart.AppVersion }}', {"t": ""}) == "2"
+    assert _render(tmp_path, "{{ add .Values.a 10 }}", {"a": 5}) == "15"
+    assert _render(tmp_path, "{{ toJson .Values.m }}", {"m": {"b": "x", "a": 1}}) == \
+        '{"a":1,"b":"x"}'
+    assert _render(tmp_path, "{{/* a comment */}}x") == "x"
+
+
+@pytest.mark.parametrize("template", [
+    "{{ .Values.missing }}",             # Helm would print nothing: a typo must not pass here
+    "{{ with .Values.x }}{{ end }}",     # not implemented
+    "{{ upper .Values.x }}",             # unknown function
+    "{{ if .Values.x }}",                # unclosed block
+])
+def test_renderer_refuses_what_it_does_not_implement(tmp_path, template):
+    with pytest.raises(helm_template.TemplateError):
+        _render(tmp_path, template, {"x": "v"})
+
+
+def test_kubectl_kustomize_builds_the_same_objects():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed (not packaged for Debian 12 beside kubernetes-client)")
+    out = subprocess.run([kubectl, "kustomize", dm.KUBE_DIR], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, KUBECONFIG="/dev/null"))
+    assert out.returncode == 0, out.stderr
+    built = _by_key(d for d in yaml.safe_load_all(out.stdout) if d)
+    mine = _by_key(dm.kustomization_objects())
+    assert built == mine
