@@ -18,6 +18,8 @@ packages=(
   openmpi-bin libopenmpi-dev mpich libmpich-dev
   # Python client (Debian's /usr/bin/python3 only)
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch
+  # deployment checks (tests/deploy: Kubernetes manifests, Helm chart, systemd unit)
+  python3-yaml systemd
   # network namespaces and traffic shaping for the emulated fabric
   iproute2 procps
 )
