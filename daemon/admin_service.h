@@ -16,6 +16,14 @@ class AdminService final : public v1::Admin::CallbackService {
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+  grpc::ServerUnaryReactor* GetTopology(grpc::CallbackServerContext* ctx,
+                                        const v1::GetTopologyRequest* req,
+                                        v1::GetTopologyResponse* resp) override {
+    *resp->mutable_topology() = core_->NodeGraph();
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
 
  private:
   DaemonCore* core_;

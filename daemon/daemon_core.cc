@@ -147,6 +147,18 @@ void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
       timer_.Schedule(absl::Now() + config_.heartbeat_interval, [this] { HeartbeatTick(); });
 }
 
+void DaemonCore::SetNodeGraph(v1::NodeTopology graph) {
+  absl::MutexLock lock(&mu_);
+  node_graph_ = std::move(graph);
+}
+
+v1::NodeTopology DaemonCore::NodeGraph() {
+  absl::MutexLock lock(&mu_);
+  v1::NodeTopology graph = node_graph_;
+  if (graph.node().empty()) graph.set_node(config_.node_name);
+  return graph;
+}
+
 v1::NodeInfo DaemonCore::MyNodeInfo() {
   v1::NodeInfo info;
   info.set_node_name(config_.node_name);

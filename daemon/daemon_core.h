@@ -48,6 +48,10 @@ class DaemonCore {
                        std::string peer_address);
   // This daemon as other daemons see it.
   v1::NodeInfo MyNodeInfo();
+  // This node's topology graph (its --topology file merged with discovery), set before serving;
+  // served by Admin.GetTopology.
+  void SetNodeGraph(v1::NodeTopology graph);
+  v1::NodeTopology NodeGraph();
 
   // Coordinator side of communicator bootstrap (Peer.JoinComm, or a local rank's InitComm).
   absl::Status CoordinateJoin(const v1::JoinCommRequest& req, CommBootstrap::Done done);
@@ -114,6 +118,7 @@ class DaemonCore {
   CommBootstrap bootstrap_{&timer_};
   PeerClients peers_;
   v1::NodeTopology topology_;
+  v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_;
   std::string peer_address_;
   std::atomic<uint64_t> next_buffer_id_{1};

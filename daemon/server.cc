@@ -13,7 +13,8 @@
 #include "absl/time/clock.h"
 #include "daemon/job_tokens.h"
 #include "daemon/log.h"
-#include "daemon/topology_file.h"
+#include "daemon/topology/discovery.h"
+#include "daemon/topology/topology_file.h"
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "daemon/version.h"
 #include "grpcpp/server_builder.h"
@@ -61,6 +62,19 @@ absl::Status PrepareSocketPath(const std::string& path) {
   return absl::OkStatus();
 }
 
+// What Admin.GetTopology serves: the declared topology completed by discovery. The rails UCX
+// runs on stay the declared ones (StartPeerService); this copy is for people and the model.
+v1::NodeTopology NodeGraph(v1::NodeTopology declared, const std::string& node_name) {
+  declared.set_node(node_name);
+  absl::StatusOr<v1::NodeTopology> discovered = topology::Discover("/");
+  if (!discovered.ok()) {
+    Log(LogLevel::kWarning, "daemon", "topology discovery failed",
+        {F("error", discovered.status().message())});
+    return declared;
+  }
+  return topology::MergeDiscovered(declared, *discovered);
+}
+
 }  // namespace
 
 Server::~Server() { Shutdown(); }
@@ -72,15 +86,16 @@ absl::Status Server::Start() {
     if (!loaded.ok()) return loaded.status();
     tokens = *std::move(loaded);
   }
-  v1::NodeTopology topology = DefaultNodeTopology();
+  v1::NodeTopology topology = topology::DefaultNodeTopology();
   if (!config_.topology_file.empty()) {
-    auto loaded = LoadNodeTopology(config_.topology_file);
+    auto loaded = topology::LoadNodeTopology(config_.topology_file);
     if (!loaded.ok()) return loaded.status();
     topology = *std::move(loaded);
     if (!topology.node().empty()) config_.node_name = topology.node();
   }
   if (absl::Status s = PrepareSocketPath(config_.socket); !s.ok()) return s;
   core_ = std::make_unique<DaemonCore>(config_, std::move(tokens));
+  core_->SetNodeGraph(NodeGraph(topology, config_.node_name));
   if (!config_.peer_listen.empty()) {
     if (absl::Status s = StartPeerService(topology); !s.ok()) return s;
   }

@@ -63,4 +63,14 @@ absl::StatusOr<v1::StatusResponse> AdminClient::Status() {
   return response;
 }
 
+absl::StatusOr<v1::NodeTopology> AdminClient::GetTopology(std::chrono::milliseconds timeout) {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1::GetTopologyResponse response;
+  grpc::Status status = stub_->GetTopology(&ctx, v1::GetTopologyRequest(), &response);
+  if (!status.ok()) return FromGrpc("Admin.GetTopology", status);
+  return response.topology();
+}
+
 }  // namespace railyard::railctl

@@ -1,6 +1,7 @@
 // railctl's connection to a daemon's Admin service on its Unix socket.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -15,6 +16,9 @@ class AdminClient {
 
   // Admin.Status with a deadline. UNAVAILABLE names the socket when the daemon is not there.
   absl::StatusOr<v1::StatusResponse> Status();
+  // Admin.GetTopology: the daemon's node graph. UNAVAILABLE / DEADLINE_EXCEEDED (naming the
+  // socket) when no daemon answers within `timeout`.
+  absl::StatusOr<v1::NodeTopology> GetTopology(std::chrono::milliseconds timeout);
 
  private:
   absl::Status CheckSocket() const;

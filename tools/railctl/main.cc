@@ -6,6 +6,7 @@
 
 #include "tools/railctl/command.h"
 #include "tools/railctl/status_command.h"
+#include "tools/railctl/topo_command.h"
 
 namespace {
 
@@ -15,6 +16,8 @@ using railyard::railctl::Command;
 constexpr Command kCommands[] = {
     {"status", "what the daemon is doing: jobs, communicators, sessions",
      railyard::railctl::RunStatus},
+    {"topo", "this node's topology graph: GPUs, NICs, rails, NUMA (daemon, discovery or file)",
+     railyard::railctl::RunTopo},
 };
 
 void PrintUsage(FILE* out) {
