@@ -1,6 +1,7 @@
 #include "daemon/scheduler/algorithms/builder.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 namespace railyard::scheduler::algorithms {
@@ -24,8 +25,12 @@ std::vector<uint64_t> Lengths(const std::vector<Block>& blocks) {
   return lens;
 }
 
-ScheduleBuilder::ScheduleBuilder(const OpShape& shape, const CommLayout& layout, size_t chunk_bytes)
-    : shape_(shape), layout_(layout), esize_(kernels::ElementSize(shape.dtype)) {
+ScheduleBuilder::ScheduleBuilder(const OpShape& shape, const CommLayout& layout, size_t chunk_bytes,
+                                 uint32_t fence_min_writers)
+    : shape_(shape),
+      layout_(layout),
+      esize_(kernels::ElementSize(shape.dtype)),
+      fence_min_writers_(fence_min_writers) {
   chunk_elems_ = chunk_bytes == 0 ? 0 : std::max<uint64_t>(1, chunk_bytes / esize_);
   const int n = layout.nranks;
   send_base_.assign(n, 0);
@@ -72,8 +77,7 @@ uint32_t ScheduleBuilder::Signal(int src_rank, int dst_rank, std::vector<uint32_
   std::sort(deps.begin(), deps.end());
   deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
   t.deps = std::move(deps);
-  schedule_.transfers.push_back(std::move(t));
-  return static_cast<uint32_t>(schedule_.transfers.size() - 1);
+  return Append(std::move(t));
 }
 
 ScheduleBuilder::AccessMap& ScheduleBuilder::MapOf(const RankRef& ref, uint64_t* addr) {
@@ -103,16 +107,36 @@ void ScheduleBuilder::Emit(Transfer::Kind kind, const RankRef& src, const RankRe
     t.dst = Advance(dst, done);
     t.bytes = n * esize_;
     t.finalize = finalize;
-    const auto id = static_cast<uint32_t>(schedule_.transfers.size());
     uint64_t src_addr = 0, dst_addr = 0;
     AccessMap& src_map = MapOf(t.src, &src_addr);
     AccessMap& dst_map = MapOf(t.dst, &dst_addr);
-    Collect(src_map, src_addr, src_addr + t.bytes, /*write=*/false, &t.deps);
-    Collect(dst_map, dst_addr, dst_addr + t.bytes, /*write=*/true, &t.deps);
-    std::sort(t.deps.begin(), t.deps.end());
-    t.deps.erase(std::unique(t.deps.begin(), t.deps.end()), t.deps.end());
-    Record(&src_map, src_addr, src_addr + t.bytes, /*write=*/false, id);
-    Record(&dst_map, dst_addr, dst_addr + t.bytes, /*write=*/true, id);
+    // deps = writers of the source (sorted, unique) united with the writers and readers of the
+    // destination.
+    const std::vector<uint32_t>* raw = &Writers(src_map, src_addr, src_addr + t.bytes);
+    ReadCache& c = read_cache_;
+    if (c.hit && fence_min_writers_ > 0 && c.writers.size() >= fence_min_writers_) {
+      if (c.fence == kNoWriter) {
+        Transfer fence;
+        fence.kind = Transfer::Kind::kCopy;
+        fence.src = t.src;
+        fence.dst = t.src;
+        fence.bytes = 0;
+        fence.deps = c.writers;
+        c.fence = Append(std::move(fence));
+        fence_deps_.assign(1, c.fence);
+      }
+      raw = &fence_deps_;
+    }
+    const auto id = static_cast<uint32_t>(schedule_.transfers.size());
+    write_deps_.clear();
+    Collect(dst_map, dst_addr, dst_addr + t.bytes, &write_deps_);
+    std::sort(write_deps_.begin(), write_deps_.end());
+    write_deps_.erase(std::unique(write_deps_.begin(), write_deps_.end()), write_deps_.end());
+    t.deps.reserve(raw->size() + write_deps_.size());
+    std::set_union(raw->begin(), raw->end(), write_deps_.begin(), write_deps_.end(),
+                   std::back_inserter(t.deps));
+    RecordRead(&src_map, src_addr, src_addr + t.bytes, id);
+    RecordWrite(&dst_map, dst_addr, dst_addr + t.bytes, id);
     if (t.src.space == RankRef::Space::kScratch) {
       schedule_.scratch_bytes_per_rank =
           std::max(schedule_.scratch_bytes_per_rank, t.src.offset + t.bytes);
@@ -121,61 +145,132 @@ void ScheduleBuilder::Emit(Transfer::Kind kind, const RankRef& src, const RankRe
       schedule_.scratch_bytes_per_rank =
           std::max(schedule_.scratch_bytes_per_rank, t.dst.offset + t.bytes);
     }
-    schedule_.transfers.push_back(std::move(t));
+    Append(std::move(t));
   }
 }
 
-void ScheduleBuilder::Collect(const AccessMap& map, uint64_t lo, uint64_t hi, bool write,
-                              std::vector<uint32_t>* deps) {
-  auto it = map.upper_bound(lo);
-  if (it != map.begin() && std::prev(it)->second.end > lo) --it;
-  for (; it != map.end() && it->first < hi; ++it) {
+uint32_t ScheduleBuilder::Append(Transfer t) {
+  schedule_.transfers.push_back(std::move(t));
+  return static_cast<uint32_t>(schedule_.transfers.size() - 1);
+}
+const std::vector<uint32_t>& ScheduleBuilder::Writers(const AccessMap& map, uint64_t lo,
+                                                      uint64_t hi) {
+  ReadCache& c = read_cache_;
+  c.hit = c.map == &map && c.lo == lo && c.hi == hi && c.writes == map.writes;
+  if (c.hit) return c.writers;
+  c.fence = kNoWriter;
+  c.map = &map;
+  c.lo = lo;
+  c.hi = hi;
+  c.writes = map.writes;
+  c.writers.clear();
+  auto it = map.segs.upper_bound(lo);
+  if (it != map.segs.begin() && std::prev(it)->second.end > lo) --it;
+  for (; it != map.segs.end() && it->first < hi; ++it) {
+    if (it->second.writer != kNoWriter) c.writers.push_back(it->second.writer);
+  }
+  if (!std::is_sorted(c.writers.begin(), c.writers.end())) {
+    std::sort(c.writers.begin(), c.writers.end());
+  }
+  c.writers.erase(std::unique(c.writers.begin(), c.writers.end()), c.writers.end());
+  return c.writers;
+}
+
+void ScheduleBuilder::Collect(const AccessMap& map, uint64_t lo, uint64_t hi,
+                              std::vector<uint32_t>* deps) const {
+  auto it = map.segs.upper_bound(lo);
+  if (it != map.segs.begin() && std::prev(it)->second.end > lo) --it;
+  for (; it != map.segs.end() && it->first < hi; ++it) {
     const Segment& seg = it->second;
-    if (seg.writer >= 0) deps->push_back(static_cast<uint32_t>(seg.writer));
-    if (write) deps->insert(deps->end(), seg.readers.begin(), seg.readers.end());
+    if (seg.writer != kNoWriter) deps->push_back(seg.writer);
+    if (seg.readers != kNone) {
+      const Readers& r = pool_[seg.readers];
+      deps->insert(deps->end(), r.begin(), r.end());
+    }
   }
 }
 
-// Makes `at` a segment boundary; returns the first segment starting at or after `at`.
-ScheduleBuilder::AccessMap::iterator ScheduleBuilder::SplitAt(AccessMap* map, uint64_t at) {
-  auto it = map->lower_bound(at);
-  if (it != map->end() && it->first == at) return it;
-  if (it == map->begin()) return it;
+uint32_t ScheduleBuilder::NewReaders() {
+  if (!free_.empty()) {
+    const uint32_t list = free_.back();
+    free_.pop_back();
+    return list;
+  }
+  pool_.emplace_back();
+  return static_cast<uint32_t>(pool_.size() - 1);
+}
+
+void ScheduleBuilder::FreeReaders(uint32_t list) {
+  if (list == kNone) return;
+  pool_[list].clear();
+  free_.push_back(list);
+}
+
+void ScheduleBuilder::SplitAt(AccessMap* map, uint64_t at) {
+  auto it = map->segs.lower_bound(at);
+  if (it != map->segs.end() && it->first == at) return;
+  if (it == map->segs.begin()) return;
   auto prev = std::prev(it);
-  if (prev->second.end <= at) return it;
+  if (prev->second.end <= at) return;
   Segment tail = prev->second;
   prev->second.end = at;
-  return map->emplace_hint(it, at, std::move(tail));
+  if (tail.readers != kNone) {
+    const uint32_t copy = NewReaders();  // may grow pool_: copy by index
+    pool_[copy] = pool_[tail.readers];
+    tail.readers = copy;
+  }
+  map->segs.emplace_hint(it, at, tail);
 }
 
-void ScheduleBuilder::Record(AccessMap* map, uint64_t lo, uint64_t hi, bool write, uint32_t id) {
-  auto first = SplitAt(map, lo);
-  SplitAt(map, hi);
-  first = map->lower_bound(lo);
-  if (write) {
-    // One segment written by id replaces whatever was there.
-    auto last = map->lower_bound(hi);
-    map->erase(first, last);
-    Segment seg;
-    seg.end = hi;
-    seg.writer = id;
-    map->emplace(lo, std::move(seg));
+void ScheduleBuilder::RecordWrite(AccessMap* map, uint64_t lo, uint64_t hi, uint32_t id) {
+  ++map->writes;
+  auto& segs = map->segs;
+  // The common case: the write covers exactly one existing segment.
+  if (auto it = segs.find(lo); it != segs.end() && it->second.end == hi) {
+    it->second.writer = id;
+    FreeReaders(it->second.readers);
+    it->second.readers = kNone;
     return;
   }
-  // Reads: add id to every segment in [lo, hi), creating segments for the gaps.
+  // One segment written by id replaces whatever was there.
+  SplitAt(map, lo);
+  SplitAt(map, hi);
+  auto first = segs.lower_bound(lo);
+  auto last = segs.lower_bound(hi);
+  for (auto it = first; it != last; ++it) FreeReaders(it->second.readers);
+  if (first != last) first = segs.erase(first, last);
+  Segment seg;
+  seg.end = hi;
+  seg.writer = id;
+  segs.emplace_hint(first, lo, seg);
+}
+
+void ScheduleBuilder::RecordRead(AccessMap* map, uint64_t lo, uint64_t hi, uint32_t id) {
+  auto& segs = map->segs;
+  const auto add = [&](Segment& seg) {
+    if (seg.readers == kNone) seg.readers = NewReaders();
+    pool_[seg.readers].push_back(id);
+  };
+  if (auto it = segs.find(lo); it != segs.end() && it->second.end == hi) {
+    add(it->second);
+    return;
+  }
+  SplitAt(map, lo);
+  SplitAt(map, hi);
+  // Add id to every segment in [lo, hi), creating segments for the gaps.
   uint64_t pos = lo;
-  auto it = first;
+  auto it = segs.lower_bound(lo);
   while (pos < hi) {
-    if (it == map->end() || it->first > pos) {
-      const uint64_t gap_end = it == map->end() ? hi : std::min(hi, it->first);
+    if (it == segs.end() || it->first > pos) {
       Segment gap;
-      gap.end = gap_end;
-      gap.readers.push_back(id);
-      map->emplace_hint(it, pos, std::move(gap));
-      pos = gap_end;
+      gap.end = it == segs.end() ? hi : std::min(hi, it->first);
+      add(gap);
+      it = segs.emplace_hint(it, pos, gap);
+      ++it;
+      pos = gap.end;
       continue;
     }
-    it->second.readers.push_back(id);
+    add(it->second);
     pos = it->second.end;
     ++it;
   }

@@ -53,6 +53,19 @@ class Hier {
 
   void AllReduce() {
     const std::vector<Block> shards = SplitEven(0, s_.count, g_);
+    // Reserve the transfers: reduce-to-owner (G per shard and node), the two rings (K - 1 steps
+    // over every piece of every shard), copy-to-all (G - 1 per shard and node) and its fences.
+    uint64_t total = 0;
+    for (int i = 0; i < g_; ++i) {
+      const uint64_t shard = b_.Chunks(shards[i].elems);
+      total += static_cast<uint64_t>(k_) * (static_cast<uint64_t>(2 * g_) * shard + 1);
+      if (k_ > 1) {
+        for (const Block& piece : SplitEven(shards[i].offset, shards[i].elems, k_)) {
+          total += 2 * static_cast<uint64_t>(k_ - 1) * b_.Chunks(piece.elems);
+        }
+      }
+    }
+    b_.Reserve(total);
     for (int k = 0; k < k_; ++k) {
       for (int i = 0; i < g_; ++i) {
         const Block sh = shards[i];
