@@ -59,8 +59,7 @@ std::string Format(double value, const std::vector<Unit>& units_desc) {
   for (const Unit& u : units_desc) {
     if (std::fabs(value) >= u.factor || &u == &units_desc.back()) {
       const double v = value / u.factor;
-      return absl::StrFormat("%.*f %s", std::fabs(v) >= 100 ? 1 : (std::fabs(v) >= 10 ? 2 : 3), v,
-                             u.name);
+      return absl::StrFormat("%.*f %s", std::fabs(v) >= 10 ? 1 : 3, v, u.name);
     }
   }
   return absl::StrCat(value);

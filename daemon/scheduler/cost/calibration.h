@@ -1,0 +1,63 @@
+// Calibration: the effective alpha-beta figures of a communicator's link classes, and the
+// configuration they were measured on (PRIMER section 7: a fit holds only for the collective,
+// algorithm, rank placement and topology it was measured with). `railctl calibrate` fits one by
+// least squares over a size sweep (FitLinkClass); the daemon persists it as JSON under its state
+// directory and the coordinator of a communicator hands its calibration to every member, so all
+// daemons of a comm cost schedules with the same numbers and pick the same algorithm.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/topology/fabric.h"
+
+namespace railyard::scheduler::cost {
+
+struct Calibration {
+  topology::LinkClass intra;  // rank <-> rank inside a node (shared memory through the daemon)
+  topology::LinkClass inter;  // daemon <-> daemon, per rail
+  double overhead_s = 0;      // per message, sender CPU
+  // Per operation, once: the client's submission and completion through the daemon (gRPC),
+  // the same for every algorithm, so it never changes a choice; it makes predictions comparable
+  // with what a rank measures.
+  double op_overhead_s = 0;
+  // "default" (built-in, uncalibrated) or "fit".
+  std::string source = "default";
+  // What the fit holds for.
+  std::string op, algorithm, placement, topology, fitted_at;
+  int nranks = 0, nnodes = 0;
+  int samples = 0;
+  double rms_relative_error = 0;  // of the fit over its samples
+
+  // Figures for loopback virtual nodes on a small VM (TCP over lo between daemons, memcpy
+  // through the daemon inside a node), used until a calibration is stored.
+  static Calibration Defaults();
+};
+
+// Checks every figure is finite, alphas >= 0 and betas > 0; INVALID_ARGUMENT naming the field.
+absl::Status Validate(const Calibration& c);
+std::string ToJson(const Calibration& c);
+absl::StatusOr<Calibration> FromJson(const std::string& json);
+// The file lives at <state_dir>/calibration.json. Load: NOT_FOUND when absent.
+absl::Status SaveCalibration(const std::string& state_dir, const Calibration& c);
+absl::StatusOr<Calibration> LoadCalibration(const std::string& state_dir);
+
+// One measurement of a size sweep: T = alpha * latency_units + bytes_units / beta, where the
+// units come from the cost model of the measured schedule (IR-based prediction with alpha = 1,
+// beta = infinity gives latency_units; alpha = 0, beta = 1 gives bytes_units).
+struct Sample {
+  double latency_units = 0;
+  double bytes_units = 0;
+  double measured_s = 0;
+};
+struct LinearFit {
+  topology::LinkClass link;
+  double rms_relative_error = 0;
+};
+// Least squares on relative error (each sample weighted by 1/measured, so small and large sizes
+// count alike), alpha and 1/beta constrained to >= 0. INVALID_ARGUMENT with fewer than 2 samples,
+// non-positive measurements or a degenerate sweep (all samples proportional).
+absl::StatusOr<LinearFit> FitLinkClass(const std::vector<Sample>& samples);
+
+}  // namespace railyard::scheduler::cost

@@ -1,0 +1,215 @@
+#include "daemon/scheduler/cost/tuner.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/kernels/types.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/scheduler/sim/simulator.h"
+#include "daemon/topology/units.h"
+
+namespace railyard::scheduler::cost {
+namespace {
+
+struct ModelAlgo {
+  const char* name;
+  const char* generator;  // nullptr: modelled only
+};
+
+// Fixed order: ties go to the earlier one (latency-optimal trees before rings).
+constexpr ModelAlgo kModelAlgos[] = {
+    {"dbtree", kAlgoTree}, {"tree", nullptr},       {"rhd", kAlgoRhd},  {"ring", kAlgoRing},
+    {"hier", kAlgoHier},   {"direct", kAlgoDirect}, {"torus", "torus"}, {"innetwork", nullptr},
+};
+
+std::string ShapeKey(const OpShape& s) {
+  return absl::StrCat(static_cast<int>(s.op), "|", static_cast<int>(s.dtype), "|",
+                      static_cast<int>(s.red_op), "|", s.count, "|", s.root);
+}
+
+}  // namespace
+
+double PrimerBytes(const OpShape& shape, int nranks) {
+  const double bytes = static_cast<double>(shape.count) * kernels::ElementSize(shape.dtype);
+  switch (shape.op) {
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather:
+    case OpKind::kAllToAll:
+      return bytes * nranks;
+    default:
+      return bytes;
+  }
+}
+
+topology::FabricSpec FabricForLayout(const CommLayout& layout, const topology::LinkClass& intra,
+                                     const topology::LinkClass& inter, double overhead_s) {
+  topology::FabricSpec f;
+  int g = 1;
+  for (const auto& ranks : layout.ranks_of_node) g = std::max<int>(g, ranks.size());
+  f.nodes = std::max(1, layout.nnodes);
+  f.ranks_per_node = g;
+  f.rails = std::max(1, layout.rails);
+  f.kind = g == 1 ? topology::FabricKind::kFlat
+                  : (f.rails > 1 ? topology::FabricKind::kRailOptimized
+                                 : topology::FabricKind::kTwoTier);
+  f.intra = intra;
+  f.inter = inter;
+  f.overhead_s = overhead_s;
+  return f;
+}
+
+absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
+                            const topology::FabricSpec& fabric, const TunerOptions& options) {
+  const double m = PrimerBytes(shape, layout.nranks);
+  std::vector<Estimate> forms;
+  if (!IsPointToPoint(shape.op)) {
+    absl::StatusOr<std::vector<Estimate>> f = ClosedForms(shape.op, m, fabric);
+    if (!f.ok()) return f.status();
+    forms = *std::move(f);
+  }
+  const uint64_t msg_bytes = shape.count * kernels::ElementSize(shape.dtype);
+  std::vector<Candidate> candidates;
+  for (const ModelAlgo& a : kModelAlgos) {
+    Candidate c;
+    c.name = a.name;
+    for (const Estimate& e : forms) {
+      if (e.algorithm == a.name) {
+        c.has_closed_form = true;
+        c.closed_form = e;
+      }
+    }
+    const algorithms::AlgorithmInfo* info =
+        a.generator != nullptr ? algorithms::FindAlgorithm(a.generator) : nullptr;
+    const bool executable = info != nullptr && algorithms::Implements(*info, shape.op);
+    if (executable) c.generator = a.generator;
+    if (!executable && !(options.include_modelled && c.has_closed_form)) continue;
+    if (executable) {
+      // Best chunk size by IR prediction, within the transfer budget.
+      bool any = false;
+      std::string why;
+      std::vector<size_t> tried;
+      for (size_t requested : options.chunk_sizes) {
+        // A chunk at least as large as the message is the unchunked schedule.
+        const size_t chunk = requested >= msg_bytes ? 0 : requested;
+        if (std::find(tried.begin(), tried.end(), chunk) != tried.end()) continue;
+        tried.push_back(chunk);
+        const uint64_t estimate = sim::EstimateTransfers(a.generator, shape, layout, chunk);
+        if (estimate > options.max_ir_transfers) {
+          why = absl::StrCat("schedule of ~", estimate, " transfers is over the budget of ",
+                             options.max_ir_transfers, ": closed form");
+          continue;
+        }
+        absl::StatusOr<RankSchedule> schedule = Generate(a.generator, shape, layout, chunk);
+        if (!schedule.ok()) {
+          why = std::string(schedule.status().message());
+          break;  // the layout does not fit the algorithm, whatever the chunk size
+        }
+        absl::StatusOr<sim::JobResult> r = sim::SimulateSchedule(*schedule, layout, fabric);
+        if (!r.ok()) {
+          why = std::string(r.status().message());
+          break;
+        }
+        if (!any || r->time_s < c.ir_time_s) {
+          c.ir_time_s = r->time_s;
+          c.ir_transfers = r->transfers;
+          c.chunk_bytes = chunk;
+          any = true;
+        }
+      }
+      c.has_ir = any;
+      if (!any) {
+        c.note = why;
+        // Not runnable on this layout (e.g. hier on uneven nodes) and no closed form either.
+        if (!c.has_closed_form) continue;
+        if (why.find("budget") == std::string::npos) {
+          c.generator.clear();  // Generate refused the layout: not a candidate for the daemon
+          if (!options.include_modelled) continue;
+        }
+      }
+    } else {
+      c.note = a.generator == nullptr
+                   ? (c.name == "tree" ? "closed form only: the scheduler's tree is the pipelined "
+                                         "double binary tree (dbtree)"
+                                       : "modelled only: switches reduce, daemons cannot run it")
+                   : "closed form only";
+    }
+    candidates.push_back(std::move(c));
+  }
+  // innetwork has no generator but the simulator models it: IR-style prediction via Simulate.
+  for (Candidate& c : candidates) {
+    if (c.name != "innetwork" || c.has_ir) continue;
+    sim::JobSpec job;
+    job.name = "innetwork";
+    job.shape = shape;
+    job.algorithm = sim::kAlgoInNetwork;
+    if (sim::EstimateTransfers(sim::kAlgoInNetwork, shape, layout, 0) <= options.max_ir_transfers) {
+      absl::StatusOr<sim::SimResult> r = sim::Simulate(fabric, {job});
+      if (r.ok() && !r->jobs.empty()) {
+        c.has_ir = true;
+        c.ir_time_s = r->jobs[0].time_s;
+        c.ir_transfers = r->jobs[0].transfers;
+      }
+    }
+  }
+  if (candidates.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no algorithm implements ", OpName(shape.op),
+                                                   " on ", layout.nranks, " ranks"));
+  }
+  // The choice: cheapest among the executable (the daemon's) or all listed (modelling).
+  const Candidate* best = nullptr;
+  const Candidate* second = nullptr;
+  for (const Candidate& c : candidates) {
+    if (c.generator.empty() && !options.include_modelled) continue;
+    if (best == nullptr || c.time_s() < best->time_s()) {
+      second = best;
+      best = &c;
+    } else if (second == nullptr || c.time_s() < second->time_s()) {
+      second = &c;
+    }
+  }
+  if (best == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no executable algorithm for ", OpName(shape.op), " on this layout"));
+  }
+  Choice choice;
+  choice.model_name = best->name;
+  choice.algorithm = best->generator.empty() ? best->name : best->generator;
+  choice.chunk_bytes = best->chunk_bytes;
+  choice.predicted_s = best->time_s() + options.op_overhead_s;
+  choice.op_overhead_s = options.op_overhead_s;
+  choice.ir_based = best->has_ir;
+  choice.reason = absl::StrCat(
+      best->name, " predicts ", topology::FormatDuration(best->time_s()),
+      best->has_ir ? " (schedule IR on the fabric simulator" : " (closed form",
+      best->has_ir && best->chunk_bytes > 0 ? absl::StrCat(", chunks of ", best->chunk_bytes, " B)")
+                                            : std::string(")"));
+  if (second != nullptr) {
+    absl::StrAppend(&choice.reason,
+                    absl::StrFormat(", %.2fx faster than the next best, %s (%s)",
+                                    second->time_s() / std::max(best->time_s(), 1e-15),
+                                    second->name, topology::FormatDuration(second->time_s())));
+  }
+  choice.candidates = std::move(candidates);
+  return choice;
+}
+
+Tuner::Tuner(CommLayout layout, topology::FabricSpec fabric, TunerOptions options)
+    : layout_(std::move(layout)), fabric_(std::move(fabric)), options_(std::move(options)) {}
+
+absl::StatusOr<Choice> Tuner::Choose(const OpShape& shape) {
+  const std::string key = ShapeKey(shape);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  }
+  absl::StatusOr<Choice> choice = Tune(shape, layout_, fabric_, options_);
+  if (!choice.ok()) return choice;
+  absl::MutexLock lock(&mu_);
+  if (cache_.size() >= 256) cache_.clear();  // bounded; training repeats a few shapes
+  cache_.emplace(key, *choice);
+  return choice;
+}
+
+}  // namespace railyard::scheduler::cost

@@ -1,0 +1,90 @@
+// The tuner: predicts every candidate algorithm (and chunk size) of an operation on a fabric and
+// picks the cheapest. Predictions are IR-based wherever affordable: the candidate's schedule is
+// generated with the same Generate() the daemons execute and run through the fabric simulator
+// (daemon/scheduler/sim), so hierarchical, rail and torus compositions are costed by the code
+// that runs them. Where the schedule would be too large (railctl model on thousands of ranks),
+// the closed form (closed_form.h) stands in. The daemon keeps one Tuner per communicator, built
+// from the communicator's layout and the calibration its coordinator handed out, and caches the
+// choice per operation shape: every daemon of the comm computes the same choice from the same
+// inputs (deterministic arithmetic, fixed candidate order, ties to the earlier candidate).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/scheduler/cost/closed_form.h"
+#include "daemon/scheduler/schedule.h"
+#include "daemon/topology/fabric.h"
+
+namespace railyard::scheduler::cost {
+
+struct Candidate {
+  std::string name;       // model name: ring, tree, dbtree, rhd, hier, direct, torus, innetwork
+  std::string generator;  // the scheduler algorithm that runs it; empty: modelled only
+  size_t chunk_bytes = 0;
+  bool has_closed_form = false;
+  Estimate closed_form;
+  bool has_ir = false;
+  double ir_time_s = 0;
+  uint64_t ir_transfers = 0;
+  std::string note;  // why there is no IR prediction, or why it does not apply
+  // The prediction the tuner compares: IR where available, else the closed form.
+  double time_s() const { return has_ir ? ir_time_s : closed_form.time_s(); }
+};
+
+struct Choice {
+  std::string algorithm;  // generator name (what RAILYARD_ALGO takes); model name if modelled
+  std::string model_name;
+  size_t chunk_bytes = 0;
+  double predicted_s = 0;  // the chosen candidate's time + op_overhead_s
+  double op_overhead_s = 0;
+  bool ir_based = false;
+  std::string reason;
+  std::vector<Candidate> candidates;  // every candidate considered, in the fixed order
+};
+
+struct TunerOptions {
+  // Chunk sizes tried for each executable candidate (0: unchunked); a size at or above the
+  // message means unchunked.
+  std::vector<size_t> chunk_sizes = {0, 64 << 10, 256 << 10, 1 << 20, 4 << 20};
+  // Largest schedule (transfers) simulated per candidate; beyond it the closed form is used.
+  uint64_t max_ir_transfers = 50'000;
+  // Also list what the daemons cannot execute (PRIMER's unsegmented "tree", "innetwork").
+  bool include_modelled = false;
+  // Added to every prediction: the per-operation cost outside the schedule (the client's
+  // submission and completion; Calibration::op_overhead_s). Never changes a choice.
+  double op_overhead_s = 0;
+};
+
+// PRIMER's M for the shape on nranks ranks (docs in closed_form.h).
+double PrimerBytes(const OpShape& shape, int nranks);
+
+absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
+                            const topology::FabricSpec& fabric, const TunerOptions& options);
+
+// The fabric a live communicator runs on: its nodes and rails, the largest node's rank count,
+// and the calibrated link classes.
+topology::FabricSpec FabricForLayout(const CommLayout& layout, const topology::LinkClass& intra,
+                                     const topology::LinkClass& inter, double overhead_s);
+
+// Per communicator: Tune() with a bounded cache keyed by the shape.
+class Tuner {
+ public:
+  Tuner(CommLayout layout, topology::FabricSpec fabric, TunerOptions options = {});
+  absl::StatusOr<Choice> Choose(const OpShape& shape);
+  const topology::FabricSpec& fabric() const { return fabric_; }
+
+ private:
+  const CommLayout layout_;
+  const topology::FabricSpec fabric_;
+  const TunerOptions options_;
+  absl::Mutex mu_;
+  std::map<std::string, Choice> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace railyard::scheduler::cost
