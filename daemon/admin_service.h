@@ -1,5 +1,9 @@
-// gRPC railyard.v1.Admin: read-only status for operators (railctl status).
+// gRPC railyard.v1.Admin for operators: status and topology (railctl status, topo), the cost
+// model's explanations and calibration (railctl explain, calibrate).
 #pragma once
+
+#include <string>
+#include <utility>
 
 #include "daemon/daemon_core.h"
 #include "railyard/v1/admin.grpc.pb.h"
@@ -25,7 +29,37 @@ class AdminService final : public v1::Admin::CallbackService {
     return reactor;
   }
 
+  grpc::ServerUnaryReactor* Explain(grpc::CallbackServerContext* ctx, const v1::ExplainRequest* req,
+                                    v1::ExplainResponse* resp) override {
+    absl::StatusOr<v1::ExplainResponse> r = core_->Explain(*req);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (r.ok()) *resp = *std::move(r);
+    reactor->Finish(ToGrpc(r.status()));
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* GetCalibration(grpc::CallbackServerContext* ctx,
+                                           const v1::GetCalibrationRequest* req,
+                                           v1::CostModel* resp) override {
+    *resp = core_->CostModel();
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* SetCalibration(grpc::CallbackServerContext* ctx,
+                                           const v1::CostModel* req,
+                                           v1::SetCalibrationResponse* resp) override {
+    absl::StatusOr<std::string> path = core_->SetCalibration(*req);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (path.ok()) resp->set_path(*path);
+    reactor->Finish(ToGrpc(path.status()));
+    return reactor;
+  }
+
  private:
+  static grpc::Status ToGrpc(const absl::Status& s) {
+    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  }
+
   DaemonCore* core_;
 };
 

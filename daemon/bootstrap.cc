@@ -27,6 +27,11 @@ v1::JoinCommResponse CommBootstrap::Layout(const std::vector<v1::NodeInfo>& node
   return out;
 }
 
+void CommBootstrap::SetCostModel(const v1::CostModel& model) {
+  absl::MutexLock lock(&mu_);
+  cost_model_ = model;
+}
+
 absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration timeout,
                                  Done done) {
   if (req.nranks() < 1 || req.rank() < 0 || req.rank() >= req.nranks()) {
@@ -63,6 +68,7 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
     if (++p.joined < p.nranks) return absl::OkStatus();
     timer_->Cancel(p.timer);
     result = Layout(p.nodes);
+    *result->mutable_cost_model() = cost_model_;
     dones = std::move(p.dones);
     pending_.erase(it);
   }

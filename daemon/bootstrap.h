@@ -35,6 +35,10 @@ class CommBootstrap {
   // rank, rails = the minimum over nodes.
   static v1::JoinCommResponse Layout(const std::vector<v1::NodeInfo>& node_of_each_rank);
 
+  // The cost model handed to every member of communicators completed from now on (this
+  // daemon's calibration), so that all of them tune with the same numbers.
+  void SetCostModel(const v1::CostModel& model);
+
  private:
   struct Pending {
     int nranks = 0;
@@ -51,6 +55,7 @@ class CommBootstrap {
   absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  v1::CostModel cost_model_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace railyard

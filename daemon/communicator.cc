@@ -19,8 +19,9 @@ constexpr absl::Duration kTransferGrace = absl::Seconds(2);
 }  // namespace
 
 Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env)
-    : Communicator(std::move(comm_id), std::move(job), std::move(env),
-                   MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {}}) {}
+    : Communicator(
+          std::move(comm_id), std::move(job), std::move(env),
+          MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {}, nullptr}) {}
 
 Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net)
     : comm_id_(std::move(comm_id)),
@@ -302,15 +303,44 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
   shape.count = r0.count;
   shape.root = r0.root;
   // A forced algorithm (RAILYARD_ALGO, --algo) applies where it implements the op, like
-  // NCCL_ALGO; elsewhere the default rule picks.
-  const std::string fallback = scheduler::DefaultAlgorithm(shape, net_.layout);
+  // NCCL_ALGO; elsewhere the tuner picks the cheapest by the cost model. Every daemon of the
+  // comm tunes with the coordinator's calibration, so all pick the same algorithm and chunk.
+  absl::Status failure;
   std::string algo = !r0.algo.empty() ? r0.algo : env_.default_algo;
   const auto* info = scheduler::algorithms::FindAlgorithm(algo);
-  if (info == nullptr || !scheduler::algorithms::Implements(*info, r0.op)) algo = fallback;
+  const bool forced = info != nullptr && scheduler::algorithms::Implements(*info, r0.op);
+  size_t chunk = env_.chunk_bytes;
+  std::string fallback = algo;
+  size_t fallback_chunk = chunk;
+  double predicted_s = -1;
+  if (r0.op != OpKind::kAllToAllv) {
+    absl::StatusOr<scheduler::cost::Choice> choice =
+        net_.tuner != nullptr ? net_.tuner->Choose(shape)
+                              : absl::FailedPreconditionError("communicator has no tuner");
+    if (choice.ok()) {
+      fallback = choice->algorithm;
+      fallback_chunk = choice->chunk_bytes;
+      for (const scheduler::cost::Candidate& c : choice->candidates) {
+        if (c.generator == (forced ? algo : choice->algorithm)) {
+          predicted_s = c.time_s() + choice->op_overhead_s;
+        }
+      }
+      if (!forced) {
+        algo = fallback;
+        chunk = fallback_chunk;
+      }
+    } else if (!forced) {
+      failure = choice.status();
+    }
+  }
+  if (env_.metrics != nullptr && predicted_s >= 0) {
+    env_.metrics->SetModelPrediction(
+        std::string(scheduler::OpName(r0.op)), algo,
+        static_cast<uint64_t>(scheduler::cost::PrimerBytes(shape, nranks_)), job_, predicted_s);
+  }
   const std::string key =
-      absl::StrCat(algo, "|", static_cast<int>(r0.op), "|", static_cast<int>(r0.dtype), "|",
-                   static_cast<int>(r0.red_op), "|", r0.count, "|", r0.root);
-  absl::Status failure;
+      absl::StrCat(algo, "|", chunk, "|", static_cast<int>(r0.op), "|", static_cast<int>(r0.dtype),
+                   "|", static_cast<int>(r0.red_op), "|", r0.count, "|", r0.root);
   if (r0.op == OpKind::kAllToAllv) {
     // Each daemon knows the rows (send counts) and columns (recv counts) of its own ranks: every
     // block to or from them. That is all the direct algorithm needs to derive this node's steps
@@ -338,14 +368,18 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
       failure = schedule.status();
     }
     run_algorithm_ = scheduler::kAlgoDirect;
+  } else if (!failure.ok()) {
+    // The tuner found nothing to run: reported below, the same on every daemon.
   } else if (auto it = schedule_cache_.find(key); it != schedule_cache_.end()) {
     node_schedule_ = it->second;
     run_algorithm_ = schedule_algorithm_[key];
   } else {
     absl::StatusOr<scheduler::RankSchedule> schedule =
-        scheduler::Generate(algo, shape, net_.layout, env_.chunk_bytes);
+        scheduler::Generate(algo, shape, net_.layout, chunk);
     if (!schedule.ok() && algo != fallback) {
-      schedule = scheduler::Generate(fallback, shape, net_.layout, env_.chunk_bytes);
+      // A forced algorithm that does not fit this layout (hier on uneven nodes): the tuner's.
+      algo = fallback;
+      schedule = scheduler::Generate(fallback, shape, net_.layout, fallback_chunk);
     }
     if (schedule.ok()) {
       if (schedule_cache_.size() >= 64) {  // bounded; shapes repeat

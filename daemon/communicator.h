@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "daemon/deadline_timer.h"
 #include "daemon/metrics/daemon_metrics.h"
+#include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/merge.h"
 #include "daemon/scheduler/node_executor.h"
@@ -36,7 +37,7 @@ struct CommEnv {
   size_t chunk_bytes = 256 * 1024;
   absl::Duration op_timeout = absl::Seconds(300);
   absl::Duration init_timeout = absl::Seconds(120);
-  // Algorithm for requests that force none (--algo); empty: scheduler::DefaultAlgorithm.
+  // Algorithm for requests that force none (--algo); empty: the tuner's choice.
   std::string default_algo;
   // Where finished collectives and failures are counted; null: not measured (unit tests).
   metrics::DaemonMetrics* metrics = nullptr;
@@ -52,6 +53,8 @@ struct MultiNodeEnv {
   scheduler::EndpointTable endpoints;
   // Tells the other daemons that this communicator failed here (Peer.AbortComm).
   std::function<void(const absl::Status&)> notify_peers;
+  // Picks algorithm and chunk size per operation shape (the coordinator's calibration).
+  std::shared_ptr<scheduler::cost::Tuner> tuner;
 };
 
 // One rank's accepted submission, alive until its completion is posted.
@@ -121,6 +124,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool failed() const;
   bool all_left() const;
   bool multi_node() const { return multi_node_; }
+  // Multi-node only (null otherwise): the tuner and layout operations are chosen with, and the
+  // algorithm --algo forces (empty: none), for railctl explain.
+  const std::shared_ptr<scheduler::cost::Tuner>& tuner() const { return net_.tuner; }
+  const scheduler::CommLayout& layout() const { return net_.layout; }
+  const std::string& forced_algorithm() const { return env_.default_algo; }
   // Peer service addresses of the other daemons (empty for a single-node communicator).
   std::vector<std::string> PeerAddresses() const;
   // Name of the node whose Peer service is at address (for messages).

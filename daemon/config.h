@@ -39,6 +39,8 @@ struct DaemonConfig {
   size_t chunk_bytes = 256 * 1024;
   // How long shutdown waits for RPCs in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
+  // Persistent state: calibration.json (the cost model's fitted link classes).
+  std::string state_dir = "/var/lib/railyard";
 };
 
 }  // namespace railyard

@@ -33,6 +33,7 @@ DaemonCore::DaemonCore(DaemonConfig config, std::map<std::string, std::string> j
   coordinator_ =
       config_.peer_listen.empty() ? absl::StrCat("local:", config_.node_name) : config_.peer_listen;
   metrics_->SetSampler([this] { return SampleMetrics(); });
+  LoadCalibrationAtStart();
 }
 
 DaemonCore::~DaemonCore() { Shutdown(); }
@@ -377,6 +378,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
     abort.set_from_node(me);
     for (const auto& addr : peers) peers_.AbortComm(addr, abort);
   };
+  net.tuner = MakeTuner(net.layout, layout.cost_model());
   return std::make_shared<Communicator>(comm_id, job, MakeCommEnv(), std::move(net));
 }
 

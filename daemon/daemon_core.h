@@ -26,6 +26,7 @@
 #include "daemon/session.h"
 #include "daemon/transport/transport.h"
 #include "railyard/v1/admin.pb.h"
+#include "railyard/v1/cost.pb.h"
 #include "railyard/v1/local.pb.h"
 #include "railyard/v1/peer.pb.h"
 #include "railyard/v1/topology.pb.h"
@@ -87,6 +88,15 @@ class DaemonCore {
 
   v1::StatusResponse Status();
 
+  // The cost model communicators coordinated here are handed (daemon_core_tuning.cc): the
+  // calibration stored under --state_dir, else the built-in defaults.
+  v1::CostModel CostModel();
+  // Validates, persists (<state_dir>/calibration.json) and uses a new calibration for the
+  // communicators created from now on; returns the file's path.
+  absl::StatusOr<std::string> SetCalibration(const v1::CostModel& model);
+  // railctl explain: the candidates a multi-node communicator weighs for an operation.
+  absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& req);
+
   // Fails every communicator with CANCELLED and closes every session. Idempotent.
   void Shutdown();
 
@@ -103,6 +113,11 @@ class DaemonCore {
       const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
       int my_node);
   void HeartbeatTick();
+  // Reads <state_dir>/calibration.json at start (defaults when absent or unreadable).
+  void LoadCalibrationAtStart();
+  // The tuner of a new multi-node communicator, from the cost model its coordinator sent.
+  std::shared_ptr<scheduler::cost::Tuner> MakeTuner(const scheduler::CommLayout& layout,
+                                                    const v1::CostModel& model) const;
   // What the metrics' daemon and job gauges show, sampled at scrape time.
   metrics::DaemonSample SampleMetrics();
 
@@ -130,6 +145,7 @@ class DaemonCore {
   };
 
   absl::Mutex mu_;
+  v1::CostModel cost_model_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);

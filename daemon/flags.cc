@@ -35,6 +35,8 @@ ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per step of a local plan");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: debug, info, warn, error");
+ABSL_FLAG(std::string, state_dir, "/var/lib/railyard",
+          "Directory for persistent state: calibration.json (railctl calibrate); read at start");
 
 namespace railyard {
 
@@ -42,7 +44,7 @@ const std::vector<std::string>& DaemonFlagNames() {
   static const auto* names = new std::vector<std::string>{
       "socket",     "node_name",    "peer_listen",  "job_tokens",     "worker_threads",
       "op_timeout", "init_timeout", "chunk_bytes",  "shutdown_grace", "log_level",
-      "topology",   "algo",         "peer_timeout", "metrics_listen"};
+      "topology",   "algo",         "peer_timeout", "metrics_listen", "state_dir"};
   return *names;
 }
 
@@ -102,6 +104,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   }
   c.chunk_bytes = static_cast<size_t>(chunk);
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  c.state_dir = absl::GetFlag(FLAGS_state_dir);
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     return absl::InvalidArgumentError("--log_level must be debug, info, warn or error");

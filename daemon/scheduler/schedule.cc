@@ -257,47 +257,4 @@ absl::StatusOr<RankSchedule> Generate(const std::string& algo, const OpShape& sh
   return std::move(builder).Finish(info->name);
 }
 
-// ---------------------------------------------------------------------------------------------
-// DefaultAlgorithm
-
-namespace {
-
-// Critical message size alpha * beta of the inter-node link (PRIMER: 2 us x 50 GB/s) until the
-// calibrated cost model replaces this rule.
-constexpr double kCriticalBytes = 100e3;
-
-// PRIMER section 2: below this many bytes a (log-latency) tree beats the ring for n ranks.
-double TreeCrossoverBytes(int n) {
-  if (n <= 2) return 0;
-  const double lg = std::log2(static_cast<double>(n));
-  const double ratio = (n - 1.0) / n;
-  return kCriticalBytes * ((n - 1) - lg) / (lg - ratio);
-}
-
-}  // namespace
-
-std::string DefaultAlgorithm(const OpShape& shape, const CommLayout& layout) {
-  const int n = layout.nranks;
-  const uint64_t esize = kernels::ElementSize(shape.dtype);
-  switch (shape.op) {
-    case OpKind::kAllToAll:
-    case OpKind::kAllToAllv:
-    case OpKind::kSend:
-    case OpKind::kRecv:
-      return kAlgoDirect;
-    case OpKind::kBarrier:
-      return kAlgoRhd;
-    default:
-      break;
-  }
-  if (layout.nnodes <= 1) return kAlgoDirect;
-  uint64_t bytes = shape.count * esize;
-  if (shape.op == OpKind::kReduceScatter || shape.op == OpKind::kAllGather) bytes *= n;
-  const bool tree_op = shape.op == OpKind::kAllReduce || shape.op == OpKind::kBroadcast ||
-                       shape.op == OpKind::kReduce;
-  if (tree_op && static_cast<double>(bytes) < TreeCrossoverBytes(n)) return kAlgoTree;
-  if (layout.ranks_per_node() > 1) return kAlgoHier;
-  return kAlgoRing;
-}
-
 }  // namespace railyard::scheduler

@@ -149,10 +149,7 @@ inline constexpr const char* kAlgoTorus = "torus";  // dimension-ordered rings o
 absl::StatusOr<RankSchedule> Generate(const std::string& algo, const OpShape& shape,
                                       const CommLayout& layout, size_t chunk_bytes);
 
-// The algorithm used when none is forced: a size/nodes rule (until the cost model replaces it).
-// alltoall(v) -> direct; barrier -> rhd (dissemination); one node -> direct (memory only, fewest
-// dependent steps); allreduce/broadcast/reduce below the PRIMER's ring/tree crossover for nranks
-// (n* = 100 KB) -> tree; else hier when every node holds the same G > 1 ranks; else ring.
-std::string DefaultAlgorithm(const OpShape& shape, const CommLayout& layout);
+// Which algorithm runs when none is forced is the cost model's call: cost::Tuner
+// (daemon/scheduler/cost/tuner.h) predicts every candidate on the schedule IR.
 
 }  // namespace railyard::scheduler

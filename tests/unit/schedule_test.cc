@@ -659,7 +659,7 @@ TEST(Pipelining, DepsOnlyOnTheSameChunk) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Generate / DefaultAlgorithm / layouts
+// Generate / layouts
 
 TEST(Generate, RejectsWhatIsNotImplemented) {
   OpShape s;
@@ -706,51 +706,6 @@ TEST(Generate, IsAPureFunction) {
       EXPECT_TRUE(x.src.rank == y.src.rank && x.src.offset == y.src.offset &&
                   x.dst.rank == y.dst.rank && x.dst.offset == y.dst.offset && x.bytes == y.bytes &&
                   x.deps == y.deps && x.kind == y.kind);
-    }
-  }
-}
-
-TEST(DefaultAlgorithm, SizeAndNodesRule) {
-  OpShape s;
-  s.dtype = DataType::kFloat32;
-  const CommLayout one = CommLayout::Uniform(1, 8, 2);
-  const CommLayout grid = CommLayout::Uniform(8, 8, 8);
-  const CommLayout flat = CommLayout::Uniform(8, 1, 1);
-  const CommLayout uneven = CommLayout::FromNodeOfRank({0, 0, 1, 2, 2, 2}, 1);
-  s.op = OpKind::kAllReduce;
-  s.count = 1 << 20;
-  EXPECT_EQ(DefaultAlgorithm(s, one), kAlgoDirect);
-  EXPECT_EQ(DefaultAlgorithm(s, grid), kAlgoHier);
-  EXPECT_EQ(DefaultAlgorithm(s, flat), kAlgoRing);
-  EXPECT_EQ(DefaultAlgorithm(s, uneven), kAlgoRing);
-  s.count = 1024;  // 4 KiB: latency bound
-  EXPECT_EQ(DefaultAlgorithm(s, grid), kAlgoTree);
-  EXPECT_EQ(DefaultAlgorithm(s, uneven), kAlgoTree);
-  // PRIMER: N = 64, n* = 100 KB -> crossover ~1.1 MB.
-  s.count = 1'000'000 / 4;
-  EXPECT_EQ(DefaultAlgorithm(s, grid), kAlgoTree);
-  s.count = 1'300'000 / 4;
-  EXPECT_EQ(DefaultAlgorithm(s, grid), kAlgoHier);
-  // Two ranks: the ring is never worse.
-  s.count = 1;
-  EXPECT_EQ(DefaultAlgorithm(s, CommLayout::Uniform(2, 1, 1)), kAlgoRing);
-  s.op = OpKind::kAllGather;
-  EXPECT_EQ(DefaultAlgorithm(s, grid), kAlgoHier);
-  EXPECT_EQ(DefaultAlgorithm(s, uneven), kAlgoRing);
-  s.op = OpKind::kAllToAll;
-  EXPECT_EQ(DefaultAlgorithm(s, grid), kAlgoDirect);
-  s.op = OpKind::kBarrier;
-  EXPECT_EQ(DefaultAlgorithm(s, grid), kAlgoRhd);
-  // The rule only picks algorithms that implement the op and accept the layout.
-  for (OpKind op : {OpKind::kAllReduce, OpKind::kReduceScatter, OpKind::kAllGather,
-                    OpKind::kBroadcast, OpKind::kReduce, OpKind::kAllToAll, OpKind::kBarrier}) {
-    for (uint64_t count : {1ull, 1ull << 22}) {
-      for (const CommLayout* l : {&one, &grid, &flat, &uneven}) {
-        s.op = op;
-        s.count = count;
-        s.root = 0;
-        EXPECT_TRUE(Generate(DefaultAlgorithm(s, *l), s, *l, 1 << 20).ok());
-      }
     }
   }
 }

@@ -334,6 +334,10 @@ TEST(SimJobsFile, ParsesAndRejects) {
   EXPECT_EQ((*jobs)[1].chunk_bytes, 1u << 20);
   EXPECT_EQ((*jobs)[2].shape.count, 1600u / 4 / 32);
   EXPECT_TRUE((*jobs)[2].nodes.empty());
+  // A job without "algo" is the tuner's to fill in (railctl simulate); Simulate wants one.
+  EXPECT_THAT(std::string(Simulate(f, *jobs).status().message()), HasSubstr("names no algorithm"));
+  (*jobs)[1].algorithm = "ring";
+  (*jobs)[2].algorithm = "direct";
   auto sim = Simulate(f, *jobs);
   ASSERT_TRUE(sim.ok()) << sim.status();
   EXPECT_EQ(sim->jobs.size(), 3u);

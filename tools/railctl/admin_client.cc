@@ -73,4 +73,34 @@ absl::StatusOr<v1::NodeTopology> AdminClient::GetTopology(std::chrono::milliseco
   return response.topology();
 }
 
+absl::StatusOr<v1::ExplainResponse> AdminClient::Explain(const v1::ExplainRequest& req) {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  v1::ExplainResponse response;
+  grpc::Status status = stub_->Explain(&ctx, req, &response);
+  if (!status.ok()) return FromGrpc("Admin.Explain", status);
+  return response;
+}
+
+absl::StatusOr<v1::CostModel> AdminClient::GetCalibration() {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  v1::CostModel response;
+  grpc::Status status = stub_->GetCalibration(&ctx, v1::GetCalibrationRequest(), &response);
+  if (!status.ok()) return FromGrpc("Admin.GetCalibration", status);
+  return response;
+}
+
+absl::StatusOr<std::string> AdminClient::SetCalibration(const v1::CostModel& model) {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  v1::SetCalibrationResponse response;
+  grpc::Status status = stub_->SetCalibration(&ctx, model, &response);
+  if (!status.ok()) return FromGrpc("Admin.SetCalibration", status);
+  return response.path();
+}
+
 }  // namespace railyard::railctl

@@ -19,6 +19,10 @@ class AdminClient {
   // Admin.GetTopology: the daemon's node graph. UNAVAILABLE / DEADLINE_EXCEEDED (naming the
   // socket) when no daemon answers within `timeout`.
   absl::StatusOr<v1::NodeTopology> GetTopology(std::chrono::milliseconds timeout);
+  // Admin.Explain / GetCalibration / SetCalibration (railctl explain, calibrate).
+  absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& req);
+  absl::StatusOr<v1::CostModel> GetCalibration();
+  absl::StatusOr<std::string> SetCalibration(const v1::CostModel& model);
 
  private:
   absl::Status CheckSocket() const;

@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "tools/railctl/command.h"
+#include "tools/railctl/explain_command.h"
+#include "tools/railctl/model_command.h"
+#include "tools/railctl/simulate_command.h"
 #include "tools/railctl/status_command.h"
 #include "tools/railctl/topo_command.h"
 
@@ -18,6 +21,12 @@ constexpr Command kCommands[] = {
      railyard::railctl::RunStatus},
     {"topo", "this node's topology graph: GPUs, NICs, rails, NUMA (daemon, discovery or file)",
      railyard::railctl::RunTopo},
+    {"model", "cost-model predictions without a daemon: algorithms, crossover, critical size",
+     railyard::railctl::RunModel},
+    {"explain", "why a communicator would run an operation with the algorithm it picks",
+     railyard::railctl::RunExplain},
+    {"simulate", "run an operation's schedule through the fabric simulator (jobs, tiers, links)",
+     railyard::railctl::RunSimulate},
 };
 
 void PrintUsage(FILE* out) {

@@ -12,7 +12,7 @@
 //    reducescatter/allgather: the full buffer M (N * count); alltoall: what each rank sends in
 //    total. Converted to a float32 element count (rounded down; at least one element per rank
 //    block when size > 0).
-//  - algo: an algorithm name or "innetwork"; absent: the daemon's default rule.
+//  - algo: an algorithm name or "innetwork"; absent: railctl simulate asks the tuner.
 //  - nodes: fabric nodes of the job in job node order; or first_node (default 0) + num_nodes
 //    (default: the rest of the fabric); absent: the whole fabric.
 //  - ranks_per_node: default the fabric's. chunk: pipelining chunk (a size), default unchunked.

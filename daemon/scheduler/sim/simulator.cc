@@ -237,8 +237,11 @@ absl::StatusOr<SimResult> Simulate(const FabricSpec& fabric, const std::vector<J
     for (int r = 0; r < layout.nranks; ++r) {
       frank[r] = nodes[r / g] * fabric.ranks_per_node + r % g;
     }
-    const std::string algo =
-        job.algorithm.empty() ? DefaultAlgorithm(job.shape, layout) : job.algorithm;
+    if (job.algorithm.empty()) {
+      return fail(absl::InvalidArgumentError(
+          "names no algorithm (the cost model's tuner picks one: railctl simulate does)"));
+    }
+    const std::string& algo = job.algorithm;
     const uint64_t estimate = EstimateTransfers(algo, job.shape, layout, job.chunk_bytes);
     if (estimate > kMaxSimulatedTransfers) {
       return fail(absl::InvalidArgumentError(absl::StrCat(

@@ -53,7 +53,7 @@ inline constexpr uint64_t kInNetworkChunks = 128;
 struct JobSpec {
   std::string name;
   OpShape shape;
-  std::string algorithm;   // empty: DefaultAlgorithm(shape, layout)
+  std::string algorithm;   // a Generate() name or innetwork (cost::Tune picks one)
   size_t chunk_bytes = 0;  // 0: unchunked
   std::vector<int> nodes;  // fabric node of each job node; empty = 0..K-1 (the whole fabric)
   int ranks_per_node = 0;  // 0 = fabric's; job local rank i sits on the node's slot i

@@ -1,0 +1,177 @@
+// DaemonCore's cost-model side: the calibration it keeps and hands to the communicators it
+// coordinates, each multi-node communicator's tuner, and railctl explain.
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cost_model_proto.h"
+#include "daemon/daemon_core.h"
+#include "daemon/log.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/scheduler/cost/tuner.h"
+#include "daemon/scheduler/op.h"
+
+namespace railyard {
+
+namespace cost = scheduler::cost;
+
+void DaemonCore::LoadCalibrationAtStart() {
+  cost::Calibration c = cost::Calibration::Defaults();
+  absl::StatusOr<cost::Calibration> loaded = cost::LoadCalibration(config_.state_dir);
+  if (loaded.ok()) {
+    c = *loaded;
+    Log(LogLevel::kInfo, "cost", "calibration loaded",
+        {F("dir", config_.state_dir), F("inter_alpha_s", c.inter.alpha_s),
+         F("inter_beta", c.inter.beta_bytes_per_s), F("fitted_at", c.fitted_at)});
+  } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
+    Log(LogLevel::kWarning, "cost", "calibration ignored, using defaults",
+        {F("error", loaded.status().message())});
+  }
+  const v1::CostModel model = ToProto(c);
+  {
+    absl::MutexLock lock(&mu_);
+    cost_model_ = model;
+  }
+  bootstrap_.SetCostModel(model);
+}
+
+v1::CostModel DaemonCore::CostModel() {
+  absl::MutexLock lock(&mu_);
+  return cost_model_;
+}
+
+absl::StatusOr<std::string> DaemonCore::SetCalibration(const v1::CostModel& model) {
+  cost::Calibration c = FromProto(model);
+  if (c.source.empty()) c.source = "fit";
+  if (absl::Status s = cost::Validate(c); !s.ok()) return s;
+  std::error_code ec;
+  std::filesystem::create_directories(config_.state_dir, ec);
+  if (absl::Status s = cost::SaveCalibration(config_.state_dir, c); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(s.message(), " (--state_dir ", config_.state_dir, ")"));
+  }
+  const v1::CostModel stored = ToProto(c);
+  {
+    absl::MutexLock lock(&mu_);
+    cost_model_ = stored;
+  }
+  bootstrap_.SetCostModel(stored);
+  Log(LogLevel::kInfo, "cost", "calibration stored",
+      {F("dir", config_.state_dir), F("intra_alpha_s", c.intra.alpha_s),
+       F("intra_beta", c.intra.beta_bytes_per_s), F("inter_alpha_s", c.inter.alpha_s),
+       F("inter_beta", c.inter.beta_bytes_per_s)});
+  return absl::StrCat(config_.state_dir, "/calibration.json");
+}
+
+std::shared_ptr<cost::Tuner> DaemonCore::MakeTuner(const scheduler::CommLayout& layout,
+                                                   const v1::CostModel& model) const {
+  cost::Calibration c = FromProto(model);
+  if (!cost::Validate(c).ok()) c = cost::Calibration::Defaults();  // an old coordinator
+  cost::TunerOptions options;
+  // Chunk sizes around --chunk_bytes; small schedules only, so a new shape costs milliseconds.
+  const size_t chunk = config_.chunk_bytes;
+  options.chunk_sizes = {std::max<size_t>(chunk / 4, 16 << 10), chunk, chunk * 4};
+  options.max_ir_transfers = 20'000;
+  options.op_overhead_s = c.op_overhead_s;
+  return std::make_shared<cost::Tuner>(
+      layout, cost::FabricForLayout(layout, c.intra, c.inter, c.overhead_s), options);
+}
+
+absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest& req) {
+  scheduler::OpKind op;
+  if (!scheduler::ParseOpName(req.op(), &op) || scheduler::IsPointToPoint(op) ||
+      op == scheduler::OpKind::kAllToAllv) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "op '", req.op(),
+        "' is not one of allreduce, reducescatter, allgather, broadcast, reduce, alltoall, "
+        "barrier"));
+  }
+  kernels::DataType dtype = kernels::DataType::kFloat32;
+  if (!req.dtype().empty() && !kernels::ParseDataType(req.dtype(), &dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", req.dtype(), "'"));
+  }
+  std::shared_ptr<Communicator> comm;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::shared_ptr<Communicator>> multi;
+    for (const auto& [key, c] : comms_) {
+      if (!req.comm_id().empty() && key.second != req.comm_id()) continue;
+      if (req.comm_id().empty() && !c->multi_node()) continue;
+      multi.push_back(c);
+    }
+    if (multi.empty()) {
+      return absl::NotFoundError(
+          req.comm_id().empty()
+              ? "no multi-node communicator on this daemon (give --comm; railctl status lists them)"
+              : absl::StrCat("no communicator ", req.comm_id(), " on this daemon"));
+    }
+    if (multi.size() > 1 && req.comm_id().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          multi.size(), " multi-node communicators on this daemon: name one with --comm"));
+    }
+    comm = multi[0];
+  }
+  if (!comm->multi_node() || comm->tuner() == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("communicator ", comm->comm_id(),
+                     " spans one node: its operations are memory-only plans, not tuned"));
+  }
+  const int n = comm->nranks();
+  const uint64_t esize = kernels::ElementSize(dtype);
+  scheduler::OpShape shape;
+  shape.op = op;
+  shape.dtype = dtype;
+  shape.root = req.root();
+  if (req.root() < 0 || req.root() >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("root ", req.root(), " not in [0, ", n, ")"));
+  }
+  uint64_t elems = req.size_bytes() / esize;
+  if (op == scheduler::OpKind::kReduceScatter || op == scheduler::OpKind::kAllGather ||
+      op == scheduler::OpKind::kAllToAll) {
+    elems /= static_cast<uint64_t>(n);
+  }
+  shape.count = op == scheduler::OpKind::kBarrier ? 0 : elems;
+  absl::StatusOr<cost::Choice> choice = comm->tuner()->Choose(shape);
+  if (!choice.ok()) return choice.status();
+  v1::ExplainResponse out;
+  out.set_comm_id(comm->comm_id());
+  out.set_nranks(n);
+  out.set_nnodes(comm->layout().nnodes);
+  out.set_rails(comm->layout().rails);
+  out.set_op(std::string(scheduler::OpName(op)));
+  out.set_size_bytes(static_cast<uint64_t>(cost::PrimerBytes(shape, n)));
+  for (const cost::Candidate& c : choice->candidates) {
+    v1::ExplainCandidate* e = out.add_candidates();
+    e->set_name(c.name);
+    e->set_generator(c.generator);
+    e->set_chunk_bytes(c.chunk_bytes);
+    if (c.has_closed_form) {
+      e->set_closed_form_s(c.closed_form.time_s());
+      e->set_formula(c.closed_form.formula);
+    }
+    if (c.has_ir) e->set_ir_s(c.ir_time_s);
+    e->set_note(c.note);
+  }
+  out.set_chosen(choice->algorithm);
+  out.set_chosen_model(choice->model_name);
+  out.set_chunk_bytes(choice->chunk_bytes);
+  out.set_predicted_s(choice->predicted_s);
+  out.set_reason(choice->reason);
+  const auto& fabric = comm->tuner()->fabric();
+  *out.mutable_cost_model() = CostModel();
+  // The comm's own figures (from its coordinator) win over this daemon's current calibration.
+  out.mutable_cost_model()->set_intra_alpha_s(fabric.intra.alpha_s);
+  out.mutable_cost_model()->set_intra_beta_bytes_per_s(fabric.intra.beta_bytes_per_s);
+  out.mutable_cost_model()->set_inter_alpha_s(fabric.inter.alpha_s);
+  out.mutable_cost_model()->set_inter_beta_bytes_per_s(fabric.inter.beta_bytes_per_s);
+  out.mutable_cost_model()->set_overhead_s(fabric.overhead_s);
+  const std::string& forced = comm->forced_algorithm();
+  const auto* info = scheduler::algorithms::FindAlgorithm(forced);
+  if (info != nullptr && scheduler::algorithms::Implements(*info, op)) {
+    out.set_forced(forced);
+    out.set_chosen(forced);
+    absl::StrAppend(out.mutable_reason(), "; but --algo/RAILYARD_ALGO forces ", forced);
+  }
+  return out;
+}
+
+}  // namespace railyard
