@@ -499,6 +499,7 @@ v1::StatusResponse DaemonCore::Status() {
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_at_));
   out.set_worker_threads(static_cast<uint32_t>(executor_.threads()));
   out.set_peer_address(peer_address_);
+  out.set_chunk_bytes(config_.chunk_bytes);
   for (const auto& rail : topology_.rails()) {
     out.add_rails(rail.device().empty() ? rail.name()
                                         : absl::StrCat(rail.name(), "@", rail.device()));

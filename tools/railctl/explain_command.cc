@@ -47,12 +47,15 @@ nlohmann::json CostModelJson(const v1::CostModel& m) {
 }  // namespace
 
 std::string DescribeCostModel(const v1::CostModel& m) {
-  std::string out =
-      absl::StrCat("intra ", topology::FormatDuration(m.intra_alpha_s()), " + n / ",
-                   topology::FormatBandwidth(m.intra_beta_bytes_per_s()), "; inter ",
-                   topology::FormatDuration(m.inter_alpha_s()), " + n / ",
-                   topology::FormatBandwidth(m.inter_beta_bytes_per_s()), " per rail; overhead ",
-                   topology::FormatDuration(m.overhead_s()), " per message");
+  std::string out = absl::StrCat(
+      "intra ", topology::FormatDuration(m.intra_alpha_s()), " + n / ",
+      topology::FormatBandwidth(m.intra_beta_bytes_per_s()), "; inter ",
+      topology::FormatDuration(m.inter_alpha_s()), " + n / ",
+      topology::FormatBandwidth(m.inter_beta_bytes_per_s()), " per rail; overhead ",
+      topology::FormatDuration(m.overhead_s()), " per message",
+      m.op_overhead_s() > 0 ? absl::StrCat("; ", topology::FormatDuration(m.op_overhead_s()),
+                                           " per operation (submission)")
+                            : std::string());
   if (m.source() == "fit") {
     absl::StrAppend(&out, "\n  fitted ", m.fitted_at(), " on ", m.op(), "/", m.algorithm(), ", ",
                     m.nranks(), " ranks on ", m.nnodes(), " nodes (", m.placement(), "), ",

@@ -10,7 +10,12 @@ absl::StatusOr<ParsedFlags> ParseFlags(const std::vector<std::string>& args,
                                        const std::set<std::string>& bool_flags) {
   ParsedFlags out;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
+    std::string arg = args[i];
+    // Single-letter flags as nccl-tests spell them: -b 64K is --b 64K.
+    if (arg.size() == 2 && arg[0] == '-' && arg[1] != '-' && arg[1] != 'h' &&
+        value_flags.count(arg.substr(1)) != 0) {
+      arg = "-" + arg;
+    }
     if (arg.size() < 2 || arg.compare(0, 2, "--") != 0 || arg == "--") {
       if (arg == "-h") {
         out.bools.insert("help");

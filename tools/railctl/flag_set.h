@@ -1,6 +1,6 @@
 // A small parser for railctl subcommands' flags: `--name value`, `--name=value`, boolean
-// `--name`, and positional arguments. Unknown flags and missing values are INVALID_ARGUMENT
-// naming the flag.
+// `--name`, single-letter value flags as `-b value`, and positional arguments. Unknown flags and
+// missing values are INVALID_ARGUMENT naming the flag.
 #pragma once
 
 #include <map>

@@ -4,6 +4,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tools/railctl/calibrate_command.h"
 #include "tools/railctl/command.h"
 #include "tools/railctl/explain_command.h"
 #include "tools/railctl/model_command.h"
@@ -27,6 +28,8 @@ constexpr Command kCommands[] = {
      railyard::railctl::RunExplain},
     {"simulate", "run an operation's schedule through the fabric simulator (jobs, tiers, links)",
      railyard::railctl::RunSimulate},
+    {"calibrate", "measure daemons with railyard-perf and fit the cost model's link classes",
+     railyard::railctl::RunCalibrate},
 };
 
 void PrintUsage(FILE* out) {

@@ -1,0 +1,206 @@
+"""The cost model against live daemons: railctl calibrate fits finite, positive link classes
+whose predictions are within 25 % of what it measured, and stores them; a communicator created
+afterwards tunes with that calibration, and the algorithm `railctl explain` names for an
+operation is the one the daemons ran (read back from their /metrics).
+
+Run by CTest (cost_model_test) with RAILYARDD, RAILCTL, RAILYARD_PERF and PYTHONPATH (the
+build's python package) in the environment.
+"""
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+RAILS = 2
+RANKS_PER_NODE = 2
+SMALL, LARGE = 2, 2 << 20  # float32 elements: 8 B and 8 MiB
+
+
+def wait_for(what, predicate, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+def railctl(*args, timeout=300):
+    out = subprocess.run([os.environ["RAILCTL"], *args], capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, f"railctl {' '.join(args)}: {out.stderr}"
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    tmp = tempfile.mkdtemp(prefix="ry-cost-")
+    procs, daemons = [], []
+    try:
+        for n in range(2):
+            name = f"cnode{n}"
+            topo = os.path.join(tmp, f"{name}.json")
+            with open(topo, "w") as f:
+                json.dump({"node": name, "rails": [{"name": f"rail{r}", "device": "lo"}
+                                                   for r in range(RAILS)]}, f)
+            sock = os.path.join(tmp, f"{name}.sock")
+            state = os.path.join(tmp, f"{name}-state")
+            logpath = os.path.join(tmp, f"{name}.log")
+            log = open(logpath, "w")
+            proc = subprocess.Popen(
+                [os.environ["RAILYARDD"], f"--socket={sock}", "--peer_listen=127.0.0.1:0",
+                 f"--topology={topo}", f"--state_dir={state}", "--metrics_listen=127.0.0.1:0",
+                 "--worker_threads=2"], stdout=log, stderr=subprocess.STDOUT)
+            procs.append(proc)
+
+            def bound(logpath=logpath, proc=proc, sock=sock):
+                assert proc.poll() is None, open(logpath).read()
+                m = re.search(r"metrics_address=(\S+)", open(logpath).read())
+                return m and os.path.exists(sock) and m.group(1)
+            addr = wait_for(f"{name} to serve", bound, 20)
+            daemons.append({"name": name, "socket": sock, "state": state, "metrics": addr})
+        yield {"tmp": tmp, "daemons": daemons}
+    finally:
+        for p in procs:
+            stop(p)
+
+
+def test_calibrate_fits_and_stores(cluster):
+    sockets = ",".join(d["socket"] for d in cluster["daemons"])
+    # Loopback on a shared 2-core VM is noisy: a sweep disturbed by another process is measured
+    # once more (the fit must hold on one of two sweeps).
+    for attempt in range(2):
+        fit = json.loads(railctl("calibrate", "--daemons", sockets, "--ranks-per-daemon",
+                                 str(RANKS_PER_NODE), "-b", "64K", "-e", "4M", "-f", "4", "-n",
+                                 "8", "-w", "2", "--json"))
+        if fit["max_error"] <= 0.25:
+            break
+        print(f"calibration attempt {attempt}: worst error {fit['max_error']:.2f}, again")
+    print(json.dumps(fit, indent=1))
+    for cls in ("intra", "inter"):
+        assert math.isfinite(fit[cls]["alpha_s"]) and fit[cls]["alpha_s"] >= 0
+        assert math.isfinite(fit[cls]["beta_bytes_per_s"]) and fit[cls]["beta_bytes_per_s"] > 0
+    assert fit["op_overhead_s"] > 0
+    assert fit["inter"]["alpha_s"] > 0
+    assert len(fit["sizes"]) == 4  # 64K, 256K, 1M, 4M
+    for s in fit["sizes"]:
+        assert s["measured_s"] > 0 and s["predicted_s"] > 0
+        assert abs(s["predicted_s"] - s["measured_s"]) <= 0.25 * s["measured_s"], s
+    assert fit["algorithm"] == "ring" and fit["op"] == "allreduce"
+    # Stored on both daemons, as the fit says.
+    assert len(fit["stored"]) == 2
+    for d in cluster["daemons"]:
+        with open(os.path.join(d["state"], "calibration.json")) as f:
+            stored = json.load(f)
+        assert stored["source"] == "fit"
+        assert stored["inter"]["beta_bytes_per_s"] == pytest.approx(
+            fit["inter"]["beta_bytes_per_s"], rel=1e-9)
+        assert stored["nranks"] == 4 and stored["nnodes"] == 2
+    cluster["fit"] = fit
+
+
+def metric_algorithms(addr, op, size):
+    """Algorithms of the collective series for `op` whose power-of-4 size bucket holds size."""
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = {}
+    for m in re.finditer(r'^railyard_collective_ops_total\{([^}]*)\} (\S+)$', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        bucket = int(labels["size_bucket"])
+        if labels["op"] == op and bucket <= size < max(4 * bucket, 1):
+            found[labels["algorithm"]] = float(m.group(2))
+    return found
+
+
+def test_explain_names_what_ran(cluster):
+    daemons = cluster["daemons"]
+    ready = tempfile.mkdtemp(dir=cluster["tmp"], prefix="ready-")
+    go = os.path.join(ready, "go")
+    env = dict(os.environ, SIZES=f"{SMALL},{LARGE}", READY_DIR=ready, GO=go)
+    env.pop("RAILYARD_ALGO", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, railyard.launch; sys.exit(railyard.launch.launch("
+         f"[sys.executable, {os.path.join(os.path.dirname(__file__), 'cost_model_ranks.py')!r}],"
+         f" {2 * RANKS_PER_NODE}, nodes=2, daemons={[d['socket'] for d in daemons]!r},"
+         " timeout=120))"], env=env)
+    try:
+        wait_for("the ranks to run their AllReduces",
+                 lambda: len([f for f in os.listdir(ready) if f.startswith("ready.")]) == 4
+                 or launcher.poll() is not None, 90)
+        assert launcher.poll() is None, "the rank processes failed"
+        for count in (SMALL, LARGE):
+            size = count * 4
+            answers = [json.loads(railctl("explain", "allreduce", str(size), "--socket",
+                                          d["socket"], "--json")) for d in daemons]
+            a = answers[0]
+            # Both daemons of the comm would pick the same algorithm and chunk size.
+            assert [x["chosen"] for x in answers] == [a["chosen"]] * 2, answers
+            assert [x["chunk_bytes"] for x in answers] == [a["chunk_bytes"]] * 2
+            assert a["nranks"] == 4 and a["nnodes"] == 2 and a["rails"] == RAILS
+            # The choice is the cheapest executable candidate by its prediction.
+            runnable = [c for c in a["candidates"] if c["generator"]]
+            best = min(runnable, key=lambda c: c.get("ir_s", c.get("closed_form_s", 1e300)))
+            assert best["generator"] == a["chosen"], a
+            # It tunes with the calibration stored above.
+            if "fit" in cluster:
+                assert a["calibration"]["source"] == "fit"
+                assert a["calibration"]["inter_beta_bytes_per_s"] == pytest.approx(
+                    cluster["fit"]["inter"]["beta_bytes_per_s"], rel=1e-9)
+            # ... and it is what the daemons ran.
+            for d in daemons:
+                ran = metric_algorithms(d["metrics"], "allreduce", size)
+                assert a["chosen"] in ran, (size, a["chosen"], ran, a["reason"])
+            print(f"allreduce {size} B: {a['chosen']} ({a['reason']})")
+        # Latency-bound 8 B: a logarithmic-depth schedule; bandwidth-bound 8 MiB: not a tree.
+        small = json.loads(railctl("explain", "allreduce", "8", "--socket", daemons[0]["socket"],
+                                   "--json"))
+        large = json.loads(railctl("explain", "allreduce", str(LARGE * 4), "--socket",
+                                   daemons[0]["socket"], "--json"))
+        assert small["chosen"] in ("tree", "rhd"), small["reason"]
+        assert large["chosen"] in ("hier", "ring", "rhd"), large["reason"]
+        # Bad input: a clear error, and the daemon keeps serving.
+        bad = subprocess.run([os.environ["RAILCTL"], "explain", "allreduce", "8", "--comm",
+                              "no-such-comm", "--socket", daemons[0]["socket"]],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 1 and "no communicator no-such-comm" in bad.stderr, bad.stderr
+        bad = subprocess.run([os.environ["RAILCTL"], "explain", "sendrecv", "8", "--socket",
+                              daemons[0]["socket"]], capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
+    finally:
+        open(go, "w").close()
+        try:
+            assert launcher.wait(timeout=60) == 0
+        finally:
+            if launcher.poll() is None:
+                stop(launcher)
+
+
+def test_set_calibration_rejects_bad_figures(cluster):
+    # Through the daemon's validation: a calibration file with a zero bandwidth is refused at
+    # start (defaults used); SetCalibration is exercised by railctl calibrate above. Here: the
+    # model CLI's own validation of what operators type.
+    bad = subprocess.run([os.environ["RAILCTL"], "model", "allreduce", "--nranks", "4",
+                          "--size", "1MB", "--alpha", "5us", "--beta", "0GB/s"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "bandwidth" in bad.stderr

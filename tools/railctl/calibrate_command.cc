@@ -1,0 +1,380 @@
+#include "tools/railctl/calibrate_command.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/scheduler/cost/calibration.h"
+#include "daemon/scheduler/cost/tuner.h"
+#include "daemon/scheduler/schedule.h"
+#include "daemon/scheduler/sim/jobs_file.h"
+#include "daemon/scheduler/sim/simulator.h"
+#include "daemon/topology/units.h"
+#include "tools/railctl/admin_client.h"
+#include "tools/railctl/child_process.h"
+#include "tools/railctl/explain_command.h"
+#include "tools/railctl/flag_set.h"
+#include "tools/railctl/text_table.h"
+
+namespace railyard::railctl {
+namespace {
+
+namespace cost = scheduler::cost;
+namespace sim = scheduler::sim;
+using topology::LinkClass;
+
+constexpr const char* kUsage =
+    "usage: railctl calibrate --daemons S0,S1[,...] [--ranks-per-daemon G] [--op OP] [--algo A]\n"
+    "                         [-b SIZE] [-e SIZE] [-f N] [-n ITERS] [-w WARMUP] [--perf PATH]\n"
+    "                         [--timeout SECONDS] [--dry-run] [--json]\n"
+    "Runs railyard-perf on the first daemon alone and then across all of them, fits the\n"
+    "per-operation overhead, the intra-node bandwidth and the inter-node alpha and beta by least\n"
+    "squares on the schedule IR's prediction, prints the fit against every measured size and\n"
+    "stores it on every daemon (--state_dir/calibration.json) unless --dry-run. Defaults: G = 2,\n"
+    "allreduce, ring, -b 64K -e 4M -f 4 -n 10 -w 3.\n";
+
+// A huge bandwidth and zero latency: a link class that costs nothing.
+constexpr LinkClass kFree{0, 1e30};
+
+struct Measured {
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// railyard-perf's rows: size count type redop root time algbw busbw #wrong (out of place) ...
+absl::StatusOr<std::vector<Measured>> ParsePerf(const std::string& out) {
+  std::vector<Measured> rows;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
+    if (absl::StripLeadingAsciiWhitespace(line).substr(0, 1) == "#") continue;
+    std::vector<absl::string_view> cols = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    if (cols.size() < 9) continue;
+    Measured m;
+    double us = 0;
+    if (!absl::SimpleAtoi(cols[0], &m.bytes) || !absl::SimpleAtod(cols[5], &us)) continue;
+    if (cols[8] != "0" && cols[8] != "N/A") {
+      return absl::DataLossError(
+          absl::StrCat("railyard-perf reports ", cols[8], " wrong elements at ", m.bytes, " B"));
+    }
+    m.seconds = us * 1e-6;
+    rows.push_back(m);
+  }
+  if (rows.empty()) return absl::InternalError("railyard-perf printed no result rows");
+  return rows;
+}
+
+// The time the simulator predicts for the schedule on a fabric with these link classes.
+absl::StatusOr<double> Predict(const scheduler::RankSchedule& schedule,
+                               const scheduler::CommLayout& layout, LinkClass intra,
+                               LinkClass inter) {
+  const topology::FabricSpec f = cost::FabricForLayout(layout, intra, inter, 0);
+  absl::StatusOr<sim::JobResult> r = sim::SimulateSchedule(schedule, layout, f);
+  if (!r.ok()) return r.status();
+  return r->time_s;
+}
+
+struct Point {
+  Measured m;
+  scheduler::RankSchedule schedule;
+};
+
+absl::StatusOr<std::vector<Point>> Schedules(const std::vector<Measured>& rows,
+                                             scheduler::OpKind op, const std::string& algo,
+                                             const scheduler::CommLayout& layout, size_t chunk) {
+  std::vector<Point> points;
+  for (const Measured& m : rows) {
+    scheduler::OpShape shape;
+    shape.op = op;
+    shape.count = sim::CountForBytes(op, static_cast<double>(m.bytes), layout.nranks);
+    absl::StatusOr<scheduler::RankSchedule> s = scheduler::Generate(algo, shape, layout, chunk);
+    if (!s.ok()) return s.status();
+    points.push_back({m, *std::move(s)});
+  }
+  return points;
+}
+
+std::string PerfSize(const std::string& flag, const ParsedFlags& f, const char* fallback) {
+  return f.Has(flag) ? f.Get(flag) : fallback;
+}
+
+}  // namespace
+
+absl::Status RunCalibrate(const std::vector<std::string>& args) {
+  absl::StatusOr<ParsedFlags> f = ParseFlags(
+      args,
+      {"daemons", "ranks-per-daemon", "op", "algo", "b", "e", "f", "n", "w", "perf", "timeout"},
+      {"dry-run", "json"});
+  if (!f.ok()) return f.status();
+  if (f->Bool("help")) {
+    std::fputs(kUsage, stdout);
+    return absl::OkStatus();
+  }
+  if (!f->positional.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f->positional[0], "'"));
+  }
+  if (!f->Has("daemons")) return absl::InvalidArgumentError("--daemons S0,S1,... is required");
+  const std::vector<std::string> daemons =
+      absl::StrSplit(f->Get("daemons"), ',', absl::SkipEmpty());
+  absl::StatusOr<int> g = IntFlag(*f, "ranks-per-daemon", 2, 1);
+  if (!g.ok()) return g.status();
+  absl::StatusOr<int> timeout = IntFlag(*f, "timeout", 300, 10);
+  if (!timeout.ok()) return timeout.status();
+  const std::string op_name = f->Get("op", "allreduce");
+  scheduler::OpKind op;
+  if (!scheduler::ParseOpName(op_name, &op) || scheduler::IsPointToPoint(op) ||
+      op == scheduler::OpKind::kAllToAllv || op == scheduler::OpKind::kBarrier) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--op ", op_name, ": allreduce, reducescatter, allgather, broadcast, reduce or alltoall"));
+  }
+  const std::string algo = f->Get("algo", scheduler::kAlgoRing);
+
+  // Who is calibrated: every daemon's name, rails and chunk size.
+  std::vector<std::string> names;
+  int rails = 1 << 30;
+  size_t chunk = 256 * 1024;
+  for (const std::string& socket : daemons) {
+    absl::StatusOr<v1::StatusResponse> st = AdminClient(socket).Status();
+    if (!st.ok()) return st.status();
+    names.push_back(st->node_name());
+    rails = std::min(rails, std::max(1, st->rails_size()));
+    if (st->chunk_bytes() > 0) chunk = st->chunk_bytes();
+  }
+  const int k = static_cast<int>(daemons.size());
+  const std::string perf = f->Get("perf", SiblingProgram("railyard-perf"));
+  const auto run_perf = [&](const std::vector<std::string>& sockets,
+                            const std::string& forced) -> absl::StatusOr<std::vector<Measured>> {
+    std::vector<std::string> argv = {perf,
+                                     "--op",
+                                     op_name,
+                                     "--daemons",
+                                     absl::StrJoin(sockets, ","),
+                                     "--ranks-per-daemon",
+                                     absl::StrCat(*g),
+                                     "-b",
+                                     PerfSize("b", *f, "64K"),
+                                     "-e",
+                                     PerfSize("e", *f, "4M"),
+                                     "-f",
+                                     f->Get("f", "4"),
+                                     "-n",
+                                     f->Get("n", "10"),
+                                     "-w",
+                                     f->Get("w", "3"),
+                                     "-c",
+                                     "1",
+                                     "--deadline_s",
+                                     absl::StrCat(*timeout)};
+    std::map<std::string, std::string> env;
+    env["RAILYARD_ALGO"] = forced;
+    absl::StatusOr<std::string> out =
+        RunToCompletion(argv, env, std::chrono::seconds(*timeout + 10));
+    if (!out.ok()) return out.status();
+    return ParsePerf(*out);
+  };
+
+  cost::Calibration fit = cost::Calibration::Defaults();
+  fit.source = "fit";
+  // Step 1: one daemon, G ranks: the local plan is a direct (all-pairs) schedule in memory.
+  const scheduler::CommLayout one_node = scheduler::CommLayout::Uniform(1, *g, rails);
+  std::vector<Measured> intra_rows;
+  if (*g >= 2) {
+    absl::StatusOr<std::vector<Measured>> rows = run_perf({daemons[0]}, "");
+    if (!rows.ok()) return rows.status();
+    intra_rows = *rows;
+    absl::StatusOr<std::vector<Point>> pts =
+        Schedules(intra_rows, op, scheduler::kAlgoDirect, one_node, 0);
+    if (!pts.ok()) return pts.status();
+    std::vector<cost::Sample> samples;
+    for (const Point& p : *pts) {
+      // T = op_overhead + intra alpha * steps (held at its default) + bytes / intra beta.
+      absl::StatusOr<double> lat = Predict(p.schedule, one_node, {fit.intra.alpha_s, 1e30}, kFree);
+      absl::StatusOr<double> bytes = Predict(p.schedule, one_node, {0, 1}, kFree);
+      if (!lat.ok()) return lat.status();
+      if (!bytes.ok()) return bytes.status();
+      const double y = p.m.seconds - *lat;
+      if (y > 0) samples.push_back({1, *bytes, y});
+    }
+    absl::StatusOr<cost::LinearFit> lf = cost::FitLinkClass(samples);
+    if (!lf.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("intra-node fit on ", names[0], ": ", lf.status().message()));
+    }
+    fit.op_overhead_s = lf->link.alpha_s;
+    fit.intra.beta_bytes_per_s = lf->link.beta_bytes_per_s;
+  }
+  // Step 2: all daemons, the forced algorithm: inter alpha and beta with the intra part held.
+  const scheduler::CommLayout layout = scheduler::CommLayout::Uniform(k, *g, rails);
+  std::vector<Measured> rows = intra_rows;
+  scheduler::CommLayout check_layout = one_node;
+  std::string check_algo = scheduler::kAlgoDirect;
+  size_t check_chunk = 0;
+  if (k >= 2) {
+    absl::StatusOr<std::vector<Measured>> inter_rows = run_perf(daemons, algo);
+    if (!inter_rows.ok()) return inter_rows.status();
+    absl::StatusOr<std::vector<Point>> pts = Schedules(*inter_rows, op, algo, layout, chunk);
+    if (!pts.ok()) return pts.status();
+    std::vector<cost::Sample> samples;
+    for (const Point& p : *pts) {
+      absl::StatusOr<double> intra_part = Predict(p.schedule, layout, fit.intra, kFree);
+      absl::StatusOr<double> lat = Predict(p.schedule, layout, kFree, {1, 1e30});
+      absl::StatusOr<double> bytes = Predict(p.schedule, layout, kFree, {0, 1});
+      if (!intra_part.ok()) return intra_part.status();
+      if (!lat.ok()) return lat.status();
+      if (!bytes.ok()) return bytes.status();
+      const double y = p.m.seconds - fit.op_overhead_s - *intra_part;
+      if (y > 0) samples.push_back({*lat, *bytes, y});
+    }
+    absl::StatusOr<cost::LinearFit> lf = cost::FitLinkClass(samples);
+    if (!lf.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("inter-node fit over ", k, " daemons: ", lf.status().message()));
+    }
+    // The linear fit adds the intra and inter parts; the simulator overlaps them along the
+    // critical path. Refine alpha and beta against the full prediction (what explain and the
+    // tuner use): a pattern search in log space minimising the squared relative error.
+    const auto objective = [&](const LinkClass& inter) {
+      double e = 0;
+      for (const Point& p : *pts) {
+        absl::StatusOr<double> t = Predict(p.schedule, layout, fit.intra, inter);
+        if (!t.ok()) return 1e300;
+        const double r = (*t + fit.op_overhead_s - p.m.seconds) / p.m.seconds;
+        e += r * r;
+      }
+      return e;
+    };
+    LinkClass best = lf->link;
+    best.alpha_s = std::max(best.alpha_s, 1e-7);
+    double best_e = objective(best);
+    for (double step = 1.0; step > 0.005;) {
+      bool improved = false;
+      for (int dim = 0; dim < 2; ++dim) {
+        for (double dir : {1.0, -1.0}) {
+          LinkClass trial = best;
+          double& v = dim == 0 ? trial.alpha_s : trial.beta_bytes_per_s;
+          v *= std::exp(dir * step);
+          const double e = objective(trial);
+          if (e < best_e) {
+            best = trial;
+            best_e = e;
+            improved = true;
+          }
+        }
+      }
+      if (!improved) step /= 2;
+    }
+    fit.inter = best;
+    rows = *inter_rows;
+    check_layout = layout;
+    check_algo = algo;
+    check_chunk = chunk;
+  }
+  fit.overhead_s = 0;  // folded into the fitted alphas
+  // Step 3: the fitted model against every measured size of the last sweep.
+  absl::StatusOr<std::vector<Point>> pts =
+      Schedules(rows, op, check_algo, check_layout, check_chunk);
+  if (!pts.ok()) return pts.status();
+  struct Check {
+    uint64_t bytes;
+    double measured, predicted, error;
+  };
+  std::vector<Check> checks;
+  double sq = 0, worst = 0;
+  for (const Point& p : *pts) {
+    absl::StatusOr<double> t = Predict(p.schedule, check_layout, fit.intra, fit.inter);
+    if (!t.ok()) return t.status();
+    const double predicted = *t + fit.op_overhead_s;
+    const double error = (predicted - p.m.seconds) / p.m.seconds;
+    checks.push_back({p.m.bytes, p.m.seconds, predicted, error});
+    sq += error * error;
+    worst = std::max(worst, std::fabs(error));
+  }
+  fit.samples = static_cast<int>(checks.size());
+  fit.rms_relative_error = checks.empty() ? 0 : std::sqrt(sq / checks.size());
+  fit.op = std::string(scheduler::OpName(op));
+  fit.algorithm = k >= 2 ? algo : "local";
+  fit.nranks = k * *g;
+  fit.nnodes = k;
+  fit.placement = absl::StrCat(k, " daemons x ", *g, " ranks, daemon-major, rank i on rail i mod ",
+                               rails, ", chunks of ", check_chunk, " B");
+  fit.topology = absl::StrJoin(names, ",");
+  fit.fitted_at = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  if (absl::Status s = cost::Validate(fit); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("the fit is not usable: ", s.message()));
+  }
+  std::vector<std::string> stored;
+  v1::CostModel model;
+  {
+    model.set_intra_alpha_s(fit.intra.alpha_s);
+    model.set_intra_beta_bytes_per_s(fit.intra.beta_bytes_per_s);
+    model.set_inter_alpha_s(fit.inter.alpha_s);
+    model.set_inter_beta_bytes_per_s(fit.inter.beta_bytes_per_s);
+    model.set_overhead_s(fit.overhead_s);
+    model.set_op_overhead_s(fit.op_overhead_s);
+    model.set_source(fit.source);
+    model.set_op(fit.op);
+    model.set_algorithm(fit.algorithm);
+    model.set_placement(fit.placement);
+    model.set_topology(fit.topology);
+    model.set_fitted_at(fit.fitted_at);
+    model.set_nranks(fit.nranks);
+    model.set_nnodes(fit.nnodes);
+    model.set_samples(fit.samples);
+    model.set_rms_relative_error(fit.rms_relative_error);
+  }
+  if (!f->Bool("dry-run")) {
+    for (const std::string& socket : daemons) {
+      absl::StatusOr<std::string> path = AdminClient(socket).SetCalibration(model);
+      if (!path.ok()) return path.status();
+      stored.push_back(*path);
+    }
+  }
+  if (f->Bool("json")) {
+    nlohmann::json sizes = nlohmann::json::array();
+    for (const Check& c : checks) {
+      sizes.push_back({{"bytes", c.bytes},
+                       {"measured_s", c.measured},
+                       {"predicted_s", c.predicted},
+                       {"error", c.error}});
+    }
+    nlohmann::json out = {
+        {"intra",
+         {{"alpha_s", fit.intra.alpha_s}, {"beta_bytes_per_s", fit.intra.beta_bytes_per_s}}},
+        {"inter",
+         {{"alpha_s", fit.inter.alpha_s}, {"beta_bytes_per_s", fit.inter.beta_bytes_per_s}}},
+        {"op_overhead_s", fit.op_overhead_s},
+        {"op", fit.op},
+        {"algorithm", fit.algorithm},
+        {"placement", fit.placement},
+        {"topology", fit.topology},
+        {"sizes", sizes},
+        {"rms_error", fit.rms_relative_error},
+        {"max_error", worst},
+        {"stored", stored}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return absl::OkStatus();
+  }
+  TextTable table({"SIZE", "MEASURED", "PREDICTED", "ERROR"});
+  for (const Check& c : checks) {
+    table.AddRow({topology::FormatBytes(static_cast<double>(c.bytes)),
+                  topology::FormatDuration(c.measured), topology::FormatDuration(c.predicted),
+                  absl::StrFormat("%+.1f%%", 100 * c.error)});
+  }
+  std::printf("%s/%s on %s\n", fit.op.c_str(), fit.algorithm.c_str(), fit.placement.c_str());
+  std::fputs(table.Render().c_str(), stdout);
+  std::printf("fit: %s\nworst error %.1f%%\n", DescribeCostModel(model).c_str(), 100 * worst);
+  if (stored.empty()) {
+    std::printf("not stored (--dry-run)\n");
+  } else {
+    std::printf("stored: %s\n", absl::StrJoin(stored, ", ").c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace railyard::railctl
