@@ -216,13 +216,14 @@ def test_init_container_prepares_the_host_directories_for_the_daemon_uid(deploym
     assert init["image"] == daemon["image"], "one image to pull"
     uid = daemon["securityContext"]["runAsUser"]
     socket_dir = os.path.dirname(dm.parse_args(daemon["args"])["socket"])
+    state_dir = dm.parse_args(daemon["args"])["state_dir"]
     script = init["command"] + init["args"]
     assert script[:2] == ["/bin/sh", "-c"] and len(script) == 3
     steps = [s.strip() for s in script[2].split("&&")]
-    assert steps == [f"chown {uid}:{uid} {socket_dir}", f"chmod 0755 {socket_dir}",
+    assert steps == [f"chown {uid}:{uid} {socket_dir} {state_dir}", f"chmod 0755 {socket_dir}",
                      "chmod 1777 /dev/shm"], f"{name}: {steps}"
     # It works on the very volumes the daemon mounts there.
-    for path in (socket_dir, "/dev/shm"):
+    for path in (socket_dir, "/dev/shm", state_dir):
         assert (dm.volume_by_mount(spec, init, path) == dm.volume_by_mount(spec, daemon, path))
     sc = init["securityContext"]
     assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False
