@@ -9,7 +9,8 @@
 //
 // Each algorithm runs in a fresh child process (fork) so that its peak RSS (getrusage
 // ru_maxrss of the child) is its own, not the high-water mark of an earlier run. --split also
-// times Generate() on its own (then the schedule is dropped and Simulate() runs as usual).
+// times the phases on their own: Generate(), building the flow graph (FlowGraph::AddSchedule) and
+// the event-driven run (RunEngine); then the schedule is dropped and Simulate() runs as usual.
 // Defaults: 1024 x 8, 256 MB AllReduce, hier,rhd,tree, plus torus on a 64x128 torus.
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/scheduler/op.h"
 #include "daemon/scheduler/schedule.h"
+#include "daemon/scheduler/sim/engine.h"
 #include "daemon/scheduler/sim/simulator.h"
 #include "daemon/topology/fabric.h"
 
@@ -134,8 +136,9 @@ int RunOne(const Args& a, const std::string& algo) {
   const CommLayout layout = sim::JobLayout(f, job);
   const uint64_t estimate = sim::EstimateTransfers(algo, job.shape, layout, a.chunk);
   double gen_s = -1, gen_cpu = -1;  // --split: Generate() alone
+  double graph_cpu = -1, engine_cpu = -1;
   uint64_t generated = 0, deps = 0;
-  if (a.split) {
+  if (a.split && algo != sim::kAlgoInNetwork) {
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = CpuSeconds();
     absl::StatusOr<railyard::scheduler::RankSchedule> s =
@@ -145,6 +148,19 @@ int RunOne(const Args& a, const std::string& algo) {
     if (s.ok()) {
       generated = s->transfers.size();
       for (const auto& t : s->transfers) deps += t.deps.size();
+      std::vector<int32_t> frank(layout.nranks);
+      for (int r = 0; r < layout.nranks; ++r) frank[r] = r;  // the job spans the fabric in order
+      const sim::FabricModel model(f);
+      sim::FlowGraph graph;
+      double c1 = CpuSeconds();
+      absl::Status st = graph.AddSchedule(*s, frank, 0);
+      graph_cpu = CpuSeconds() - c1;
+      s = absl::StatusOr<railyard::scheduler::RankSchedule>();  // the engine runs without it
+      sim::EngineResult er;
+      c1 = CpuSeconds();
+      if (st.ok()) st = sim::RunEngine(model, graph, 1, &er);
+      engine_cpu = CpuSeconds() - c1;
+      if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -171,8 +187,11 @@ int RunOne(const Args& a, const std::string& algo) {
       static_cast<unsigned long long>(r->transfers), static_cast<unsigned long long>(estimate),
       r->time_s);
   if (a.split) {
-    std::printf("  [generate %.2f s (cpu %.2f s), %llu transfers, %llu deps]", gen_s, gen_cpu,
-                static_cast<unsigned long long>(generated), static_cast<unsigned long long>(deps));
+    std::printf(
+        "  [generate %.2f s (cpu %.2f s), %llu transfers, %llu deps; cpu: graph %.2f s, "
+        "engine %.2f s]",
+        gen_s, gen_cpu, static_cast<unsigned long long>(generated),
+        static_cast<unsigned long long>(deps), graph_cpu, engine_cpu);
   }
   std::printf("\n");
   return 0;

@@ -158,6 +158,103 @@ TEST(SimClosedForm, InNetworkReduction) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Pipelining: the messages of one (sender, receiver) pair are delivered in posting order, and a
+// queued message's alpha overlaps the bytes of the one before it.
+
+// A pipelined chain (ring Broadcast: chunk c of hop p waits only for chunk c of hop p - 1) of C
+// chunks over H hops: (H + C - 1) chunk/beta + H alpha, as NCCL-style pipelining achieves.
+// (The equal-share model this replaces ran the root's C chunks, all ready at t = 0, side by side
+// on its NIC: H M/beta, no pipelining at all.)
+TEST(SimPipelining, ChainBroadcast) {
+  struct Case {
+    int n;
+    double alpha, beta, m, chunk;
+  };
+  for (const Case& c : {Case{4, 0, 10e9, 4 << 20, 1 << 20}, Case{8, 5e-6, 25e9, 64 << 20, 4 << 20},
+                        Case{16, 10e-6, 10e9, 16 << 20, 1 << 20}}) {
+    const FabricSpec f = Fabric(FabricKind::kFlat, c.n, 1, 1, c.alpha, c.beta);
+    JobSpec j = Job(OpKind::kBroadcast, "ring", c.m, c.n);
+    const double hops = c.n - 1, chunks = c.m / c.chunk;
+    const double unchunked = SimTime(f, {j});
+    ExpectNear2(unchunked, hops * (c.alpha + c.m / c.beta), "unchunked chain");
+    j.chunk_bytes = static_cast<size_t>(c.chunk);
+    ExpectNear2(SimTime(f, {j}), (hops + chunks - 1) * c.chunk / c.beta + hops * c.alpha,
+                "chain n=" + std::to_string(c.n));
+  }
+}
+
+// Chunking a bandwidth-bound ring AllReduce costs at most the extra alphas, and never beats the
+// bandwidth bound. Here it costs nothing: while alpha <= (C - 1) chunk/beta each chunk's alpha
+// runs behind the previous chunk's bytes, so every link stays busy from the first alpha on:
+// alpha + 2 (N-1)/N M/beta (unchunked: 2 (N-1) (alpha + M/(N beta))).
+TEST(SimPipelining, ChunkedRingAllReduce) {
+  const int n = 8;
+  const double alpha = 5e-6, beta = 50e9, m = 64e6;
+  const FabricSpec f = Fabric(FabricKind::kFlat, n, 1, 1, alpha, beta);
+  JobSpec j = Job(OpKind::kAllReduce, "ring", m, n);
+  const double unchunked = SimTime(f, {j});
+  ExpectNear2(unchunked, 2 * (n - 1) * (alpha + m / (n * beta)), "unchunked");
+  for (size_t chunk : {size_t{1} << 20, size_t{256} << 10}) {
+    j.chunk_bytes = chunk;
+    const double chunks = std::ceil(m / n / static_cast<double>(chunk));
+    const double t = SimTime(f, {j});
+    EXPECT_LE(t, unchunked + 2 * (n - 1) * (chunks - 1) * alpha) << chunk;
+    EXPECT_GE(t, 2.0 * (n - 1) / n * m / beta) << chunk;
+    ExpectNear2(t, alpha + 2.0 * (n - 1) / n * m / beta, "chunk " + std::to_string(chunk));
+  }
+}
+
+// Messages to different receivers share the sender's link equally; messages to the same receiver
+// queue: the first is delivered after n/beta, not after 2n/beta.
+TEST(SimPipelining, SamePairQueuesOtherPairsShare) {
+  const double alpha = 4e-6, beta = 10e9, n = 1e6;
+  const CommLayout l = CommLayout::Uniform(3, 1, 1);
+  const FabricSpec f = Fabric(FabricKind::kFlat, 3, 1, 1, alpha, beta);
+  const auto transfer = [&](int src, int dst, std::vector<uint32_t> deps) {
+    Transfer t;
+    t.src.rank = src;
+    t.dst.rank = dst;
+    t.dst.space = RankRef::Space::kRecv;
+    t.bytes = static_cast<uint64_t>(n);
+    t.deps = std::move(deps);
+    return t;
+  };
+  RankSchedule same;
+  same.algorithm = "same pair";
+  // 0 -> 1 twice, then 1 forwards the first: it can start as soon as the first arrived.
+  same.transfers = {transfer(0, 1, {}), transfer(0, 1, {}), transfer(1, 2, {0})};
+  auto r = SimulateSchedule(same, l, f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectNear2(r->time_s, 2 * alpha + 2 * n / beta, "forward behind a queued message");
+  same.transfers[2].deps = {1};
+  r = SimulateSchedule(same, l, f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectNear2(r->time_s, 2 * alpha + 3 * n / beta, "forward the second");
+  // 0 -> 1 and 0 -> 2 share 0's NIC: both done at alpha + 2n/beta.
+  RankSchedule fan;
+  fan.algorithm = "fan out";
+  fan.transfers = {transfer(0, 1, {}), transfer(0, 2, {}), transfer(1, 2, {0})};
+  r = SimulateSchedule(fan, l, f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectNear2(r->time_s, 2 * alpha + 3 * n / beta, "fan out");
+}
+
+// A chunked direct Broadcast puts thousands of chunks on the root's NIC at t = 0: the root's
+// egress bound alpha + (N - 1) M/beta, computed with one flow per receiver on the link (it was
+// quadratic in the chunks: a 256 MB one in 64 KiB chunks took minutes).
+TEST(SimPipelining, ChunkedDirectBroadcastIsTheRootsEgress) {
+  const int n = 16;
+  const double alpha = 10e-6, beta = 10e9, m = 64 << 20;
+  const FabricSpec f = Fabric(FabricKind::kFlat, n, 1, 1, alpha, beta);
+  JobSpec j = Job(OpKind::kBroadcast, "direct", m, n);
+  j.chunk_bytes = 64 << 10;
+  SimResult r;
+  ExpectNear2(SimTime(f, {j}, &r), alpha + (n - 1) * m / beta, "direct broadcast");
+  EXPECT_EQ(r.busiest_link.name, "node0/rail0 tx");
+  EXPECT_GE(r.transfers, static_cast<uint64_t>((n - 1) * (m / (64 << 10))));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Contention
 
 // G = 8 ranks per node on R rails: G/R ranks share each NIC, so hier's inter phase is G/R slower.

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <queue>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -166,25 +168,34 @@ void FabricModel::Route(int32_t src, int32_t dst, std::vector<uint32_t>* route, 
 
 namespace {
 
-// Appends n flows (flow_of(i)) whose forward deps (local, earlier) deps_of(i) returns as a
-// container, building the reverse edges of the new flows.
+// Appends n flows: flow_of(i, &flow) fills flow i or says why transfer i is invalid; deps_of(i)
+// returns its forward deps (local indices, earlier than i) as a container. Builds the reverse
+// edges of the new flows. On error nothing is appended.
 template <typename FlowOf, typename DepsOf>
 absl::Status AppendJob(FlowGraph* g, size_t n, const FlowOf& flow_of, const DepsOf& deps_of) {
   const size_t base = g->flows.size();
   if (base + n >= std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("too many flows (", base + n, ")"));
   }
-  g->flows.reserve(base + n);
-  g->ndeps.resize(base + n, 0);
+  const auto fail = [&](absl::Status s) {
+    g->flows.resize(base);
+    g->ndeps.resize(base);
+    return s;
+  };
+  g->flows.resize(base + n);
+  g->ndeps.resize(base + n);
+  Flow* flows = g->flows.data() + base;
+  uint32_t* ndeps = g->ndeps.data() + base;
+  // One pass over the schedule for the flows and the dependents each has, one to place them.
   std::vector<uint32_t> out(n + 1, 0);  // dependents per local flow, then offsets
   for (size_t i = 0; i < n; ++i) {
-    g->flows.push_back(flow_of(i));
+    if (absl::Status s = flow_of(i, &flows[i]); !s.ok()) return fail(std::move(s));
     const auto& deps = deps_of(i);
-    g->ndeps[base + i] = static_cast<uint32_t>(deps.size());
+    ndeps[i] = static_cast<uint32_t>(deps.size());
     for (uint32_t u : deps) {
       if (u >= i) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("transfer ", i, " depends on ", u, ", not an earlier transfer"));
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("transfer ", i, " depends on ", u, ", not an earlier transfer")));
       }
       ++out[u];
     }
@@ -197,11 +208,11 @@ absl::Status AppendJob(FlowGraph* g, size_t n, const FlowOf& flow_of, const Deps
   }
   const uint64_t edge_base = g->next.size();
   g->next.resize(edge_base + edges);
-  g->next_begin.reserve(base + n + 1);
-  for (size_t i = 0; i < n; ++i) g->next_begin.push_back(edge_base + out[i + 1]);
-  std::vector<uint32_t> fill(out.begin(), out.begin() + static_cast<ptrdiff_t>(n));
+  g->next_begin.resize(base + n + 1);
+  for (size_t i = 0; i < n; ++i) g->next_begin[base + i + 1] = edge_base + out[i + 1];
+  uint32_t* next = g->next.data() + edge_base;
   for (size_t i = 0; i < n; ++i) {
-    for (uint32_t u : deps_of(i)) g->next[edge_base + fill[u]++] = static_cast<uint32_t>(base + i);
+    for (uint32_t u : deps_of(i)) next[out[u]++] = static_cast<uint32_t>(base + i);
   }
   return absl::OkStatus();
 }
@@ -211,23 +222,21 @@ absl::Status AppendJob(FlowGraph* g, size_t n, const FlowOf& flow_of, const Deps
 absl::Status FlowGraph::AddSchedule(const RankSchedule& schedule, const std::vector<int32_t>& frank,
                                     uint32_t job) {
   const auto n = static_cast<int32_t>(frank.size());
-  for (size_t i = 0; i < schedule.transfers.size(); ++i) {
-    const Transfer& t = schedule.transfers[i];
-    if (t.src.rank < 0 || t.src.rank >= n || t.dst.rank < 0 || t.dst.rank >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("transfer ", i, " names rank ", t.src.rank,
-                                                     " -> ", t.dst.rank, " outside [0, ", n, ")"));
-    }
-  }
   return AppendJob(
       this, schedule.transfers.size(),
-      [&](size_t i) {
+      [&](size_t i, Flow* f) {
         const Transfer& t = schedule.transfers[i];
-        Flow f;
-        f.bytes = t.bytes;
-        f.src = frank[t.src.rank];
-        f.dst = frank[t.dst.rank];
-        f.job = job;
-        return f;
+        if (t.src.rank < 0 || t.src.rank >= n || t.dst.rank < 0 || t.dst.rank >= n) {
+          return absl::InvalidArgumentError(absl::StrCat("transfer ", i, " names rank ", t.src.rank,
+                                                         " -> ", t.dst.rank, " outside [0, ", n,
+                                                         ")"));
+        }
+        *f = Flow{};
+        f->bytes = t.bytes;
+        f->src = frank[t.src.rank];
+        f->dst = frank[t.dst.rank];
+        f->job = job;
+        return absl::OkStatus();
       },
       [&](size_t i) -> const std::vector<uint32_t>& { return schedule.transfers[i].deps; });
 }
@@ -243,7 +252,11 @@ void FlowGraph::AddFlows(const std::vector<Flow>& flows, const std::vector<uint6
   };
   // Deps are generated earlier-only by the caller; the status cannot fail.
   absl::Status s = AppendJob(
-      this, flows.size(), [&](size_t i) { return flows[i]; },
+      this, flows.size(),
+      [&](size_t i, Flow* f) {
+        *f = flows[i];
+        return absl::OkStatus();
+      },
       [&](size_t i) {
         return Span{deps.data() + begin[i], deps.data() + begin[i + 1]};
       });
@@ -255,16 +268,97 @@ void FlowGraph::AddFlows(const std::vector<Flow>& flows, const std::vector<uint6
 
 namespace {
 
+// A pair's head message whose alpha ends (its bytes start), or an active flow's bytes finishing.
 struct Event {
-  double t;
-  uint32_t id;       // flow (kStart) or active slot (kFinish)
-  uint32_t version;  // kFinish: the slot's version when pushed; kStart: UINT32_MAX
-  bool operator>(const Event& o) const {
-    if (t != o.t) return t > o.t;
-    return id > o.id;
-  }
+  uint32_t id;   // flow (start) or active slot (finish)
+  uint32_t aux;  // start: kStartBit | pair; finish: the slot's version when pushed
 };
-constexpr uint32_t kStartEvent = std::numeric_limits<uint32_t>::max();
+constexpr uint32_t kStartBit = 0x80000000u;
+constexpr uint32_t kVersionMask = 0x7fffffffu;
+
+// Events this close after the earliest pending one (relative) happen with it: flows that share a
+// link and finish together then leave it in one batch, and the link's other flows are repriced
+// once instead of once per leaver. 1e-12 s per second of simulated time is far below the model's
+// resolution.
+constexpr double kSameTime = 1e-12;
+
+// Pending events grouped by instant: a heap of distinct times, each with the events due then in
+// the order they were pushed. Collectives move in waves (thousands of flows start and finish at
+// the same instant), so this costs a heap operation per instant rather than per event.
+class EventQueue {
+ public:
+  bool empty() const { return times_.empty(); }
+  double next_time() const { return times_.top(); }
+
+  void Push(double t, Event e) {
+    // A wave pushes runs of events for the same instant: skip the lookup for those.
+    if (last_ != kNoBucket && t == last_t_) {
+      buckets_[last_].push_back(e);
+      return;
+    }
+    const auto [it, fresh] = bucket_of_.try_emplace(t, 0);
+    if (fresh) {
+      if (free_.empty()) {
+        it->second = static_cast<uint32_t>(buckets_.size());
+        buckets_.emplace_back();
+      } else {
+        it->second = free_.back();
+        free_.pop_back();
+      }
+      times_.push(t);
+    }
+    buckets_[it->second].push_back(e);
+    last_ = it->second;
+    last_t_ = t;
+  }
+
+  // Replaces *out with the events due at next_time() and drops that instant.
+  void Pop(std::vector<Event>* out) {
+    const auto it = bucket_of_.find(times_.top());
+    times_.pop();
+    out->clear();
+    out->swap(buckets_[it->second]);  // the bucket keeps out's old capacity for reuse
+    free_.push_back(it->second);
+    if (last_ == it->second) last_ = kNoBucket;
+    bucket_of_.erase(it);
+  }
+
+ private:
+  std::priority_queue<double, std::vector<double>, std::greater<>> times_;
+  absl::flat_hash_map<double, uint32_t> bucket_of_;
+  std::vector<std::vector<Event>> buckets_;
+  std::vector<uint32_t> free_;
+  static constexpr uint32_t kNoBucket = std::numeric_limits<uint32_t>::max();
+  uint32_t last_ = kNoBucket;  // the bucket of the latest push, due at last_t_
+  double last_t_ = 0;
+};
+
+// Sorts ids ascending. Waves make thousands of flows ready at once; above a few hundred an LSD
+// radix sort (11-bit digits, as many as the largest id needs) beats comparisons.
+void SortIds(std::vector<uint32_t>* ids, std::vector<uint32_t>* tmp) {
+  const size_t n = ids->size();
+  if (n < 512) {
+    std::sort(ids->begin(), ids->end());
+    return;
+  }
+  constexpr int kBits = 11;
+  constexpr uint32_t kMask = (1u << kBits) - 1;
+  const uint32_t max = *std::max_element(ids->begin(), ids->end());
+  tmp->resize(n);
+  uint32_t count[kMask + 1];
+  for (int shift = 0; shift < 32 && (max >> shift) != 0; shift += kBits) {
+    std::fill(std::begin(count), std::end(count), 0u);
+    for (uint32_t id : *ids) ++count[(id >> shift) & kMask];
+    uint32_t sum = 0;
+    for (uint32_t& c : count) {
+      const uint32_t k = c;
+      c = sum;
+      sum += k;
+    }
+    for (uint32_t id : *ids) (*tmp)[count[(id >> shift) & kMask]++] = id;
+    ids->swap(*tmp);
+  }
+}
 
 class Engine {
  public:
@@ -291,15 +385,23 @@ class Engine {
       if (ndeps_[i] == 0) ready_.push_back(static_cast<uint32_t>(i));
     }
     Drain(0);
+    Reprice(0);
     while (!events_.empty()) {
-      const Event e = events_.top();
-      events_.pop();
-      if (e.version == kStartEvent) {
-        StartBytes(e.id, e.t);
-      } else if (active_[e.id].version == e.version && active_[e.id].flow != kNone) {
-        Finish(e.id, e.t);
+      // Everything due now happens first; the flows of the touched links are repriced after.
+      const double now = events_.next_time();
+      const double limit = now + now * kSameTime;
+      while (!events_.empty() && events_.next_time() <= limit) {
+        events_.Pop(&due_);
+        for (const Event& e : due_) {
+          if ((e.aux & kStartBit) != 0) {
+            Send(e.aux & ~kStartBit, e.id, now, now);
+          } else if (active_[e.id].flow != kNone && active_[e.id].version == e.aux) {
+            Finish(e.id, now);
+          }
+        }
       }
-      Drain(e.t);
+      Drain(now);
+      Reprice(now);
     }
     if (done_ != n) {
       return absl::InternalError(absl::StrCat("simulation stalled: ", n - done_, " of ", n,
@@ -316,9 +418,11 @@ class Engine {
     std::vector<std::pair<uint32_t, uint32_t>> members;  // (active slot, hop index)
     double since = 0;
     double busy = 0;
+    bool dirty = false;  // membership changed since the last Reprice
   };
   struct Active {
     uint32_t flow = kNone;
+    uint32_t pair = kNone;
     uint32_t version = 0;
     double remaining = 0;
     double rate = 0;
@@ -326,33 +430,134 @@ class Engine {
     std::vector<uint32_t> links;
     std::vector<uint32_t> pos;  // index in links[hop].members
   };
+  // (src << 32 | dst, job). Jobs are separate communicators: their messages between the same
+  // ranks do not queue behind each other (they only share the links).
+  using PairKey = std::pair<uint64_t, uint32_t>;
+  // A (source, destination) endpoint with messages in flight: its head is starting (alpha) or
+  // moving bytes; the others wait in posting order (a list of waiting_ nodes).
+  struct Pair {
+    PairKey key;
+    uint32_t first = kNone, last = kNone;
+  };
+  struct Waiting {
+    uint32_t flow = 0;
+    uint32_t next = kNone;
+    double start = 0;  // posted + alpha: the earliest its bytes may move
+  };
 
-  // Starts every ready flow at time t (zero-cost flows complete at once, freeing others).
+  static PairKey KeyOf(const Flow& fl) {
+    return {(uint64_t{static_cast<uint32_t>(fl.src)} << 32) | static_cast<uint32_t>(fl.dst),
+            fl.job};
+  }
+
+  // Posts every ready flow at time t, in flow order (the order a rank issues its schedule;
+  // zero-cost flows complete at once and may make more ready).
   void Drain(double t) {
-    const auto& f = m_.fabric();
     while (!ready_.empty()) {
-      const uint32_t id = ready_.back();
-      ready_.pop_back();
-      const Flow& fl = g_.flows[id];
-      if ((fl.flags & Flow::kJoin) != 0 || fl.src == fl.dst) {
-        Complete(id, t);
-        continue;
-      }
-      double start = t;
-      if (fl.src != kSwitch && f.overhead_s > 0) {
-        start = std::max(t, cpu_free_[fl.src]) + f.overhead_s;
-        cpu_free_[fl.src] = start;
-      }
-      if ((fl.flags & Flow::kNoAlpha) == 0) {
-        const bool inter = fl.src == kSwitch || fl.dst == kSwitch ||
-                           fl.src / f.ranks_per_node != fl.dst / f.ranks_per_node;
-        start += inter ? f.inter.alpha_s : f.intra.alpha_s;
-      }
-      events_.push({start, id, kStartEvent});
+      batch_.swap(ready_);
+      if (!std::is_sorted(batch_.begin(), batch_.end())) SortIds(&batch_, &sort_tmp_);
+      for (uint32_t id : batch_) Post(id, t);
+      batch_.clear();
     }
   }
 
-  void StartBytes(uint32_t id, double t) {
+  // The sender pays its overhead (serialised per rank), the message its alpha from then on; it
+  // joins its pair's queue behind the messages posted earlier to the same destination.
+  void Post(uint32_t id, double t) {
+    const auto& f = m_.fabric();
+    const Flow& fl = g_.flows[id];
+    if ((fl.flags & Flow::kJoin) != 0 || fl.src == fl.dst) {
+      Complete(id, t);
+      return;
+    }
+    double start = t;
+    if (fl.src != kSwitch && f.overhead_s > 0) {
+      start = std::max(t, cpu_free_[fl.src]) + f.overhead_s;
+      cpu_free_[fl.src] = start;
+    }
+    if ((fl.flags & Flow::kNoAlpha) == 0) {
+      const bool inter = fl.src == kSwitch || fl.dst == kSwitch ||
+                         fl.src / f.ranks_per_node != fl.dst / f.ranks_per_node;
+      start += inter ? f.inter.alpha_s : f.intra.alpha_s;
+    }
+    const PairKey key = KeyOf(fl);
+    const auto [it, fresh] = pair_of_.try_emplace(key, kNone);
+    if (fresh) {
+      it->second = NewPair(key);
+      Send(it->second, id, start, t);
+      return;
+    }
+    // The sender's posts are in time order (its overhead is serialised), so appending keeps the
+    // queue in posting order.
+    Pair& p = pairs_[it->second];
+    const uint32_t w = NewWaiting(id, start);
+    if (p.last == kNone) {
+      p.first = w;
+    } else {
+      waiting_[p.last].next = w;
+    }
+    p.last = w;
+  }
+
+  // Pair p's head is flow `id`, whose bytes may move from `start`: at t, it waits for its start
+  // event, becomes active, or (no bytes) completes and hands the pair to the next message.
+  void Send(uint32_t p, uint32_t id, double start, double t) {
+    for (;;) {
+      if (start > t) {
+        events_.Push(start, {id, kStartBit | p});
+        return;
+      }
+      if (StartBytes(id, p, t)) return;
+      Complete(id, t);
+      if (!NextWaiting(p, &id, &start)) return;
+    }
+  }
+
+  // Pops pair p's next message; false (and the pair released) when none waits.
+  bool NextWaiting(uint32_t p, uint32_t* id, double* start) {
+    Pair& pr = pairs_[p];
+    if (pr.first == kNone) {
+      pair_of_.erase(pr.key);
+      free_pairs_.push_back(p);
+      return false;
+    }
+    const uint32_t w = pr.first;
+    *id = waiting_[w].flow;
+    *start = waiting_[w].start;
+    pr.first = waiting_[w].next;
+    if (pr.first == kNone) pr.last = kNone;
+    waiting_[w].next = free_waiting_;
+    free_waiting_ = w;
+    return true;
+  }
+
+  uint32_t NewPair(const PairKey& key) {
+    uint32_t p;
+    if (!free_pairs_.empty()) {
+      p = free_pairs_.back();
+      free_pairs_.pop_back();
+    } else {
+      p = static_cast<uint32_t>(pairs_.size());
+      pairs_.emplace_back();
+    }
+    pairs_[p] = Pair{key, kNone, kNone};
+    return p;
+  }
+
+  uint32_t NewWaiting(uint32_t id, double start) {
+    uint32_t w = free_waiting_;
+    if (w != kNone) {
+      free_waiting_ = waiting_[w].next;
+    } else {
+      w = static_cast<uint32_t>(waiting_.size());
+      waiting_.emplace_back();
+    }
+    waiting_[w] = Waiting{id, kNone, start};
+    return w;
+  }
+
+  // Puts flow id's bytes on its route at t (rated at the next Reprice); false if it has none.
+  bool StartBytes(uint32_t id, uint32_t pair, double t) {
     const Flow& fl = g_.flows[id];
     route_.clear();
     bool inter = false;
@@ -365,10 +570,7 @@ class Engine {
         ++jt[k].messages;
       }
     }
-    if (fl.bytes == 0 || route_.empty()) {
-      Complete(id, t);
-      return;
-    }
+    if (fl.bytes == 0 || route_.empty()) return false;
     uint32_t slot;
     if (!free_.empty()) {
       slot = free_.back();
@@ -376,9 +578,11 @@ class Engine {
     } else {
       slot = static_cast<uint32_t>(active_.size());
       active_.emplace_back();
+      stamp_.push_back(0);
     }
     Active& a = active_[slot];
     a.flow = id;
+    a.pair = pair;
     a.remaining = static_cast<double>(fl.bytes);
     a.rate = 0;
     a.last = t;
@@ -390,13 +594,14 @@ class Engine {
       a.pos[h] = static_cast<uint32_t>(l.members.size());
       l.members.emplace_back(slot, static_cast<uint32_t>(h));
       res_->link_bytes[route_[h]] += fl.bytes;
+      Touch(route_[h]);
     }
-    Reprice(slot, t);
+    return true;
   }
 
   void Finish(uint32_t slot, double t) {
     Active& a = active_[slot];
-    const uint32_t id = a.flow;
+    const uint32_t id = a.flow, pair = a.pair;
     for (size_t h = 0; h < a.links.size(); ++h) {
       Link& l = links_[a.links[h]];
       const uint32_t p = a.pos[h];
@@ -405,27 +610,37 @@ class Engine {
       active_[last.first].pos[last.second] = p;
       l.members.pop_back();
       if (l.members.empty()) l.busy += t - l.since;
+      Touch(a.links[h]);
     }
     a.flow = kNone;
-    ++a.version;
-    Reprice(slot, t);
+    a.version = (a.version + 1) & kVersionMask;
     free_.push_back(slot);
     Complete(id, t);
+    uint32_t next = 0;
+    double start = 0;
+    if (NextWaiting(pair, &next, &start)) Send(pair, next, start, t);
   }
 
-  // Recomputes the rate of every active flow on the links of `slot` (whose membership changed).
-  void Reprice(uint32_t slot, double t) {
+  void Touch(uint32_t link) {
+    Link& l = links_[link];
+    if (l.dirty) return;
+    l.dirty = true;
+    dirty_.push_back(link);
+  }
+
+  // Recomputes the rate of every active flow on a link whose membership changed.
+  void Reprice(double t) {
     ++epoch_;
-    if (stamp_.size() < active_.size()) stamp_.resize(active_.size(), 0);
-    // Update() never changes a slot's links, so this reference stays valid.
-    const std::vector<uint32_t>& links = active_[slot].links;
-    for (uint32_t lid : links) {
-      for (const auto& [other, hop] : links_[lid].members) {
-        if (stamp_[other] == epoch_) continue;
-        stamp_[other] = epoch_;
-        Update(other, t);
+    for (uint32_t lid : dirty_) {
+      Link& l = links_[lid];
+      l.dirty = false;
+      for (const auto& [slot, hop] : l.members) {
+        if (stamp_[slot] == epoch_) continue;
+        stamp_[slot] = epoch_;
+        Update(slot, t);
       }
     }
+    dirty_.clear();
   }
 
   void Update(uint32_t slot, double t) {
@@ -438,8 +653,8 @@ class Engine {
     a.remaining = std::max(0.0, a.remaining - (t - a.last) * a.rate);
     a.last = t;
     a.rate = rate;
-    ++a.version;
-    events_.push({t + a.remaining / rate, slot, a.version});
+    a.version = (a.version + 1) & kVersionMask;
+    events_.Push(t + a.remaining / rate, {slot, a.version});
   }
 
   void Complete(uint32_t id, double t) {
@@ -458,15 +673,22 @@ class Engine {
   EngineResult* res_;
   std::vector<uint32_t> ndeps_;
   std::vector<Link> links_;
+  std::vector<uint32_t> dirty_;
   std::vector<Active> active_;
   std::vector<uint32_t> free_;
-  std::vector<uint32_t> ready_;
+  std::vector<uint32_t> stamp_;  // per active slot: epoch_ when last repriced
+  uint32_t epoch_ = 0;
+  absl::flat_hash_map<PairKey, uint32_t> pair_of_;  // busy pairs only
+  std::vector<Pair> pairs_;
+  std::vector<uint32_t> free_pairs_;
+  std::vector<Waiting> waiting_;
+  uint32_t free_waiting_ = kNone;
+  std::vector<uint32_t> ready_, batch_, sort_tmp_;
   std::vector<uint32_t> route_;
   std::vector<double> cpu_free_;
-  std::vector<uint32_t> stamp_;
-  uint32_t epoch_ = 0;
   size_t done_ = 0;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  EventQueue events_;
+  std::vector<Event> due_;
 };
 
 }  // namespace

@@ -64,7 +64,7 @@ class FabricModel {
 // A flow of the graph: one transfer of a job's schedule, or a synthetic innetwork flow.
 struct Flow {
   enum Flags : uint8_t {
-    kNoAlpha = 1,  // streams right behind the previous flow of its stream: no start-up cost
+    kNoAlpha = 1,  // streams right behind the previous flow of its stream: no alpha
     kJoin = 2,     // zero-cost synchronisation point (the switch has every rank's chunk)
   };
   uint64_t bytes = 0;
@@ -99,7 +99,9 @@ struct EngineResult {
   std::vector<double> link_busy;
 };
 
-// Runs the graph on the fabric. INTERNAL if some flow never becomes ready (a cycle).
+// Runs the graph on the fabric (the model: simulator.h). Flows with the same (src, dst, job) are
+// one pair's messages, delivered in posting order. INTERNAL if some flow never becomes ready (a
+// cycle).
 absl::Status RunEngine(const FabricModel& model, const FlowGraph& graph, int njobs,
                        EngineResult* result);
 

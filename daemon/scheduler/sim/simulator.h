@@ -2,16 +2,23 @@
 // of one or more concurrent jobs on a modelled fabric (topology::FabricSpec) and reports when
 // each job finishes, the bytes each tier carried and the busiest link. docs/simulation.md has the
 // model in full; in short:
-//  - Flow level, event driven. A transfer starts once its deps are done. It pays the sender's
+//  - Flow level, event driven. A transfer is posted once its deps are done: the sender pays its
 //    CPU overhead FabricSpec::overhead_s (serialised per sending rank: LogP o never overlaps),
-//    then its link class's alpha (a fixed delay, no link held), then moves its bytes at the rate
-//    the links of its route give it.
-//  - Links are resources with a capacity (bytes/s). Contention model: EQUAL SHARE OF THE
-//    BOTTLENECK: a flow's rate is min over its links of capacity / (flows on that link), recomputed
-//    for the flows of a link whenever a flow joins or leaves it. Unlike max-min fairness it does
-//    not hand the share a flow cannot use (bottlenecked elsewhere) to the others, so it is
-//    conservative when flows with different bottlenecks mix; it is exact for the symmetric
-//    patterns collectives produce and costs O(flows on the touched links) per event.
+//    then the message pays its link class's alpha (a fixed delay, no link held), then moves its
+//    bytes at the rate the links of its route give it.
+//  - Messages of one pair (source rank, destination rank, job) are delivered in the order they
+//    were posted, as a NIC / UCX endpoint does (a rank posts what becomes ready at the same
+//    instant in schedule order): only the pair's head moves bytes; the next one's bytes start
+//    when the head's end, or when its own alpha ends if that is later. Alpha is wire latency
+//    (LogP L): it overlaps the previous message's bytes, so a chain of C chunks over H hops
+//    takes (H + C - 1) chunk/beta + H alpha, and one message alpha + n/beta.
+//  - Links are resources with a capacity (bytes/s) shared by the pairs' heads. Contention model:
+//    EQUAL SHARE OF THE BOTTLENECK: a flow's rate is min over its links of capacity / (flows on
+//    that link), recomputed for the flows of a link whenever a flow joins or leaves it. Unlike
+//    max-min fairness it does not hand the share a flow cannot use (bottlenecked elsewhere) to
+//    the others, so it is conservative when flows with different bottlenecks mix; it is exact
+//    for the symmetric patterns collectives produce and costs O(flows on the touched links) per
+//    event (at most one flow per pair: chunks queue, they do not multiply the flows).
 //  - Self transfers (src rank == dst rank: staging copies, own contributions) cost 0; so do the
 //    memory-bandwidth costs of reductions (not modelled).
 //  - Routes: same node: src rank's intra egress port + dst rank's intra ingress port (intra
