@@ -1,0 +1,186 @@
+// The tuner (IR-based predictions through the fabric simulator) and the calibration fit.
+#include "daemon/scheduler/cost/tuner.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "daemon/scheduler/cost/calibration.h"
+#include "gtest/gtest.h"
+
+namespace railyard::scheduler::cost {
+namespace {
+
+using topology::FabricKind;
+using topology::FabricSpec;
+
+OpShape Shape(OpKind op, uint64_t bytes) {
+  OpShape s;
+  s.op = op;
+  s.count = bytes / 4;
+  return s;
+}
+
+TunerOptions SmallOptions() {
+  TunerOptions o;
+  o.chunk_sizes = {0, 1 << 20};
+  o.max_ir_transfers = 20000;
+  return o;
+}
+
+// The choice is the cheapest executable candidate, by the prediction the tuner reports for it.
+void ExpectArgmin(const Choice& c) {
+  double best = 1e300;
+  for (const Candidate& k : c.candidates) {
+    if (!k.generator.empty()) best = std::min(best, k.time_s());
+  }
+  EXPECT_DOUBLE_EQ(c.predicted_s, best);
+}
+
+TEST(Tuner, BroadcastTreeWhenSmallRingWhenLarge) {
+  // 16 flat nodes, alpha 10 us, 10 GB/s, 5 us CPU per message: a small broadcast is latency
+  // bound (log2 N steps beat N-1), a large one bandwidth bound (the pipelined chain sends M
+  // once per rank; a binary tree's interior ranks send it twice).
+  const CommLayout layout = CommLayout::Uniform(16, 1, 1);
+  const FabricSpec f = FabricForLayout(layout, {10e-6, 10e9}, {10e-6, 10e9}, 5e-6);
+  absl::StatusOr<Choice> small = Tune(Shape(OpKind::kBroadcast, 8), layout, f, SmallOptions());
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->algorithm, kAlgoTree) << small->reason;
+  EXPECT_TRUE(small->ir_based);
+  ExpectArgmin(*small);
+  absl::StatusOr<Choice> large =
+      Tune(Shape(OpKind::kBroadcast, 16 << 20), layout, f, SmallOptions());
+  ASSERT_TRUE(large.ok()) << large.status();
+  EXPECT_EQ(large->algorithm, kAlgoRing) << large->reason;
+  EXPECT_EQ(large->chunk_bytes, 1u << 20);  // pipelined
+  ExpectArgmin(*large);
+}
+
+TEST(Tuner, AllReduceLogLatencySmallHierarchicalLarge) {
+  // 4 nodes x 2 ranks, intra-node links 4x faster than the inter-node ones.
+  const CommLayout layout = CommLayout::Uniform(4, 2, 2);
+  const FabricSpec f = FabricForLayout(layout, {5e-6, 4e9}, {60e-6, 1e9}, 5e-6);
+  absl::StatusOr<Choice> small = Tune(Shape(OpKind::kAllReduce, 8), layout, f, SmallOptions());
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(small->algorithm == kAlgoTree || small->algorithm == kAlgoRhd) << small->reason;
+  ExpectArgmin(*small);
+  absl::StatusOr<Choice> large =
+      Tune(Shape(OpKind::kAllReduce, 64 << 20), layout, f, SmallOptions());
+  ASSERT_TRUE(large.ok()) << large.status();
+  EXPECT_EQ(large->algorithm, kAlgoHier) << large->reason;
+  ExpectArgmin(*large);
+  // Every executable candidate was predicted on the IR, and hier beats the flat ring.
+  double ring = 0, hier = 0;
+  for (const Candidate& c : large->candidates) {
+    if (c.generator.empty()) continue;
+    EXPECT_TRUE(c.has_ir) << c.name << ": " << c.note;
+    if (c.name == "ring") ring = c.ir_time_s;
+    if (c.name == "hier") hier = c.ir_time_s;
+  }
+  EXPECT_GT(ring, 1.2 * hier);
+}
+
+TEST(Tuner, SameInputsSameChoiceAndCached) {
+  const CommLayout layout = CommLayout::FromNodeOfRank({0, 0, 0, 1, 1, 2}, 1);
+  const FabricSpec f = FabricForLayout(layout, {5e-6, 4e9}, {60e-6, 1e9}, 5e-6);
+  Tuner a(layout, f, SmallOptions()), b(layout, f, SmallOptions());
+  for (uint64_t bytes : {4ull, 4096ull, 1ull << 20, 8ull << 20}) {
+    absl::StatusOr<Choice> x = a.Choose(Shape(OpKind::kAllReduce, bytes));
+    absl::StatusOr<Choice> y = b.Choose(Shape(OpKind::kAllReduce, bytes));
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->algorithm, y->algorithm);
+    EXPECT_EQ(x->chunk_bytes, y->chunk_bytes);
+    EXPECT_EQ(x->predicted_s, y->predicted_s);
+    // Uneven nodes: hier cannot run, so it is never chosen.
+    EXPECT_NE(x->algorithm, kAlgoHier);
+    absl::StatusOr<Choice> again = a.Choose(Shape(OpKind::kAllReduce, bytes));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->predicted_s, x->predicted_s);
+  }
+}
+
+TEST(Tuner, OverBudgetFallsBackToClosedForms) {
+  const CommLayout layout = CommLayout::Uniform(64, 8, 8);
+  FabricSpec f = FabricForLayout(layout, {0.5e-6, 450e9}, {3e-6, 50e9}, 0);
+  TunerOptions o = SmallOptions();
+  o.max_ir_transfers = 100;
+  absl::StatusOr<Choice> c = Tune(Shape(OpKind::kAllReduce, 1 << 30), layout, f, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->ir_based);
+  for (const Candidate& k : c->candidates) {
+    EXPECT_FALSE(k.has_ir);
+    if (!k.generator.empty()) {
+      EXPECT_NE(k.note.find("budget"), std::string::npos) << k.note;
+    }
+  }
+}
+
+TEST(Tuner, BadInput) {
+  const CommLayout layout = CommLayout::Uniform(2, 1, 1);
+  const FabricSpec f = FabricForLayout(layout, {1e-6, 1e9}, {1e-6, 1e9}, 0);
+  EXPECT_FALSE(Tune(Shape(OpKind::kSend, 8), layout, f, SmallOptions()).ok());
+  FabricSpec no_bw = f;
+  no_bw.inter.beta_bytes_per_s = 0;
+  EXPECT_FALSE(Tune(Shape(OpKind::kAllReduce, 8), layout, no_bw, SmallOptions()).ok());
+}
+
+TEST(Calibration, FitRecoversAlphaAndBeta) {
+  // T = 40 us * L + B / 2 GB/s, exactly.
+  std::vector<Sample> samples;
+  for (double bytes : {1e3, 1e4, 1e5, 1e6, 1e7}) {
+    const double l = 6, b = 1.75 * bytes;
+    samples.push_back({l, b, 40e-6 * l + b / 2e9});
+  }
+  absl::StatusOr<LinearFit> fit = FitLinkClass(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->link.alpha_s, 40e-6, 1e-9);
+  EXPECT_NEAR(fit->link.beta_bytes_per_s, 2e9, 1e3);
+  EXPECT_LT(fit->rms_relative_error, 1e-9);
+  // Noise of +-10 % keeps the fit within ~10 %.
+  for (size_t i = 0; i < samples.size(); ++i) samples[i].measured_s *= (i % 2 ? 1.1 : 0.9);
+  fit = FitLinkClass(samples);
+  ASSERT_TRUE(fit.ok());
+  EXPECT_NEAR(fit->link.alpha_s, 40e-6, 8e-6);
+  EXPECT_NEAR(fit->link.beta_bytes_per_s, 2e9, 0.3e9);
+}
+
+TEST(Calibration, FitRejectsWhatCannotBeFitted) {
+  EXPECT_FALSE(FitLinkClass({{1, 1, 1e-6}}).ok());
+  EXPECT_FALSE(FitLinkClass({{1, 1, 1e-6}, {1, 2, -1}}).ok());
+  // Time that does not grow with size gives no bandwidth.
+  EXPECT_FALSE(FitLinkClass({{1, 1e3, 1e-3}, {1, 1e6, 1e-3}}).ok());
+}
+
+TEST(Calibration, JsonAndFileRoundTrip) {
+  Calibration c = Calibration::Defaults();
+  c.source = "fit";
+  c.inter = {33e-6, 1.5e9};
+  c.op = "allreduce";
+  c.algorithm = "ring";
+  c.nranks = 4;
+  c.nnodes = 2;
+  absl::StatusOr<Calibration> back = FromJson(ToJson(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->inter.alpha_s, 33e-6);
+  EXPECT_EQ(back->algorithm, "ring");
+  char dir[] = "/tmp/railyard-calib-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  EXPECT_EQ(LoadCalibration(dir).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(SaveCalibration(dir, c).ok());
+  absl::StatusOr<Calibration> loaded = LoadCalibration(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->inter.beta_bytes_per_s, 1.5e9);
+  std::remove((std::string(dir) + "/calibration.json").c_str());
+  rmdir(dir);
+  Calibration bad = c;
+  bad.inter.beta_bytes_per_s = -1;
+  EXPECT_FALSE(Validate(bad).ok());
+  EXPECT_FALSE(SaveCalibration("/tmp", bad).ok());
+  EXPECT_FALSE(FromJson("{not json").ok());
+  EXPECT_FALSE(FromJson(R"({"intra": {"alpha_s": 1}})").ok());
+}
+
+}  // namespace
+}  // namespace railyard::scheduler::cost
