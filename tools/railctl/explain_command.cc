@@ -135,11 +135,18 @@ absl::Status RunExplain(const std::vector<std::string>& args) {
          c.closed_form_s() > 0 ? topology::FormatDuration(c.closed_form_s()) : "-", c.note()});
   }
   std::fputs(table.Render().c_str(), stdout);
+  const double op_overhead = r->cost_model().op_overhead_s();
+  const std::string chunking =
+      r->chunk_bytes() == 0
+          ? std::string("unchunked")
+          : absl::StrCat("chunks of ",
+                         topology::FormatBytes(static_cast<double>(r->chunk_bytes())));
   std::printf(
-      "chosen: %s, %s per chunk, predicted %s\nwhy: %s\ncalibration: %s\n", r->chosen().c_str(),
-      r->chunk_bytes() == 0 ? "unchunked"
-                            : topology::FormatBytes(static_cast<double>(r->chunk_bytes())).c_str(),
-      topology::FormatDuration(r->predicted_s()).c_str(), r->reason().c_str(),
+      "chosen: %s (%s), predicted %s (%s schedule + %s per operation)\nwhy: %s\n"
+      "calibration: %s\n",
+      r->chosen().c_str(), chunking.c_str(), topology::FormatDuration(r->predicted_s()).c_str(),
+      topology::FormatDuration(r->predicted_s() - op_overhead).c_str(),
+      topology::FormatDuration(op_overhead).c_str(), r->reason().c_str(),
       DescribeCostModel(r->cost_model()).c_str());
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/scheduler/cost/closed_form.h"
 #include "daemon/scheduler/cost/tuner.h"
@@ -27,11 +28,12 @@ constexpr const char* kUsage =
     "                         [--overhead T] [--torus XxY[xZ]] [--in-network])\n"
     "                        [--nodes-per-rack P --oversubscription R]\n"
     "                        --op OP --size SIZE [--algo A] [--chunk SIZE] [--root R]\n"
-    "                        [--jobs FILE] [--links] [--json]\n"
+    "                        [--jobs FILE] [--links] [--ir-budget TRANSFERS] [--json]\n"
     "Runs the schedule IR the daemons would execute through the fabric simulator (alpha-beta\n"
     "links, bandwidth shared by the flows on a link, oversubscribed spines). --jobs FILE runs\n"
     "several jobs at once on the fabric (docs/simulation.md); --links lists every link used.\n"
-    "Without --algo the tuner picks, as the daemons would.\n";
+    "Without --algo the tuner picks algorithm and chunk size, as the daemons would (schedule IR\n"
+    "predictions up to --ir-budget transfers per candidate, default 2000000, as railctl model).\n";
 
 std::string ReadFile(const std::string& path, absl::Status* status) {
   std::ifstream in(path);
@@ -60,18 +62,20 @@ nlohmann::json LinkJson(const sim::LinkStats& l, double time_s) {
           {"utilization", time_s > 0 ? l.busy_s / time_s : 0.0}};
 }
 
-// Fills in the algorithm of jobs that name none: the tuner's pick for the job's layout, with IR
+// Fills in the algorithm (and chunk size, unless given) of jobs that name none: the tuner's pick
+// for the job's layout, with IR
 // predictions only where schedules are small (the simulation itself is the expensive part).
-absl::Status ResolveAlgorithms(const topology::FabricSpec& fabric, std::vector<sim::JobSpec>* jobs,
-                               std::vector<std::string>* reasons) {
+absl::Status ResolveAlgorithms(const topology::FabricSpec& fabric, uint64_t ir_budget,
+                               std::vector<sim::JobSpec>* jobs, std::vector<std::string>* reasons) {
   for (sim::JobSpec& job : *jobs) {
     if (!job.algorithm.empty()) {
       reasons->push_back("given");
       continue;
     }
     scheduler::cost::TunerOptions options;
-    options.chunk_sizes = {job.chunk_bytes};
-    options.max_ir_transfers = 200'000;
+    // A chunk size the job gives is kept; otherwise the tuner picks one too.
+    if (job.chunk_bytes != 0) options.chunk_sizes = {job.chunk_bytes};
+    options.max_ir_transfers = ir_budget;
     options.include_modelled = false;
     const scheduler::CommLayout layout = sim::JobLayout(fabric, job);
     topology::FabricSpec job_fabric = fabric;
@@ -82,6 +86,7 @@ absl::Status ResolveAlgorithms(const topology::FabricSpec& fabric, std::vector<s
                           absl::StrCat("job ", job.name, ": ", choice.status().message()));
     }
     job.algorithm = choice->algorithm;
+    job.chunk_bytes = choice->chunk_bytes;
     reasons->push_back(absl::StrCat("tuner: ", choice->reason));
   }
   return absl::OkStatus();
@@ -91,7 +96,7 @@ absl::Status ResolveAlgorithms(const topology::FabricSpec& fabric, std::vector<s
 
 absl::Status RunSimulate(const std::vector<std::string>& args) {
   std::set<std::string> values = FabricValueFlags();
-  values.insert({"op", "size", "algo", "chunk", "root", "jobs"});
+  values.insert({"op", "size", "algo", "chunk", "root", "jobs", "ir-budget"});
   std::set<std::string> bools = FabricBoolFlags();
   bools.insert({"json", "links"});
   absl::StatusOr<ParsedFlags> f = ParseFlags(args, values, bools);
@@ -157,8 +162,16 @@ absl::Status RunSimulate(const std::vector<std::string>& args) {
     }
     jobs.push_back(job);
   }
+  // The tuner's budget, as in railctl model, so that both pick the same algorithm.
+  double budget = 2e6;
+  if (f->Has("ir-budget") && (!absl::SimpleAtod(f->Get("ir-budget"), &budget) || budget < 0)) {
+    return absl::InvalidArgumentError("--ir-budget must be a number of transfers >= 0");
+  }
   std::vector<std::string> reasons;
-  if (absl::Status s = ResolveAlgorithms(*fabric, &jobs, &reasons); !s.ok()) return s;
+  if (absl::Status s = ResolveAlgorithms(*fabric, static_cast<uint64_t>(budget), &jobs, &reasons);
+      !s.ok()) {
+    return s;
+  }
   sim::SimOptions options;
   options.all_links = f->Bool("links");
   absl::StatusOr<sim::SimResult> r = sim::Simulate(*fabric, jobs, options);
