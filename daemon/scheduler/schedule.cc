@@ -102,7 +102,7 @@ NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, con
   std::vector<uint64_t> sent_to(layout.nnodes, 0), recv_from(layout.nnodes, 0);
 
   const auto local_deps = [&](const Transfer& t) {
-    std::vector<uint32_t> deps;
+    Deps deps;
     for (uint32_t u : t.deps) {
       if (u < step_of.size() && step_of[u] >= 0) deps.push_back(static_cast<uint32_t>(step_of[u]));
     }

@@ -829,7 +829,7 @@ NodeStep Step(NodeStep::Kind kind, int peer, uint64_t tag, std::vector<uint32_t>
   s.peer = peer;
   s.tag = tag;
   s.bytes = 4;
-  s.deps = std::move(deps);
+  s.deps.assign(deps.begin(), deps.end());
   return s;
 }
 

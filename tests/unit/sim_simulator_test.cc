@@ -216,7 +216,7 @@ TEST(SimPipelining, SamePairQueuesOtherPairsShare) {
     t.dst.rank = dst;
     t.dst.space = RankRef::Space::kRecv;
     t.bytes = static_cast<uint64_t>(n);
-    t.deps = std::move(deps);
+    t.deps.assign(deps.begin(), deps.end());
     return t;
   };
   RankSchedule same;

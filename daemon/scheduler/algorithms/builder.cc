@@ -76,7 +76,7 @@ uint32_t ScheduleBuilder::Signal(int src_rank, int dst_rank, std::vector<uint32_
   t.bytes = 0;
   std::sort(deps.begin(), deps.end());
   deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-  t.deps = std::move(deps);
+  t.deps.assign(deps.begin(), deps.end());
   return Append(std::move(t));
 }
 
@@ -121,7 +121,7 @@ void ScheduleBuilder::Emit(Transfer::Kind kind, const RankRef& src, const RankRe
         fence.src = t.src;
         fence.dst = t.src;
         fence.bytes = 0;
-        fence.deps = c.writers;
+        fence.deps.assign(c.writers.begin(), c.writers.end());
         c.fence = Append(std::move(fence));
         fence_deps_.assign(1, c.fence);
       }
@@ -130,11 +130,17 @@ void ScheduleBuilder::Emit(Transfer::Kind kind, const RankRef& src, const RankRe
     const auto id = static_cast<uint32_t>(schedule_.transfers.size());
     write_deps_.clear();
     Collect(dst_map, dst_addr, dst_addr + t.bytes, &write_deps_);
-    std::sort(write_deps_.begin(), write_deps_.end());
+    // One segment's writer and readers come sorted (ids grow): skip the sort then.
+    if (!std::is_sorted(write_deps_.begin(), write_deps_.end())) {
+      std::sort(write_deps_.begin(), write_deps_.end());
+    }
     write_deps_.erase(std::unique(write_deps_.begin(), write_deps_.end()), write_deps_.end());
-    t.deps.reserve(raw->size() + write_deps_.size());
+    // Merged in scratch, then copied: the inline deps get the union's exact size, not a heap
+    // block sized for both inputs when they overlap.
+    merged_deps_.clear();
     std::set_union(raw->begin(), raw->end(), write_deps_.begin(), write_deps_.end(),
-                   std::back_inserter(t.deps));
+                   std::back_inserter(merged_deps_));
+    t.deps.assign(merged_deps_.begin(), merged_deps_.end());
     RecordRead(&src_map, src_addr, src_addr + t.bytes, id);
     RecordWrite(&dst_map, dst_addr, dst_addr + t.bytes, id);
     if (t.src.space == RankRef::Space::kScratch) {

@@ -149,8 +149,9 @@ class ScheduleBuilder {
   std::vector<uint64_t> send_base_, recv_base_;
   std::vector<AccessMap> user_, scratch_;
   ReadCache read_cache_;
-  std::vector<uint32_t> write_deps_;  // scratch of Emit
-  std::vector<uint32_t> fence_deps_;  // {the current fence}
+  std::vector<uint32_t> write_deps_;   // scratch of Emit
+  std::vector<uint32_t> merged_deps_;  // scratch of Emit
+  std::vector<uint32_t> fence_deps_;   // {the current fence}
   std::vector<Readers> pool_;
   std::vector<uint32_t> free_;  // unused pool_ entries
   uint32_t Append(Transfer t);  // returns its index

@@ -238,7 +238,7 @@ absl::Status FlowGraph::AddSchedule(const RankSchedule& schedule, const std::vec
         f->job = job;
         return absl::OkStatus();
       },
-      [&](size_t i) -> const std::vector<uint32_t>& { return schedule.transfers[i].deps; });
+      [&](size_t i) -> const Deps& { return schedule.transfers[i].deps; });
 }
 
 void FlowGraph::AddFlows(const std::vector<Flow>& flows, const std::vector<uint64_t>& begin,
