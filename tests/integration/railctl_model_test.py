@@ -151,3 +151,20 @@ def test_bad_input_is_one_clear_line():
                               "1us", "--beta", "1GB/s")
     assert "budget" in fails("simulate", "--nranks", "8192", "--alpha", "1us", "--beta",
                              "1GB/s", "--op", "allreduce", "--size", "1GB", "--algo", "ring")
+
+
+@pytest.mark.skipif(not TOPOLOGIES, reason="EXAMPLE_TOPOLOGIES not set")
+def test_jobs_sharing_a_fabric(tmp_path):
+    fabric = os.path.join(TOPOLOGIES, "three_tier_16x8.json")
+    jobs = os.path.join(TOPOLOGIES, os.pardir, "jobs", "shared_fabric_16x8.json")
+    shared = {j["name"]: j for j in railctl("simulate", "--topology", fabric, "--jobs", jobs,
+                                            "--json")["jobs"]}
+    assert set(shared) == {"llm-a", "llm-b", "moe"}
+    solo = tmp_path / "solo.json"
+    solo.write_text(json.dumps({"jobs": [{"name": "llm-a", "op": "allreduce", "size": "1GB",
+                                          "algo": "hier", "nodes": list(range(8))}]}))
+    alone = railctl("simulate", "--topology", fabric, "--jobs", str(solo), "--json")["jobs"][0]
+    # The MoE job's ranks share llm-a's NICs (rails 0 and 1): llm-a slows down; llm-b, on the
+    # other 8 nodes, is slowed by the same MoE traffic there, symmetrically.
+    assert shared["llm-a"]["time_s"] > 1.5 * alone["time_s"]
+    within(shared["llm-a"]["time_s"], shared["llm-b"]["time_s"], rel=0.02)
