@@ -314,15 +314,16 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
   size_t fallback_chunk = chunk;
   double predicted_s = -1;
   if (r0.op != OpKind::kAllToAllv) {
-    absl::StatusOr<scheduler::cost::Choice> choice =
+    absl::StatusOr<std::shared_ptr<const scheduler::cost::Choice>> choice =
         net_.tuner != nullptr ? net_.tuner->Choose(shape)
                               : absl::FailedPreconditionError("communicator has no tuner");
     if (choice.ok()) {
-      fallback = choice->algorithm;
-      fallback_chunk = choice->chunk_bytes;
-      for (const scheduler::cost::Candidate& c : choice->candidates) {
-        if (c.generator == (forced ? algo : choice->algorithm)) {
-          predicted_s = c.time_s() + choice->op_overhead_s;
+      const scheduler::cost::Choice& c = **choice;
+      fallback = c.algorithm;
+      fallback_chunk = c.chunk_bytes;
+      for (const scheduler::cost::Candidate& k : c.candidates) {
+        if (k.generator == (forced ? algo : c.algorithm)) {
+          predicted_s = k.time_s() + c.op_overhead_s;
         }
       }
       if (!forced) {

@@ -130,8 +130,9 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
     elems /= static_cast<uint64_t>(n);
   }
   shape.count = op == scheduler::OpKind::kBarrier ? 0 : elems;
-  absl::StatusOr<cost::Choice> choice = comm->tuner()->Choose(shape);
-  if (!choice.ok()) return choice.status();
+  absl::StatusOr<std::shared_ptr<const cost::Choice>> chosen = comm->tuner()->Choose(shape);
+  if (!chosen.ok()) return chosen.status();
+  const cost::Choice* choice = chosen->get();
   v1::ExplainResponse out;
   out.set_comm_id(comm->comm_id());
   out.set_nranks(n);

@@ -198,18 +198,19 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
 Tuner::Tuner(CommLayout layout, topology::FabricSpec fabric, TunerOptions options)
     : layout_(std::move(layout)), fabric_(std::move(fabric)), options_(std::move(options)) {}
 
-absl::StatusOr<Choice> Tuner::Choose(const OpShape& shape) {
+absl::StatusOr<std::shared_ptr<const Choice>> Tuner::Choose(const OpShape& shape) {
   const std::string key = ShapeKey(shape);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   }
   absl::StatusOr<Choice> choice = Tune(shape, layout_, fabric_, options_);
-  if (!choice.ok()) return choice;
+  if (!choice.ok()) return choice.status();
+  auto shared = std::make_shared<const Choice>(*std::move(choice));
   absl::MutexLock lock(&mu_);
   if (cache_.size() >= 256) cache_.clear();  // bounded; training repeats a few shapes
-  cache_.emplace(key, *choice);
-  return choice;
+  cache_.emplace(key, shared);
+  return shared;
 }
 
 }  // namespace railyard::scheduler::cost

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,11 +73,12 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
 topology::FabricSpec FabricForLayout(const CommLayout& layout, const topology::LinkClass& intra,
                                      const topology::LinkClass& inter, double overhead_s);
 
-// Per communicator: Tune() with a bounded cache keyed by the shape.
+// Per communicator: Tune() with a bounded cache keyed by the shape. The daemon asks for every
+// operation, so a cached choice is shared, not copied.
 class Tuner {
  public:
   Tuner(CommLayout layout, topology::FabricSpec fabric, TunerOptions options = {});
-  absl::StatusOr<Choice> Choose(const OpShape& shape);
+  absl::StatusOr<std::shared_ptr<const Choice>> Choose(const OpShape& shape);
   const topology::FabricSpec& fabric() const { return fabric_; }
 
  private:
@@ -84,7 +86,7 @@ class Tuner {
   const topology::FabricSpec fabric_;
   const TunerOptions options_;
   absl::Mutex mu_;
-  std::map<std::string, Choice> cache_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const Choice>> cache_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace railyard::scheduler::cost
