@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "daemon/cost_model_proto.h"
 #include "daemon/scheduler/cost/calibration.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/schedule.h"
@@ -309,25 +310,7 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
     return absl::FailedPreconditionError(absl::StrCat("the fit is not usable: ", s.message()));
   }
   std::vector<std::string> stored;
-  v1::CostModel model;
-  {
-    model.set_intra_alpha_s(fit.intra.alpha_s);
-    model.set_intra_beta_bytes_per_s(fit.intra.beta_bytes_per_s);
-    model.set_inter_alpha_s(fit.inter.alpha_s);
-    model.set_inter_beta_bytes_per_s(fit.inter.beta_bytes_per_s);
-    model.set_overhead_s(fit.overhead_s);
-    model.set_op_overhead_s(fit.op_overhead_s);
-    model.set_source(fit.source);
-    model.set_op(fit.op);
-    model.set_algorithm(fit.algorithm);
-    model.set_placement(fit.placement);
-    model.set_topology(fit.topology);
-    model.set_fitted_at(fit.fitted_at);
-    model.set_nranks(fit.nranks);
-    model.set_nnodes(fit.nnodes);
-    model.set_samples(fit.samples);
-    model.set_rms_relative_error(fit.rms_relative_error);
-  }
+  const v1::CostModel model = ToProto(fit);
   if (!f->Bool("dry-run")) {
     for (const std::string& socket : daemons) {
       absl::StatusOr<std::string> path = AdminClient(socket).SetCalibration(model);
