@@ -18,14 +18,6 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read topology file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Prefixes an error with the file it came from.
 absl::Status InFile(const std::string& path, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
@@ -239,7 +231,7 @@ absl::StatusOr<v1::NodeTopology> ParseTopology(const std::string& json) {
 }
 
 absl::StatusOr<v1::NodeTopology> LoadTopology(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadTextFile(path, "topology file");
   if (!text.ok()) return text.status();
   absl::StatusOr<v1::NodeTopology> topo = ParseTopology(*text);
   if (!topo.ok()) return InFile(path, topo.status());
@@ -262,7 +254,7 @@ absl::StatusOr<v1::NodeTopology> ParseNodeTopology(const std::string& json) {
 }
 
 absl::StatusOr<v1::NodeTopology> LoadNodeTopology(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadTextFile(path, "topology file");
   if (!text.ok()) return text.status();
   absl::StatusOr<v1::NodeTopology> topo = ParseNodeTopology(*text);
   if (!topo.ok()) return InFile(path, topo.status());
@@ -288,6 +280,14 @@ absl::StatusOr<FabricSpec> LoadFabricFile(const std::string& path) {
   absl::StatusOr<FabricSpec> fabric = FabricFromTopology(*topo);
   if (!fabric.ok()) return InFile(path, fabric.status());
   return fabric;
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace railyard::topology

@@ -33,6 +33,10 @@ absl::StatusOr<FabricSpec> FabricFromTopology(const v1::NodeTopology& topology);
 absl::StatusOr<FabricSpec> ParseFabric(const std::string& json);
 absl::StatusOr<FabricSpec> LoadFabricFile(const std::string& path);
 
+// A whole file as text; NOT_FOUND "cannot read <what> <path>" when it cannot be opened. Also
+// what railctl reads the simulator's jobs files with.
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what);
+
 // {"alpha": "3us", "bandwidth": "50GB/s"} -> LinkClass; `field` names it in errors
 // ("fabric.inter"). A missing alpha is 0; a missing bandwidth is an error when required.
 absl::StatusOr<LinkClass> ParseLinkClass(const v1::LinkClassSpec& spec, absl::string_view field,

@@ -6,12 +6,15 @@
 
 namespace railyard::railctl {
 
-absl::StatusOr<CommonFlags> ParseCommonFlags(const std::vector<std::string>& args) {
-  CommonFlags flags;
+std::string DefaultSocket() {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): nothing sets the environment.
   const char* env_socket = std::getenv("RAILYARD_SOCKET");
-  flags.socket =
-      env_socket != nullptr && *env_socket != '\0' ? env_socket : "/run/railyard/railyard.sock";
+  return env_socket != nullptr && *env_socket != '\0' ? env_socket : "/run/railyard/railyard.sock";
+}
+
+absl::StatusOr<CommonFlags> ParseCommonFlags(const std::vector<std::string>& args) {
+  CommonFlags flags;
+  flags.socket = DefaultSocket();
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--json") {

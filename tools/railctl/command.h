@@ -26,6 +26,9 @@ struct CommonFlags {
   bool help = false;   // -h, --help
 };
 
+// $RAILYARD_SOCKET, else /run/railyard/railyard.sock.
+std::string DefaultSocket();
+
 // Parses --socket S / --socket=S, --json, -h/--help; anything else is INVALID_ARGUMENT.
 absl::StatusOr<CommonFlags> ParseCommonFlags(const std::vector<std::string>& args);
 

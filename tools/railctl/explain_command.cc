@@ -1,7 +1,6 @@
 #include "tools/railctl/explain_command.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "daemon/topology/units.h"
 #include "tools/railctl/admin_client.h"
+#include "tools/railctl/command.h"
 #include "tools/railctl/flag_set.h"
 #include "tools/railctl/text_table.h"
 
@@ -20,12 +20,6 @@ constexpr const char* kUsage =
     "OP: allreduce reducescatter allgather broadcast reduce alltoall barrier; SIZE as in\n"
     "railctl model (PRIMER's M). --comm: a communicator id from railctl status (default: the\n"
     "daemon's only multi-node communicator).\n";
-
-std::string DefaultSocket() {
-  // NOLINTNEXTLINE(concurrency-mt-unsafe): nothing sets the environment.
-  const char* env = std::getenv("RAILYARD_SOCKET");
-  return env != nullptr && *env != '\0' ? env : "/run/railyard/railyard.sock";
-}
 
 nlohmann::json CostModelJson(const v1::CostModel& m) {
   return {{"intra_alpha_s", m.intra_alpha_s()},

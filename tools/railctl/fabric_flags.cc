@@ -12,24 +12,6 @@
 namespace railyard::railctl {
 namespace {
 
-absl::StatusOr<double> DurationFlag(const ParsedFlags& f, const std::string& name,
-                                    double fallback) {
-  if (!f.Has(name)) return fallback;
-  absl::StatusOr<double> v = topology::ParseDuration(f.Get(name));
-  if (!v.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", v.status().message()));
-  return *v;
-}
-
-absl::StatusOr<double> BandwidthFlag(const ParsedFlags& f, const std::string& name,
-                                     double fallback) {
-  if (!f.Has(name)) return fallback;
-  absl::StatusOr<double> v = topology::ParseBandwidth(f.Get(name));
-  if (!v.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", v.status().message()));
-  return *v;
-}
-
 absl::StatusOr<std::vector<int>> ParseDims(const std::string& text) {
   std::vector<int> dims;
   for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar("xX"))) {

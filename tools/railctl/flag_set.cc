@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/topology/units.h"
 
 namespace railyard::railctl {
 
@@ -63,6 +64,35 @@ absl::StatusOr<int> IntFlag(const ParsedFlags& flags, const std::string& name, i
                                                    " (got '", flags.Get(name), "')"));
   }
   return v;
+}
+
+namespace {
+
+absl::StatusOr<double> UnitFlag(const ParsedFlags& flags, const std::string& name, double fallback,
+                                absl::StatusOr<double> (*parse)(absl::string_view)) {
+  if (!flags.Has(name)) return fallback;
+  absl::StatusOr<double> v = parse(flags.Get(name));
+  if (!v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", v.status().message()));
+  }
+  return *v;
+}
+
+}  // namespace
+
+absl::StatusOr<double> DurationFlag(const ParsedFlags& flags, const std::string& name,
+                                    double fallback) {
+  return UnitFlag(flags, name, fallback, &topology::ParseDuration);
+}
+
+absl::StatusOr<double> BandwidthFlag(const ParsedFlags& flags, const std::string& name,
+                                     double fallback) {
+  return UnitFlag(flags, name, fallback, &topology::ParseBandwidth);
+}
+
+absl::StatusOr<double> BytesFlag(const ParsedFlags& flags, const std::string& name,
+                                 double fallback) {
+  return UnitFlag(flags, name, fallback, &topology::ParseBytes);
 }
 
 }  // namespace railyard::railctl

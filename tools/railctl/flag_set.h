@@ -30,6 +30,15 @@ absl::StatusOr<ParsedFlags> ParseFlags(const std::vector<std::string>& args,
                                        const std::set<std::string>& value_flags,
                                        const std::set<std::string>& bool_flags);
 
+// Flags with units (daemon/topology/units.h): fallback when absent, INVALID_ARGUMENT naming the
+// flag when the text does not parse.
+absl::StatusOr<double> DurationFlag(const ParsedFlags& flags, const std::string& name,
+                                    double fallback);
+absl::StatusOr<double> BandwidthFlag(const ParsedFlags& flags, const std::string& name,
+                                     double fallback);
+absl::StatusOr<double> BytesFlag(const ParsedFlags& flags, const std::string& name,
+                                 double fallback);
+
 // An integer flag >= min_value; INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<int> IntFlag(const ParsedFlags& flags, const std::string& name, int fallback,
                             int min_value);

@@ -39,10 +39,10 @@ absl::StatusOr<topology::LinkClass> LinkFromFlags(const ParsedFlags& f) {
   if (!f.Has("alpha") || !f.Has("beta")) {
     return absl::InvalidArgumentError("--alpha and --beta are required");
   }
-  absl::StatusOr<double> a = topology::ParseDuration(f.Get("alpha"));
-  if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("--alpha: ", a.status().message()));
-  absl::StatusOr<double> b = topology::ParseBandwidth(f.Get("beta"));
-  if (!b.ok()) return absl::InvalidArgumentError(absl::StrCat("--beta: ", b.status().message()));
+  absl::StatusOr<double> a = DurationFlag(f, "alpha", 0);
+  if (!a.ok()) return a.status();
+  absl::StatusOr<double> b = BandwidthFlag(f, "beta", 0);
+  if (!b.ok()) return b.status();
   return topology::LinkClass{*a, *b};
 }
 
@@ -125,9 +125,8 @@ absl::Status RunOp(const ParsedFlags& f) {
   double m = 0;
   if (op != OpKind::kBarrier) {
     if (!f.Has("size")) return absl::InvalidArgumentError("--size is required");
-    absl::StatusOr<double> size = topology::ParseBytes(f.Get("size"));
-    if (!size.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--size: ", size.status().message()));
+    absl::StatusOr<double> size = BytesFlag(f, "size", 0);
+    if (!size.ok()) return size.status();
     m = *size;
   }
   absl::StatusOr<topology::FabricSpec> fabric = FabricFromFlags(f);

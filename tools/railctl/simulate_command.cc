@@ -1,9 +1,7 @@
 #include "tools/railctl/simulate_command.h"
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +10,7 @@
 #include "daemon/scheduler/op.h"
 #include "daemon/scheduler/sim/jobs_file.h"
 #include "daemon/scheduler/sim/simulator.h"
+#include "daemon/topology/topology_file.h"
 #include "daemon/topology/units.h"
 #include "tools/railctl/fabric_flags.h"
 #include "tools/railctl/flag_set.h"
@@ -34,17 +33,6 @@ constexpr const char* kUsage =
     "several jobs at once on the fabric (docs/simulation.md); --links lists every link used.\n"
     "Without --algo the tuner picks algorithm and chunk size, as the daemons would (schedule IR\n"
     "predictions up to --ir-budget transfers per candidate, default 2000000, as railctl model).\n";
-
-std::string ReadFile(const std::string& path, absl::Status* status) {
-  std::ifstream in(path);
-  if (!in.good()) {
-    *status = absl::NotFoundError(absl::StrCat("cannot read jobs file ", path));
-    return "";
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 nlohmann::json TiersJson(const std::vector<sim::TierStats>& tiers) {
   nlohmann::json out = nlohmann::json::array();
@@ -118,10 +106,9 @@ absl::Status RunSimulate(const std::vector<std::string>& args) {
     if (f->Has("op") || f->Has("size") || f->Has("algo")) {
       return absl::InvalidArgumentError("--jobs describes the jobs: drop --op/--size/--algo");
     }
-    absl::Status read;
-    const std::string text = ReadFile(f->Get("jobs"), &read);
-    if (!read.ok()) return read;
-    absl::StatusOr<std::vector<sim::JobSpec>> parsed = sim::ParseJobsJson(text, *fabric);
+    absl::StatusOr<std::string> text = topology::ReadTextFile(f->Get("jobs"), "jobs file");
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::vector<sim::JobSpec>> parsed = sim::ParseJobsJson(*text, *fabric);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(f->Get("jobs"), ": ", parsed.status().message()));
@@ -139,10 +126,8 @@ absl::Status RunSimulate(const std::vector<std::string>& args) {
     double bytes = 0;
     if (op != scheduler::OpKind::kBarrier) {
       if (!f->Has("size")) return absl::InvalidArgumentError("--size is required");
-      absl::StatusOr<double> size = topology::ParseBytes(f->Get("size"));
-      if (!size.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("--size: ", size.status().message()));
-      }
+      absl::StatusOr<double> size = BytesFlag(*f, "size", 0);
+      if (!size.ok()) return size.status();
       bytes = *size;
     }
     sim::JobSpec job;
@@ -153,13 +138,9 @@ absl::Status RunSimulate(const std::vector<std::string>& args) {
     if (!root.ok()) return root.status();
     job.shape.root = *root;
     job.algorithm = f->Get("algo");
-    if (f->Has("chunk")) {
-      absl::StatusOr<double> chunk = topology::ParseBytes(f->Get("chunk"));
-      if (!chunk.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("--chunk: ", chunk.status().message()));
-      }
-      job.chunk_bytes = static_cast<size_t>(*chunk);
-    }
+    absl::StatusOr<double> chunk = BytesFlag(*f, "chunk", 0);
+    if (!chunk.ok()) return chunk.status();
+    job.chunk_bytes = static_cast<size_t>(*chunk);
     jobs.push_back(job);
   }
   // The tuner's budget, as in railctl model, so that both pick the same algorithm.
