@@ -11,38 +11,17 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 import pytest
+
+from virtual_nodes import http_get, start_daemon, stop, wait_for
 
 RAILS = 2
 RANKS_PER_NODE = 2
 SMALL, LARGE = 2, 2 << 20  # float32 elements: 8 B and 8 MiB
-
-
-def wait_for(what, predicate, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def stop(proc):
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
 
 
 def railctl(*args, timeout=300):
@@ -59,25 +38,9 @@ def cluster():
     try:
         for n in range(2):
             name = f"cnode{n}"
-            topo = os.path.join(tmp, f"{name}.json")
-            with open(topo, "w") as f:
-                json.dump({"node": name, "rails": [{"name": f"rail{r}", "device": "lo"}
-                                                   for r in range(RAILS)]}, f)
-            sock = os.path.join(tmp, f"{name}.sock")
             state = os.path.join(tmp, f"{name}-state")
-            logpath = os.path.join(tmp, f"{name}.log")
-            log = open(logpath, "w")
-            proc = subprocess.Popen(
-                [os.environ["RAILYARDD"], f"--socket={sock}", "--peer_listen=127.0.0.1:0",
-                 f"--topology={topo}", f"--state_dir={state}", "--metrics_listen=127.0.0.1:0",
-                 "--worker_threads=2"], stdout=log, stderr=subprocess.STDOUT)
+            proc, sock, addr = start_daemon(tmp, name, RAILS, [f"--state_dir={state}"])
             procs.append(proc)
-
-            def bound(logpath=logpath, proc=proc, sock=sock):
-                assert proc.poll() is None, open(logpath).read()
-                m = re.search(r"metrics_address=(\S+)", open(logpath).read())
-                return m and os.path.exists(sock) and m.group(1)
-            addr = wait_for(f"{name} to serve", bound, 20)
             daemons.append({"name": name, "socket": sock, "state": state, "metrics": addr})
         yield {"tmp": tmp, "daemons": daemons}
     finally:
@@ -121,8 +84,7 @@ def test_calibrate_fits_and_stores(cluster):
 
 def metric_algorithms(addr, op, size):
     """Algorithms of the collective series for `op` whose power-of-4 size bucket holds size."""
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    text = http_get(f"http://{addr}/metrics")[1]
     found = {}
     for m in re.finditer(r'^railyard_collective_ops_total\{([^}]*)\} (\S+)$', text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))

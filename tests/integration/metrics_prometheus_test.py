@@ -12,17 +12,15 @@ is stopped by its PID.
 """
 import json
 import os
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.parse
-import urllib.request
 
 import pytest
+
+from virtual_nodes import http_get, start_daemon, stop, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -40,31 +38,6 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_for(what, predicate, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def http_get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status, r.read().decode()
-
-
-def stop(proc):
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-
-
 class Cluster:
     """Two daemons, one Prometheus, and what the perf runs did."""
 
@@ -77,24 +50,8 @@ class Cluster:
     def start_daemons(self):
         for n in range(2):
             name = f"mnode{n}"
-            topo = os.path.join(self.tmp, f"{name}.json")
-            with open(topo, "w") as f:
-                json.dump({"node": name, "rails": [{"name": f"rail{r}", "device": "lo"}
-                                                   for r in range(RAILS)]}, f)
-            sock = os.path.join(self.tmp, f"{name}.sock")
-            log = open(os.path.join(self.tmp, f"{name}.log"), "w")
-            proc = subprocess.Popen(
-                [os.environ["RAILYARDD"], f"--socket={sock}", "--peer_listen=127.0.0.1:0",
-                 f"--topology={topo}", "--metrics_listen=127.0.0.1:0", "--worker_threads=2"],
-                stdout=log, stderr=subprocess.STDOUT)
+            proc, sock, addr = start_daemon(self.tmp, name, RAILS)
             self.procs.append(proc)
-            logpath = log.name
-
-            def bound(logpath=logpath, proc=proc):
-                assert proc.poll() is None, open(logpath).read()
-                m = re.search(r"metrics_address=(\S+)", open(logpath).read())
-                return m and os.path.exists(sock) and m.group(1)
-            addr = wait_for(f"{name} to serve", bound, 20)
             self.daemons.append((name, sock, addr))
         for _, _, addr in self.daemons:
             assert http_get(f"http://{addr}/healthz")[0] == 200

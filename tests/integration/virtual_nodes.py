@@ -1,0 +1,65 @@
+"""What the Python integration tests share: virtual-node daemons on loopback (railyardd with a
+topology of `rails` rails on lo and a metrics endpoint on a free port), bounded waits, and
+stopping by PID."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+
+def wait_for(what, predicate, timeout_s, interval_s=0.05):
+    """predicate()'s first true value; AssertionError naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def http_get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def stop(proc):
+    """SIGTERM, then SIGKILL after 10 s: only processes this test started."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+def start_daemon(tmp, name, rails, extra_args=()):
+    """Starts railyardd as virtual node `name` in tmp; returns (proc, socket, metrics address)
+    once it serves both. The caller stops proc."""
+    topo = os.path.join(tmp, f"{name}.json")
+    with open(topo, "w") as f:
+        json.dump({"node": name, "rails": [{"name": f"rail{r}", "device": "lo"}
+                                           for r in range(rails)]}, f)
+    sock = os.path.join(tmp, f"{name}.sock")
+    logpath = os.path.join(tmp, f"{name}.log")
+    with open(logpath, "w") as log:
+        proc = subprocess.Popen(
+            [os.environ["RAILYARDD"], f"--socket={sock}", "--peer_listen=127.0.0.1:0",
+             f"--topology={topo}", "--metrics_listen=127.0.0.1:0", "--worker_threads=2",
+             *extra_args], stdout=log, stderr=subprocess.STDOUT)
+
+    def bound():
+        assert proc.poll() is None, open(logpath).read()
+        m = re.search(r"metrics_address=(\S+)", open(logpath).read())
+        return m and os.path.exists(sock) and m.group(1)
+    try:
+        addr = wait_for(f"{name} to serve", bound, 20)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, sock, addr
