@@ -1,7 +1,10 @@
 // Several railyardd on loopback ("virtual nodes", each with its own socket, peer port and a
 // topology file declaring 2 rails): every op x every algorithm across daemons, checked byte for
 // byte, and a daemon killed mid-run.
+#include <cstdio>
+#include <functional>
 #include <iostream>
+#include <map>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -116,6 +119,55 @@ TEST(MultiNodeTest, RailyardPerfAcrossDaemons) {
     ASSERT_TRUE(code.has_value()) << op << " hung";
     EXPECT_EQ(*code, 0) << op << ":\n" << perf.Output();
     EXPECT_THAT(perf.Output(), HasSubstr("# Avg bus bandwidth")) << op;
+  }
+}
+
+// Two jobs whose communicator ids agree in the 16 bits of std::hash the old tag scheme kept, in
+// lockstep on the same two daemons (same sequence numbers, node indices and steps): under that
+// scheme their receives matched each other's messages. Every result must be the job's own.
+TEST(MultiNodeTagTest, TwoJobsWhoseIdsCollidedUnderTheOldTagsKeepTheirOwnData) {
+  VirtualCluster cluster(2);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  auto c = Client::Connect(cluster[0].Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto made = (*c)->CreateCommId();
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::string coordinator = made->substr(made->find('@'));
+  // Birthday search for two 32-hex nonces with the same low 16 hash bits (a few hundred tries).
+  std::map<uint64_t, std::string> by_bits;
+  std::string ids[2];
+  for (uint64_t i = 0; ids[0].empty() && i < 1'000'000; ++i) {
+    char nonce[33];
+    std::snprintf(nonce, sizeof nonce, "%016llx%016llx", 0x5eedULL,
+                  static_cast<unsigned long long>(i));
+    const std::string id = std::string("ry1-") + nonce + coordinator;
+    auto [it, inserted] = by_bits.emplace(std::hash<std::string>{}(id) & 0xFFFF, id);
+    if (!inserted) {
+      ids[0] = it->second;
+      ids[1] = id;
+    }
+  }
+  ASSERT_FALSE(ids[0].empty());
+  ASSERT_EQ(std::hash<std::string>{}(ids[0]) & 0xFFFF, std::hash<std::string>{}(ids[1]) & 0xFFFF);
+  ::setenv("RAILYARD_ALGO", "ring", 1);
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int job = 0; job < 2; ++job) {
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back(std::make_unique<Process>(
+          std::vector<std::string>{RANK_PATH, "--mode=lockstep", "--socket=" + cluster[r].socket(),
+                                   "--job=tagjob" + std::to_string(job), "--comm_id=" + ids[job],
+                                   "--rank=" + std::to_string(r), "--nranks=2",
+                                   "--seed=" + std::to_string(job + 1), "--count=16384",
+                                   "--iters=2000"},
+          cluster.dir() + "/tag-job" + std::to_string(job) + "-rank" + std::to_string(r) + ".log"));
+    }
+  }
+  ::unsetenv("RAILYARD_ALGO");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    auto code = ranks[i]->Wait(std::chrono::seconds(300));
+    ASSERT_TRUE(code.has_value()) << "job " << i / 2 << " rank " << i % 2 << " hung";
+    EXPECT_EQ(*code, 0) << "job " << i / 2 << " rank " << i % 2 << ":\n" << ranks[i]->Output();
+    EXPECT_THAT(ranks[i]->Output(), HasSubstr("LOCKSTEP 2000"));
   }
 }
 

@@ -2,6 +2,9 @@
 //   cases   run the whole correctness matrix (rank_cases.h); prints "PASS <n>" or the failures.
 //   idle    join the communicator, print READY, then sleep (to be killed, or to never submit).
 //   submit  submit one float32 allreduce (count --count, --timeout_ms), print RESULT code= msg=.
+//   lockstep  --iters in-place float32 sum allreduces of --count elements, each checked against
+//           the value only this job's ranks can produce (from --seed); prints "LOCKSTEP <iters>"
+//           or the first wrong element.
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,6 +24,8 @@ ABSL_FLAG(int, rank, 0, "rank");
 ABSL_FLAG(int, nranks, 1, "nranks");
 ABSL_FLAG(uint64_t, count, 1024, "elements (submit mode)");
 ABSL_FLAG(int, timeout_ms, 0, "daemon-side wait for the other ranks (submit mode)");
+ABSL_FLAG(int, iters, 100, "allreduces (lockstep mode)");
+ABSL_FLAG(int, seed, 1, "job-specific base of the values (lockstep mode)");
 
 namespace {
 
@@ -68,6 +73,36 @@ int main(int argc, char** argv) {
     absl::Status s = w.wait(std::chrono::seconds(120));
     if (!s.ok()) return Fail("allreduce", s);
     std::printf("RESULT code=0 msg=ok\n");
+    return 0;
+  }
+  if (mode == "lockstep") {
+    // Element k of rank r in iteration i holds seed * 2^20 + i * 64 + r + (k % 7): the sum over
+    // the ranks is exact in float32 and differs from every other job's (other seed).
+    const uint64_t count = absl::GetFlag(FLAGS_count);
+    const int iters = absl::GetFlag(FLAGS_iters);
+    const float seed = static_cast<float>(absl::GetFlag(FLAGS_seed));
+    auto* data = static_cast<float*>(buf->data());
+    for (int i = 0; i < iters; ++i) {
+      const float base = seed * 1048576.0f + static_cast<float>(i) * 64.0f;
+      for (uint64_t k = 0; k < count; ++k) {
+        data[k] = base + static_cast<float>(rank) + static_cast<float>(k % 7);
+      }
+      railyard::Work w =
+          comm->AllReduce(*buf, *buf, count, railyard::DataType::kFloat32, railyard::RedOp::kSum);
+      absl::Status s = w.wait(std::chrono::seconds(120));
+      if (!s.ok()) return Fail("allreduce", s);
+      for (uint64_t k = 0; k < count; ++k) {
+        const float want = static_cast<float>(nranks) * (base + static_cast<float>(k % 7)) +
+                           static_cast<float>(nranks * (nranks - 1) / 2);
+        if (data[k] != want) {
+          std::printf("WRONG rank=%d iter=%d element=%llu got=%.1f want=%.1f\n", rank, i,
+                      static_cast<unsigned long long>(k), data[k], want);
+          std::fflush(stdout);
+          return 1;
+        }
+      }
+    }
+    std::printf("LOCKSTEP %d\n", iters);
     return 0;
   }
   const auto cases = railyard::testing::AllCases(nranks);
