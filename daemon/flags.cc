@@ -7,7 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/log.h"
+#include "daemon/util/log.h"
 
 ABSL_FLAG(std::string, socket, "/run/railyard/railyard.sock",
           "Unix socket of the local (client) and admin gRPC APIs; created with mode 0660");

@@ -6,7 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "daemon/flags.h"
-#include "daemon/log.h"
+#include "daemon/util/log.h"
 #include "daemon/server.h"
 
 int main(int argc, char** argv) {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "daemon/cost_model_proto.h"
+#include "daemon/core/cost_model_proto.h"
 #include "daemon/scheduler/cost/calibration.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/schedule.h"

@@ -3,9 +3,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/cost_model_proto.h"
-#include "daemon/daemon_core.h"
-#include "daemon/log.h"
+#include "daemon/core/cost_model_proto.h"
+#include "daemon/core/daemon_core.h"
+#include "daemon/util/log.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/op.h"

@@ -1,14 +1,14 @@
-#include "daemon/daemon_core.h"
+#include "daemon/core/daemon_core.h"
 
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "daemon/comm_id.h"
-#include "daemon/job_tokens.h"
-#include "daemon/log.h"
+#include "daemon/comm/comm_id.h"
+#include "daemon/session/job_tokens.h"
+#include "daemon/util/log.h"
 #include "daemon/metrics/counting_endpoint.h"
-#include "daemon/request_decode.h"
+#include "daemon/services/request_decode.h"
 #include "daemon/version.h"
 
 namespace railyard {

@@ -1,4 +1,4 @@
-#include "daemon/shm_segment.h"
+#include "daemon/session/shm_segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "daemon/session.h"
+#include "daemon/session/session.h"
 
 #include "absl/time/clock.h"
 

@@ -2,7 +2,7 @@
 // blocks a thread while it waits for other ranks).
 #pragma once
 
-#include "daemon/daemon_core.h"
+#include "daemon/core/daemon_core.h"
 #include "railyard/v1/local.grpc.pb.h"
 
 namespace railyard {

@@ -1,4 +1,4 @@
-#include "daemon/deadline_timer.h"
+#include "daemon/util/deadline_timer.h"
 
 #include "absl/time/clock.h"
 

@@ -2,7 +2,7 @@
 // Served on --peer_listen (TCP), never on the local Unix socket.
 #pragma once
 
-#include "daemon/daemon_core.h"
+#include "daemon/core/daemon_core.h"
 #include "railyard/v1/peer.grpc.pb.h"
 
 namespace railyard {

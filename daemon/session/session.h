@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/shm_segment.h"
+#include "daemon/session/shm_segment.h"
 #include "railyard/v1/local.grpc.pb.h"
 
 namespace railyard {

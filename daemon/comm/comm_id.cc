@@ -1,4 +1,4 @@
-#include "daemon/comm_id.h"
+#include "daemon/comm/comm_id.h"
 
 #include <random>
 

@@ -5,8 +5,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "daemon/communicator.h"
-#include "daemon/session.h"
+#include "daemon/comm/communicator.h"
+#include "daemon/session/session.h"
 #include "railyard/v1/local.pb.h"
 
 namespace railyard {

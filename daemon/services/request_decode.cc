@@ -1,4 +1,4 @@
-#include "daemon/request_decode.h"
+#include "daemon/services/request_decode.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "daemon/cost_model_proto.h"
+#include "daemon/core/cost_model_proto.h"
 
 namespace railyard {
 

@@ -1,4 +1,4 @@
-#include "daemon/log.h"
+#include "daemon/util/log.h"
 
 #include <unistd.h>
 

@@ -1,12 +1,12 @@
-#include "daemon/communicator.h"
+#include "daemon/comm/communicator.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "daemon/log.h"
+#include "daemon/util/log.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/local_plan.h"
-#include "daemon/session.h"
+#include "daemon/session/session.h"
 
 namespace railyard {
 

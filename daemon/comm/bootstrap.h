@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/deadline_timer.h"
+#include "daemon/util/deadline_timer.h"
 #include "railyard/v1/peer.pb.h"
 
 namespace railyard {

@@ -1,6 +1,6 @@
-#include "daemon/peer_service.h"
+#include "daemon/services/peer_service.h"
 
-#include "daemon/local_service.h"
+#include "daemon/services/local_service.h"
 
 namespace railyard {
 

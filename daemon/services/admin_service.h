@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "daemon/daemon_core.h"
+#include "daemon/core/daemon_core.h"
 #include "railyard/v1/admin.grpc.pb.h"
 
 namespace railyard {

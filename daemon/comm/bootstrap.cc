@@ -1,4 +1,4 @@
-#include "daemon/bootstrap.h"
+#include "daemon/comm/bootstrap.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
-#include "daemon/local_service.h"
+#include "daemon/services/local_service.h"
 
-#include "daemon/log.h"
+#include "daemon/util/log.h"
 #include "daemon/version.h"
 
 namespace railyard {

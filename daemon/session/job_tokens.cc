@@ -1,4 +1,4 @@
-#include "daemon/job_tokens.h"
+#include "daemon/session/job_tokens.h"
 
 #include <fstream>
 #include <sstream>

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/deadline_timer.h"
+#include "daemon/util/deadline_timer.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/executor.h"
@@ -24,7 +24,7 @@
 #include "daemon/scheduler/node_executor.h"
 #include "daemon/scheduler/op.h"
 #include "daemon/scheduler/schedule.h"
-#include "daemon/shm_segment.h"
+#include "daemon/session/shm_segment.h"
 
 namespace railyard {
 

@@ -1,4 +1,4 @@
-#include "daemon/peer_client.h"
+#include "daemon/comm/peer_client.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
