@@ -5,8 +5,32 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "daemon/scheduler/tags.h"
 
 namespace railyard {
+
+std::string CommBootstrap::NodeId(const v1::NodeInfo& n) {
+  return n.peer_address().empty() ? n.node_name() : n.peer_address();
+}
+
+absl::Status CommBootstrap::CheckLayoutFits(const v1::JoinCommResponse& layout,
+                                            const std::string& comm_id) {
+  if (layout.nodes_size() > scheduler::tags::kMaxNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("communicator ", comm_id, " spans ", layout.nodes_size(),
+                     " nodes, more than the ", scheduler::tags::kMaxNodes, " a tag can name"));
+  }
+  if (layout.nodes_size() > 1) {
+    for (const v1::NodeInfo& n : layout.nodes()) {
+      if (!n.has_tag_slot()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "communicator ", comm_id, " spans ", layout.nodes_size(), " nodes but node ",
+            n.node_name(), " has no transport (no tag slot): it needs --peer_listen"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 v1::JoinCommResponse CommBootstrap::Layout(const std::vector<v1::NodeInfo>& node_of_each_rank) {
   v1::JoinCommResponse out;
@@ -15,7 +39,7 @@ v1::JoinCommResponse CommBootstrap::Layout(const std::vector<v1::NodeInfo>& node
   int rails = 1 << 30;
   for (size_t r = 0; r < node_of_each_rank.size(); ++r) {
     const v1::NodeInfo& n = node_of_each_rank[r];
-    const std::string id = n.peer_address().empty() ? n.node_name() : n.peer_address();
+    const std::string id = NodeId(n);
     auto [it, inserted] = index.emplace(id, out.nodes_size());
     if (inserted) {
       *out.add_nodes() = n;  // ranks are visited in order: nodes ordered by their lowest rank
@@ -34,9 +58,18 @@ void CommBootstrap::SetCostModel(const v1::CostModel& model) {
 
 absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration timeout,
                                  Done done) {
-  if (req.nranks() < 1 || req.rank() < 0 || req.rank() >= req.nranks()) {
+  if (req.nranks() < 1 || req.nranks() > scheduler::tags::kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("nranks ", req.nranks(), " not in [1, ",
+                                                   scheduler::tags::kMaxRanks, "]"));
+  }
+  if (req.rank() < 0 || req.rank() >= req.nranks()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", req.rank(), " not in [0, ", req.nranks(), ")"));
+  }
+  if (req.node().has_tag_slot() && req.node().tag_slot() >= (1u << scheduler::tags::kSlotBits)) {
+    return absl::InvalidArgumentError(absl::StrCat("tag slot ", req.node().tag_slot(), " of node ",
+                                                   req.node().node_name(), " does not fit ",
+                                                   scheduler::tags::kSlotBits, " bits"));
   }
   std::vector<Done> dones;
   absl::StatusOr<v1::JoinCommResponse> result;
@@ -62,13 +95,23 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
       return absl::AlreadyExistsError(
           absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
     }
+    // Every rank of one daemon announces the same tag slot (the daemon's for this communicator).
+    const std::string node_id = NodeId(req.node());
+    const int64_t slot = req.node().has_tag_slot() ? req.node().tag_slot() : -1;
+    auto [slot_it, first_of_node] = p.node_slots.emplace(node_id, slot);
+    if (!first_of_node && slot_it->second != slot) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", req.rank(), " of communicator ", req.comm_id(), " announces tag slot ", slot,
+          " for node ", req.node().node_name(), ", whose other ranks announced ", slot_it->second));
+    }
     p.present[req.rank()] = true;
     p.nodes[req.rank()] = req.node();
     p.dones[req.rank()] = std::move(done);
     if (++p.joined < p.nranks) return absl::OkStatus();
     timer_->Cancel(p.timer);
     result = Layout(p.nodes);
-    *result->mutable_cost_model() = cost_model_;
+    if (absl::Status s = CheckLayoutFits(*result, req.comm_id()); !s.ok()) result = s;
+    if (result.ok()) *result->mutable_cost_model() = cost_model_;
     dones = std::move(p.dones);
     pending_.erase(it);
   }

@@ -34,6 +34,12 @@ class CommBootstrap {
   // The layout for a complete set of joins (exposed for tests): node order by each node's lowest
   // rank, rails = the minimum over nodes.
   static v1::JoinCommResponse Layout(const std::vector<v1::NodeInfo>& node_of_each_rank);
+  // INVALID_ARGUMENT when the layout has more nodes than a tag can name, FAILED_PRECONDITION when
+  // a node of a multi-node layout announced no tag slot.
+  static absl::Status CheckLayoutFits(const v1::JoinCommResponse& layout,
+                                      const std::string& comm_id);
+  // A daemon's identity in a layout: its peer address, or its name when it has none.
+  static std::string NodeId(const v1::NodeInfo& node);
 
   // The cost model handed to every member of communicators completed from now on (this
   // daemon's calibration), so that all of them tune with the same numbers.
@@ -48,6 +54,7 @@ class CommBootstrap {
     std::vector<Done> dones;
     DeadlineTimer::Id timer = 0;
     uint64_t generation = 0;
+    std::map<std::string, int64_t> node_slots;  // by NodeId: the tag slot announced (-1: none)
   };
   void OnDeadline(const std::pair<std::string, std::string>& key, uint64_t generation);
 

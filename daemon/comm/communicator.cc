@@ -16,12 +16,23 @@ namespace {
 // How long a running multi-node operation may still finish after its communicator was aborted
 // for a reason other than a dead peer.
 constexpr absl::Duration kTransferGrace = absl::Seconds(2);
+
+// A schedule must number its messages between two nodes within the tag's step field.
+absl::Status CheckStepTags(const scheduler::NodeSchedule& schedule, const std::string& algorithm,
+                           size_t chunk_bytes) {
+  const uint64_t max = scheduler::MaxStepTag(schedule);
+  if (max < scheduler::tags::kMaxStepTags) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the ", algorithm, " schedule in chunks of ", chunk_bytes, " bytes sends ", max + 1,
+      " messages between two nodes, more than the ", scheduler::tags::kMaxStepTags,
+      " a tag can number: split the operation into smaller ones"));
+}
 }  // namespace
 
 Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env)
     : Communicator(
           std::move(comm_id), std::move(job), std::move(env),
-          MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {}, nullptr}) {}
+          MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {}, nullptr, nullptr, {}}) {}
 
 Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net)
     : comm_id_(std::move(comm_id)),
@@ -30,8 +41,7 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
       env_(std::move(env)),
       multi_node_(net.layout.nnodes > 1),
       net_(std::move(net)),
-      local_ranks_(net_.layout.ranks_of_node[net_.my_node]),
-      comm_hash_(std::hash<std::string>{}(comm_id_)) {
+      local_ranks_(net_.layout.ranks_of_node[net_.my_node]) {
   members_.resize(local_ranks_.size());
   next_seq_.assign(local_ranks_.size(), 0);
   collective_exec_.on_done = [this] { OnCollectiveDone(absl::OkStatus()); };
@@ -365,6 +375,7 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
     if (schedule.ok()) {
       node_schedule_ = std::make_shared<const scheduler::NodeSchedule>(
           scheduler::Project(*schedule, net_.layout, shape, net_.my_node));
+      failure = CheckStepTags(*node_schedule_, scheduler::kAlgoDirect, env_.chunk_bytes);
     } else {
       failure = schedule.status();
     }
@@ -389,9 +400,12 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
       }
       node_schedule_ = std::make_shared<const scheduler::NodeSchedule>(
           scheduler::Project(*schedule, net_.layout, shape, net_.my_node));
-      schedule_cache_.emplace(key, node_schedule_);
       run_algorithm_ = schedule->algorithm.empty() ? algo : schedule->algorithm;
-      schedule_algorithm_[key] = run_algorithm_;
+      failure = CheckStepTags(*node_schedule_, run_algorithm_, chunk);
+      if (failure.ok()) {
+        schedule_cache_.emplace(key, node_schedule_);
+        schedule_algorithm_[key] = run_algorithm_;
+      }
     } else {
       failure = schedule.status();
     }
@@ -534,13 +548,24 @@ absl::StatusOr<uint64_t> Communicator::SubmitRemotePointToPointLocked(
     return absl::InternalError(absl::StrCat("no endpoint to node ", peer_node, " rail ", rail));
   }
   Channel& ch = channels_[{src, dst}];
+  if (ch.remote_in_flight >= scheduler::tags::kMaxP2pInFlight) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        scheduler::OpName(request->req.op), " of rank ", rank, " with rank ", peer,
+        " on communicator ", comm_id_, ": ", ch.remote_in_flight,
+        " sends/receives between them are already in flight, the most their tags can number"));
+  }
+  const size_t dst_node = static_cast<size_t>(net_.layout.node_of_rank[dst]);
+  if (dst_node >= net_.node_slots.size()) {
+    return absl::InternalError(absl::StrCat("no tag slot for node ", dst_node));
+  }
   auto op = std::make_shared<RemoteP2P>();
   op->seq = ch.matched++;  // each side numbers its own posts on the channel in FIFO order
   op->peer = peer;
-  // A tag namespace of its own (one hash bit flipped): never matches a collective's chunks.
+  op->channel = {src, dst};
+  ++ch.remote_in_flight;
+  // The receiving daemon's slot; the point-to-point layout never equals a collective tag.
   const transport::Tag tag =
-      scheduler::MakeTag(comm_hash_ ^ 0x8000, op->seq, net_.layout.node_of_rank[src],
-                         ((static_cast<uint64_t>(src) & 0xFFF) << 12) | (dst & 0xFFF));
+      scheduler::tags::PointToPointTag(net_.node_slots[dst_node], src, dst, op->seq);
   const uint64_t bytes = request->req.count * kernels::ElementSize(request->req.dtype);
   std::byte* data = is_send ? request->req.send : request->req.recv;
   std::weak_ptr<Communicator> weak = weak_from_this();
@@ -570,6 +595,7 @@ void Communicator::OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op,
     if (op->done) return;
     op->done = true;
     --remote_p2p_in_flight_;
+    --channels_[op->channel].remote_in_flight;
     env_.timer->Cancel(op->timer);
     absl::Status result = status;
     if (!status.ok()) {
@@ -754,7 +780,7 @@ void Communicator::Deliver(Outcomes& out) {
     p.dtype = node_dtype_;
     p.red_op = node_red_op_;
     p.nranks = static_cast<uint32_t>(nranks_);
-    p.comm_hash = comm_hash_;
+    p.node_slots = &net_.node_slots;
     p.seq = node_run_seq_;
     p.pool = env_.executor;
     node_run_.Start(p, [this](absl::Status s) { OnCollectiveDone(s); });

@@ -24,6 +24,7 @@
 #include "daemon/scheduler/node_executor.h"
 #include "daemon/scheduler/op.h"
 #include "daemon/scheduler/schedule.h"
+#include "daemon/scheduler/tags.h"
 #include "daemon/session/shm_segment.h"
 
 namespace railyard {
@@ -55,6 +56,10 @@ struct MultiNodeEnv {
   std::function<void(const absl::Status&)> notify_peers;
   // Picks algorithm and chunk size per operation shape (the coordinator's calibration).
   std::shared_ptr<scheduler::cost::Tuner> tuner;
+  // This daemon's slot in its tag namespace for the communicator (held as long as it lives), and
+  // every node's, by node index, from the layout (daemon/scheduler/tags.h).
+  std::shared_ptr<const scheduler::tags::Slot> tag_slot;
+  std::vector<uint16_t> node_slots;
 };
 
 // One rank's accepted submission, alive until its completion is posted.
@@ -161,6 +166,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::deque<DeadlineTimer::Id> recv_timers;
     uint64_t matched = 0;  // pairs matched so far: the next pair's sequence number
     bool executing = false;
+    uint64_t remote_in_flight = 0;  // posts to the transport not yet complete (other daemon)
   };
 
   // A matched send/recv pair being copied.
@@ -178,6 +184,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::unique_ptr<PendingRequest> request;
     uint64_t seq = 0;
     int peer = 0;
+    std::pair<int, int> channel;
     DeadlineTimer::Id timer = 0;
     bool done = false;
   };
@@ -244,7 +251,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const bool multi_node_;
   MultiNodeEnv net_;              // layout of a multi-node comm; trivial one-node layout otherwise
   std::vector<int> local_ranks_;  // global rank of each local index
-  const uint64_t comm_hash_;
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;

@@ -14,8 +14,6 @@
 namespace railyard {
 namespace {
 
-constexpr int kMaxRanks = 1 << 16;
-
 int WorkerThreads(int configured) {
   if (configured > 0) return configured;
   const unsigned hw = std::thread::hardware_concurrency();
@@ -199,9 +197,9 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
                                   const v1::InitCommRequest& req, InitDone done) {
   absl::StatusOr<CommId> id = ParseCommId(req.comm_id());
   if (!id.ok()) return id.status();
-  if (req.nranks() < 1 || req.nranks() > kMaxRanks) {
+  if (req.nranks() < 1 || req.nranks() > scheduler::tags::kMaxRanks) {
     return absl::InvalidArgumentError(
-        absl::StrCat("nranks ", req.nranks(), " not in [1, ", kMaxRanks, "]"));
+        absl::StrCat("nranks ", req.nranks(), " not in [1, ", scheduler::tags::kMaxRanks, "]"));
   }
   if (req.rank() < 0 || req.rank() >= req.nranks()) {
     return absl::InvalidArgumentError(
@@ -213,13 +211,29 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
         "comm id names coordinator ", id->coordinator, " but this daemon is ", coordinator_,
         " and has no --peer_listen: communicators spanning daemons need the peer service"));
   }
+  const auto key = std::make_pair(session->job(), req.comm_id());
+  std::shared_ptr<const scheduler::tags::Slot> slot;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
-    auto it = comms_.find({session->job(), req.comm_id()});
+    auto it = comms_.find(key);
     if (it != comms_.end() && !it->second->failed() && it->second->HasJoined(req.rank())) {
       return absl::AlreadyExistsError(
           absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
+    }
+    // The local ranks of one communicator share this daemon's tag slot for it.
+    if (transport_ != nullptr) {
+      std::weak_ptr<const scheduler::tags::Slot>& shared = bootstrap_slots_[key];
+      slot = shared.lock();
+      if (slot == nullptr) {
+        absl::StatusOr<std::shared_ptr<const scheduler::tags::Slot>> got = tag_slots_.Acquire();
+        if (!got.ok()) {
+          bootstrap_slots_.erase(key);
+          return got.status();
+        }
+        slot = *got;
+        shared = slot;
+      }
     }
   }
   const uint64_t handle = next_comm_handle_.fetch_add(1);
@@ -230,19 +244,35 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
   join.set_nranks(req.nranks());
   join.set_timeout_ms(req.timeout_ms());
   *join.mutable_node() = MyNodeInfo();
+  if (slot != nullptr) join.mutable_node()->set_tag_slot(slot->value());
   std::weak_ptr<Session> weak_session = session;
-  auto on_layout = [this, weak_session, req, handle,
+  auto on_layout = [this, key, weak_session, req, handle, slot,
                     done](const absl::StatusOr<v1::JoinCommResponse>& layout) {
-    OnLayout(weak_session, req, handle, layout, done);
+    {
+      // The layout is out: the communicator (or nothing) holds the slot from now on.
+      absl::MutexLock lock(&mu_);
+      bootstrap_slots_.erase(key);
+    }
+    OnLayout(weak_session, req, handle, slot, layout, done);
   };
-  if (local_coordinator) return CoordinateJoin(join, std::move(on_layout));
-  peers_.JoinComm(id->coordinator, join, JoinTimeout(req.timeout_ms()) + absl::Seconds(5),
-                  std::move(on_layout));
-  return absl::OkStatus();
+  if (!local_coordinator) {
+    peers_.JoinComm(id->coordinator, join, JoinTimeout(req.timeout_ms()) + absl::Seconds(5),
+                    std::move(on_layout));
+    return absl::OkStatus();
+  }
+  absl::Status s = CoordinateJoin(join, std::move(on_layout));
+  if (!s.ok()) {
+    slot.reset();
+    absl::MutexLock lock(&mu_);
+    auto it = bootstrap_slots_.find(key);
+    if (it != bootstrap_slots_.end() && it->second.expired()) bootstrap_slots_.erase(it);
+  }
+  return s;
 }
 
 void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
                           const v1::InitCommRequest& req, uint64_t handle,
+                          std::shared_ptr<const scheduler::tags::Slot> slot,
                           const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done) {
   std::shared_ptr<Session> session = weak_session.lock();
   if (session == nullptr) {
@@ -264,6 +294,12 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
     done(absl::InternalError("the coordinator's layout does not include this daemon"), handle);
     return;
   }
+  const int nnodes = layout->nodes_size();
+  const auto key = std::make_pair(session->job(), req.comm_id());
+  auto join = [this, weak_session, req, handle, nnodes,
+               done](const absl::StatusOr<std::shared_ptr<Communicator>>& comm) {
+    JoinBuilt(weak_session, req, handle, nnodes, comm, done);
+  };
   std::shared_ptr<Communicator> comm;
   {
     absl::MutexLock lock(&mu_);
@@ -271,37 +307,67 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
       done(absl::UnavailableError("railyardd is shutting down"), handle);
       return;
     }
-    auto key = std::make_pair(session->job(), req.comm_id());
     auto it = comms_.find(key);
     if (it != comms_.end() && it->second->failed()) {
       // A failed communicator is never revived: a new one takes over its id.
       comms_.erase(it);
       it = comms_.end();
     }
-    if (it != comms_.end() && it->second->nranks() != req.nranks()) {
-      done(absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
-                                                   it->second->nranks(), " ranks, rank ",
-                                                   req.rank(), " asked for ", req.nranks())),
-           handle);
-      return;
-    }
     if (it != comms_.end()) {
       comm = it->second;
+    } else if (auto b = building_.find(key); b != building_.end()) {
+      b->second.push_back(std::move(join));  // another local rank is building it
+      return;
     } else {
-      const CommEnv env = MakeCommEnv();
-      if (layout->nodes_size() == 1) {
-        comm = std::make_shared<Communicator>(req.comm_id(), session->job(), req.nranks(), env);
-      } else {
-        absl::StatusOr<std::shared_ptr<Communicator>> made =
-            MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node);
-        if (!made.ok()) {
-          done(made.status(), handle);
-          return;
-        }
-        comm = *made;
-      }
-      comms_.emplace(key, comm);
+      building_[key];
     }
+  }
+  if (comm != nullptr) {
+    join(comm);
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Communicator>> made;
+  if (nnodes == 1) {
+    made = std::make_shared<Communicator>(req.comm_id(), session->job(), req.nranks(),
+                                          MakeCommEnv());
+  } else {
+    made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot));
+  }
+  std::vector<BuiltFn> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    if (made.ok() && shutting_down_) made = absl::UnavailableError("railyardd is shutting down");
+    if (made.ok()) comms_[key] = *made;
+    auto b = building_.find(key);
+    if (b != building_.end()) {
+      waiters = std::move(b->second);
+      building_.erase(b);
+    }
+  }
+  join(made);
+  for (auto& w : waiters) w(made);
+}
+
+void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
+                           const v1::InitCommRequest& req, uint64_t handle, int nnodes,
+                           const absl::StatusOr<std::shared_ptr<Communicator>>& made,
+                           InitDone done) {
+  if (!made.ok()) {
+    done(made.status(), handle);
+    return;
+  }
+  std::shared_ptr<Session> session = weak_session.lock();
+  if (session == nullptr) {
+    done(absl::CancelledError("the session ended while joining"), handle);
+    return;
+  }
+  const std::shared_ptr<Communicator>& comm = *made;
+  if (comm->nranks() != req.nranks()) {
+    done(absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
+                                                 comm->nranks(), " ranks, rank ", req.rank(),
+                                                 " asked for ", req.nranks())),
+         handle);
+    return;
   }
   if (absl::Status s = session->AddMembership(handle, {comm, req.rank()}); !s.ok()) {
     done(s, handle);
@@ -324,16 +390,29 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
   }
   Log(LogLevel::kDebug, "comm", "rank joined",
       {F("comm", req.comm_id()), F("rank", req.rank()), F("nranks", req.nranks()),
-       F("nodes", layout->nodes_size())});
+       F("nodes", nnodes)});
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
     const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
-    int my_node) {
-  if (transport_ == nullptr) {
+    int my_node, std::shared_ptr<const scheduler::tags::Slot> slot) {
+  if (transport_ == nullptr || slot == nullptr) {
     return absl::FailedPreconditionError("this daemon has no transport (--peer_listen unset)");
   }
   MultiNodeEnv net;
+  for (const v1::NodeInfo& node : layout.nodes()) {
+    if (!node.has_tag_slot()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("node ", node.node_name(), " of the layout announced no tag slot"));
+    }
+    net.node_slots.push_back(static_cast<uint16_t>(node.tag_slot()));
+  }
+  if (net.node_slots[my_node] != slot->value()) {
+    return absl::InternalError(absl::StrCat("the coordinator's layout gives this daemon tag slot ",
+                                            net.node_slots[my_node], ", it announced ",
+                                            slot->value()));
+  }
+  net.tag_slot = std::move(slot);
   const int rails = std::max(1, std::min(layout.rails(), transport_->num_rails()));
   net.layout = scheduler::CommLayout::FromNodeOfRank(
       std::vector<int>(layout.node_of_rank().begin(), layout.node_of_rank().end()), rails);

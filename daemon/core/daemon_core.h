@@ -23,6 +23,7 @@
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/comm/peer_client.h"
 #include "daemon/scheduler/executor.h"
+#include "daemon/scheduler/tags.h"
 #include "daemon/session/session.h"
 #include "daemon/transport/transport.h"
 #include "railyard/v1/admin.pb.h"
@@ -107,11 +108,18 @@ class DaemonCore {
   // A join's wait for the other ranks: the request's, else --init_timeout.
   absl::Duration JoinTimeout(uint32_t timeout_ms) const;
   // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
+  // Builds the communicator outside mu_ (UCX connects may take --peer_timeout per peer and
+  // rail): the first rank to get the layout builds it, the others wait for it without blocking.
   void OnLayout(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
-                uint64_t handle, const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done);
+                uint64_t handle, std::shared_ptr<const scheduler::tags::Slot> slot,
+                const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done);
+  // Joins the rank to the communicator built (or found) for its layout.
+  void JoinBuilt(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
+                 uint64_t handle, int nnodes,
+                 const absl::StatusOr<std::shared_ptr<Communicator>>& comm, InitDone done);
   absl::StatusOr<std::shared_ptr<Communicator>> MakeMultiNodeComm(
       const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
-      int my_node);
+      int my_node, std::shared_ptr<const scheduler::tags::Slot> slot);
   void HeartbeatTick();
   // Reads <state_dir>/calibration.json at start (defaults when absent or unreadable).
   void LoadCalibrationAtStart();
@@ -152,6 +160,15 @@ class DaemonCore {
   // (job, comm id) -> communicator
   std::map<std::pair<std::string, std::string>, std::shared_ptr<Communicator>> comms_
       ABSL_GUARDED_BY(mu_);
+  // Communicators being built (outside mu_): the joins of other local ranks waiting for them.
+  using BuiltFn = std::function<void(const absl::StatusOr<std::shared_ptr<Communicator>>&)>;
+  std::map<std::pair<std::string, std::string>, std::vector<BuiltFn>> building_
+      ABSL_GUARDED_BY(mu_);
+  // The tag namespace of this daemon's multi-node communicators (daemon/scheduler/tags.h), and
+  // the slots of communicators still bootstrapping, shared by their local ranks.
+  scheduler::tags::TagSlotTable tag_slots_;
+  std::map<std::pair<std::string, std::string>, std::weak_ptr<const scheduler::tags::Slot>>
+      bootstrap_slots_ ABSL_GUARDED_BY(mu_);
   uint64_t retired_ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t retired_ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   // Last time each peer daemon (by address) answered a heartbeat.

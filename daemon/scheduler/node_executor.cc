@@ -1,13 +1,20 @@
 #include "daemon/scheduler/node_executor.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce.h"
 
 namespace railyard::scheduler {
 
-transport::Tag MakeTag(uint64_t comm_hash, uint64_t seq, int sender_node, uint64_t step_tag) {
-  return ((comm_hash & 0xFFFF) << 48) | ((seq & 0xFFF) << 36) |
-         ((static_cast<uint64_t>(sender_node) & 0xFFF) << 24) | (step_tag & 0xFFFFFF);
+uint64_t MaxStepTag(const NodeSchedule& schedule) {
+  uint64_t max = 0;
+  for (const NodeStep& s : schedule.steps) {
+    if (s.kind == NodeStep::Kind::kSend || s.kind == NodeStep::Kind::kRecv) {
+      max = std::max(max, s.tag);
+    }
+  }
+  return max;
 }
 
 std::byte* NodeRun::Resolve(const RankRef& ref) const {
@@ -81,16 +88,19 @@ void NodeRun::Ready(uint32_t i) {
           static_cast<size_t>(s.rail) < eps[s.peer].size()) {
         ep = eps[s.peer][s.rail].get();
       }
-      if (ep == nullptr) {
+      const std::vector<uint16_t>& slots = *p_.node_slots;
+      const int me = p_.schedule->node;
+      if (ep == nullptr || static_cast<size_t>(s.peer) >= slots.size() ||
+          static_cast<size_t>(me) >= slots.size()) {
         Finished(
             i, absl::InternalError(absl::StrCat("no endpoint to node ", s.peer, " rail ", s.rail)));
         return;
       }
       if (s.kind == NodeStep::Kind::kSend) {
-        const transport::Tag tag = MakeTag(p_.comm_hash, p_.seq, p_.schedule->node, s.tag);
+        const transport::Tag tag = tags::CollectiveTag(slots[s.peer], me, p_.seq, s.tag);
         ep->Send(tag, Resolve(s.src), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
       } else {
-        const transport::Tag tag = MakeTag(p_.comm_hash, p_.seq, s.peer, s.tag);
+        const transport::Tag tag = tags::CollectiveTag(slots[me], s.peer, p_.seq, s.tag);
         ep->Recv(tag, Resolve(s.dst), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
       }
       return;

@@ -14,6 +14,7 @@
 #include "daemon/kernels/types.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/schedule.h"
+#include "daemon/scheduler/tags.h"
 #include "daemon/transport/transport.h"
 
 namespace railyard::scheduler {
@@ -29,10 +30,9 @@ struct RankMemory {
 // Endpoints to the other daemons of a communicator: endpoints[node][rail]; null for this node.
 using EndpointTable = std::vector<std::vector<std::shared_ptr<transport::Endpoint>>>;
 
-// Packs a transport tag: 16 bits of communicator hash, 12 bits of sequence number, 12 bits of
-// sending node, 24 bits of the schedule's step tag. Unique among what is in flight to one rail
-// worker because operations of a communicator run one at a time.
-transport::Tag MakeTag(uint64_t comm_hash, uint64_t seq, int sender_node, uint64_t step_tag);
+// The largest per node pair step tag of a schedule (tags.h bounds it by kMaxStepTags), 0 if
+// it sends nothing.
+uint64_t MaxStepTag(const NodeSchedule& schedule);
 
 class NodeRun {
  public:
@@ -43,7 +43,9 @@ class NodeRun {
     kernels::DataType dtype = kernels::DataType::kFloat32;
     kernels::RedOp red_op = kernels::RedOp::kSum;
     uint32_t nranks = 1;  // avg divisor
-    uint64_t comm_hash = 0;
+    // The tag slot each node's daemon gave this communicator (tags.h), by node index: messages
+    // to node n are tagged with node_slots[n], receives with this node's.
+    const std::vector<uint16_t>* node_slots = nullptr;
     uint64_t seq = 0;
     Executor* pool = nullptr;
   };
