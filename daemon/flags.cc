@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/util/log.h"
 
 ABSL_FLAG(std::string, socket, "/run/railyard/railyard.sock",
@@ -21,7 +22,8 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, topology, "",
           "JSON file describing this node's rails (docs/topology.md); default: one rail");
 ABSL_FLAG(std::string, algo, "",
-          "Default algorithm when a request forces none: ring, tree, rhd, hier, direct");
+          "Default algorithm when a request forces none: local (one node), ring, tree, rhd, "
+          "direct, hier, torus; empty: the tuner's choice");
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
           "A peer daemon silent this long fails the communicators it shares with this one");
 ABSL_FLAG(std::string, job_tokens, "",
@@ -81,9 +83,9 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.job_tokens_file = absl::GetFlag(FLAGS_job_tokens);
   c.topology_file = absl::GetFlag(FLAGS_topology);
   c.algo = absl::GetFlag(FLAGS_algo);
-  if (!c.algo.empty() && c.algo != "ring" && c.algo != "tree" && c.algo != "rhd" &&
-      c.algo != "hier" && c.algo != "direct") {
-    return absl::InvalidArgumentError("--algo must be ring, tree, rhd, hier or direct");
+  if (!c.algo.empty() && !scheduler::algorithms::IsAlgorithmName(c.algo)) {
+    return absl::InvalidArgumentError(absl::StrCat("--algo '", c.algo, "' is not one of ",
+                                                   scheduler::algorithms::AlgorithmNames()));
   }
   c.peer_timeout = absl::GetFlag(FLAGS_peer_timeout);
   if (c.peer_timeout <= absl::ZeroDuration() || c.peer_timeout > absl::Minutes(10)) {

@@ -4,7 +4,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "daemon/util/log.h"
-#include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/local_plan.h"
 #include "daemon/session/session.h"
 
@@ -17,22 +16,13 @@ namespace {
 // for a reason other than a dead peer.
 constexpr absl::Duration kTransferGrace = absl::Seconds(2);
 
-// A schedule must number its messages between two nodes within the tag's step field.
-absl::Status CheckStepTags(const scheduler::NodeSchedule& schedule, const std::string& algorithm,
-                           size_t chunk_bytes) {
-  const uint64_t max = scheduler::MaxStepTag(schedule);
-  if (max < scheduler::tags::kMaxStepTags) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the ", algorithm, " schedule in chunks of ", chunk_bytes, " bytes sends ", max + 1,
-      " messages between two nodes, more than the ", scheduler::tags::kMaxStepTags,
-      " a tag can number: split the operation into smaller ones"));
-}
 }  // namespace
 
-Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env)
-    : Communicator(
-          std::move(comm_id), std::move(job), std::move(env),
-          MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {}, nullptr, nullptr, {}}) {}
+Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env,
+                           std::shared_ptr<scheduler::cost::Tuner> tuner)
+    : Communicator(std::move(comm_id), std::move(job), std::move(env),
+                   MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {},
+                                std::move(tuner), nullptr, {}}) {}
 
 Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net)
     : comm_id_(std::move(comm_id)),
@@ -41,7 +31,8 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
       env_(std::move(env)),
       multi_node_(net.layout.nnodes > 1),
       net_(std::move(net)),
-      local_ranks_(net_.layout.ranks_of_node[net_.my_node]) {
+      local_ranks_(net_.layout.ranks_of_node[net_.my_node]),
+      planner_(net_.layout, net_.my_node, net_.tuner, env_.default_algo, env_.chunk_bytes) {
   members_.resize(local_ranks_.size());
   next_seq_.assign(local_ranks_.size(), 0);
   collective_exec_.on_done = [this] { OnCollectiveDone(absl::OkStatus()); };
@@ -210,25 +201,52 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
   while (!collective_running_ && state_ != State::kFailed && !slots_.empty() &&
          slots_.front().merge.complete()) {
     SeqSlot& slot = slots_.front();
-    if (multi_node_) {
-      if (!PrepareNodeRunLocked(out)) continue;  // the op failed here and was completed
+    const scheduler::RankRequest& r0 = slot.requests[0]->req;
+    // One path for one node and many: forced algorithm or tuner, then a local plan or a schedule.
+    absl::StatusOr<PlannedOp> plan = planner_.Plan(slot.merge.requests());
+    if (!plan.ok()) {
+      // Every daemon derives the same outcome from the same inputs: failing here is consistent.
+      const absl::Status why(plan.status().code(),
+                             absl::StrCat(scheduler::OpName(r0.op), " seq ", base_seq_,
+                                          " on communicator ", comm_id_, ": ",
+                                          plan.status().message()));
+      for (auto& r : slot.requests) out->completions.push_back({std::move(r), why, base_seq_});
+      ++ops_failed_;
+      slots_.pop_front();
+      ++base_seq_;
+      continue;
+    }
+    run_started_ = absl::Now();
+    run_algorithm_ = plan->algorithm;
+    if (env_.metrics != nullptr && plan->predicted_s >= 0) {
+      scheduler::OpShape shape;
+      shape.op = r0.op;
+      shape.dtype = r0.dtype;
+      shape.count = r0.count;
+      env_.metrics->SetModelPrediction(
+          std::string(scheduler::OpName(r0.op)), plan->algorithm,
+          static_cast<uint64_t>(scheduler::cost::PrimerBytes(shape, nranks_)), job_,
+          plan->predicted_s);
+    }
+    if (!plan->local()) {
+      collective_exec_.plan.Clear();  // bytes_moved counts local plans only
+      PrepareNodeRunLocked(*plan);
       collective_running_ = true;
-      run_started_ = absl::Now();
       running_self_ = shared_from_this();
       out->start_node_run = true;
-      // A running operation waits on other daemons, which may never send (their ranks
-      // submitted something else, or stalled): bound it like everything else.
-      std::weak_ptr<Communicator> weak = weak_from_this();
-      const uint64_t seq = base_seq_;
-      const absl::Duration limit = TimeoutOf(*slot.requests[0]);
-      run_timer_ = env_.timer->Schedule(absl::Now() + limit, [weak, seq, limit] {
-        if (auto self = weak.lock()) self->OnRunDeadline(seq, limit);
-      });
+      if (multi_node_) {
+        // A running operation waits on other daemons, which may never send (their ranks
+        // submitted something else, or stalled): bound it like everything else.
+        std::weak_ptr<Communicator> weak = weak_from_this();
+        const uint64_t seq = base_seq_;
+        const absl::Duration limit = TimeoutOf(*slot.requests[0]);
+        run_timer_ = env_.timer->Schedule(absl::Now() + limit, [weak, seq, limit] {
+          if (auto self = weak.lock()) self->OnRunDeadline(seq, limit);
+        });
+      }
       return;
     }
-    scheduler::BuildLocalPlan(slot.merge.requests(), env_.chunk_bytes, &collective_exec_.plan);
-    run_started_ = absl::Now();
-    run_algorithm_ = "local";
+    scheduler::BuildLocalPlan(slot.merge.requests(), plan->chunk_bytes, &collective_exec_.plan);
     if (!collective_exec_.plan.steps.empty()) {
       collective_running_ = true;
       running_self_ = shared_from_this();
@@ -271,7 +289,7 @@ void Communicator::OnCollectiveDone(const absl::Status& status) {
     for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, base_seq_});
     if (status.ok()) {
       ++ops_completed_;
-      bytes_moved_ += multi_node_ ? 0 : collective_exec_.plan.bytes_moved;
+      bytes_moved_ += collective_exec_.plan.bytes_moved;
     } else {
       ++ops_failed_;
     }
@@ -303,124 +321,9 @@ void Communicator::RecordCollectiveLocked(const absl::Status& status) {
       {op, run_algorithm_, job_, bytes, nranks_, absl::Now() - run_started_});
 }
 
-bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
-  SeqSlot& slot = slots_.front();
-  const scheduler::RankRequest& r0 = slot.requests[0]->req;
-  scheduler::OpShape shape;
-  shape.op = r0.op;
-  shape.dtype = r0.dtype;
-  shape.red_op = r0.red_op;
-  shape.count = r0.count;
-  shape.root = r0.root;
-  // A forced algorithm (RAILYARD_ALGO, --algo) applies where it implements the op, like
-  // NCCL_ALGO; elsewhere the tuner picks the cheapest by the cost model. Every daemon of the
-  // comm tunes with the coordinator's calibration, so all pick the same algorithm and chunk.
-  absl::Status failure;
-  std::string algo = !r0.algo.empty() ? r0.algo : env_.default_algo;
-  const auto* info = scheduler::algorithms::FindAlgorithm(algo);
-  const bool forced = info != nullptr && scheduler::algorithms::Implements(*info, r0.op);
-  size_t chunk = env_.chunk_bytes;
-  std::string fallback = algo;
-  size_t fallback_chunk = chunk;
-  double predicted_s = -1;
-  if (r0.op != OpKind::kAllToAllv) {
-    absl::StatusOr<std::shared_ptr<const scheduler::cost::Choice>> choice =
-        net_.tuner != nullptr ? net_.tuner->Choose(shape)
-                              : absl::FailedPreconditionError("communicator has no tuner");
-    if (choice.ok()) {
-      const scheduler::cost::Choice& c = **choice;
-      fallback = c.algorithm;
-      fallback_chunk = c.chunk_bytes;
-      for (const scheduler::cost::Candidate& k : c.candidates) {
-        if (k.generator == (forced ? algo : c.algorithm)) {
-          predicted_s = k.time_s() + c.op_overhead_s;
-        }
-      }
-      if (!forced) {
-        algo = fallback;
-        chunk = fallback_chunk;
-      }
-    } else if (!forced) {
-      failure = choice.status();
-    }
-  }
-  if (env_.metrics != nullptr && predicted_s >= 0) {
-    env_.metrics->SetModelPrediction(
-        std::string(scheduler::OpName(r0.op)), algo,
-        static_cast<uint64_t>(scheduler::cost::PrimerBytes(shape, nranks_)), job_, predicted_s);
-  }
-  const std::string key =
-      absl::StrCat(algo, "|", chunk, "|", static_cast<int>(r0.op), "|", static_cast<int>(r0.dtype),
-                   "|", static_cast<int>(r0.red_op), "|", r0.count, "|", r0.root);
-  if (r0.op == OpKind::kAllToAllv) {
-    // Each daemon knows the rows (send counts) and columns (recv counts) of its own ranks: every
-    // block to or from them. That is all the direct algorithm needs to derive this node's steps
-    // and the same tags as its peers; blocks between two other nodes are left 0 here.
-    const int n = nranks_;
-    shape.a2av_counts.assign(static_cast<size_t>(n) * n, 0);
-    shape.a2av_send_displs.assign(static_cast<size_t>(n) * n, 0);
-    shape.a2av_recv_displs.assign(static_cast<size_t>(n) * n, 0);
-    for (size_t li = 0; li < local_ranks_.size(); ++li) {
-      const size_t g = static_cast<size_t>(local_ranks_[li]);
-      const scheduler::RankRequest& q = slot.requests[li]->req;
-      for (size_t j = 0; j < static_cast<size_t>(n); ++j) {
-        shape.a2av_counts[g * n + j] = q.send_counts[j];
-        shape.a2av_counts[j * n + g] = q.recv_counts[j];
-        shape.a2av_send_displs[g * n + j] = q.send_displs[j];
-        shape.a2av_recv_displs[g * n + j] = q.recv_displs[j];
-      }
-    }
-    absl::StatusOr<scheduler::RankSchedule> schedule =
-        scheduler::Generate(scheduler::kAlgoDirect, shape, net_.layout, env_.chunk_bytes);
-    if (schedule.ok()) {
-      node_schedule_ = std::make_shared<const scheduler::NodeSchedule>(
-          scheduler::Project(*schedule, net_.layout, shape, net_.my_node));
-      failure = CheckStepTags(*node_schedule_, scheduler::kAlgoDirect, env_.chunk_bytes);
-    } else {
-      failure = schedule.status();
-    }
-    run_algorithm_ = scheduler::kAlgoDirect;
-  } else if (!failure.ok()) {
-    // The tuner found nothing to run: reported below, the same on every daemon.
-  } else if (auto it = schedule_cache_.find(key); it != schedule_cache_.end()) {
-    node_schedule_ = it->second;
-    run_algorithm_ = schedule_algorithm_[key];
-  } else {
-    absl::StatusOr<scheduler::RankSchedule> schedule =
-        scheduler::Generate(algo, shape, net_.layout, chunk);
-    if (!schedule.ok() && algo != fallback) {
-      // A forced algorithm that does not fit this layout (hier on uneven nodes): the tuner's.
-      algo = fallback;
-      schedule = scheduler::Generate(fallback, shape, net_.layout, fallback_chunk);
-    }
-    if (schedule.ok()) {
-      if (schedule_cache_.size() >= 64) {  // bounded; shapes repeat
-        schedule_cache_.clear();
-        schedule_algorithm_.clear();
-      }
-      node_schedule_ = std::make_shared<const scheduler::NodeSchedule>(
-          scheduler::Project(*schedule, net_.layout, shape, net_.my_node));
-      run_algorithm_ = schedule->algorithm.empty() ? algo : schedule->algorithm;
-      failure = CheckStepTags(*node_schedule_, run_algorithm_, chunk);
-      if (failure.ok()) {
-        schedule_cache_.emplace(key, node_schedule_);
-        schedule_algorithm_[key] = run_algorithm_;
-      }
-    } else {
-      failure = schedule.status();
-    }
-  }
-  if (!failure.ok()) {
-    // Every daemon derives the same outcome from the same inputs: failing here is consistent.
-    const absl::Status why(failure.code(),
-                           absl::StrCat(scheduler::OpName(r0.op), " seq ", base_seq_,
-                                        " on communicator ", comm_id_, ": ", failure.message()));
-    for (auto& r : slot.requests) out->completions.push_back({std::move(r), why, base_seq_});
-    ++ops_failed_;
-    slots_.pop_front();
-    ++base_seq_;
-    return false;
-  }
+void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
+  const SeqSlot& slot = slots_.front();
+  node_schedule_ = plan.schedule;
   const uint64_t per_rank = node_schedule_->scratch_bytes_per_rank;
   const size_t need = per_rank * local_ranks_.size();
   if (scratch_.size() < need) scratch_.resize(need);  // grows once per larger shape, then reused
@@ -433,10 +336,9 @@ bool Communicator::PrepareNodeRunLocked(Outcomes* out) {
     node_memory_.recv[g] = slot.requests[li]->req.recv;
     node_memory_.scratch[g] = scratch_.data() + li * per_rank;
   }
-  node_dtype_ = r0.dtype;
-  node_red_op_ = r0.red_op;
+  node_dtype_ = slot.requests[0]->req.dtype;
+  node_red_op_ = slot.requests[0]->req.red_op;
   node_run_seq_ = base_seq_;
-  return true;
 }
 
 void Communicator::OnOpDeadline(uint64_t seq) {

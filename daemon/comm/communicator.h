@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/comm/op_planner.h"
 #include "daemon/util/deadline_timer.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/cost/tuner.h"
@@ -94,8 +95,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   using JoinDone = std::function<void(const absl::Status&)>;
 
-  // A communicator whose ranks all live on this daemon.
-  Communicator(std::string comm_id, std::string job, int nranks, CommEnv env);
+  // A communicator whose ranks all live on this daemon; tuner: its one-node cost model (null:
+  // the local plan unless an algorithm is forced).
+  Communicator(std::string comm_id, std::string job, int nranks, CommEnv env,
+               std::shared_ptr<scheduler::cost::Tuner> tuner = nullptr);
   // A communicator spanning several daemons; this daemon holds the ranks of node net.my_node.
   Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net);
   ~Communicator();
@@ -129,8 +132,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool failed() const;
   bool all_left() const;
   bool multi_node() const { return multi_node_; }
-  // Multi-node only (null otherwise): the tuner and layout operations are chosen with, and the
-  // algorithm --algo forces (empty: none), for railctl explain.
+  // The tuner and layout operations are chosen with (the tuner is null for a one-node
+  // communicator made without one), and the algorithm --algo forces (empty: none), for railctl
+  // explain.
   const std::shared_ptr<scheduler::cost::Tuner>& tuner() const { return net_.tuner; }
   const scheduler::CommLayout& layout() const { return net_.layout; }
   const std::string& forced_algorithm() const { return env_.default_algo; }
@@ -223,9 +227,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void OnRunDeadline(uint64_t seq, absl::Duration limit);
   // Local index of a global rank of this node, or -1.
   int LocalIndex(int rank) const;
-  // Builds the NodeSchedule of the front slot; false (with the op failed in out) when the
-  // algorithm cannot run it.
-  bool PrepareNodeRunLocked(Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Points node_run_'s memory at the front slot's buffers for the planned schedule.
+  void PrepareNodeRunLocked(const PlannedOp& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnPointToPointDone(P2PRun* run);
   void OnOpDeadline(uint64_t seq);
   void OnP2PDeadline(std::pair<int, int> key, bool send_side);
@@ -251,6 +254,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const bool multi_node_;
   MultiNodeEnv net_;              // layout of a multi-node comm; trivial one-node layout otherwise
   std::vector<int> local_ranks_;  // global rank of each local index
+  // Chooses and caches what runs each collective (tuner, forced algorithm, schedule cache).
+  OpPlanner planner_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
@@ -266,12 +271,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool collective_running_ ABSL_GUARDED_BY(mu_) = false;
   scheduler::Execution collective_exec_;  // owned by the running collective while it runs
   std::shared_ptr<Communicator> running_self_ ABSL_GUARDED_BY(mu_);
-  // Multi-node collectives: the front slot's schedule, memory and run (reused). Schedules are
-  // cached by shape: generating one costs O(ranks x chunks), far more than a training step's
-  // repeated collectives can afford.
+  // Collectives run by schedule: the front slot's schedule (cached by the planner), memory and
+  // run (reused).
   std::shared_ptr<const scheduler::NodeSchedule> node_schedule_;
-  std::map<std::string, std::shared_ptr<const scheduler::NodeSchedule>> schedule_cache_;
-  std::map<std::string, std::string> schedule_algorithm_;  // by cache key: what generated it
   scheduler::RankMemory node_memory_;
   std::vector<std::byte> scratch_;  // per-rank scratch, grown when a schedule needs more
   scheduler::NodeRun node_run_;

@@ -328,8 +328,9 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
   }
   absl::StatusOr<std::shared_ptr<Communicator>> made;
   if (nnodes == 1) {
-    made = std::make_shared<Communicator>(req.comm_id(), session->job(), req.nranks(),
-                                          MakeCommEnv());
+    made = std::make_shared<Communicator>(
+        req.comm_id(), session->job(), req.nranks(), MakeCommEnv(),
+        MakeTuner(scheduler::CommLayout::Uniform(1, req.nranks(), 1), CostModel()));
   } else {
     made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot));
   }

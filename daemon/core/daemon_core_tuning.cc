@@ -110,10 +110,9 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
     }
     comm = multi[0];
   }
-  if (!comm->multi_node() || comm->tuner() == nullptr) {
+  if (comm->tuner() == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("communicator ", comm->comm_id(),
-                     " spans one node: its operations are memory-only plans, not tuned"));
+        absl::StrCat("communicator ", comm->comm_id(), " has no tuner"));
   }
   const int n = comm->nranks();
   const uint64_t esize = kernels::ElementSize(dtype);
@@ -166,8 +165,7 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
   out.mutable_cost_model()->set_inter_beta_bytes_per_s(fabric.inter.beta_bytes_per_s);
   out.mutable_cost_model()->set_overhead_s(fabric.overhead_s);
   const std::string& forced = comm->forced_algorithm();
-  const auto* info = scheduler::algorithms::FindAlgorithm(forced);
-  if (info != nullptr && scheduler::algorithms::Implements(*info, op)) {
+  if (OpPlanner::Forces(forced, op, comm->layout().nnodes == 1)) {
     out.set_forced(forced);
     out.set_chosen(forced);
     absl::StrAppend(out.mutable_reason(), "; but --algo/RAILYARD_ALGO forces ", forced);

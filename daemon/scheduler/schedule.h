@@ -146,6 +146,9 @@ inline constexpr const char* kAlgoRhd = "rhd";    // recursive halving-doubling
 inline constexpr const char* kAlgoHier = "hier";  // hierarchical rail-aligned
 inline constexpr const char* kAlgoDirect = "direct";
 inline constexpr const char* kAlgoTorus = "torus";  // dimension-ordered rings on a torus
+// Not a schedule: the one-node lowering to single-pass multi-input kernels (local_plan.h), which
+// the tuner picks on one node and RAILYARD_ALGO=local forces there.
+inline constexpr const char* kAlgoLocal = "local";
 
 // Builds the rank schedule of `algo` for shape on layout, pipelined in chunks of chunk_bytes
 // (0: unchunked). INVALID_ARGUMENT when the algorithm does not implement the op (e.g. rhd for

@@ -1,6 +1,7 @@
 #include "daemon/services/request_decode.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
 
 namespace railyard {
 
@@ -105,8 +106,7 @@ bool FromProto(v1::CollectiveOp in, OpKind* out) {
 }
 
 bool ValidAlgo(absl::string_view algo) {
-  return algo.empty() || algo == "ring" || algo == "tree" || algo == "rhd" || algo == "hier" ||
-         algo == "direct";
+  return algo.empty() || scheduler::algorithms::IsAlgorithmName(algo);
 }
 
 namespace {
@@ -157,7 +157,7 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
   }
   if (!ValidAlgo(in.algo())) {
     return absl::InvalidArgumentError(absl::StrCat("unknown algo '", in.algo().substr(0, 32),
-                                                   "' (expected ring|tree|rhd|hier|direct)"));
+                                                   "' (expected ", scheduler::algorithms::AlgorithmNames(), ")"));
   }
   r.algo = in.algo();
   r.count = in.count();

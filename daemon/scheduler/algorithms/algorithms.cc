@@ -61,6 +61,16 @@ const AlgorithmInfo* FindAlgorithm(absl::string_view name) {
   return nullptr;
 }
 
+bool IsAlgorithmName(absl::string_view name) {
+  return name == kAlgoLocal || FindAlgorithm(name) != nullptr;
+}
+
+std::string AlgorithmNames() {
+  std::vector<std::string> names = {kAlgoLocal};
+  for (const AlgorithmInfo& a : AlgorithmTable()) names.emplace_back(a.name);
+  return absl::StrJoin(names, "|");
+}
+
 std::string AlgorithmsFor(OpKind op) {
   std::vector<std::string> names;
   for (const AlgorithmInfo& a : AlgorithmTable()) {

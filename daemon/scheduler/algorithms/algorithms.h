@@ -30,5 +30,9 @@ const AlgorithmInfo* FindAlgorithm(absl::string_view name);
 inline bool Implements(const AlgorithmInfo& algo, OpKind op) { return (algo.ops & OpBit(op)) != 0; }
 // Names of the algorithms implementing op, comma separated ("direct, hier").
 std::string AlgorithmsFor(OpKind op);
+// True for the names RAILYARD_ALGO and --algo take: the table's and "local" (kAlgoLocal).
+bool IsAlgorithmName(absl::string_view name);
+// Those names, '|' separated, for messages ("local|ring|tree|...").
+std::string AlgorithmNames();
 
 }  // namespace railyard::scheduler::algorithms

@@ -71,6 +71,24 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
   }
   const uint64_t msg_bytes = shape.count * kernels::ElementSize(shape.dtype);
   std::vector<Candidate> candidates;
+  // One node: the daemon lowers the op to its single-pass multi-input kernels ("local"), which
+  // read every input once and write every output once. A schedule on one node makes a pass
+  // through memory per step, which the link model of the fabric does not see, so local is the
+  // choice and the schedules are listed with their closed forms only (and cost no simulation).
+  const bool one_node = layout.nnodes <= 1 && !IsPointToPoint(shape.op);
+  if (one_node) {
+    Candidate c;
+    c.name = kAlgoLocal;
+    c.generator = kAlgoLocal;
+    c.has_closed_form = true;
+    c.closed_form.algorithm = kAlgoLocal;
+    c.closed_form.latency_s = fabric.intra.alpha_s;
+    c.closed_form.bandwidth_s =
+        fabric.intra.beta_bytes_per_s > 0 ? m / fabric.intra.beta_bytes_per_s : 0;
+    c.closed_form.formula = "alpha_intra + M / beta_intra (one pass over the ranks' buffers)";
+    c.note = "single-pass multi-input kernels; the tuner's choice on one node";
+    candidates.push_back(std::move(c));
+  }
   for (const ModelAlgo& a : kModelAlgos) {
     Candidate c;
     c.name = a.name;
@@ -85,7 +103,10 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
     const bool executable = info != nullptr && algorithms::Implements(*info, shape.op);
     if (executable) c.generator = a.generator;
     if (!executable && !(options.include_modelled && c.has_closed_form)) continue;
-    if (executable) {
+    if (executable && one_node) {
+      c.note = "one node: closed form only (local is chosen)";
+      if (!c.has_closed_form) continue;
+    } else if (executable) {
       // Best chunk size by IR prediction, within the transfer budget.
       bool any = false;
       std::string why;
@@ -162,7 +183,12 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
   const Candidate* second = nullptr;
   for (const Candidate& c : candidates) {
     if (c.generator.empty() && !options.include_modelled) continue;
-    if (best == nullptr || c.time_s() < best->time_s()) {
+    if (one_node && &c == &candidates.front()) {
+      second = best;
+      best = &c;
+    } else if (one_node && best == &candidates.front()) {
+      if (second == nullptr || c.time_s() < second->time_s()) second = &c;
+    } else if (best == nullptr || c.time_s() < best->time_s()) {
       second = best;
       best = &c;
     } else if (second == nullptr || c.time_s() < second->time_s()) {
@@ -185,7 +211,11 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
       best->has_ir ? " (schedule IR on the fabric simulator" : " (closed form",
       best->has_ir && best->chunk_bytes > 0 ? absl::StrCat(", chunks of ", best->chunk_bytes, " B)")
                                             : std::string(")"));
-  if (second != nullptr) {
+  if (one_node) {
+    choice.reason = absl::StrCat(
+        "one node: local, single-pass kernels (closed form ", topology::FormatDuration(best->time_s()),
+        "); a schedule would add a pass through memory per step");
+  } else if (second != nullptr) {
     absl::StrAppend(&choice.reason,
                     absl::StrFormat(", %.2fx faster than the next best, %s (%s)",
                                     second->time_s() / std::max(best->time_s(), 1e-15),

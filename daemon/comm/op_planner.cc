@@ -1,0 +1,174 @@
+#include "daemon/comm/op_planner.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/scheduler/node_executor.h"
+#include "daemon/scheduler/tags.h"
+
+namespace railyard {
+
+using scheduler::OpKind;
+
+OpPlanner::OpPlanner(scheduler::CommLayout layout, int my_node,
+                     std::shared_ptr<scheduler::cost::Tuner> tuner, std::string default_algo,
+                     size_t chunk_bytes)
+    : layout_(std::move(layout)),
+      my_node_(my_node),
+      tuner_(std::move(tuner)),
+      default_algo_(std::move(default_algo)),
+      chunk_bytes_(chunk_bytes) {}
+
+absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> OpPlanner::Project(
+    const scheduler::RankSchedule& schedule, const scheduler::OpShape& shape,
+    const std::string& algorithm, size_t chunk) const {
+  auto projected = std::make_shared<const scheduler::NodeSchedule>(
+      scheduler::Project(schedule, layout_, shape, my_node_));
+  // A schedule must number its messages between two nodes within the tag's step field.
+  const uint64_t max = scheduler::MaxStepTag(*projected);
+  if (max >= scheduler::tags::kMaxStepTags) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ", algorithm, " schedule in chunks of ", chunk, " bytes sends ", max + 1,
+        " messages between two nodes, more than the ", scheduler::tags::kMaxStepTags,
+        " a tag can number: split the operation into smaller ones"));
+  }
+  return projected;
+}
+
+bool OpPlanner::Forces(const std::string& algo, scheduler::OpKind op, bool one_node) {
+  if (algo == scheduler::kAlgoLocal) return one_node;
+  const auto* info = scheduler::algorithms::FindAlgorithm(algo);
+  return info != nullptr && scheduler::algorithms::Implements(*info, op);
+}
+
+absl::StatusOr<PlannedOp> OpPlanner::Plan(
+    const std::vector<const scheduler::RankRequest*>& requests) {
+  const scheduler::RankRequest& r0 = *requests[0];
+  scheduler::OpShape shape;
+  shape.op = r0.op;
+  shape.dtype = r0.dtype;
+  shape.red_op = r0.red_op;
+  shape.count = r0.count;
+  shape.root = r0.root;
+  const bool one_node = layout_.nnodes == 1;
+  // A forced algorithm applies where it implements the op (like NCCL_ALGO); "local" runs only
+  // on one node. Elsewhere the tuner picks.
+  const std::string algo = !r0.algo.empty() ? r0.algo : default_algo_;
+  const bool forced = Forces(algo, r0.op, one_node);
+  if (r0.op == OpKind::kAllToAllv) {
+    const bool direct = forced && algo == scheduler::kAlgoDirect;
+    if (one_node && !direct) {
+      PlannedOp out;
+      out.algorithm = scheduler::kAlgoLocal;
+      out.chunk_bytes = chunk_bytes_;
+      out.forced = forced;
+      return out;
+    }
+    return PlanAllToAllv(requests, std::move(shape), direct);
+  }
+
+  PlannedOp out;
+  std::string chosen = one_node ? scheduler::kAlgoLocal : "";
+  size_t chosen_chunk = chunk_bytes_;
+  std::shared_ptr<const scheduler::cost::Choice> choice;
+  if (tuner_ != nullptr) {
+    absl::StatusOr<std::shared_ptr<const scheduler::cost::Choice>> c = tuner_->Choose(shape);
+    if (c.ok()) {
+      choice = *std::move(c);
+      chosen = choice->algorithm;
+      chosen_chunk = choice->chunk_bytes;
+    } else if (!forced) {
+      return c.status();
+    }
+  } else if (!one_node && !forced) {
+    return absl::FailedPreconditionError("communicator has no tuner");
+  }
+  out.forced = forced;
+  out.algorithm = forced ? algo : chosen;
+  out.chunk_bytes = forced ? chunk_bytes_ : chosen_chunk;
+  auto predict = [&](const std::string& name) {
+    if (choice == nullptr) return -1.0;
+    for (const scheduler::cost::Candidate& k : choice->candidates) {
+      if (k.generator == name) return k.time_s() + choice->op_overhead_s;
+    }
+    return -1.0;
+  };
+  if (out.algorithm == scheduler::kAlgoLocal) {
+    out.chunk_bytes = chunk_bytes_;  // the local plan's step size
+    out.predicted_s = predict(out.algorithm);
+    return out;
+  }
+  const std::string key =
+      absl::StrCat(out.algorithm, "|", out.chunk_bytes, "|", static_cast<int>(r0.op), "|",
+                   static_cast<int>(r0.dtype), "|", static_cast<int>(r0.red_op), "|", r0.count,
+                   "|", r0.root);
+  if (auto it = cache_.find(key); it != cache_.end()) {
+    out.schedule = it->second.schedule;
+    out.algorithm = it->second.algorithm;
+    out.predicted_s = predict(out.algorithm);
+    return out;
+  }
+  absl::StatusOr<scheduler::RankSchedule> schedule =
+      scheduler::Generate(out.algorithm, shape, layout_, out.chunk_bytes);
+  if (!schedule.ok() && forced && !chosen.empty() && chosen != out.algorithm) {
+    // A forced algorithm that does not fit this layout (hier on uneven nodes): the tuner's.
+    out.algorithm = chosen;
+    out.chunk_bytes = chosen_chunk;
+    out.forced = false;
+    if (chosen == scheduler::kAlgoLocal) {
+      out.chunk_bytes = chunk_bytes_;
+      out.predicted_s = predict(chosen);
+      return out;
+    }
+    schedule = scheduler::Generate(chosen, shape, layout_, chosen_chunk);
+  }
+  if (!schedule.ok()) return schedule.status();
+  const std::string ran = schedule->algorithm.empty() ? out.algorithm : schedule->algorithm;
+  absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> projected =
+      Project(*schedule, shape, ran, out.chunk_bytes);
+  if (!projected.ok()) return projected.status();
+  if (cache_.size() >= 64) cache_.clear();  // bounded; shapes repeat
+  cache_[key] = {*projected, ran};
+  out.schedule = *std::move(projected);
+  out.algorithm = ran;
+  out.predicted_s = predict(ran);
+  return out;
+}
+
+absl::StatusOr<PlannedOp> OpPlanner::PlanAllToAllv(
+    const std::vector<const scheduler::RankRequest*>& requests, scheduler::OpShape shape,
+    bool forced_direct) {
+  // Each daemon knows the rows (send counts) and columns (recv counts) of its own ranks: every
+  // block to or from them. That is all the direct algorithm needs to derive this node's steps
+  // and the same tags as its peers; blocks between two other nodes are left 0 here.
+  const size_t n = static_cast<size_t>(layout_.nranks);
+  const std::vector<int>& local = layout_.ranks_of_node[my_node_];
+  shape.a2av_counts.assign(n * n, 0);
+  shape.a2av_send_displs.assign(n * n, 0);
+  shape.a2av_recv_displs.assign(n * n, 0);
+  for (size_t li = 0; li < local.size(); ++li) {
+    const size_t g = static_cast<size_t>(local[li]);
+    const scheduler::RankRequest& q = *requests[li];
+    for (size_t j = 0; j < n; ++j) {
+      shape.a2av_counts[g * n + j] = q.send_counts[j];
+      shape.a2av_counts[j * n + g] = q.recv_counts[j];
+      shape.a2av_send_displs[g * n + j] = q.send_displs[j];
+      shape.a2av_recv_displs[g * n + j] = q.recv_displs[j];
+    }
+  }
+  absl::StatusOr<scheduler::RankSchedule> schedule =
+      scheduler::Generate(scheduler::kAlgoDirect, shape, layout_, chunk_bytes_);
+  if (!schedule.ok()) return schedule.status();
+  absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> projected =
+      Project(*schedule, shape, scheduler::kAlgoDirect, chunk_bytes_);
+  if (!projected.ok()) return projected.status();
+  PlannedOp out;
+  out.algorithm = scheduler::kAlgoDirect;
+  out.chunk_bytes = chunk_bytes_;
+  out.forced = forced_direct;
+  out.schedule = *std::move(projected);
+  return out;
+}
+
+}  // namespace railyard

@@ -1,0 +1,73 @@
+// The one path from a merged operation to what executes it, for one node and many: the forced
+// algorithm (RAILYARD_ALGO, --algo) where it implements the op, else the communicator's tuner;
+// then either the single-pass local plan (one node, algorithm "local") or the chosen algorithm's
+// schedule projected on this node (cached by shape). The communicator runs what comes out; the
+// metrics, railctl explain and the tuner all see the same algorithm name.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/scheduler/cost/tuner.h"
+#include "daemon/scheduler/op.h"
+#include "daemon/scheduler/schedule.h"
+
+namespace railyard {
+
+struct PlannedOp {
+  std::string algorithm;  // what runs: scheduler::kAlgoLocal or a schedule generator's name
+  size_t chunk_bytes = 0;
+  bool forced = false;      // by the request or --algo
+  double predicted_s = -1;  // the cost model's prediction for what runs; < 0: none
+  // Null for the local plan (the communicator lowers the requests with BuildLocalPlan).
+  std::shared_ptr<const scheduler::NodeSchedule> schedule;
+  bool local() const { return schedule == nullptr; }
+};
+
+class OpPlanner {
+ public:
+  // tuner may be null (unit tests): the local plan on one node, the default chunk elsewhere.
+  OpPlanner(scheduler::CommLayout layout, int my_node,
+            std::shared_ptr<scheduler::cost::Tuner> tuner, std::string default_algo,
+            size_t chunk_bytes);
+
+  // requests: the merged collective's requests of this node's ranks, by local index, all
+  // present and in agreement. Errors (no algorithm for the op, a schedule that does not fit the
+  // tag space) are the same on every daemon of the communicator, since all plan from the same
+  // inputs.
+  absl::StatusOr<PlannedOp> Plan(const std::vector<const scheduler::RankRequest*>& requests);
+
+  // True when algo (RAILYARD_ALGO, --algo) applies to op: it implements it ("local": on one node).
+  static bool Forces(const std::string& algo, scheduler::OpKind op, bool one_node);
+
+  const scheduler::CommLayout& layout() const { return layout_; }
+  const std::shared_ptr<scheduler::cost::Tuner>& tuner() const { return tuner_; }
+  const std::string& default_algo() const { return default_algo_; }
+  size_t cached_schedules() const { return cache_.size(); }
+
+ private:
+  struct Cached {
+    std::shared_ptr<const scheduler::NodeSchedule> schedule;
+    std::string algorithm;
+  };
+  // AllToAllv: the direct schedule of the blocks to and from this node's ranks (not cached: the
+  // count matrix changes from call to call).
+  absl::StatusOr<PlannedOp> PlanAllToAllv(const std::vector<const scheduler::RankRequest*>& reqs,
+                                          scheduler::OpShape shape, bool forced_direct);
+  absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> Project(
+      const scheduler::RankSchedule& schedule, const scheduler::OpShape& shape,
+      const std::string& algorithm, size_t chunk) const;
+
+  const scheduler::CommLayout layout_;
+  const int my_node_;
+  const std::shared_ptr<scheduler::cost::Tuner> tuner_;
+  const std::string default_algo_;
+  const size_t chunk_bytes_;
+  std::map<std::string, Cached> cache_;  // by algorithm, chunk and shape; bounded
+};
+
+}  // namespace railyard
