@@ -85,7 +85,7 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
       p.dones.resize(req.nranks());
       p.generation = next_generation_++;
       const uint64_t gen = p.generation;
-      p.timer = timer_->Schedule(absl::Now() + timeout, [this, key, gen] { OnDeadline(key, gen); });
+      p.timer = timer_->Schedule(timer_->Now() + timeout, [this, key, gen] { OnDeadline(key, gen); });
     } else if (p.nranks != req.nranks()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "communicator ", req.comm_id(), " has ", p.nranks, " ranks, rank ", req.rank(), " (node ",

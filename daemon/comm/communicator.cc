@@ -5,7 +5,6 @@
 #include "absl/time/clock.h"
 #include "daemon/util/log.h"
 #include "daemon/scheduler/local_plan.h"
-#include "daemon/session/session.h"
 
 namespace railyard {
 
@@ -95,7 +94,7 @@ absl::Status Communicator::Join(int rank, absl::Duration timeout, JoinDone done)
     members_[li].join_done = std::move(done);
     if (++joined_ == 1) {
       std::weak_ptr<Communicator> weak = weak_from_this();
-      join_timer_ = env_.timer->Schedule(absl::Now() + timeout, [weak] {
+      join_timer_ = env_.timer->Schedule(env_.timer->Now() + timeout, [weak] {
         if (auto self = weak.lock()) self->OnJoinDeadline();
       });
     }
@@ -145,7 +144,7 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request->rank, " has left communicator ", comm_id_));
     }
-    request->deadline = absl::Now() + TimeoutOf(*request);
+    request->deadline = env_.timer->Now() + TimeoutOf(*request);
     if (scheduler::IsPointToPoint(request->req.op)) {
       result = SubmitPointToPointLocked(std::move(request), &out);
     } else {
@@ -240,7 +239,7 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
         std::weak_ptr<Communicator> weak = weak_from_this();
         const uint64_t seq = base_seq_;
         const absl::Duration limit = TimeoutOf(*slot.requests[0]);
-        run_timer_ = env_.timer->Schedule(absl::Now() + limit, [weak, seq, limit] {
+        run_timer_ = env_.timer->Schedule(env_.timer->Now() + limit, [weak, seq, limit] {
           if (auto self = weak.lock()) self->OnRunDeadline(seq, limit);
         });
       }
@@ -555,7 +554,7 @@ void Communicator::OnP2PDeadline(std::pair<int, int> key, bool send_side) {
     auto it = channels_.find(key);
     if (it == channels_.end()) return;
     const auto& queue = send_side ? it->second.sends : it->second.recvs;
-    if (queue.empty() || queue.front()->deadline > absl::Now()) return;
+    if (queue.empty() || queue.front()->deadline > env_.timer->Now()) return;
     const int waiting = send_side ? key.first : key.second;
     const int missing = send_side ? key.second : key.first;
     AbortLocked(
@@ -668,7 +667,7 @@ void Communicator::Deliver(Outcomes& out) {
       AbortTransfers(out.abort_transfers);
     } else {
       std::weak_ptr<Communicator> weak = weak_from_this();
-      env_.timer->Schedule(absl::Now() + kTransferGrace, [weak, s = out.abort_transfers] {
+      env_.timer->Schedule(env_.timer->Now() + kTransferGrace, [weak, s = out.abort_transfers] {
         if (auto self = weak.lock()) self->AbortTransfers(s);
       });
     }

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/comm/completion_sink.h"
 #include "daemon/comm/op_planner.h"
 #include "daemon/util/deadline_timer.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -30,7 +31,6 @@
 
 namespace railyard {
 
-class Session;
 
 // What a communicator needs from the daemon.
 struct CommEnv {
@@ -67,7 +67,7 @@ struct MultiNodeEnv {
 struct PendingRequest {
   uint64_t request_id = 0;
   int rank = 0;
-  std::weak_ptr<Session> session;
+  std::weak_ptr<CompletionSink> session;  // the rank's Session
   scheduler::RankRequest req;
   // Keep the mapped buffers alive while the operation may touch them.
   std::shared_ptr<MappedSegment> send_segment;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/comm/completion_sink.h"
 #include "daemon/session/shm_segment.h"
 #include "railyard/v1/local.grpc.pb.h"
 
@@ -55,7 +56,7 @@ struct Membership {
   int rank = 0;
 };
 
-class Session {
+class Session : public CompletionSink {
  public:
   Session(std::string id, std::string job, int64_t pid, std::string client);
 
@@ -68,7 +69,7 @@ class Session {
   // Completions. The stream is attached by Connect and detached when it is done.
   void AttachStream(SessionStream* stream);
   void DetachStream();
-  void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq);
+  void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) override;
   // Marks the session closed and finishes its stream (if any) with status.
   void Close(const grpc::Status& status);
   bool closed() const;

@@ -1,17 +1,34 @@
 #include "daemon/util/deadline_timer.h"
 
-#include "absl/time/clock.h"
 
 namespace railyard {
 
-DeadlineTimer::DeadlineTimer() : thread_([this] { Loop(); }) {}
+DeadlineTimer::DeadlineTimer() : clock_(Clock::Real()), thread_([this] { Loop(); }) {}
+
+DeadlineTimer::DeadlineTimer(const Clock* clock) : clock_(clock) {}
 
 DeadlineTimer::~DeadlineTimer() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+}
+
+int DeadlineTimer::RunDue() {
+  int ran = 0;
+  absl::MutexLock lock(&mu_);
+  while (!pending_.empty() && pending_.begin()->first.first <= clock_->Now()) {
+    auto first = pending_.begin();
+    std::function<void()> fn = std::move(first->second);
+    deadlines_.erase(first->first.second);
+    pending_.erase(first);
+    mu_.Unlock();
+    fn();
+    ++ran;
+    mu_.Lock();
+  }
+  return ran;
 }
 
 DeadlineTimer::Id DeadlineTimer::Schedule(absl::Time deadline, std::function<void()> fn) {
@@ -42,7 +59,7 @@ void DeadlineTimer::Loop() {
     }
     auto first = pending_.begin();
     const absl::Time due = first->first.first;
-    if (absl::Now() < due) {
+    if (clock_->Now() < due) {
       // Wake at the deadline, or earlier when an earlier deadline is scheduled or we stop.
       struct WakeArg {
         DeadlineTimer* timer;

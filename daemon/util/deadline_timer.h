@@ -1,4 +1,5 @@
-// One thread running callbacks at deadlines. Sleeps when nothing is due (no idle CPU).
+// One thread running callbacks at deadlines. Sleeps when nothing is due (no idle CPU). Unit tests
+// make it without a thread on a fake clock and run what is due themselves (RunDue).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/util/clock.h"
 
 namespace railyard {
 
@@ -17,7 +19,9 @@ class DeadlineTimer {
  public:
   using Id = uint64_t;
 
-  DeadlineTimer();
+  DeadlineTimer();  // the real clock, its own thread
+  // Manual mode: no thread; callbacks run only when RunDue is called (tests, with a fake clock).
+  explicit DeadlineTimer(const Clock* clock);
   ~DeadlineTimer();  // cancels everything pending, joins the thread
   DeadlineTimer(const DeadlineTimer&) = delete;
   DeadlineTimer& operator=(const DeadlineTimer&) = delete;
@@ -26,10 +30,16 @@ class DeadlineTimer {
   Id Schedule(absl::Time deadline, std::function<void()> fn);
   // Removes a pending callback; a no-op when it already ran or is running.
   void Cancel(Id id);
+  // The time deadlines are measured against.
+  absl::Time Now() const { return clock_->Now(); }
+  // Manual mode: runs, on the caller's thread, every callback due by Now() (including those the
+  // callbacks schedule for no later than Now()); returns how many ran.
+  int RunDue();
 
  private:
   void Loop();
 
+  const Clock* const clock_;
   absl::Mutex mu_;
   // (deadline, id) -> callback, ordered by deadline.
   std::map<std::pair<absl::Time, Id>, std::function<void()>> pending_ ABSL_GUARDED_BY(mu_);

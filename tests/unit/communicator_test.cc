@@ -1,0 +1,297 @@
+// Communicator on its own: joins, the merge of ranks' submissions, the planner's algorithm,
+// deadlines on a fake clock, and multi-node execution over the in-process transport (two
+// "daemons" in one process). No processes, no sleeping for deadlines.
+#include "daemon/comm/communicator.h"
+
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "daemon/scheduler/executor.h"
+#include "daemon/scheduler/tags.h"
+#include "daemon/transport/inproc/inproc_transport.h"
+#include "daemon/util/deadline_timer.h"
+#include "tests/unit/fakes.h"
+
+namespace railyard {
+namespace {
+
+using ::testing::HasSubstr;
+using scheduler::OpKind;
+using testing::FakeClock;
+using testing::RecordingSink;
+
+// A rank's float buffer and the request that reduces it in place.
+struct RankBuffer {
+  std::vector<float> data;
+  std::unique_ptr<PendingRequest> Request(uint64_t id, int rank, OpKind op,
+                                          const std::shared_ptr<RecordingSink>& sink,
+                                          const std::string& algo = "") {
+    auto p = std::make_unique<PendingRequest>();
+    p->request_id = id;
+    p->rank = rank;
+    p->session = sink;
+    p->req.op = op;
+    p->req.dtype = kernels::DataType::kFloat32;
+    p->req.red_op = kernels::RedOp::kSum;
+    p->req.count = op == OpKind::kBarrier ? 0 : data.size();
+    p->req.algo = algo;
+    p->req.send = reinterpret_cast<std::byte*>(data.data());
+    p->req.recv = reinterpret_cast<std::byte*>(data.data());
+    return p;
+  }
+};
+
+class CommunicatorTest : public ::testing::Test {
+ protected:
+  CommEnv Env(std::string algo = "") {
+    CommEnv env;
+    env.executor = &executor_;
+    env.timer = &timer_;
+    env.chunk_bytes = 4096;
+    env.op_timeout = absl::Seconds(30);
+    env.default_algo = std::move(algo);
+    return env;
+  }
+  // Joins every rank of comm (all local) and checks that each join completes OK.
+  void JoinAll(Communicator& comm, const std::vector<int>& ranks) {
+    auto joined = std::make_shared<std::atomic<int>>(0);
+    for (int r : ranks) {
+      ASSERT_TRUE(comm.Join(r, absl::Seconds(10), [joined](const absl::Status& s) {
+                        EXPECT_TRUE(s.ok()) << s;
+                        ++*joined;
+                      }).ok());
+    }
+    EXPECT_EQ(joined->load(), static_cast<int>(ranks.size()));
+  }
+
+  FakeClock clock_;
+  DeadlineTimer timer_{&clock_};
+  scheduler::Executor executor_{2};
+  std::shared_ptr<RecordingSink> sink_ = std::make_shared<RecordingSink>();
+};
+
+TEST_F(CommunicatorTest, OneNodeAllReduceByTheLocalPlanAndByAForcedRing) {
+  auto comm = std::make_shared<Communicator>("c1", "job", 3, Env());
+  JoinAll(*comm, {0, 1, 2});
+  std::vector<RankBuffer> bufs(3);
+  uint64_t id = 1;
+  for (const std::string algo : {"", "ring", "local"}) {
+    for (int r = 0; r < 3; ++r) {
+      bufs[r].data.assign(10000, static_cast<float>(r + 1));
+      auto seq = comm->Submit(bufs[r].Request(id + r, r, OpKind::kAllReduce, sink_, algo));
+      ASSERT_TRUE(seq.ok()) << seq.status();
+    }
+    for (int r = 0; r < 3; ++r) {
+      const auto c = sink_->Wait(id + r);
+      ASSERT_TRUE(c.status.ok()) << algo << ": " << c.status;
+      EXPECT_EQ(sink_->Count(id + r), 1u);
+      for (float v : bufs[r].data) ASSERT_EQ(v, 6.0f) << algo;
+    }
+    id += 3;
+  }
+  EXPECT_EQ(comm->Stats().ops_completed, 3u);
+}
+
+TEST_F(CommunicatorTest, ARankThatNeverSubmitsIsNamedAtTheDeadline) {
+  auto comm = std::make_shared<Communicator>("c2", "job", 2, Env());
+  JoinAll(*comm, {0, 1});
+  RankBuffer b{std::vector<float>(16, 1.0f)};
+  ASSERT_TRUE(comm->Submit(b.Request(7, 0, OpKind::kAllReduce, sink_)).ok());
+  EXPECT_EQ(timer_.RunDue(), 0);  // nothing due yet
+  EXPECT_EQ(sink_->Count(7), 0u);
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_GE(timer_.RunDue(), 1);
+  const auto c = sink_->Wait(7);
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(c.status.message(), HasSubstr("rank 1 of 2 did not submit"));
+  // The communicator is aborted: later work is refused at once.
+  auto later = comm->Submit(b.Request(8, 1, OpKind::kAllReduce, sink_));
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(CommunicatorTest, RanksThatDisagreeFailWithTheirShapes) {
+  auto comm = std::make_shared<Communicator>("c3", "job", 2, Env());
+  JoinAll(*comm, {0, 1});
+  RankBuffer a{std::vector<float>(16, 1.0f)};
+  RankBuffer b{std::vector<float>(32, 1.0f)};
+  ASSERT_TRUE(comm->Submit(a.Request(1, 0, OpKind::kAllReduce, sink_)).ok());
+  auto second = comm->Submit(b.Request(2, 1, OpKind::kAllReduce, sink_));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sink_->Wait(1).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(comm->failed());
+}
+
+TEST_F(CommunicatorTest, JoinDeadlineNamesTheMissingRanks) {
+  auto comm = std::make_shared<Communicator>("c4", "job", 3, Env());
+  absl::Status got;
+  ASSERT_TRUE(comm->Join(1, absl::Seconds(5), [&got](const absl::Status& s) { got = s; }).ok());
+  EXPECT_EQ(comm->Join(1, absl::Seconds(5), [](const absl::Status&) {}).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(comm->Join(3, absl::Seconds(5), [](const absl::Status&) {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  clock_.Advance(absl::Seconds(6));
+  timer_.RunDue();
+  EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(got.message(), HasSubstr("ranks 0, 2 of 3 did not join"));
+}
+
+TEST_F(CommunicatorTest, LocalSendRecvPairsMatchInOrder) {
+  auto comm = std::make_shared<Communicator>("c5", "job", 2, Env());
+  JoinAll(*comm, {0, 1});
+  RankBuffer s1{std::vector<float>(100, 3.0f)}, s2{std::vector<float>(100, 4.0f)};
+  RankBuffer r1{std::vector<float>(100, 0.0f)}, r2{std::vector<float>(100, 0.0f)};
+  auto send = [&](RankBuffer& b, uint64_t id) {
+    auto p = b.Request(id, 0, OpKind::kSend, sink_);
+    p->req.root = 1;
+    return comm->Submit(std::move(p));
+  };
+  auto recv = [&](RankBuffer& b, uint64_t id) {
+    auto p = b.Request(id, 1, OpKind::kRecv, sink_);
+    p->req.root = 0;
+    return comm->Submit(std::move(p));
+  };
+  ASSERT_TRUE(recv(r1, 11).ok());
+  ASSERT_TRUE(send(s1, 1).ok());
+  ASSERT_TRUE(send(s2, 2).ok());
+  ASSERT_TRUE(recv(r2, 12).ok());
+  for (uint64_t id : {1, 2, 11, 12}) ASSERT_TRUE(sink_->Wait(id).status.ok());
+  EXPECT_EQ(r1.data, s1.data);
+  EXPECT_EQ(r2.data, s2.data);
+}
+
+// Two daemons in one process: each holds one Communicator per job over an in-process transport
+// of 1 rail. Each daemon gives each communicator its own tag slot.
+class TwoDaemonsTest : public CommunicatorTest {
+ protected:
+  void SetUp() override {
+    fabric_ = transport::InProcFabric::Create();
+    for (int n = 0; n < 2; ++n) {
+      auto t = fabric_->NewTransport("node" + std::to_string(n), 1);
+      ASSERT_TRUE(t.ok()) << t.status();
+      transports_[n] = *std::move(t);
+    }
+  }
+  // The communicator of job on node `me`, 2 nodes x ranks_per_node ranks, forced algo.
+  std::shared_ptr<Communicator> Make(int me, const std::string& id, int ranks_per_node,
+                                     const std::vector<uint16_t>& node_slots,
+                                     const std::string& algo) {
+    MultiNodeEnv net;
+    net.layout = scheduler::CommLayout::Uniform(2, ranks_per_node, 1);
+    net.my_node = me;
+    net.node_names = {"node0", "node1"};
+    net.node_addresses = {"a0", "a1"};
+    net.endpoints.assign(2, {});
+    const int peer = 1 - me;
+    net.endpoints[peer].resize(1);
+    auto addr = transports_[peer]->LocalAddress(0);
+    EXPECT_TRUE(addr.ok());
+    auto ep = transports_[me]->Connect(*addr, 0);
+    EXPECT_TRUE(ep.ok()) << ep.status();
+    net.endpoints[peer][0] = *ep;
+    net.node_slots = node_slots;
+    return std::make_shared<Communicator>(id, "job-" + id, Env(algo), std::move(net));
+  }
+
+  std::shared_ptr<transport::InProcFabric> fabric_;
+  std::unique_ptr<transport::InProcTransport> transports_[2];
+};
+
+TEST_F(TwoDaemonsTest, AllReduceAcrossNodesWithEachForcedAlgorithm) {
+  for (const std::string algo : {"ring", "tree", "rhd", "direct", "hier"}) {
+    std::shared_ptr<Communicator> comm[2] = {Make(0, "x-" + algo, 2, {3, 9}, algo),
+                                             Make(1, "x-" + algo, 2, {3, 9}, algo)};
+    JoinAll(*comm[0], {0, 1});
+    JoinAll(*comm[1], {2, 3});
+    std::vector<RankBuffer> bufs(4);
+    for (int r = 0; r < 4; ++r) {
+      bufs[r].data.assign(3000, static_cast<float>(r));
+      ASSERT_TRUE(comm[r / 2]->Submit(bufs[r].Request(100 + r, r, OpKind::kAllReduce, sink_)).ok());
+    }
+    for (int r = 0; r < 4; ++r) {
+      const auto c = sink_->Wait(100 + r);
+      ASSERT_TRUE(c.status.ok()) << algo << ": " << c.status;
+      for (float v : bufs[r].data) ASSERT_EQ(v, 6.0f) << algo << " rank " << r;
+    }
+    sink_ = std::make_shared<RecordingSink>();
+  }
+}
+
+// The in-process twin of the tag-collision integration test: two communicators in lockstep on
+// the same two transports (same sequence numbers, nodes and steps), each with its own slots.
+TEST_F(TwoDaemonsTest, TwoCommunicatorsInLockstepKeepTheirOwnData) {
+  scheduler::tags::TagSlotTable slots[2];
+  std::shared_ptr<const scheduler::tags::Slot> held[2][2];
+  std::shared_ptr<Communicator> comms[2][2];  // [job][node]
+  for (int j = 0; j < 2; ++j) {
+    for (int n = 0; n < 2; ++n) held[j][n] = *slots[n].Acquire();
+    const std::vector<uint16_t> node_slots = {held[j][0]->value(), held[j][1]->value()};
+    for (int n = 0; n < 2; ++n) {
+      comms[j][n] = Make(n, "job" + std::to_string(j), 1, node_slots, "ring");
+      JoinAll(*comms[j][n], {n});
+    }
+  }
+  for (int iter = 0; iter < 20; ++iter) {
+    RankBuffer bufs[2][2];
+    for (int j = 0; j < 2; ++j) {
+      for (int n = 0; n < 2; ++n) {
+        bufs[j][n].data.assign(5000, static_cast<float>(1000 * (j + 1) + n));
+        const uint64_t id = 1000 * iter + 10 * j + n;
+        ASSERT_TRUE(comms[j][n]->Submit(bufs[j][n].Request(id, n, OpKind::kAllReduce, sink_)).ok());
+      }
+    }
+    for (int j = 0; j < 2; ++j) {
+      for (int n = 0; n < 2; ++n) {
+        const auto c = sink_->Wait(1000 * iter + 10 * j + n);
+        ASSERT_TRUE(c.status.ok()) << c.status;
+        const float want = static_cast<float>(2 * 1000 * (j + 1) + 1);
+        for (float v : bufs[j][n].data) ASSERT_EQ(v, want) << "job " << j << " iter " << iter;
+      }
+    }
+  }
+}
+
+TEST_F(TwoDaemonsTest, SendRecvAcrossNodes) {
+  std::shared_ptr<Communicator> comm[2] = {Make(0, "p2p", 1, {1, 2}, ""), Make(1, "p2p", 1, {1, 2}, "")};
+  JoinAll(*comm[0], {0});
+  JoinAll(*comm[1], {1});
+  RankBuffer src{std::vector<float>(777, 5.0f)}, dst{std::vector<float>(777, 0.0f)};
+  auto s = src.Request(1, 0, OpKind::kSend, sink_);
+  s->req.root = 1;
+  auto r = dst.Request(2, 1, OpKind::kRecv, sink_);
+  r->req.root = 0;
+  ASSERT_TRUE(comm[1]->Submit(std::move(r)).ok());
+  ASSERT_TRUE(comm[0]->Submit(std::move(s)).ok());
+  ASSERT_TRUE(sink_->Wait(1).status.ok());
+  ASSERT_TRUE(sink_->Wait(2).status.ok());
+  EXPECT_EQ(dst.data, src.data);
+}
+
+TEST_F(TwoDaemonsTest, ADeadPeerFailsTheRunningOperationWithUnavailable) {
+  std::shared_ptr<Communicator> comm = Make(0, "dead", 1, {1, 2}, "ring");
+  JoinAll(*comm, {0});
+  RankBuffer b{std::vector<float>(4096, 1.0f)};
+  ASSERT_TRUE(comm->Submit(b.Request(1, 0, OpKind::kAllReduce, sink_)).ok());
+  ASSERT_TRUE(fabric_->Kill("node1").ok());
+  const auto c = sink_->Wait(1);
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+  EXPECT_TRUE(comm->failed());
+}
+
+TEST_F(TwoDaemonsTest, AStalledPeerFailsTheOperationAtItsDeadline) {
+  std::shared_ptr<Communicator> comm = Make(0, "stall", 1, {1, 2}, "ring");
+  JoinAll(*comm, {0});
+  RankBuffer b{std::vector<float>(64, 1.0f)};
+  ASSERT_TRUE(comm->Submit(b.Request(1, 0, OpKind::kAllReduce, sink_)).ok());
+  clock_.Advance(absl::Seconds(31));
+  timer_.RunDue();
+  const auto c = sink_->Wait(1);
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded) << c.status;
+  EXPECT_THAT(c.status.message(), HasSubstr("did not complete across its 2 nodes"));
+}
+
+}  // namespace
+}  // namespace railyard
