@@ -6,8 +6,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "daemon/flags.h"
-#include "daemon/util/log.h"
 #include "daemon/server.h"
+#include "daemon/util/log.h"
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(

@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/session/job_tokens.h"
-#include "daemon/util/log.h"
 #include "daemon/topology/discovery.h"
 #include "daemon/topology/topology_file.h"
 #include "daemon/transport/ucx/ucx_transport.h"
+#include "daemon/util/log.h"
 #include "daemon/version.h"
 #include "grpcpp/server_builder.h"
 

@@ -5,11 +5,11 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "daemon/services/admin_service.h"
 #include "daemon/config.h"
 #include "daemon/core/daemon_core.h"
-#include "daemon/services/local_service.h"
 #include "daemon/metrics/http_server.h"
+#include "daemon/services/admin_service.h"
+#include "daemon/services/local_service.h"
 #include "daemon/services/peer_service.h"
 #include "grpcpp/server.h"
 

@@ -113,6 +113,7 @@ Comm& Comm::operator=(Comm&& other) noexcept {
     handle_ = other.handle_;
     rank_ = other.rank_;
     nranks_ = other.nranks_;
+    nnodes_ = other.nnodes_;
     other.handle_ = 0;
   }
   return *this;
@@ -321,6 +322,7 @@ absl::StatusOr<Comm> Client::InitComm(const std::string& comm_id, int rank, int 
   comm.handle_ = response->comm_handle();
   comm.rank_ = rank;
   comm.nranks_ = nranks;
+  comm.nnodes_ = response->nnodes();
   return comm;
 }
 

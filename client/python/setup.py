@@ -29,4 +29,15 @@ class BuildPyWithStubs(build_py):
         gen_stubs.generate(os.path.abspath(proto_dir), os.path.abspath(self.build_lib))
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs})
+def _version():
+    sys.path.insert(0, HERE)
+    try:
+        import gen_stubs
+    finally:
+        sys.path.pop(0)
+    proto_dir = os.environ.get("RAILYARD_PROTO_DIR",
+                               os.path.join(HERE, os.pardir, os.pardir, "proto"))
+    return gen_stubs.project_version(os.path.abspath(proto_dir))
+
+
+setup(version=_version(), cmdclass={"build_py": BuildPyWithStubs})

@@ -16,9 +16,9 @@ std::string CommBootstrap::NodeId(const v1::NodeInfo& n) {
 absl::Status CommBootstrap::CheckLayoutFits(const v1::JoinCommResponse& layout,
                                             const std::string& comm_id) {
   if (layout.nodes_size() > scheduler::tags::kMaxNodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("communicator ", comm_id, " spans ", layout.nodes_size(),
-                     " nodes, more than the ", scheduler::tags::kMaxNodes, " a tag can name"));
+    return absl::InvalidArgumentError(absl::StrCat("communicator ", comm_id, " spans ",
+                                                   layout.nodes_size(), " nodes, more than the ",
+                                                   scheduler::tags::kMaxNodes, " a tag can name"));
   }
   if (layout.nodes_size() > 1) {
     for (const v1::NodeInfo& n : layout.nodes()) {
@@ -59,8 +59,8 @@ void CommBootstrap::SetCostModel(const v1::CostModel& model) {
 absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration timeout,
                                  Done done) {
   if (req.nranks() < 1 || req.nranks() > scheduler::tags::kMaxRanks) {
-    return absl::InvalidArgumentError(absl::StrCat("nranks ", req.nranks(), " not in [1, ",
-                                                   scheduler::tags::kMaxRanks, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nranks ", req.nranks(), " not in [1, ", scheduler::tags::kMaxRanks, "]"));
   }
   if (req.rank() < 0 || req.rank() >= req.nranks()) {
     return absl::InvalidArgumentError(
@@ -85,7 +85,8 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
       p.dones.resize(req.nranks());
       p.generation = next_generation_++;
       const uint64_t gen = p.generation;
-      p.timer = timer_->Schedule(timer_->Now() + timeout, [this, key, gen] { OnDeadline(key, gen); });
+      p.timer =
+          timer_->Schedule(timer_->Now() + timeout, [this, key, gen] { OnDeadline(key, gen); });
     } else if (p.nranks != req.nranks()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "communicator ", req.comm_id(), " has ", p.nranks, " ranks, rank ", req.rank(), " (node ",

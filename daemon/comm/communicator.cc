@@ -3,8 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "daemon/util/log.h"
 #include "daemon/scheduler/local_plan.h"
+#include "daemon/util/log.h"
 
 namespace railyard {
 
@@ -20,8 +20,15 @@ constexpr absl::Duration kTransferGrace = absl::Seconds(2);
 Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env,
                            std::shared_ptr<scheduler::cost::Tuner> tuner)
     : Communicator(std::move(comm_id), std::move(job), std::move(env),
-                   MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1), 0, {}, {}, {}, {},
-                                std::move(tuner), nullptr, {}}) {}
+                   MultiNodeEnv{scheduler::CommLayout::Uniform(1, nranks, 1),
+                                0,
+                                {},
+                                {},
+                                {},
+                                {},
+                                std::move(tuner),
+                                nullptr,
+                                {}}) {}
 
 Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net)
     : comm_id_(std::move(comm_id)),
@@ -205,10 +212,10 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     absl::StatusOr<PlannedOp> plan = planner_.Plan(slot.merge.requests());
     if (!plan.ok()) {
       // Every daemon derives the same outcome from the same inputs: failing here is consistent.
-      const absl::Status why(plan.status().code(),
-                             absl::StrCat(scheduler::OpName(r0.op), " seq ", base_seq_,
-                                          " on communicator ", comm_id_, ": ",
-                                          plan.status().message()));
+      const absl::Status why(
+          plan.status().code(),
+          absl::StrCat(scheduler::OpName(r0.op), " seq ", base_seq_, " on communicator ", comm_id_,
+                       ": ", plan.status().message()));
       for (auto& r : slot.requests) out->completions.push_back({std::move(r), why, base_seq_});
       ++ops_failed_;
       slots_.pop_front();
@@ -218,13 +225,9 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     run_started_ = absl::Now();
     run_algorithm_ = plan->algorithm;
     if (env_.metrics != nullptr && plan->predicted_s >= 0) {
-      scheduler::OpShape shape;
-      shape.op = r0.op;
-      shape.dtype = r0.dtype;
-      shape.count = r0.count;
       env_.metrics->SetModelPrediction(
           std::string(scheduler::OpName(r0.op)), plan->algorithm,
-          static_cast<uint64_t>(scheduler::cost::PrimerBytes(shape, nranks_)), job_,
+          static_cast<uint64_t>(scheduler::MessageBytes(r0.op, r0.dtype, r0.count, nranks_)), job_,
           plan->predicted_s);
     }
     if (!plan->local()) {
@@ -307,14 +310,9 @@ void Communicator::RecordCollectiveLocked(const absl::Status& status) {
   const SeqSlot& slot = slots_.front();
   if (slot.requests.empty() || slot.requests[0] == nullptr) return;
   const scheduler::RankRequest& r = slot.requests[0]->req;
-  // nccl-tests' size (what algbw divides by): the message, or the whole gathered/scattered
-  // buffer for AllGather, ReduceScatter and AllToAll.
-  uint64_t bytes = r.count * kernels::ElementSize(r.dtype);
-  if (r.op == OpKind::kAllGather || r.op == OpKind::kReduceScatter || r.op == OpKind::kAllToAll) {
-    bytes *= static_cast<uint64_t>(nranks_);
-  } else if (r.op == OpKind::kBarrier) {
-    bytes = 0;
-  }
+  // nccl-tests' size (what algbw divides by), op.h.
+  const auto bytes =
+      static_cast<uint64_t>(scheduler::MessageBytes(r.op, r.dtype, r.count, nranks_));
   const std::string op(scheduler::OpName(r.op));
   env_.metrics->RecordCollective(
       {op, run_algorithm_, job_, bytes, nranks_, absl::Now() - run_started_});

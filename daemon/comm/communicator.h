@@ -18,7 +18,6 @@
 #include "absl/time/time.h"
 #include "daemon/comm/completion_sink.h"
 #include "daemon/comm/op_planner.h"
-#include "daemon/util/deadline_timer.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/executor.h"
@@ -28,9 +27,9 @@
 #include "daemon/scheduler/schedule.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/session/shm_segment.h"
+#include "daemon/util/deadline_timer.h"
 
 namespace railyard {
-
 
 // What a communicator needs from the daemon.
 struct CommEnv {

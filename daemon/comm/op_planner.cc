@@ -28,10 +28,10 @@ absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> OpPlanner::Projec
   // A schedule must number its messages between two nodes within the tag's step field.
   const uint64_t max = scheduler::MaxStepTag(*projected);
   if (max >= scheduler::tags::kMaxStepTags) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the ", algorithm, " schedule in chunks of ", chunk, " bytes sends ", max + 1,
-        " messages between two nodes, more than the ", scheduler::tags::kMaxStepTags,
-        " a tag can number: split the operation into smaller ones"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", algorithm, " schedule in chunks of ", chunk, " bytes sends ", max + 1,
+                     " messages between two nodes, more than the ", scheduler::tags::kMaxStepTags,
+                     " a tag can number: split the operation into smaller ones"));
   }
   return projected;
 }
@@ -99,10 +99,9 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
     out.predicted_s = predict(out.algorithm);
     return out;
   }
-  const std::string key =
-      absl::StrCat(out.algorithm, "|", out.chunk_bytes, "|", static_cast<int>(r0.op), "|",
-                   static_cast<int>(r0.dtype), "|", static_cast<int>(r0.red_op), "|", r0.count,
-                   "|", r0.root);
+  const std::string key = absl::StrCat(
+      out.algorithm, "|", out.chunk_bytes, "|", static_cast<int>(r0.op), "|",
+      static_cast<int>(r0.dtype), "|", static_cast<int>(r0.red_op), "|", r0.count, "|", r0.root);
   if (auto it = cache_.find(key); it != cache_.end()) {
     out.schedule = it->second.schedule;
     out.algorithm = it->second.algorithm;

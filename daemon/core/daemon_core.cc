@@ -5,10 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
-#include "daemon/session/job_tokens.h"
-#include "daemon/util/log.h"
 #include "daemon/metrics/counting_endpoint.h"
 #include "daemon/services/request_decode.h"
+#include "daemon/session/job_tokens.h"
+#include "daemon/util/log.h"
 #include "daemon/version.h"
 
 namespace railyard {
@@ -276,11 +276,11 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
                           const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done) {
   std::shared_ptr<Session> session = weak_session.lock();
   if (session == nullptr) {
-    done(absl::CancelledError("the session ended while joining"), handle);
+    done(absl::CancelledError("the session ended while joining"), handle, 0);
     return;
   }
   if (!layout.ok()) {
-    done(layout.status(), handle);
+    done(layout.status(), handle, 0);
     return;
   }
   int my_node = -1;
@@ -291,7 +291,7 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
     if (me) my_node = n;
   }
   if (my_node < 0) {
-    done(absl::InternalError("the coordinator's layout does not include this daemon"), handle);
+    done(absl::InternalError("the coordinator's layout does not include this daemon"), handle, 0);
     return;
   }
   const int nnodes = layout->nodes_size();
@@ -304,7 +304,7 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) {
-      done(absl::UnavailableError("railyardd is shutting down"), handle);
+      done(absl::UnavailableError("railyardd is shutting down"), handle, 0);
       return;
     }
     auto it = comms_.find(key);
@@ -354,12 +354,12 @@ void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
                            const absl::StatusOr<std::shared_ptr<Communicator>>& made,
                            InitDone done) {
   if (!made.ok()) {
-    done(made.status(), handle);
+    done(made.status(), handle, 0);
     return;
   }
   std::shared_ptr<Session> session = weak_session.lock();
   if (session == nullptr) {
-    done(absl::CancelledError("the session ended while joining"), handle);
+    done(absl::CancelledError("the session ended while joining"), handle, 0);
     return;
   }
   const std::shared_ptr<Communicator>& comm = *made;
@@ -367,26 +367,26 @@ void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
     done(absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
                                                  comm->nranks(), " ranks, rank ", req.rank(),
                                                  " asked for ", req.nranks())),
-         handle);
+         handle, 0);
     return;
   }
   if (absl::Status s = session->AddMembership(handle, {comm, req.rank()}); !s.ok()) {
-    done(s, handle);
+    done(s, handle, 0);
     return;
   }
   absl::Status s = comm->Join(req.rank(), config_.init_timeout,
-                              [done, handle, weak_session](const absl::Status& status) {
+                              [done, handle, nnodes, weak_session](const absl::Status& status) {
                                 if (!status.ok()) {
                                   if (auto sess = weak_session.lock()) {
                                     sess->RemoveMembership(handle);
                                   }
                                 }
-                                done(status, handle);
+                                done(status, handle, status.ok() ? nnodes : 0);
                               });
   if (!s.ok()) {
     session->RemoveMembership(handle);
     RetireCommIfEmpty(comm);
-    done(s, handle);
+    done(s, handle, 0);
     return;
   }
   Log(LogLevel::kDebug, "comm", "rank joined",

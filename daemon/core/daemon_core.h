@@ -18,14 +18,14 @@
 #include "absl/time/time.h"
 #include "daemon/comm/bootstrap.h"
 #include "daemon/comm/communicator.h"
-#include "daemon/config.h"
-#include "daemon/util/deadline_timer.h"
-#include "daemon/metrics/daemon_metrics.h"
 #include "daemon/comm/peer_client.h"
+#include "daemon/config.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/session/session.h"
 #include "daemon/transport/transport.h"
+#include "daemon/util/deadline_timer.h"
 #include "railyard/v1/admin.pb.h"
 #include "railyard/v1/cost.pb.h"
 #include "railyard/v1/local.pb.h"
@@ -78,7 +78,9 @@ class DaemonCore {
 
   std::string NewCommId();
 
-  using InitDone = std::function<void(const absl::Status&, uint64_t handle)>;
+  // handle: the rank's communicator handle; nnodes: the daemons the communicator spans (0 on
+  // error).
+  using InitDone = std::function<void(const absl::Status&, uint64_t handle, int nnodes)>;
   // Joins a communicator; done runs once every rank has joined or the join failed. Errors found
   // at once are returned and done is not called.
   absl::Status InitComm(const std::shared_ptr<Session>& session, const v1::InitCommRequest& req,

@@ -5,10 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/cost_model_proto.h"
 #include "daemon/core/daemon_core.h"
-#include "daemon/util/log.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/op.h"
+#include "daemon/util/log.h"
 
 namespace railyard {
 
@@ -115,7 +115,6 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
         absl::StrCat("communicator ", comm->comm_id(), " has no tuner"));
   }
   const int n = comm->nranks();
-  const uint64_t esize = kernels::ElementSize(dtype);
   scheduler::OpShape shape;
   shape.op = op;
   shape.dtype = dtype;
@@ -123,12 +122,8 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
   if (req.root() < 0 || req.root() >= n) {
     return absl::InvalidArgumentError(absl::StrCat("root ", req.root(), " not in [0, ", n, ")"));
   }
-  uint64_t elems = req.size_bytes() / esize;
-  if (op == scheduler::OpKind::kReduceScatter || op == scheduler::OpKind::kAllGather ||
-      op == scheduler::OpKind::kAllToAll) {
-    elems /= static_cast<uint64_t>(n);
-  }
-  shape.count = op == scheduler::OpKind::kBarrier ? 0 : elems;
+  shape.count =
+      scheduler::CountForMessageBytes(op, dtype, static_cast<double>(req.size_bytes()), n);
   absl::StatusOr<std::shared_ptr<const cost::Choice>> chosen = comm->tuner()->Choose(shape);
   if (!chosen.ok()) return chosen.status();
   const cost::Choice* choice = chosen->get();

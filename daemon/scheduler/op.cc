@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
@@ -61,6 +62,38 @@ bool IsReduction(OpKind op) {
 
 bool HasRoot(OpKind op) {
   return op == OpKind::kBroadcast || op == OpKind::kReduce || IsPointToPoint(op);
+}
+
+namespace {
+bool WholeBuffer(OpKind op) {
+  return op == OpKind::kReduceScatter || op == OpKind::kAllGather || op == OpKind::kAllToAll;
+}
+}  // namespace
+
+double MessageBytes(OpKind op, kernels::DataType dtype, uint64_t count, int nranks,
+                    const std::vector<uint64_t>* a2av_counts) {
+  const double esize = static_cast<double>(kernels::ElementSize(dtype));
+  const int n = std::max(1, nranks);
+  switch (op) {
+    case OpKind::kBarrier:
+      return 0;
+    case OpKind::kAllToAllv: {
+      if (a2av_counts == nullptr) return 0;
+      double elems = 0;
+      for (uint64_t c : *a2av_counts) elems += static_cast<double>(c);
+      return elems * esize / n;
+    }
+    default:
+      return static_cast<double>(count) * esize * (WholeBuffer(op) ? n : 1);
+  }
+}
+
+uint64_t CountForMessageBytes(OpKind op, kernels::DataType dtype, double bytes, int nranks) {
+  if (op == OpKind::kBarrier) return 0;
+  double elems = std::floor(bytes / static_cast<double>(kernels::ElementSize(dtype)));
+  if (WholeBuffer(op)) elems = std::floor(elems / std::max(1, nranks));
+  if (bytes > 0 && elems < 1) elems = 1;
+  return static_cast<uint64_t>(elems);
 }
 
 namespace {

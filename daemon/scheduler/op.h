@@ -36,6 +36,17 @@ bool IsReduction(OpKind op);
 // True when `root` names a rank that must be in range (Broadcast, Reduce, Send, Recv peer).
 bool HasRoot(OpKind op);
 
+// The message size M of an operation, as PRIMER's cost models and nccl-tests' algbw count it:
+// count x element size, times nranks for ReduceScatter, AllGather and AllToAll (the whole
+// gathered or scattered buffer); AllToAllv: the mean per rank of its count matrix (a2av_counts,
+// nranks x nranks; 0 without it); Barrier: 0. The one definition the metrics, the tuner, the
+// simulator and railctl use.
+double MessageBytes(OpKind op, kernels::DataType dtype, uint64_t count, int nranks,
+                    const std::vector<uint64_t>* a2av_counts = nullptr);
+// The inverse: the per-rank count of a message of `bytes` (floor, at least 1 element when
+// bytes > 0; 0 for Barrier).
+uint64_t CountForMessageBytes(OpKind op, kernels::DataType dtype, double bytes, int nranks);
+
 // One rank's request with its buffers already resolved to daemon addresses.
 struct RankRequest {
   OpKind op = OpKind::kBarrier;

@@ -58,8 +58,8 @@ Fields Decode(transport::Tag tag) {
 
 std::string Describe(transport::Tag tag) {
   const Fields f = Decode(tag);
-  const std::string slot = absl::StrCat("slot ", f.slot >> kSlotGenerationBits, ".",
-                                        f.slot & Mask(kSlotGenerationBits));
+  const std::string slot =
+      absl::StrCat("slot ", f.slot >> kSlotGenerationBits, ".", f.slot & Mask(kSlotGenerationBits));
   if (f.point_to_point) {
     return absl::StrCat("p2p ", slot, " rank ", f.src_rank, "->", f.dst_rank, " seq ", f.seq);
   }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "daemon/core/daemon_core.h"
+#include "daemon/services/grpc_status.h"
 #include "railyard/v1/admin.grpc.pb.h"
 
 namespace railyard {
@@ -56,10 +57,6 @@ class AdminService final : public v1::Admin::CallbackService {
   }
 
  private:
-  static grpc::Status ToGrpc(const absl::Status& s) {
-    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-  }
-
   DaemonCore* core_;
 };
 

@@ -5,11 +5,6 @@
 
 namespace railyard {
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 namespace {
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
@@ -80,11 +75,11 @@ grpc::ServerUnaryReactor* LocalService::InitComm(grpc::CallbackServerContext* ct
   auto session = core_->FindSession(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s =
-      core_->InitComm(*session, *req, [reactor, resp](const absl::Status& st, uint64_t handle) {
+  absl::Status s = core_->InitComm(
+      *session, *req, [reactor, resp](const absl::Status& st, uint64_t handle, int nnodes) {
         if (st.ok()) {
           resp->set_comm_handle(handle);
-          resp->set_nnodes(1);
+          resp->set_nnodes(nnodes);
         }
         reactor->Finish(ToGrpc(st));
       });

@@ -3,11 +3,10 @@
 #pragma once
 
 #include "daemon/core/daemon_core.h"
+#include "daemon/services/grpc_status.h"
 #include "railyard/v1/local.grpc.pb.h"
 
 namespace railyard {
-
-grpc::Status ToGrpc(const absl::Status& s);
 
 class LocalService final : public v1::Local::CallbackService {
  public:

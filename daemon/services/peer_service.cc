@@ -1,6 +1,6 @@
 #include "daemon/services/peer_service.h"
 
-#include "daemon/services/local_service.h"
+#include "daemon/services/grpc_status.h"
 
 namespace railyard {
 

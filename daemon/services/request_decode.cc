@@ -157,7 +157,8 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
   }
   if (!ValidAlgo(in.algo())) {
     return absl::InvalidArgumentError(absl::StrCat("unknown algo '", in.algo().substr(0, 32),
-                                                   "' (expected ", scheduler::algorithms::AlgorithmNames(), ")"));
+                                                   "' (expected ",
+                                                   scheduler::algorithms::AlgorithmNames(), ")"));
   }
   r.algo = in.algo();
   r.count = in.count();

@@ -1,6 +1,5 @@
 #include "daemon/util/deadline_timer.h"
 
-
 namespace railyard {
 
 DeadlineTimer::DeadlineTimer() : clock_(Clock::Real()), thread_([this] { Loop(); }) {}

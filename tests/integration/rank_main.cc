@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::printf("LOCKSTEP %d\n", iters);
+    std::printf("LOCKSTEP %d nodes %d\n", iters, comm->nnodes());
     return 0;
   }
   const auto cases = railyard::testing::AllCases(nranks);

@@ -8,20 +8,20 @@
 #include <string>
 #include <vector>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/transport/inproc/inproc_transport.h"
 #include "daemon/util/deadline_timer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "tests/unit/fakes.h"
 
 namespace railyard {
 namespace {
 
-using ::testing::HasSubstr;
 using scheduler::OpKind;
 using testing::FakeClock;
+using ::testing::HasSubstr;
 using testing::RecordingSink;
 
 // A rank's float buffer and the request that reduces it in place.
@@ -60,10 +60,12 @@ class CommunicatorTest : public ::testing::Test {
   void JoinAll(Communicator& comm, const std::vector<int>& ranks) {
     auto joined = std::make_shared<std::atomic<int>>(0);
     for (int r : ranks) {
-      ASSERT_TRUE(comm.Join(r, absl::Seconds(10), [joined](const absl::Status& s) {
-                        EXPECT_TRUE(s.ok()) << s;
-                        ++*joined;
-                      }).ok());
+      ASSERT_TRUE(comm.Join(r, absl::Seconds(10),
+                            [joined](const absl::Status& s) {
+                              EXPECT_TRUE(s.ok()) << s;
+                              ++*joined;
+                            })
+                      .ok());
     }
     EXPECT_EQ(joined->load(), static_cast<int>(ranks.size()));
   }
@@ -255,7 +257,8 @@ TEST_F(TwoDaemonsTest, TwoCommunicatorsInLockstepKeepTheirOwnData) {
 }
 
 TEST_F(TwoDaemonsTest, SendRecvAcrossNodes) {
-  std::shared_ptr<Communicator> comm[2] = {Make(0, "p2p", 1, {1, 2}, ""), Make(1, "p2p", 1, {1, 2}, "")};
+  std::shared_ptr<Communicator> comm[2] = {Make(0, "p2p", 1, {1, 2}, ""),
+                                           Make(1, "p2p", 1, {1, 2}, "")};
   JoinAll(*comm[0], {0});
   JoinAll(*comm[1], {1});
   RankBuffer src{std::vector<float>(777, 5.0f)}, dst{std::vector<float>(777, 0.0f)};

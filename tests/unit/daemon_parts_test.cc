@@ -8,10 +8,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
-#include "daemon/util/deadline_timer.h"
 #include "daemon/session/job_tokens.h"
-#include "daemon/util/log.h"
 #include "daemon/session/shm_segment.h"
+#include "daemon/util/deadline_timer.h"
+#include "daemon/util/log.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -47,9 +47,8 @@ class RecordingSink final : public CompletionSink {
   // The completion of request_id, or a DEADLINE_EXCEEDED placeholder after `limit`.
   Completion Wait(uint64_t request_id, absl::Duration limit = absl::Seconds(20)) {
     absl::MutexLock lock(&mu_);
-    auto arrived = [this, request_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return done_.count(request_id) > 0;
-    };
+    auto arrived = [this, request_id]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_.count(request_id) > 0; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&arrived), limit)) {
       return {absl::DeadlineExceededError("test: no completion arrived"), 0};
     }

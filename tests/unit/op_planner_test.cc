@@ -4,15 +4,15 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/scheduler/cost/calibration.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "daemon/scheduler/cost/calibration.h"
 
 namespace railyard {
 namespace {
 
-using ::testing::HasSubstr;
 using scheduler::OpKind;
+using ::testing::HasSubstr;
 
 std::shared_ptr<scheduler::cost::Tuner> TunerFor(const scheduler::CommLayout& layout) {
   const auto c = scheduler::cost::Calibration::Defaults();
@@ -40,8 +40,8 @@ std::vector<const scheduler::RankRequest*> Ptrs(const std::vector<scheduler::Ran
 TEST(OpPlannerTest, OneNodeDefaultsToTheLocalPlanWithAPrediction) {
   const auto layout = scheduler::CommLayout::Uniform(1, 4, 1);
   OpPlanner planner(layout, 0, TunerFor(layout), "", 256 << 10);
-  for (OpKind op : {OpKind::kAllReduce, OpKind::kAllGather, OpKind::kBroadcast,
-                    OpKind::kBarrier, OpKind::kAllToAll}) {
+  for (OpKind op : {OpKind::kAllReduce, OpKind::kAllGather, OpKind::kBroadcast, OpKind::kBarrier,
+                    OpKind::kAllToAll}) {
     const auto reqs = Requests(4, op, op == OpKind::kBarrier ? 0 : 1024);
     auto plan = planner.Plan(Ptrs(reqs));
     ASSERT_TRUE(plan.ok()) << plan.status();

@@ -86,7 +86,8 @@ TEST(TagLayoutTest, TwoCommunicatorsInLockstepNeverShareATag) {
     for (uint64_t step = 0; step < 40; ++step) {
       EXPECT_NE(CollectiveTag((*a)->value(), 1, seq, step),
                 CollectiveTag((*b)->value(), 1, seq, step));
-      EXPECT_NE(PointToPointTag((*a)->value(), 0, 1, seq), PointToPointTag((*b)->value(), 0, 1, seq));
+      EXPECT_NE(PointToPointTag((*a)->value(), 0, 1, seq),
+                PointToPointTag((*b)->value(), 0, 1, seq));
     }
   }
 }

@@ -48,7 +48,7 @@ __all__ = ["Client", "Comm", "Work", "connect", "init_from_env", "DEFAULT_SOCKET
 
 #: Socket used when neither ``socket=`` nor ``$RAILYARD_SOCKET`` is given.
 DEFAULT_SOCKET = "/run/railyard/railyard.sock"
-_VERSION = "0.1.0"
+from ._version import VERSION as _VERSION  # generated from CMakeLists.txt
 # Deadline of every unary RPC but InitComm (seconds).
 _RPC_TIMEOUT = 30.0
 # InitComm: its own timeout plus this margin, or this much when the daemon's default applies.

@@ -32,15 +32,7 @@ std::string ShapeKey(const OpShape& s) {
 }  // namespace
 
 double PrimerBytes(const OpShape& shape, int nranks) {
-  const double bytes = static_cast<double>(shape.count) * kernels::ElementSize(shape.dtype);
-  switch (shape.op) {
-    case OpKind::kReduceScatter:
-    case OpKind::kAllGather:
-    case OpKind::kAllToAll:
-      return bytes * nranks;
-    default:
-      return bytes;
-  }
+  return MessageBytes(shape.op, shape.dtype, shape.count, nranks, &shape.a2av_counts);
 }
 
 topology::FabricSpec FabricForLayout(const CommLayout& layout, const topology::LinkClass& intra,
@@ -212,9 +204,9 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
       best->has_ir && best->chunk_bytes > 0 ? absl::StrCat(", chunks of ", best->chunk_bytes, " B)")
                                             : std::string(")"));
   if (one_node) {
-    choice.reason = absl::StrCat(
-        "one node: local, single-pass kernels (closed form ", topology::FormatDuration(best->time_s()),
-        "); a schedule would add a pass through memory per step");
+    choice.reason = absl::StrCat("one node: local, single-pass kernels (closed form ",
+                                 topology::FormatDuration(best->time_s()),
+                                 "); a schedule would add a pass through memory per step");
   } else if (second != nullptr) {
     absl::StrAppend(&choice.reason,
                     absl::StrFormat(", %.2fx faster than the next best, %s (%s)",

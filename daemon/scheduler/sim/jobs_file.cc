@@ -145,13 +145,7 @@ absl::StatusOr<JobSpec> ParseJob(const json& j, size_t index, const topology::Fa
 }  // namespace
 
 uint64_t CountForBytes(OpKind op, double bytes, int nranks) {
-  double elems = std::floor(bytes / 4);
-  if (op == OpKind::kReduceScatter || op == OpKind::kAllGather || op == OpKind::kAllToAll) {
-    elems = std::floor(elems / std::max(1, nranks));
-  }
-  if (op == OpKind::kBarrier) return 0;
-  if (bytes > 0 && elems < 1) elems = 1;
-  return static_cast<uint64_t>(elems);
+  return CountForMessageBytes(op, kernels::DataType::kFloat32, bytes, nranks);
 }
 
 absl::StatusOr<std::vector<JobSpec>> ParseJobsJson(const std::string& text,

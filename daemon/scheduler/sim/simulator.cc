@@ -18,19 +18,9 @@ namespace {
 using topology::FabricKind;
 using topology::FabricSpec;
 
-// The message bytes M of PRIMER for a shape (ReduceScatter/AllGather: the full N*count buffer).
+// The message bytes M of PRIMER for a shape (op.h).
 double MessageBytes(const OpShape& shape, int nranks) {
-  double m = static_cast<double>(shape.count) * kernels::ElementSize(shape.dtype);
-  if (shape.op == OpKind::kReduceScatter || shape.op == OpKind::kAllGather ||
-      shape.op == OpKind::kAllToAll) {
-    m *= nranks;
-  }
-  if (shape.op == OpKind::kAllToAllv) {
-    m = 0;
-    for (uint64_t c : shape.a2av_counts) m += static_cast<double>(c);
-    m = m * kernels::ElementSize(shape.dtype) / std::max(1, nranks);
-  }
-  return m;
+  return scheduler::MessageBytes(shape.op, shape.dtype, shape.count, nranks, &shape.a2av_counts);
 }
 
 // Innetwork's chunk: the job's, else M / kInNetworkChunks but at least 64 KiB.

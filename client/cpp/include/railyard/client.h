@@ -106,6 +106,8 @@ class Comm {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // How many daemons (nodes) the communicator spans.
+  int nnodes() const { return nnodes_; }
   uint64_t handle() const { return handle_; }
 
   // Non-blocking collectives. Validation errors are returned by the Work's wait().
@@ -143,6 +145,7 @@ class Comm {
   uint64_t handle_ = 0;
   int rank_ = 0;
   int nranks_ = 0;
+  int nnodes_ = 1;
 };
 
 class Client {
