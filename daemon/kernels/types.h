@@ -1,38 +1,18 @@
-// Element types and reduction operators as the kernels see them: memory layout only.
+// Element types and reduction operators as the kernels see them: the API's own
+// (client/cpp/include/railyard/types.h, shared with the client and the tools), under kernels::.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <string_view>
+#include "railyard/types.h"
 
 namespace railyard::kernels {
 
-enum class DataType : uint8_t {
-  kFloat32,
-  kFloat64,
-  kFloat16,
-  kBFloat16,
-  kInt8,
-  kUint8,
-  kInt32,
-  kUint32,
-  kInt64,
-  kUint64,
-};
-inline constexpr int kNumDataTypes = 10;
-
-enum class RedOp : uint8_t { kSum, kProd, kMin, kMax, kAvg };
-inline constexpr int kNumRedOps = 5;
-
-// Bytes per element.
-size_t ElementSize(DataType dtype);
-// nccl-tests spelling: "float", "double", "half", "bfloat16", "int8", "uint8", "int32", "uint32",
-// "int64", "uint64"; and "sum", "prod", "min", "max", "avg".
-std::string_view Name(DataType dtype);
-std::string_view Name(RedOp op);
-// Inverse of Name(); also accepts nccl-tests aliases ("f32", "float32", "f16", "float16", "bf16",
-// "int", "uint", ...). Returns false for an unknown name.
-bool ParseDataType(std::string_view name, DataType* out);
-bool ParseRedOp(std::string_view name, RedOp* out);
+using ::railyard::DataType;
+using ::railyard::ElementSize;
+using ::railyard::kNumDataTypes;
+using ::railyard::kNumRedOps;
+using ::railyard::Name;
+using ::railyard::ParseDataType;
+using ::railyard::ParseRedOp;
+using ::railyard::RedOp;
 
 }  // namespace railyard::kernels

@@ -96,11 +96,18 @@ def test_pip_install(tmp_path):
     shutil.copytree(os.path.join(REPO, "client", "python"), repo / "client" / "python",
                     ignore=ignore)
     shutil.copytree(os.path.join(REPO, "proto"), repo / "proto")
+    shutil.copy(os.path.join(REPO, "CMakeLists.txt"), repo / "CMakeLists.txt")  # the version
     site = tmp_path / "site"
     run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
          "--no-index", "--target", str(site), str(repo / "client" / "python")], {}, timeout=300)
     out = run([sys.executable, "-c",
                "import railyard, railyard.launch, railyard.v1.local_pb2_grpc as g; "
-               "print(railyard.__file__, g.LocalStub.__name__)"],
+               "from railyard._version import VERSION; "
+               "print(railyard.__file__, g.LocalStub.__name__, 'version', VERSION)"],
               {"PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}, cwd=str(tmp_path))
     assert str(site) in out and "LocalStub" in out, out
+    # One version: project(VERSION) of the top CMakeLists.txt.
+    import re
+    cmake = open(os.path.join(REPO, "CMakeLists.txt")).read()
+    want = re.search(r"project\(railyard VERSION (\S+)", cmake).group(1)
+    assert f"version {want}" in out, out

@@ -13,12 +13,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/kernels/types.h"
+#include "railyard/types.h"
 
 namespace railyard {
-
-using kernels::DataType;
-using kernels::RedOp;
 
 class ClientCore;  // shared state between Client, Buffer, Comm and Work (client.cc)
 namespace v1 {

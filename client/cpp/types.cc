@@ -1,9 +1,9 @@
-#include "daemon/kernels/types.h"
+#include "railyard/types.h"
 
 #include <cstddef>
 #include <string_view>
 
-namespace railyard::kernels {
+namespace railyard {
 namespace {
 
 struct DataTypeName {
@@ -135,4 +135,4 @@ bool ParseRedOp(std::string_view name, RedOp* out) {
   return false;
 }
 
-}  // namespace railyard::kernels
+}  // namespace railyard
