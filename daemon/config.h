@@ -21,7 +21,8 @@ struct DaemonConfig {
   std::string metrics_listen;
   // JSON file describing this node's rails (docs/topology.md); empty: one rail, UCX's choice.
   std::string topology_file;
-  // Algorithm for requests that force none; empty: the scheduler's size/nodes rule.
+  // Algorithm for requests that force none (a name of the algorithm table, or "local" on one
+  // node), where it implements the op; empty: the communicator's tuner (cost model) chooses.
   std::string algo;
   // A peer daemon that has not answered heartbeats for this long fails its communicators.
   absl::Duration peer_timeout = absl::Seconds(10);
@@ -35,7 +36,8 @@ struct DaemonConfig {
   absl::Duration op_timeout = absl::Seconds(300);
   // Default wait for all ranks to join a communicator.
   absl::Duration init_timeout = absl::Seconds(120);
-  // Size of one step of a local plan (see daemon/scheduler/local_plan.h).
+  // Size of one step of a local plan (daemon/scheduler/local_plan.h), and the chunk size of a
+  // forced algorithm's schedule (the tuner picks its own around it).
   size_t chunk_bytes = 256 * 1024;
   // How long shutdown waits for RPCs in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);

@@ -7,7 +7,6 @@
 #include "daemon/comm/comm_id.h"
 #include "daemon/metrics/counting_endpoint.h"
 #include "daemon/services/request_decode.h"
-#include "daemon/session/job_tokens.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
 
@@ -24,10 +23,10 @@ int WorkerThreads(int configured) {
 
 DaemonCore::DaemonCore(DaemonConfig config, std::map<std::string, std::string> job_tokens)
     : config_(std::move(config)),
-      fixed_tokens_(std::move(job_tokens)),
       started_at_(absl::Now()),
       metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion)),
-      executor_(WorkerThreads(config_.worker_threads)) {
+      executor_(WorkerThreads(config_.worker_threads)),
+      sessions_(std::move(job_tokens)) {
   coordinator_ =
       config_.peer_listen.empty() ? absl::StrCat("local:", config_.node_name) : config_.peer_listen;
   metrics_->SetSampler([this] { return SampleMetrics(); });
@@ -37,60 +36,23 @@ DaemonCore::DaemonCore(DaemonConfig config, std::map<std::string, std::string> j
 DaemonCore::~DaemonCore() { Shutdown(); }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::ConnectRequest& req) {
-  if (!ValidJobId(req.job_id())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job id '", req.job_id().substr(0, 64), "' is not [A-Za-z0-9._-]{1,128}"));
-  }
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
-  if (!fixed_tokens_.empty()) {
-    auto it = fixed_tokens_.find(req.job_id());
-    if (it == fixed_tokens_.end()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("job ", req.job_id(), " is not listed in this daemon's job tokens file"));
-    }
-    if (it->second != req.token()) {
-      return absl::PermissionDeniedError(absl::StrCat("wrong token for job ", req.job_id()));
-    }
-  }
-  auto [job_it, inserted] = jobs_.try_emplace(req.job_id());
-  Job& job = job_it->second;
-  if (inserted) {
-    job.token = req.token();
-  } else if (job.token != req.token()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("wrong token for job ", req.job_id(),
-                     ": it does not match the token its first session set"));
-  }
-  ++job.sessions;
-  auto session = std::make_shared<Session>(RandomHex128(), req.job_id(), req.pid(),
-                                           req.client().substr(0, 128));
-  sessions_.emplace(session->id(), session);
-  metrics_->AddJob(session->job());
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_.Open(req.job_id(), req.token(), req.pid(), req.client());
+  if (!session.ok()) return session.status();
+  metrics_->AddJob((*session)->job());
   Log(LogLevel::kInfo, "session", "connected",
-      {F("session", session->id().substr(0, 8)), F("job", session->job()), F("pid", req.pid())});
+      {F("session", (*session)->id().substr(0, 8)), F("job", (*session)->job()),
+       F("pid", req.pid())});
   return session;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::FindSession(const std::string& session_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError("unknown session id: connect first (or the session has ended)");
-  }
-  return it->second;
+  return sessions_.Find(session_id);
 }
 
 void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std::string& why,
                               const grpc::Status& stream_status) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session->id());
-    if (it == sessions_.end() || it->second != session) return;
-    sessions_.erase(it);
-    auto job = jobs_.find(session->job());
-    if (job != jobs_.end() && --job->second.sessions == 0) jobs_.erase(job);
-  }
+  if (!sessions_.Remove(session)) return;
   session->Close(stream_status);
   const auto buffers = session->TakeBuffers();  // unmapped when the last operation lets go
   for (auto& [handle, m] : session->TakeMemberships()) {
@@ -180,13 +142,8 @@ absl::Status DaemonCore::CoordinateJoin(const v1::JoinCommRequest& req, CommBoot
 }
 
 void DaemonCore::AbortFromPeer(const v1::AbortCommRequest& req) {
-  std::shared_ptr<Communicator> comm;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = comms_.find({req.job_id(), req.comm_id()});
-    if (it == comms_.end()) return;
-    comm = it->second;
-  }
+  std::shared_ptr<Communicator> comm = comms_.Find({req.job_id(), req.comm_id()});
+  if (comm == nullptr) return;
   const auto code = static_cast<absl::StatusCode>(req.code());
   comm->Abort(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kAborted : code,
                            req.message()),
@@ -211,30 +168,22 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
         "comm id names coordinator ", id->coordinator, " but this daemon is ", coordinator_,
         " and has no --peer_listen: communicators spanning daemons need the peer service"));
   }
-  const auto key = std::make_pair(session->job(), req.comm_id());
-  std::shared_ptr<const scheduler::tags::Slot> slot;
+  const CommRegistry::Key key(session->job(), req.comm_id());
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
-    auto it = comms_.find(key);
-    if (it != comms_.end() && !it->second->failed() && it->second->HasJoined(req.rank())) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
-    }
-    // The local ranks of one communicator share this daemon's tag slot for it.
-    if (transport_ != nullptr) {
-      std::weak_ptr<const scheduler::tags::Slot>& shared = bootstrap_slots_[key];
-      slot = shared.lock();
-      if (slot == nullptr) {
-        absl::StatusOr<std::shared_ptr<const scheduler::tags::Slot>> got = tag_slots_.Acquire();
-        if (!got.ok()) {
-          bootstrap_slots_.erase(key);
-          return got.status();
-        }
-        slot = *got;
-        shared = slot;
-      }
-    }
+  }
+  if (auto existing = comms_.Find(key);
+      existing != nullptr && !existing->failed() && existing->HasJoined(req.rank())) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
+  }
+  // The local ranks of one communicator share this daemon's tag slot for it.
+  std::shared_ptr<const scheduler::tags::Slot> slot;
+  if (transport_ != nullptr) {
+    absl::StatusOr<std::shared_ptr<const scheduler::tags::Slot>> got = comms_.BootstrapSlot(key);
+    if (!got.ok()) return got.status();
+    slot = *std::move(got);
   }
   const uint64_t handle = next_comm_handle_.fetch_add(1);
   v1::JoinCommRequest join;
@@ -248,11 +197,7 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
   std::weak_ptr<Session> weak_session = session;
   auto on_layout = [this, key, weak_session, req, handle, slot,
                     done](const absl::StatusOr<v1::JoinCommResponse>& layout) {
-    {
-      // The layout is out: the communicator (or nothing) holds the slot from now on.
-      absl::MutexLock lock(&mu_);
-      bootstrap_slots_.erase(key);
-    }
+    comms_.EndBootstrap(key);  // the communicator (or nothing) holds the slot from now on
     OnLayout(weak_session, req, handle, slot, layout, done);
   };
   if (!local_coordinator) {
@@ -260,14 +205,7 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
                     std::move(on_layout));
     return absl::OkStatus();
   }
-  absl::Status s = CoordinateJoin(join, std::move(on_layout));
-  if (!s.ok()) {
-    slot.reset();
-    absl::MutexLock lock(&mu_);
-    auto it = bootstrap_slots_.find(key);
-    if (it != bootstrap_slots_.end() && it->second.expired()) bootstrap_slots_.erase(it);
-  }
-  return s;
+  return CoordinateJoin(join, std::move(on_layout));
 }
 
 void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
@@ -300,32 +238,24 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
                done](const absl::StatusOr<std::shared_ptr<Communicator>>& comm) {
     JoinBuilt(weak_session, req, handle, nnodes, comm, done);
   };
-  std::shared_ptr<Communicator> comm;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) {
       done(absl::UnavailableError("railyardd is shutting down"), handle, 0);
       return;
     }
-    auto it = comms_.find(key);
-    if (it != comms_.end() && it->second->failed()) {
-      // A failed communicator is never revived: a new one takes over its id.
-      comms_.erase(it);
-      it = comms_.end();
-    }
-    if (it != comms_.end()) {
-      comm = it->second;
-    } else if (auto b = building_.find(key); b != building_.end()) {
-      b->second.push_back(std::move(join));  // another local rank is building it
+  }
+  std::shared_ptr<Communicator> comm;
+  switch (comms_.FindOrClaim(key, join, &comm)) {
+    case CommRegistry::Claim::kFound:
+      join(comm);
       return;
-    } else {
-      building_[key];
-    }
+    case CommRegistry::Claim::kWaiting:  // another local rank is building it
+      return;
+    case CommRegistry::Claim::kBuild:
+      break;
   }
-  if (comm != nullptr) {
-    join(comm);
-    return;
-  }
+  // Built outside every lock: UCX connects may take --peer_timeout per peer and rail.
   absl::StatusOr<std::shared_ptr<Communicator>> made;
   if (nnodes == 1) {
     made = std::make_shared<Communicator>(
@@ -334,17 +264,7 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
   } else {
     made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot));
   }
-  std::vector<BuiltFn> waiters;
-  {
-    absl::MutexLock lock(&mu_);
-    if (made.ok() && shutting_down_) made = absl::UnavailableError("railyardd is shutting down");
-    if (made.ok()) comms_[key] = *made;
-    auto b = building_.find(key);
-    if (b != building_.end()) {
-      waiters = std::move(b->second);
-      building_.erase(b);
-    }
-  }
+  std::vector<CommRegistry::BuiltFn> waiters = comms_.Built(key, made);
   join(made);
   for (auto& w : waiters) w(made);
 }
@@ -469,7 +389,7 @@ void DaemonCore::HeartbeatTick() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     const absl::Time now = absl::Now();
-    for (const auto& [key, comm] : comms_) {
+    for (const auto& comm : comms_.Snapshot()) {
       if (!comm->multi_node() || comm->failed()) continue;
       for (const auto& addr : comm->PeerAddresses()) {
         by_peer[addr].push_back(comm);
@@ -535,24 +455,12 @@ absl::Status DaemonCore::DestroyComm(Session& session, uint64_t handle) {
 }
 
 void DaemonCore::RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm) {
-  if (!comm->all_left()) return;
-  const CommStats stats = comm->Stats();
-  absl::MutexLock lock(&mu_);
-  auto it = comms_.find({comm->job(), comm->comm_id()});
-  if (it == comms_.end() || it->second != comm) return;
-  retired_ops_completed_ += stats.ops_completed;
-  retired_ops_failed_ += stats.ops_failed;
-  comms_.erase(it);
+  if (comm->all_left()) comms_.Retire(comm);
 }
 
 metrics::DaemonSample DaemonCore::SampleMetrics() {
-  std::vector<std::shared_ptr<Session>> sessions;
-  std::vector<std::shared_ptr<Communicator>> comms;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, s] : sessions_) sessions.push_back(s);
-    for (const auto& [key, c] : comms_) comms.push_back(c);
-  }
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_.Snapshot();
+  const std::vector<std::shared_ptr<Communicator>> comms = comms_.Snapshot();
   metrics::DaemonSample out;
   out.sessions = static_cast<int>(sessions.size());
   for (const auto& s : sessions) {
@@ -584,17 +492,9 @@ v1::StatusResponse DaemonCore::Status() {
     out.add_rails(rail.device().empty() ? rail.name()
                                         : absl::StrCat(rail.name(), "@", rail.device()));
   }
-  std::vector<std::shared_ptr<Session>> sessions;
-  std::vector<std::shared_ptr<Communicator>> comms;
-  uint64_t ops_completed = 0;
-  uint64_t ops_failed = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, s] : sessions_) sessions.push_back(s);
-    for (const auto& [key, c] : comms_) comms.push_back(c);
-    ops_completed = retired_ops_completed_;
-    ops_failed = retired_ops_failed_;
-  }
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_.Snapshot();
+  const std::vector<std::shared_ptr<Communicator>> comms = comms_.Snapshot();
+  auto [ops_completed, ops_failed] = comms_.retired_ops();
   std::map<std::string, v1::JobStatus> jobs;
   uint64_t buffers = 0;
   uint64_t buffer_bytes = 0;
@@ -643,20 +543,16 @@ v1::StatusResponse DaemonCore::Status() {
 }
 
 void DaemonCore::Shutdown() {
-  std::map<std::string, std::shared_ptr<Session>> sessions;
-  std::map<std::pair<std::string, std::string>, std::shared_ptr<Communicator>> comms;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
     timer_.Cancel(heartbeat_timer_);
-    sessions = sessions_;
-    comms = comms_;
   }
-  for (auto& [key, comm] : comms) {
+  for (auto& comm : comms_.Close()) {
     comm->Abort(absl::CancelledError("railyardd is shutting down"));
   }
-  for (auto& [id, s] : sessions) {
+  for (auto& s : sessions_.Close()) {
     CloseSession(s, "railyardd is shutting down",
                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "railyardd is shutting down"));
   }

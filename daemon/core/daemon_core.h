@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/comm/bootstrap.h"
+#include "daemon/comm/comm_registry.h"
 #include "daemon/comm/communicator.h"
 #include "daemon/comm/peer_client.h"
 #include "daemon/config.h"
@@ -24,6 +25,7 @@
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/session/session.h"
+#include "daemon/session/session_registry.h"
 #include "daemon/transport/transport.h"
 #include "daemon/util/deadline_timer.h"
 #include "railyard/v1/admin.pb.h"
@@ -149,30 +151,14 @@ class DaemonCore {
   std::atomic<uint64_t> next_buffer_id_{1};
   std::atomic<uint64_t> next_comm_handle_{1};
 
-  struct Job {
-    std::string token;
-    int sessions = 0;
-  };
-
   absl::Mutex mu_;
   v1::CostModel cost_model_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  // (job, comm id) -> communicator
-  std::map<std::pair<std::string, std::string>, std::shared_ptr<Communicator>> comms_
-      ABSL_GUARDED_BY(mu_);
-  // Communicators being built (outside mu_): the joins of other local ranks waiting for them.
-  using BuiltFn = std::function<void(const absl::StatusOr<std::shared_ptr<Communicator>>&)>;
-  std::map<std::pair<std::string, std::string>, std::vector<BuiltFn>> building_
-      ABSL_GUARDED_BY(mu_);
-  // The tag namespace of this daemon's multi-node communicators (daemon/scheduler/tags.h), and
-  // the slots of communicators still bootstrapping, shared by their local ranks.
-  scheduler::tags::TagSlotTable tag_slots_;
-  std::map<std::pair<std::string, std::string>, std::weak_ptr<const scheduler::tags::Slot>>
-      bootstrap_slots_ ABSL_GUARDED_BY(mu_);
-  uint64_t retired_ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t retired_ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sessions and their jobs' tokens; communicators by (job, comm id), their builds and their
+  // bootstraps' tag slots. Each has its own lock; neither is called with mu_ held. Declared after
+  // the executor and timer their communicators use, so destroyed before them.
+  SessionRegistry sessions_;
+  CommRegistry comms_;
   // Last time each peer daemon (by address) answered a heartbeat.
   std::map<std::string, absl::Time> peer_last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_last_error_ ABSL_GUARDED_BY(mu_);

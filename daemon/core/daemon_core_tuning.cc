@@ -91,10 +91,9 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
   }
   std::shared_ptr<Communicator> comm;
   {
-    absl::MutexLock lock(&mu_);
     std::vector<std::shared_ptr<Communicator>> multi;
-    for (const auto& [key, c] : comms_) {
-      if (!req.comm_id().empty() && key.second != req.comm_id()) continue;
+    for (const auto& c : comms_.Snapshot()) {
+      if (!req.comm_id().empty() && c->comm_id() != req.comm_id()) continue;
       if (req.comm_id().empty() && !c->multi_node()) continue;
       multi.push_back(c);
     }

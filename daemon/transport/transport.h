@@ -1,8 +1,9 @@
 // The data plane between daemons, as the scheduler's executor sees it: move bytes to and from a
 // peer daemon over one rail, asynchronously. A transport never knows what a collective is.
 //
-// Only the in-node path exists so far (no remote peers); this interface is the seam the UCX
-// implementation (daemon/transport/ucx) and the in-process test implementation plug into.
+// Two implementations: UCX (daemon/transport/ucx), one worker per rail, which the daemon uses
+// between nodes; and the in-process fabric (daemon/transport/inproc, test-only), which unit tests
+// of the executor and the communicator use. Memory-only work on one node never goes through it.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +21,10 @@ namespace railyard::transport {
 // source buffer (Send) or arrived in full (Recv), else why not (UNAVAILABLE for a dead peer).
 using CompletionFn = std::function<void(absl::Status)>;
 
-// Matches a send with its receive. The scheduler packs (communicator, sender node, sequence
-// number, step) into it so that a tag is unique among everything in flight to one rail's worker;
-// transports match tags exactly (full 64-bit mask) and need not look inside.
+// Matches a send with its receive. The scheduler packs (the receiver's slot for the communicator,
+// sender, sequence number, step) into it (daemon/scheduler/tags.h) so that a tag is unique among
+// everything in flight to one rail's worker; transports match tags exactly (full 64-bit mask),
+// in posting order per endpoint, and need not look inside.
 using Tag = uint64_t;
 
 // A connection to one peer daemon over one rail. Thread-safe.

@@ -1,0 +1,187 @@
+// DaemonCore's registries on their own: sessions and job tokens; communicators, their builds
+// shared by several joins, retirement, and the bootstrap tag slots.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/comm/comm_registry.h"
+#include "daemon/scheduler/executor.h"
+#include "daemon/session/session_registry.h"
+#include "daemon/util/deadline_timer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/fakes.h"
+
+namespace railyard {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(SessionRegistryTest, TheFirstSessionOfAJobSetsItsTokenUntilItsLastSessionEnds) {
+  SessionRegistry reg({});
+  auto a = reg.Open("job1", "secret", 10, "test");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto wrong = reg.Open("job1", "guess", 11, "test");
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("first session set"));
+  auto b = reg.Open("job1", "secret", 12, "test");
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE((*a)->id(), (*b)->id());
+  EXPECT_EQ(reg.jobs(), 1u);
+  EXPECT_TRUE(reg.Remove(*a));
+  EXPECT_FALSE(reg.Remove(*a));  // idempotent
+  EXPECT_EQ(reg.Open("job1", "other", 13, "t").status().code(),
+            absl::StatusCode::kPermissionDenied);  // b still holds the token
+  EXPECT_TRUE(reg.Remove(*b));
+  EXPECT_EQ(reg.jobs(), 0u);
+  EXPECT_TRUE(reg.Open("job1", "other", 14, "t").ok());  // a new job of that name
+}
+
+TEST(SessionRegistryTest, FixedTokensAdmitOnlyListedJobs) {
+  SessionRegistry reg(std::map<std::string, std::string>{{"train", "t0k3n"}});
+  EXPECT_TRUE(reg.Open("train", "t0k3n", 1, "c").ok());
+  EXPECT_EQ(reg.Open("train", "nope", 1, "c").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto unlisted = reg.Open("other", "t0k3n", 1, "c");
+  EXPECT_EQ(unlisted.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(unlisted.status().message(), HasSubstr("not listed"));
+}
+
+TEST(SessionRegistryTest, BadJobIdsUnknownSessionsAndShutdown) {
+  SessionRegistry reg({});
+  EXPECT_EQ(reg.Open("bad job!", "", 1, "c").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Open(std::string(200, 'x'), "", 1, "c").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Find("nope").status().code(), absl::StatusCode::kNotFound);
+  auto s = reg.Open("j", "", 1, "c");
+  ASSERT_TRUE(s.ok());
+  auto found = reg.Find((*s)->id());
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, *s);
+  EXPECT_EQ(reg.Close().size(), 1u);
+  EXPECT_EQ(reg.Open("j", "", 1, "c").status().code(), absl::StatusCode::kUnavailable);
+}
+
+class CommRegistryTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<Communicator> MakeComm(const std::string& id, int nranks = 1) {
+    CommEnv env;
+    env.executor = &executor_;
+    env.timer = &timer_;
+    return std::make_shared<Communicator>(id, "job", nranks, env);
+  }
+  testing::FakeClock clock_;
+  DeadlineTimer timer_{&clock_};
+  scheduler::Executor executor_{1};
+};
+
+TEST_F(CommRegistryTest, OneJoinBuildsTheOthersWaitAndAllGetTheSameCommunicator) {
+  CommRegistry reg;
+  const CommRegistry::Key key("job", "c1");
+  std::shared_ptr<Communicator> found;
+  std::vector<std::shared_ptr<Communicator>> got;
+  auto record = [&got](const absl::StatusOr<std::shared_ptr<Communicator>>& c) {
+    ASSERT_TRUE(c.ok());
+    got.push_back(*c);
+  };
+  EXPECT_EQ(reg.FindOrClaim(key, record, &found), CommRegistry::Claim::kBuild);
+  EXPECT_EQ(reg.FindOrClaim(key, record, &found), CommRegistry::Claim::kWaiting);
+  EXPECT_EQ(reg.FindOrClaim(key, record, &found), CommRegistry::Claim::kWaiting);
+  absl::StatusOr<std::shared_ptr<Communicator>> made = MakeComm("c1");
+  auto waiters = reg.Built(key, made);
+  ASSERT_EQ(waiters.size(), 2u);
+  for (auto& w : waiters) w(made);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], *made);
+  EXPECT_EQ(got[1], *made);
+  EXPECT_EQ(reg.FindOrClaim(key, record, &found), CommRegistry::Claim::kFound);
+  EXPECT_EQ(found, *made);
+  EXPECT_EQ(reg.Find(key), *made);
+}
+
+TEST_F(CommRegistryTest, AFailedBuildReachesTheWaitersAndRegistersNothing) {
+  CommRegistry reg;
+  const CommRegistry::Key key("job", "c2");
+  std::shared_ptr<Communicator> found;
+  absl::Status seen;
+  ASSERT_EQ(reg.FindOrClaim(key, nullptr, &found), CommRegistry::Claim::kBuild);
+  ASSERT_EQ(reg.FindOrClaim(
+                key, [&seen](const absl::StatusOr<std::shared_ptr<Communicator>>& c) {
+                  seen = c.status();
+                },
+                &found),
+            CommRegistry::Claim::kWaiting);
+  absl::StatusOr<std::shared_ptr<Communicator>> made = absl::UnavailableError("connect failed");
+  for (auto& w : reg.Built(key, made)) w(made);
+  EXPECT_EQ(seen.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reg.Find(key), nullptr);
+  EXPECT_EQ(reg.FindOrClaim(key, nullptr, &found), CommRegistry::Claim::kBuild);  // try again
+}
+
+TEST_F(CommRegistryTest, AFailedCommunicatorIsReplacedAndRetiringCountsItsOps) {
+  CommRegistry reg;
+  const CommRegistry::Key key("job", "c3");
+  std::shared_ptr<Communicator> found;
+  ASSERT_EQ(reg.FindOrClaim(key, nullptr, &found), CommRegistry::Claim::kBuild);
+  absl::StatusOr<std::shared_ptr<Communicator>> first = MakeComm("c3");
+  reg.Built(key, first);
+  (*first)->Abort(absl::AbortedError("test"), /*notify=*/false);
+  EXPECT_EQ(reg.FindOrClaim(key, nullptr, &found), CommRegistry::Claim::kBuild);
+  absl::StatusOr<std::shared_ptr<Communicator>> second = MakeComm("c3");
+  reg.Built(key, second);
+  reg.Retire(*first);  // no longer key's communicator: nothing happens
+  EXPECT_EQ(reg.Find(key), *second);
+  // One barrier on the second: retiring it adds its operations to the daemon's totals.
+  ASSERT_TRUE((*second)->Join(0, absl::Seconds(5), [](const absl::Status&) {}).ok());
+  auto sink = std::make_shared<testing::RecordingSink>();
+  auto barrier = std::make_unique<PendingRequest>();
+  barrier->request_id = 1;
+  barrier->session = sink;
+  barrier->req.op = scheduler::OpKind::kBarrier;
+  ASSERT_TRUE((*second)->Submit(std::move(barrier)).ok());
+  ASSERT_TRUE(sink->Wait(1).status.ok());
+  reg.Retire(*second);
+  EXPECT_EQ(reg.Find(key), nullptr);
+  EXPECT_EQ(reg.retired_ops(), std::make_pair(uint64_t{1}, uint64_t{0}));
+}
+
+TEST_F(CommRegistryTest, NothingRegistersAfterClose) {
+  CommRegistry reg;
+  const CommRegistry::Key key("job", "c4");
+  std::shared_ptr<Communicator> found;
+  ASSERT_EQ(reg.FindOrClaim(key, nullptr, &found), CommRegistry::Claim::kBuild);
+  EXPECT_TRUE(reg.Close().empty());
+  absl::StatusOr<std::shared_ptr<Communicator>> made = MakeComm("c4");
+  reg.Built(key, made);
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reg.Find(key), nullptr);
+}
+
+TEST_F(CommRegistryTest, BootstrapSlotsAreSharedPerCommunicatorAndReturnedWhenReleased) {
+  CommRegistry reg(2);
+  const CommRegistry::Key a("job", "a"), b("job", "b"), c("job", "c");
+  auto a1 = reg.BootstrapSlot(a);
+  auto a2 = reg.BootstrapSlot(a);  // another local rank of the same communicator
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  EXPECT_EQ(*a1, *a2);
+  auto b1 = reg.BootstrapSlot(b);
+  ASSERT_TRUE(b1.ok());
+  EXPECT_NE((*b1)->value(), (*a1)->value());
+  auto c1 = reg.BootstrapSlot(c);
+  EXPECT_EQ(c1.status().code(), absl::StatusCode::kResourceExhausted);
+  // The layout of a arrived: the communicator keeps the slot, later joins of a get a new one.
+  reg.EndBootstrap(a);
+  std::shared_ptr<const scheduler::tags::Slot> held = *a1;
+  a1 = absl::UnknownError("dropped");
+  a2 = absl::UnknownError("dropped");
+  EXPECT_EQ(reg.tag_slots_in_use(), 2);
+  held.reset();  // the communicator is gone
+  EXPECT_EQ(reg.tag_slots_in_use(), 1);
+  auto c2 = reg.BootstrapSlot(c);
+  ASSERT_TRUE(c2.ok()) << c2.status();
+}
+
+}  // namespace
+}  // namespace railyard
