@@ -38,9 +38,10 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
       multi_node_(net.layout.nnodes > 1),
       net_(std::move(net)),
       local_ranks_(net_.layout.ranks_of_node[net_.my_node]),
-      planner_(net_.layout, net_.my_node, net_.tuner, env_.default_algo, env_.chunk_bytes) {
+      planner_(net_.layout, net_.my_node, net_.tuner, env_.default_algo, env_.chunk_bytes),
+      collectives_(&local_ranks_),
+      channels_(comm_id_) {
   members_.resize(local_ranks_.size());
-  next_seq_.assign(local_ranks_.size(), 0);
   collective_exec_.on_done = [this] { OnCollectiveDone(absl::OkStatus()); };
 }
 
@@ -165,33 +166,28 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
 absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
     std::unique_ptr<PendingRequest> request, Outcomes* out) {
   const int rank = LocalIndex(request->rank);
-  const uint64_t seq = next_seq_[rank];
-  const uint64_t idx = seq - base_seq_;
-  while (slots_.size() <= idx) {
-    slots_.emplace_back();
-    slots_.back().merge.Reset(static_cast<int>(local_ranks_.size()), &local_ranks_);
-    slots_.back().requests.resize(local_ranks_.size());
-  }
-  SeqSlot& slot = slots_[idx];
-  if (absl::Status s = slot.merge.Add(rank, &request->req); !s.ok()) {
+  const OpKind op = request->req.op;
+  const absl::Time deadline = request->deadline;
+  CollectiveQueue::Added added;
+  if (absl::Status s = collectives_.Add(rank, std::move(request), &added); !s.ok()) {
     if (env_.metrics != nullptr) env_.metrics->CountDesync();
-    const absl::Status why(s.code(),
-                           absl::StrCat(scheduler::OpName(request->req.op), " seq ", seq,
-                                        " on communicator ", comm_id_, ": ", s.message()));
+    const absl::Status why(
+        s.code(), absl::StrCat(scheduler::OpName(op), " seq ", added.seq, " on communicator ",
+                               comm_id_, ": ", s.message()));
     AbortLocked(why, out);
     return why;
   }
-  ++next_seq_[rank];
-  if (slot.merge.arrived() == 1) {
+  const uint64_t seq = added.seq;
+  CollectiveQueue::Entry& entry = *added.entry;
+  if (added.first) {
     std::weak_ptr<Communicator> weak = weak_from_this();
-    slot.timer = env_.timer->Schedule(request->deadline, [weak, seq] {
+    entry.timer = env_.timer->Schedule(deadline, [weak, seq] {
       if (auto self = weak.lock()) self->OnOpDeadline(seq);
     });
   }
-  slot.requests[rank] = std::move(request);
-  if (slot.merge.complete()) {
-    env_.timer->Cancel(slot.timer);
-    if (absl::Status s = slot.merge.CheckComplete(); !s.ok()) {
+  if (added.complete) {
+    env_.timer->Cancel(entry.timer);
+    if (absl::Status s = entry.merge.CheckComplete(); !s.ok()) {
       if (env_.metrics != nullptr) env_.metrics->CountDesync();
       AbortLocked(absl::Status(s.code(), absl::StrCat("seq ", seq, " on communicator ", comm_id_,
                                                       ": ", s.message())),
@@ -204,9 +200,9 @@ absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
 }
 
 void Communicator::NextCollectiveLocked(Outcomes* out) {
-  while (!collective_running_ && state_ != State::kFailed && !slots_.empty() &&
-         slots_.front().merge.complete()) {
-    SeqSlot& slot = slots_.front();
+  while (!collective_running_ && state_ != State::kFailed && collectives_.front_complete()) {
+    CollectiveQueue::Entry& slot = collectives_.front();
+    const uint64_t base_seq = collectives_.front_seq();
     const scheduler::RankRequest& r0 = slot.requests[0]->req;
     // One path for one node and many: forced algorithm or tuner, then a local plan or a schedule.
     absl::StatusOr<PlannedOp> plan = planner_.Plan(slot.merge.requests());
@@ -214,12 +210,11 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
       // Every daemon derives the same outcome from the same inputs: failing here is consistent.
       const absl::Status why(
           plan.status().code(),
-          absl::StrCat(scheduler::OpName(r0.op), " seq ", base_seq_, " on communicator ", comm_id_,
+          absl::StrCat(scheduler::OpName(r0.op), " seq ", base_seq, " on communicator ", comm_id_,
                        ": ", plan.status().message()));
-      for (auto& r : slot.requests) out->completions.push_back({std::move(r), why, base_seq_});
+      for (auto& r : slot.requests) out->completions.push_back({std::move(r), why, base_seq});
       ++ops_failed_;
-      slots_.pop_front();
-      ++base_seq_;
+      collectives_.PopFront();
       continue;
     }
     run_started_ = absl::Now();
@@ -240,7 +235,7 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
         // A running operation waits on other daemons, which may never send (their ranks
         // submitted something else, or stalled): bound it like everything else.
         std::weak_ptr<Communicator> weak = weak_from_this();
-        const uint64_t seq = base_seq_;
+        const uint64_t seq = base_seq;
         const absl::Duration limit = TimeoutOf(*slot.requests[0]);
         run_timer_ = env_.timer->Schedule(env_.timer->Now() + limit, [weak, seq, limit] {
           if (auto self = weak.lock()) self->OnRunDeadline(seq, limit);
@@ -258,10 +253,9 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     // Nothing to move (barrier, count 0): complete now.
     RecordCollectiveLocked(absl::OkStatus());
     for (auto& r : slot.requests)
-      out->completions.push_back({std::move(r), absl::OkStatus(), base_seq_});
+      out->completions.push_back({std::move(r), absl::OkStatus(), base_seq});
     ++ops_completed_;
-    slots_.pop_front();
-    ++base_seq_;
+    collectives_.PopFront();
   }
 }
 
@@ -269,7 +263,7 @@ void Communicator::OnRunDeadline(uint64_t seq, absl::Duration limit) {
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
-    if (!collective_running_ || base_seq_ != seq) return;
+    if (!collective_running_ || collectives_.front_seq() != seq) return;
     AbortLocked(absl::DeadlineExceededError(absl::StrCat(
                     "seq ", seq, " on communicator ", comm_id_, " did not complete across its ",
                     net_.layout.nnodes, " nodes within ", absl::FormatDuration(limit),
@@ -286,17 +280,17 @@ void Communicator::OnCollectiveDone(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     keep = std::move(running_self_);
     env_.timer->Cancel(run_timer_);
-    SeqSlot& slot = slots_.front();
+    CollectiveQueue::Entry& slot = collectives_.front();
+    const uint64_t seq = collectives_.front_seq();
     RecordCollectiveLocked(status);
-    for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, base_seq_});
+    for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, seq});
     if (status.ok()) {
       ++ops_completed_;
       bytes_moved_ += collective_exec_.plan.bytes_moved;
     } else {
       ++ops_failed_;
     }
-    slots_.pop_front();
-    ++base_seq_;
+    collectives_.PopFront();
     collective_running_ = false;
     // A failed transfer leaves the daemons out of step: the communicator cannot go on.
     if (!status.ok()) AbortLocked(status, &out, /*transfers_now=*/true);
@@ -306,8 +300,8 @@ void Communicator::OnCollectiveDone(const absl::Status& status) {
 }
 
 void Communicator::RecordCollectiveLocked(const absl::Status& status) {
-  if (env_.metrics == nullptr || !status.ok() || slots_.empty()) return;
-  const SeqSlot& slot = slots_.front();
+  if (env_.metrics == nullptr || !status.ok() || collectives_.empty()) return;
+  const CollectiveQueue::Entry& slot = collectives_.front();
   if (slot.requests.empty() || slot.requests[0] == nullptr) return;
   const scheduler::RankRequest& r = slot.requests[0]->req;
   // nccl-tests' size (what algbw divides by), op.h.
@@ -319,7 +313,7 @@ void Communicator::RecordCollectiveLocked(const absl::Status& status) {
 }
 
 void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
-  const SeqSlot& slot = slots_.front();
+  const CollectiveQueue::Entry& slot = collectives_.front();
   node_schedule_ = plan.schedule;
   const uint64_t per_rank = node_schedule_->scratch_bytes_per_rank;
   const size_t need = per_rank * local_ranks_.size();
@@ -335,15 +329,16 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
   }
   node_dtype_ = slot.requests[0]->req.dtype;
   node_red_op_ = slot.requests[0]->req.red_op;
-  node_run_seq_ = base_seq_;
+  node_run_seq_ = collectives_.front_seq();
 }
 
 void Communicator::OnOpDeadline(uint64_t seq) {
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
-    if (state_ == State::kFailed || seq < base_seq_ || seq - base_seq_ >= slots_.size()) return;
-    const SeqSlot& slot = slots_[seq - base_seq_];
+    const CollectiveQueue::Entry* entry = collectives_.Find(seq);
+    if (state_ == State::kFailed || entry == nullptr) return;
+    const CollectiveQueue::Entry& slot = *entry;
     if (slot.merge.complete()) return;
     const PendingRequest* first = nullptr;
     for (const auto& r : slot.requests) {
@@ -366,36 +361,26 @@ absl::StatusOr<uint64_t> Communicator::SubmitPointToPointLocked(
   const int rank = request->rank;
   const int peer = request->req.root;
   if (LocalIndex(peer) < 0) return SubmitRemotePointToPointLocked(std::move(request), out);
-  const std::pair<int, int> key = is_send ? std::make_pair(rank, peer) : std::make_pair(peer, rank);
-  Channel& ch = channels_[key];
-  auto& queue = is_send ? ch.sends : ch.recvs;
-  auto& timers = is_send ? ch.send_timers : ch.recv_timers;
-  const uint64_t seq = ch.matched + queue.size();
+  const P2PChannels::Key key = is_send ? std::make_pair(rank, peer) : std::make_pair(peer, rank);
   std::weak_ptr<Communicator> weak = weak_from_this();
-  timers.push_back(env_.timer->Schedule(request->deadline, [weak, key, is_send] {
+  const DeadlineTimer::Id timer = env_.timer->Schedule(request->deadline, [weak, key, is_send] {
     if (auto self = weak.lock()) self->OnP2PDeadline(key, is_send);
-  }));
-  queue.push_back(std::move(request));
+  });
+  const uint64_t seq = channels_.Queue(key, is_send, std::move(request), timer);
   NextPointToPointLocked(key, out);
   return seq;
 }
 
-void Communicator::NextPointToPointLocked(std::pair<int, int> key, Outcomes* out) {
-  Channel& ch = channels_[key];
-  while (!ch.executing && state_ != State::kFailed && !ch.sends.empty() && !ch.recvs.empty()) {
-    const PendingRequest& send = *ch.sends.front();
-    const PendingRequest& recv = *ch.recvs.front();
-    if (send.req.dtype != recv.req.dtype || send.req.count != recv.req.count) {
+void Communicator::NextPointToPointLocked(P2PChannels::Key key, Outcomes* out) {
+  while (state_ != State::kFailed) {
+    absl::StatusOr<std::optional<P2PChannels::Match>> next = channels_.Next(key);
+    if (!next.ok()) {
       if (env_.metrics != nullptr) env_.metrics->CountDesync();
-      AbortLocked(absl::InvalidArgumentError(
-                      absl::StrCat("send/recv mismatch on communicator ", comm_id_, " (pair seq ",
-                                   ch.matched, "): rank ", key.first, " sends ", send.req.count,
-                                   " x ", std::string(kernels::Name(send.req.dtype)), " to rank ",
-                                   key.second, ", which receives ", recv.req.count, " x ",
-                                   std::string(kernels::Name(recv.req.dtype)))),
-                  out);
+      AbortLocked(next.status(), out);
       return;
     }
+    if (!next->has_value()) return;
+    P2PChannels::Match& m = **next;
     P2PRun* run;
     if (idle_p2p_runs_.empty()) {
       p2p_runs_.push_back(std::make_unique<P2PRun>());
@@ -405,16 +390,12 @@ void Communicator::NextPointToPointLocked(std::pair<int, int> key, Outcomes* out
       run = idle_p2p_runs_.back();
       idle_p2p_runs_.pop_back();
     }
-    env_.timer->Cancel(ch.send_timers.front());
-    env_.timer->Cancel(ch.recv_timers.front());
-    ch.send_timers.pop_front();
-    ch.recv_timers.pop_front();
-    run->send = std::move(ch.sends.front());
-    run->recv = std::move(ch.recvs.front());
-    ch.sends.pop_front();
-    ch.recvs.pop_front();
+    env_.timer->Cancel(m.send_timer);
+    env_.timer->Cancel(m.recv_timer);
+    run->send = std::move(m.send);
+    run->recv = std::move(m.recv);
     run->channel = key;
-    run->seq = ch.matched++;
+    run->seq = m.seq;
     const uint64_t bytes = run->send->req.count * kernels::ElementSize(run->send->req.dtype);
     scheduler::BuildCopyPlan(run->send->req.send, run->recv->req.recv, bytes, env_.chunk_bytes,
                              &run->exec.plan);
@@ -423,9 +404,9 @@ void Communicator::NextPointToPointLocked(std::pair<int, int> key, Outcomes* out
       out->completions.push_back({std::move(run->recv), absl::OkStatus(), run->seq});
       ++ops_completed_;
       idle_p2p_runs_.push_back(run);
+      channels_.Done(key);
       continue;
     }
-    ch.executing = true;
     run->self = shared_from_this();
     out->p2p.push_back(run);
     return;
@@ -446,22 +427,21 @@ absl::StatusOr<uint64_t> Communicator::SubmitRemotePointToPointLocked(
   if (ep == nullptr) {
     return absl::InternalError(absl::StrCat("no endpoint to node ", peer_node, " rail ", rail));
   }
-  Channel& ch = channels_[{src, dst}];
-  if (ch.remote_in_flight >= scheduler::tags::kMaxP2pInFlight) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        scheduler::OpName(request->req.op), " of rank ", rank, " with rank ", peer,
-        " on communicator ", comm_id_, ": ", ch.remote_in_flight,
-        " sends/receives between them are already in flight, the most their tags can number"));
-  }
   const size_t dst_node = static_cast<size_t>(net_.layout.node_of_rank[dst]);
   if (dst_node >= net_.node_slots.size()) {
     return absl::InternalError(absl::StrCat("no tag slot for node ", dst_node));
   }
+  absl::StatusOr<uint64_t> post =
+      channels_.PostRemote({src, dst}, scheduler::tags::kMaxP2pInFlight);
+  if (!post.ok()) {
+    return absl::Status(post.status().code(),
+                        absl::StrCat(scheduler::OpName(request->req.op), " of rank ", rank,
+                                     " with rank ", peer, ": ", post.status().message()));
+  }
   auto op = std::make_shared<RemoteP2P>();
-  op->seq = ch.matched++;  // each side numbers its own posts on the channel in FIFO order
+  op->seq = *post;
   op->peer = peer;
   op->channel = {src, dst};
-  ++ch.remote_in_flight;
   // The receiving daemon's slot; the point-to-point layout never equals a collective tag.
   const transport::Tag tag =
       scheduler::tags::PointToPointTag(net_.node_slots[dst_node], src, dst, op->seq);
@@ -494,7 +474,7 @@ void Communicator::OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op,
     if (op->done) return;
     op->done = true;
     --remote_p2p_in_flight_;
-    --channels_[op->channel].remote_in_flight;
+    channels_.RemoteDone(op->channel);
     env_.timer->Cancel(op->timer);
     absl::Status result = status;
     if (!status.ok()) {
@@ -537,7 +517,7 @@ void Communicator::OnPointToPointDone(P2PRun* run) {
     out.completions.push_back({std::move(run->recv), absl::OkStatus(), run->seq});
     ++ops_completed_;
     bytes_moved_ += run->exec.plan.bytes_moved;
-    channels_[run->channel].executing = false;
+    channels_.Done(run->channel);
     idle_p2p_runs_.push_back(run);
     NextPointToPointLocked(run->channel, &out);
   }
@@ -549,17 +529,15 @@ void Communicator::OnP2PDeadline(std::pair<int, int> key, bool send_side) {
   {
     absl::MutexLock lock(&mu_);
     if (state_ == State::kFailed) return;
-    auto it = channels_.find(key);
-    if (it == channels_.end()) return;
-    const auto& queue = send_side ? it->second.sends : it->second.recvs;
-    if (queue.empty() || queue.front()->deadline > env_.timer->Now()) return;
+    const PendingRequest* front = channels_.Front(key, send_side);
+    if (front == nullptr || front->deadline > env_.timer->Now()) return;
     const int waiting = send_side ? key.first : key.second;
     const int missing = send_side ? key.second : key.first;
     AbortLocked(
         absl::DeadlineExceededError(absl::StrCat(
             send_side ? "send" : "recv", " of rank ", waiting, " on communicator ", comm_id_,
             ": rank ", missing, " did not post the matching ", send_side ? "recv" : "send",
-            " within ", absl::FormatDuration(TimeoutOf(*queue.front())))),
+            " within ", absl::FormatDuration(TimeoutOf(*front)))),
         &out);
   }
   Deliver(out);
@@ -610,29 +588,14 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
     out->join_status = status;
   }
   // The running collective (the front slot) finishes normally; everything queued fails.
-  const size_t keep = collective_running_ ? 1 : 0;
-  for (size_t i = keep; i < slots_.size(); ++i) {
-    SeqSlot& slot = slots_[i];
-    env_.timer->Cancel(slot.timer);
-    for (auto& r : slot.requests) {
-      if (r != nullptr) out->completions.push_back({std::move(r), status, base_seq_ + i});
-    }
-    ++ops_failed_;
-  }
-  slots_.resize(std::min(slots_.size(), keep));
-  for (auto& [key, ch] : channels_) {
-    for (auto id : ch.send_timers) env_.timer->Cancel(id);
-    for (auto id : ch.recv_timers) env_.timer->Cancel(id);
-    ch.send_timers.clear();
-    ch.recv_timers.clear();
-    uint64_t seq = ch.matched;
-    for (auto& r : ch.sends) out->completions.push_back({std::move(r), status, seq++});
-    seq = ch.matched;
-    for (auto& r : ch.recvs) out->completions.push_back({std::move(r), status, seq++});
-    ops_failed_ += ch.sends.size() + ch.recvs.size();
-    ch.sends.clear();
-    ch.recvs.clear();
-  }
+  CollectiveQueue::Drained drained = collectives_.DrainFrom(collective_running_ ? 1 : 0);
+  for (DeadlineTimer::Id id : drained.timers) env_.timer->Cancel(id);
+  for (auto& [seq, r] : drained.requests) out->completions.push_back({std::move(r), status, seq});
+  ops_failed_ += drained.entries;
+  P2PChannels::Drained p2p = channels_.DrainAll();
+  for (DeadlineTimer::Id id : p2p.timers) env_.timer->Cancel(id);
+  for (auto& [seq, r] : p2p.requests) out->completions.push_back({std::move(r), status, seq});
+  ops_failed_ += p2p.requests.size();
   // A rank leaving an idle communicator is how jobs end: only failed work is worth a warning.
   const size_t failed = out->completions.size() + out->joins.size() - failed_before;
   if (env_.metrics != nullptr) {
@@ -727,11 +690,9 @@ CommStats Communicator::Stats() const {
   s.ops_failed = ops_failed_;
   s.bytes_moved = bytes_moved_;
   s.in_flight_ops = (collective_running_ ? 1 : 0) + static_cast<uint64_t>(remote_p2p_in_flight_);
-  s.queued_ops = slots_.size() - (collective_running_ ? 1 : 0);
-  for (const auto& [key, ch] : channels_) {
-    s.in_flight_ops += ch.executing ? 1 : 0;
-    s.queued_ops += ch.sends.size() + ch.recvs.size();
-  }
+  s.queued_ops = collectives_.size() - (collective_running_ ? 1 : 0);
+  s.in_flight_ops += channels_.busy();
+  s.queued_ops += channels_.queued();
   return s;
 }
 

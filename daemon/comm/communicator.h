@@ -16,8 +16,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/comm/collective_queue.h"
 #include "daemon/comm/completion_sink.h"
 #include "daemon/comm/op_planner.h"
+#include "daemon/comm/p2p_channels.h"
+#include "daemon/comm/pending_request.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/executor.h"
@@ -60,19 +63,6 @@ struct MultiNodeEnv {
   // every node's, by node index, from the layout (daemon/scheduler/tags.h).
   std::shared_ptr<const scheduler::tags::Slot> tag_slot;
   std::vector<uint16_t> node_slots;
-};
-
-// One rank's accepted submission, alive until its completion is posted.
-struct PendingRequest {
-  uint64_t request_id = 0;
-  int rank = 0;
-  std::weak_ptr<CompletionSink> session;  // the rank's Session
-  scheduler::RankRequest req;
-  // Keep the mapped buffers alive while the operation may touch them.
-  std::shared_ptr<MappedSegment> send_segment;
-  std::shared_ptr<MappedSegment> recv_segment;
-  absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
-  absl::Time deadline = absl::InfiniteFuture();   // set when the communicator accepts it
 };
 
 struct CommStats {
@@ -154,24 +144,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     JoinDone join_done;
   };
 
-  // The submissions of one collective sequence number.
-  struct SeqSlot {
-    scheduler::OpMerge merge;
-    std::vector<std::unique_ptr<PendingRequest>> requests;  // by rank
-    DeadlineTimer::Id timer = 0;
-  };
-
-  // A FIFO of sends from one rank to another and the matching receives.
-  struct Channel {
-    std::deque<std::unique_ptr<PendingRequest>> sends;
-    std::deque<std::unique_ptr<PendingRequest>> recvs;
-    std::deque<DeadlineTimer::Id> send_timers;
-    std::deque<DeadlineTimer::Id> recv_timers;
-    uint64_t matched = 0;  // pairs matched so far: the next pair's sequence number
-    bool executing = false;
-    uint64_t remote_in_flight = 0;  // posts to the transport not yet complete (other daemon)
-  };
-
   // A matched send/recv pair being copied.
   struct P2PRun {
     scheduler::Execution exec;
@@ -220,7 +192,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // started outside the lock). Operations without steps complete right here.
   void NextCollectiveLocked(Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Same for the next matched send/recv pair of a channel.
-  void NextPointToPointLocked(std::pair<int, int> key, Outcomes* out)
+  void NextPointToPointLocked(P2PChannels::Key key, Outcomes* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCollectiveDone(const absl::Status& status);
   void OnRunDeadline(uint64_t seq, absl::Duration limit);
@@ -263,10 +235,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   DeadlineTimer::Id join_timer_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Collectives: slots_[i] holds sequence number base_seq_ + i.
-  std::vector<uint64_t> next_seq_ ABSL_GUARDED_BY(mu_);  // per rank
-  std::deque<SeqSlot> slots_ ABSL_GUARDED_BY(mu_);
-  uint64_t base_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Collectives by sequence number, merged across the local ranks.
+  CollectiveQueue collectives_ ABSL_GUARDED_BY(mu_);
   bool collective_running_ ABSL_GUARDED_BY(mu_) = false;
   scheduler::Execution collective_exec_;  // owned by the running collective while it runs
   std::shared_ptr<Communicator> running_self_ ABSL_GUARDED_BY(mu_);
@@ -281,7 +251,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   kernels::DataType node_dtype_ = kernels::DataType::kFloat32;
   kernels::RedOp node_red_op_ = kernels::RedOp::kSum;
 
-  std::map<std::pair<int, int>, Channel> channels_ ABSL_GUARDED_BY(mu_);
+  P2PChannels channels_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<P2PRun>> p2p_runs_ ABSL_GUARDED_BY(mu_);  // all ever made
   std::vector<P2PRun*> idle_p2p_runs_ ABSL_GUARDED_BY(mu_);
   int remote_p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

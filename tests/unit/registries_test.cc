@@ -41,8 +41,7 @@ TEST(SessionRegistryTest, TheFirstSessionOfAJobSetsItsTokenUntilItsLastSessionEn
 TEST(SessionRegistryTest, FixedTokensAdmitOnlyListedJobs) {
   SessionRegistry reg(std::map<std::string, std::string>{{"train", "t0k3n"}});
   EXPECT_TRUE(reg.Open("train", "t0k3n", 1, "c").ok());
-  EXPECT_EQ(reg.Open("train", "nope", 1, "c").status().code(),
-            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(reg.Open("train", "nope", 1, "c").status().code(), absl::StatusCode::kPermissionDenied);
   auto unlisted = reg.Open("other", "t0k3n", 1, "c");
   EXPECT_EQ(unlisted.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(unlisted.status().message(), HasSubstr("not listed"));
@@ -50,8 +49,7 @@ TEST(SessionRegistryTest, FixedTokensAdmitOnlyListedJobs) {
 
 TEST(SessionRegistryTest, BadJobIdsUnknownSessionsAndShutdown) {
   SessionRegistry reg({});
-  EXPECT_EQ(reg.Open("bad job!", "", 1, "c").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Open("bad job!", "", 1, "c").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(reg.Open(std::string(200, 'x'), "", 1, "c").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(reg.Find("nope").status().code(), absl::StatusCode::kNotFound);
@@ -107,12 +105,12 @@ TEST_F(CommRegistryTest, AFailedBuildReachesTheWaitersAndRegistersNothing) {
   std::shared_ptr<Communicator> found;
   absl::Status seen;
   ASSERT_EQ(reg.FindOrClaim(key, nullptr, &found), CommRegistry::Claim::kBuild);
-  ASSERT_EQ(reg.FindOrClaim(
-                key, [&seen](const absl::StatusOr<std::shared_ptr<Communicator>>& c) {
-                  seen = c.status();
-                },
-                &found),
-            CommRegistry::Claim::kWaiting);
+  ASSERT_EQ(
+      reg.FindOrClaim(
+          key,
+          [&seen](const absl::StatusOr<std::shared_ptr<Communicator>>& c) { seen = c.status(); },
+          &found),
+      CommRegistry::Claim::kWaiting);
   absl::StatusOr<std::shared_ptr<Communicator>> made = absl::UnavailableError("connect failed");
   for (auto& w : reg.Built(key, made)) w(made);
   EXPECT_EQ(seen.code(), absl::StatusCode::kUnavailable);

@@ -1,0 +1,28 @@
+// One rank's submission as a communicator holds it: the decoded request, where its completion
+// goes, the buffers it keeps mapped, and its deadline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/time/time.h"
+#include "daemon/comm/completion_sink.h"
+#include "daemon/scheduler/op.h"
+#include "daemon/session/shm_segment.h"
+
+namespace railyard {
+
+// One rank's accepted submission, alive until its completion is posted.
+struct PendingRequest {
+  uint64_t request_id = 0;
+  int rank = 0;
+  std::weak_ptr<CompletionSink> session;  // the rank's Session
+  scheduler::RankRequest req;
+  // Keep the mapped buffers alive while the operation may touch them.
+  std::shared_ptr<MappedSegment> send_segment;
+  std::shared_ptr<MappedSegment> recv_segment;
+  absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
+  absl::Time deadline = absl::InfiniteFuture();   // set when the communicator accepts it
+};
+
+}  // namespace railyard
