@@ -3,7 +3,7 @@
 # run, launches interleaved: for each rank count and trial, build A then build B, each with a
 # fresh daemon; prints the median over trials of the out-of-place time and busbw per size and
 # the ratio B/A of busbw.
-#   bench/compare_builds_intra.sh DIR_A DIR_B [RANKS="2 4"] [TRIALS=3] [MAX=64M]
+#   bench/compare_builds_intra.sh DIR_A DIR_B [RANKS="2 4"] [TRIALS=3] [MAX=64M] [FACTOR=4]
 # DIR_X holds railyardd and railyard-perf (each build's own client).
 set -euo pipefail
 a=$1
@@ -11,6 +11,7 @@ b=$2
 ranks=${3:-"2 4"}
 trials=${4:-3}
 max=${5:-64M}
+factor=${6:-4}
 out=$(mktemp -d /tmp/railyard-cmp.XXXXXX)
 pid=""
 cleanup() {
@@ -24,7 +25,7 @@ run() {  # build_dir ranks trial
   "$dir/railyardd" --socket="$sock" >"$out/daemon.log" 2>&1 &
   pid=$!
   for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
-  "$dir/railyard-perf" --op allreduce -b 8 -e "$max" -f 4 -n 20 -w 5 -c 0 --daemons "$sock" \
+  "$dir/railyard-perf" --op allreduce -b 8 -e "$max" -f "$factor" -n 20 -w 5 -c 0 --daemons "$sock" \
     --ranks-per-daemon "$g" >"$out/$(basename "$dir")-$g-$t.txt"
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true

@@ -383,18 +383,19 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
 }
 
 void DaemonCore::HeartbeatTick() {
+  // The peers live communicators need, gathered before mu_ (each comm takes its own lock).
   std::map<std::string, std::vector<std::shared_ptr<Communicator>>> by_peer;
+  for (const auto& comm : comms_.Snapshot()) {
+    if (!comm->multi_node() || comm->failed()) continue;
+    for (const auto& addr : comm->PeerAddresses()) by_peer[addr].push_back(comm);
+  }
   std::vector<std::pair<std::string, std::string>> dead;  // (address, last error)
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     const absl::Time now = absl::Now();
-    for (const auto& comm : comms_.Snapshot()) {
-      if (!comm->multi_node() || comm->failed()) continue;
-      for (const auto& addr : comm->PeerAddresses()) {
-        by_peer[addr].push_back(comm);
-        peer_last_seen_.try_emplace(addr, now);  // a new peer gets a full timeout
-      }
+    for (const auto& [addr, comms] : by_peer) {
+      peer_last_seen_.try_emplace(addr, now);  // a new peer gets a full timeout
     }
     for (auto it = peer_last_seen_.begin(); it != peer_last_seen_.end();) {
       if (by_peer.count(it->first) == 0) {  // no live communicator needs this peer any more
