@@ -13,31 +13,29 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class BuildPyWithStubs(build_py):
-    def run(self):
-        super().run()
-        sys.path.insert(0, HERE)
-        try:
-            import gen_stubs
-        finally:
-            sys.path.pop(0)
-        proto_dir = os.environ.get("RAILYARD_PROTO_DIR",
-                                   os.path.join(HERE, os.pardir, os.pardir, "proto"))
-        if not os.path.isdir(os.path.join(proto_dir, "railyard", "v1")):
-            raise SystemExit(f"railyard: proto sources not found at {proto_dir}; build from a "
-                             "checkout of the repository or set RAILYARD_PROTO_DIR")
-        gen_stubs.generate(os.path.abspath(proto_dir), os.path.abspath(self.build_lib))
-
-
-def _version():
+def _gen_stubs():
     sys.path.insert(0, HERE)
     try:
         import gen_stubs
     finally:
         sys.path.pop(0)
-    proto_dir = os.environ.get("RAILYARD_PROTO_DIR",
-                               os.path.join(HERE, os.pardir, os.pardir, "proto"))
-    return gen_stubs.project_version(os.path.abspath(proto_dir))
+    return gen_stubs
 
 
-setup(version=_version(), cmdclass={"build_py": BuildPyWithStubs})
+def _proto_dir():
+    return os.path.abspath(os.environ.get("RAILYARD_PROTO_DIR",
+                                          os.path.join(HERE, os.pardir, os.pardir, "proto")))
+
+
+class BuildPyWithStubs(build_py):
+    def run(self):
+        super().run()
+        proto_dir = _proto_dir()
+        if not os.path.isdir(os.path.join(proto_dir, "railyard", "v1")):
+            raise SystemExit(f"railyard: proto sources not found at {proto_dir}; build from a "
+                             "checkout of the repository or set RAILYARD_PROTO_DIR")
+        _gen_stubs().generate(proto_dir, os.path.abspath(self.build_lib))
+
+
+setup(version=_gen_stubs().project_version(_proto_dir()),
+      cmdclass={"build_py": BuildPyWithStubs})

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "daemon/comm/comm_id.h"
 #include "daemon/scheduler/tags.h"
 
 namespace railyard {
@@ -58,14 +59,7 @@ void CommBootstrap::SetCostModel(const v1::CostModel& model) {
 
 absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration timeout,
                                  Done done) {
-  if (req.nranks() < 1 || req.nranks() > scheduler::tags::kMaxRanks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nranks ", req.nranks(), " not in [1, ", scheduler::tags::kMaxRanks, "]"));
-  }
-  if (req.rank() < 0 || req.rank() >= req.nranks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", req.rank(), " not in [0, ", req.nranks(), ")"));
-  }
+  if (absl::Status s = CheckRankOf(req.rank(), req.nranks()); !s.ok()) return s;
   if (req.node().has_tag_slot() && req.node().tag_slot() >= (1u << scheduler::tags::kSlotBits)) {
     return absl::InvalidArgumentError(absl::StrCat("tag slot ", req.node().tag_slot(), " of node ",
                                                    req.node().node_name(), " does not fit ",

@@ -5,8 +5,8 @@
 // every call and keeps the entry's deadline timer in it.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <utility>

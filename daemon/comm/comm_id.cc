@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/scheduler/tags.h"
 
 namespace railyard {
 namespace {
@@ -40,6 +41,17 @@ absl::StatusOr<CommId> ParseCommId(absl::string_view text) {
     }
   }
   return id;
+}
+
+absl::Status CheckRankOf(int rank, int nranks) {
+  if (nranks < 1 || nranks > scheduler::tags::kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nranks ", nranks, " not in [1, ", scheduler::tags::kMaxRanks, "]"));
+  }
+  if (rank < 0 || rank >= nranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " not in [0, ", nranks, ")"));
+  }
+  return absl::OkStatus();
 }
 
 std::string RandomHex128() {

@@ -19,5 +19,8 @@ std::string FormatCommId(const CommId& id);
 absl::StatusOr<CommId> ParseCommId(absl::string_view text);
 // 128 random bits as 32 lowercase hex digits (session ids, comm id nonces).
 std::string RandomHex128();
+// INVALID_ARGUMENT unless 1 <= nranks <= the ranks a communicator may have (the tag layout's
+// limit, daemon/scheduler/tags.h) and 0 <= rank < nranks.
+absl::Status CheckRankOf(int rank, int nranks);
 
 }  // namespace railyard

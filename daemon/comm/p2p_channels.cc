@@ -54,8 +54,7 @@ absl::StatusOr<uint64_t> P2PChannels::PostRemote(Key key, uint64_t max_in_flight
   if (ch.remote_in_flight >= max_in_flight) {
     return absl::ResourceExhaustedError(absl::StrCat(
         ch.remote_in_flight, " sends/receives between rank ", key.first, " and rank ", key.second,
-        " of communicator ", comm_id_,
-        " are already in flight, the most their tags can number"));
+        " of communicator ", comm_id_, " are already in flight, the most their tags can number"));
   }
   ++ch.remote_in_flight;
   return ch.matched++;  // each side numbers its own posts on the channel in FIFO order

@@ -154,14 +154,7 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
                                   const v1::InitCommRequest& req, InitDone done) {
   absl::StatusOr<CommId> id = ParseCommId(req.comm_id());
   if (!id.ok()) return id.status();
-  if (req.nranks() < 1 || req.nranks() > scheduler::tags::kMaxRanks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nranks ", req.nranks(), " not in [1, ", scheduler::tags::kMaxRanks, "]"));
-  }
-  if (req.rank() < 0 || req.rank() >= req.nranks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", req.rank(), " not in [0, ", req.nranks(), ")"));
-  }
+  if (absl::Status s = CheckRankOf(req.rank(), req.nranks()); !s.ok()) return s;
   const bool local_coordinator = id->coordinator == coordinator_;
   if (!local_coordinator && peer_address_.empty()) {
     return absl::UnimplementedError(absl::StrCat(

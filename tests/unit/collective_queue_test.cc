@@ -10,8 +10,8 @@
 namespace railyard {
 namespace {
 
-using ::testing::HasSubstr;
 using scheduler::OpKind;
+using ::testing::HasSubstr;
 
 std::unique_ptr<PendingRequest> Req(int rank, OpKind op, uint64_t count, uint64_t id = 0) {
   auto p = std::make_unique<PendingRequest>();

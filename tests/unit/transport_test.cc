@@ -441,6 +441,60 @@ TEST(UcxTransportTest, SharedMemoryInTlsListWorks) {
   EXPECT_EQ(in, out);
 }
 
+// Two communicators between the same two daemons each connect their own endpoints, and UCX pairs
+// the k-th endpoint one worker creates to another with the k-th the other creates back: when
+// the daemons connect the two communicators in opposite orders, communicator 1's endpoint on A
+// is paired with communicator 2's on B. A rendezvous message then replies over the paired
+// endpoint, so releasing communicator 2 must not close the endpoints communicator 1 still needs
+// (it cancelled or hung communicator 1's receive, under load, in the lockstep integration test).
+TEST(UcxTransportTest, ReleasingOneOfTwoEndpointsToAPeerLeavesTheOtherWorking) {
+  UcxTransport::Options options;
+  options.rails.push_back({.device = "lo", .tls = "tcp"});
+  options.node_name = "a";
+  auto a = UcxTransport::Create(options);
+  options.node_name = "b";
+  auto b = UcxTransport::Create(options);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+  const std::string addr_a = *(*a)->LocalAddress(0);
+  const std::string addr_b = *(*b)->LocalAddress(0);
+  auto a1 = (*a)->Connect(addr_b, 0);  // A: communicator 1 first
+  auto a2 = (*a)->Connect(addr_b, 0);
+  auto b2 = (*b)->Connect(addr_a, 0);  // B: communicator 2 first
+  auto b1 = (*b)->Connect(addr_a, 0);
+  ASSERT_TRUE(a1.ok() && a2.ok() && b1.ok() && b2.ok());
+  // Both communicators work, both ways (the endpoints are wired up).
+  for (int round = 0; round < 2; ++round) {
+    std::vector<uint8_t> out(1 << 20), in1(1 << 20, 0), in2(1 << 20, 0);
+    Fill(out, 11 + round);
+    Completions c;
+    (*a1)->Recv(100 + round, in1.data(), in1.size(), c.Add());
+    (*b1)->Send(100 + round, out.data(), out.size(), c.Add());
+    (*b2)->Recv(200 + round, in2.data(), in2.size(), c.Add());
+    (*a2)->Send(200 + round, out.data(), out.size(), c.Add());
+    ASSERT_TRUE(c.Wait());
+    for (const absl::Status& s : c.statuses()) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(in1, out);
+    ASSERT_EQ(in2, out);
+  }
+  // Communicator 2 goes away on both daemons; communicator 1 keeps exchanging large messages.
+  a2->reset();
+  b2->reset();
+  for (int round = 0; round < 4; ++round) {
+    std::vector<uint8_t> out(1 << 20), in_a(1 << 20, 0), in_b(1 << 20, 0);
+    Fill(out, 21 + round);
+    Completions c;
+    (*a1)->Recv(300 + round, in_a.data(), in_a.size(), c.Add());
+    (*b1)->Recv(400 + round, in_b.data(), in_b.size(), c.Add());
+    (*b1)->Send(300 + round, out.data(), out.size(), c.Add());
+    (*a1)->Send(400 + round, out.data(), out.size(), c.Add());
+    ASSERT_TRUE(c.Wait(absl::Seconds(10))) << "round " << round << " hung";
+    for (const absl::Status& s : c.statuses())
+      ASSERT_TRUE(s.ok()) << "round " << round << ": " << s;
+    ASSERT_EQ(in_a, out);
+    ASSERT_EQ(in_b, out);
+  }
+}
+
 double ProcessCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

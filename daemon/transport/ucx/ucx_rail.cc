@@ -60,6 +60,7 @@ struct UcxRail::Peer {
   UcxRail* rail;
   uint64_t id;
   std::string label;      // the peer's, for messages
+  std::string remote;     // the peer worker's address: endpoints to one worker form a group
   ucp_ep_h ep = nullptr;  // null once closed (or never created)
   bool closing = false;   // ucp_ep_close_nbx has not completed yet
   bool released = false;  // no endpoint handle refers to this peer any more
@@ -185,6 +186,7 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
     peer->rail = this;
     peer->id = id;
     peer->label = address.label;
+    peer->remote = address.bytes;
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -250,15 +252,37 @@ void UcxRail::Release(uint64_t peer) {
     if (p == nullptr) return;
     p->released = true;
     if (p->failure.ok() && p->ops.empty()) {
-      // Nothing in flight: close politely so that the peer sees an orderly disconnect.
       p->failure = absl::CancelledError(absl::StrCat("endpoint to ", p->label, " was released"));
-      CloseEndpoint(p, /*force=*/false);
     } else {
       FailPeer(p, absl::CancelledError(absl::StrCat("endpoint to ", p->label,
                                                     " was released with operations pending")));
     }
+    CloseGroupIfReleased(p->remote);
     sweep_.push_back(peer);
   });
+}
+
+// UCX pairs the k-th endpoint a worker creates to another worker with the k-th that one creates
+// back, whichever communicator each belongs to, and a rendezvous transfer replies over the
+// paired endpoint. So an endpoint of one communicator may carry another's replies: none of the
+// endpoints to a worker is closed while any of them still has a handle (except when the peer
+// failed, which fails them all anyway).
+bool UcxRail::HasUnreleasedSibling(const Peer* peer) const {
+  for (const auto& [id, other] : peers_) {
+    if (other.get() != peer && other->remote == peer->remote && !other->released) return true;
+  }
+  return false;
+}
+
+void UcxRail::CloseGroupIfReleased(const std::string& remote) {
+  std::vector<Peer*> group;
+  for (const auto& [id, p] : peers_) {
+    if (p->remote != remote) continue;
+    if (!p->released) return;  // still in use: every endpoint of the group stays open
+    group.push_back(p.get());
+  }
+  // Nothing in flight: close politely so that the peer sees an orderly disconnect.
+  for (Peer* p : group) CloseEndpoint(p, /*force=*/!p->ops.empty());
 }
 
 // ---- Progress thread ----
@@ -587,8 +611,10 @@ void UcxRail::FailPeer(Peer* peer, const absl::Status& status) {
     if (!op->is_send && op->request != nullptr) receives.push_back(op->request);
   }
   for (void* request : receives) ucp_request_cancel(worker_, request);
-  // Forcing the close fails the endpoint's sends (UCS_ERR_CANCELED) and stops its traffic.
-  CloseEndpoint(peer, /*force=*/true);
+  // Forcing the close fails the endpoint's sends (UCS_ERR_CANCELED) and stops its traffic; while
+  // other endpoints to the same worker are in use it stays open (see HasUnreleasedSibling), and
+  // sends UCX cannot cancel end with the grace period below.
+  if (!HasUnreleasedSibling(peer)) CloseEndpoint(peer, /*force=*/true);
   if (!peer->ops.empty() && peer->grace_deadline == absl::InfiniteFuture()) {
     peer->grace_deadline = absl::Now() + config_.cancel_grace;
     ++grace_peers_;

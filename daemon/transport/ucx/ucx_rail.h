@@ -86,6 +86,9 @@ class UcxRail {
   absl::Status StatusFor(const Op& op, ucs_status_t status, size_t length) const;
   void FailPeer(Peer* peer, const absl::Status& status);
   void CloseEndpoint(Peer* peer, bool force);
+  bool HasUnreleasedSibling(const Peer* peer) const;
+  // Closes every endpoint to the worker at `remote` once none of them has a handle any more.
+  void CloseGroupIfReleased(const std::string& remote);
   void HandleFailedPeers();
   void ExpireGracePeriods(bool all);
   void Sweep();  // erases released peers that have nothing left in flight
