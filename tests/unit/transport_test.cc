@@ -495,6 +495,40 @@ TEST(UcxTransportTest, ReleasingOneOfTwoEndpointsToAPeerLeavesTheOtherWorking) {
   }
 }
 
+// Aborting one communicator's endpoint while another endpoint to the same worker is in use: the
+// aborted one's pending send and receive still end in bounded time (the send after the cancel
+// grace, since its endpoint stays open for its sibling), and the sibling keeps working.
+TEST(UcxTransportTest, AbortingAnEndpointWithASiblingIsBoundedAndSparesTheSibling) {
+  UcxTransport::Options options;
+  options.rails.push_back({.device = "lo", .tls = "tcp"});
+  options.node_name = "a";
+  auto a = UcxTransport::Create(options);
+  options.node_name = "b";
+  auto b = UcxTransport::Create(options);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto a1 = (*a)->Connect(*(*b)->LocalAddress(0), 0);
+  auto a2 = (*a)->Connect(*(*b)->LocalAddress(0), 0);
+  auto b1 = (*b)->Connect(*(*a)->LocalAddress(0), 0);
+  ASSERT_TRUE(a1.ok() && a2.ok() && b1.ok());
+  std::vector<uint8_t> big(4 << 20, 7), sink(4 << 20, 0);
+  Completions aborted;
+  (*a2)->Send(900, big.data(), big.size(), aborted.Add());  // nobody receives it
+  (*a2)->Recv(901, sink.data(), sink.size(), aborted.Add());
+  const absl::Time start = absl::Now();
+  (*a2)->Abort(absl::AbortedError("communicator 2 aborted"));
+  ASSERT_TRUE(aborted.Wait(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (const absl::Status& s : aborted.statuses()) EXPECT_FALSE(s.ok());
+  std::vector<uint8_t> out(1 << 20), in(1 << 20, 0);
+  Fill(out, 3);
+  Completions c;
+  (*a1)->Recv(902, in.data(), in.size(), c.Add());
+  (*b1)->Send(902, out.data(), out.size(), c.Add());
+  ASSERT_TRUE(c.Wait(absl::Seconds(10)));
+  for (const absl::Status& s : c.statuses()) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(in, out);
+}
+
 double ProcessCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
