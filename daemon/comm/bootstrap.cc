@@ -28,6 +28,11 @@ absl::Status CommBootstrap::CheckLayoutFits(const v1::JoinCommResponse& layout,
             "communicator ", comm_id, " spans ", layout.nodes_size(), " nodes but node ",
             n.node_name(), " has no transport (no tag slot): it needs --peer_listen"));
       }
+      if (n.tag_slot() >= (1u << scheduler::tags::kSlotBits)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("communicator ", comm_id, ": tag slot ", n.tag_slot(), " of node ",
+                         n.node_name(), " does not fit ", scheduler::tags::kSlotBits, " bits"));
+      }
     }
   }
   return absl::OkStatus();

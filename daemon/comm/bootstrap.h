@@ -34,8 +34,9 @@ class CommBootstrap {
   // The layout for a complete set of joins (exposed for tests): node order by each node's lowest
   // rank, rails = the minimum over nodes.
   static v1::JoinCommResponse Layout(const std::vector<v1::NodeInfo>& node_of_each_rank);
-  // INVALID_ARGUMENT when the layout has more nodes than a tag can name, FAILED_PRECONDITION when
-  // a node of a multi-node layout announced no tag slot.
+  // INVALID_ARGUMENT when the layout has more nodes than a tag can name or a slot that does not
+  // fit a tag, FAILED_PRECONDITION when a node of a multi-node layout announced no tag slot. The
+  // coordinator checks the layout it makes; every member checks the one it receives.
   static absl::Status CheckLayoutFits(const v1::JoinCommResponse& layout,
                                       const std::string& comm_id);
   // A daemon's identity in a layout: its peer address, or its name when it has none.

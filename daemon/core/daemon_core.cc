@@ -313,12 +313,10 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
   if (transport_ == nullptr || slot == nullptr) {
     return absl::FailedPreconditionError("this daemon has no transport (--peer_listen unset)");
   }
+  // The coordinator is another daemon: check what it sent as it checks what it makes.
+  if (absl::Status s = CommBootstrap::CheckLayoutFits(layout, comm_id); !s.ok()) return s;
   MultiNodeEnv net;
   for (const v1::NodeInfo& node : layout.nodes()) {
-    if (!node.has_tag_slot()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("node ", node.node_name(), " of the layout announced no tag slot"));
-    }
     net.node_slots.push_back(static_cast<uint16_t>(node.tag_slot()));
   }
   if (net.node_slots[my_node] != slot->value()) {

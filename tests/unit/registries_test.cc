@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_registry.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/session/session_registry.h"
@@ -179,6 +180,39 @@ TEST_F(CommRegistryTest, BootstrapSlotsAreSharedPerCommunicatorAndReturnedWhenRe
   EXPECT_EQ(reg.tag_slots_in_use(), 1);
   auto c2 = reg.BootstrapSlot(c);
   ASSERT_TRUE(c2.ok()) << c2.status();
+}
+
+}  // namespace
+}  // namespace railyard
+
+namespace railyard {
+namespace {
+
+v1::JoinCommResponse LayoutOf(const std::vector<std::pair<std::string, int64_t>>& nodes) {
+  v1::JoinCommResponse out;
+  for (const auto& [name, slot] : nodes) {
+    v1::NodeInfo* n = out.add_nodes();
+    n->set_node_name(name);
+    if (slot >= 0) n->set_tag_slot(static_cast<uint32_t>(slot));
+  }
+  return out;
+}
+
+// What the coordinator checks in the layout it makes, and every member in the one it receives.
+TEST(CommBootstrapTest, LayoutsMustFitTheTagSpace) {
+  EXPECT_TRUE(CommBootstrap::CheckLayoutFits(LayoutOf({{"a", 0}, {"b", 17}}), "c").ok());
+  EXPECT_TRUE(CommBootstrap::CheckLayoutFits(LayoutOf({{"a", -1}}), "c").ok());  // one node
+  auto missing = CommBootstrap::CheckLayoutFits(LayoutOf({{"a", 0}, {"b", -1}}), "c");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(missing.message(), HasSubstr("node b has no transport"));
+  auto wide = CommBootstrap::CheckLayoutFits(LayoutOf({{"a", 0}, {"b", 1 << 16}}), "c");
+  EXPECT_EQ(wide.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wide.message(), HasSubstr("does not fit 16 bits"));
+  std::vector<std::pair<std::string, int64_t>> many;
+  for (int i = 0; i <= scheduler::tags::kMaxNodes; ++i) many.emplace_back("n", i % 4096);
+  auto big = CommBootstrap::CheckLayoutFits(LayoutOf(many), "c");
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.message(), HasSubstr("4097 nodes"));
 }
 
 }  // namespace

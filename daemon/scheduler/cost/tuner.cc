@@ -175,12 +175,9 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
   const Candidate* second = nullptr;
   for (const Candidate& c : candidates) {
     if (c.generator.empty() && !options.include_modelled) continue;
-    if (one_node && &c == &candidates.front()) {
-      second = best;
-      best = &c;
-    } else if (one_node && best == &candidates.front()) {
-      if (second == nullptr || c.time_s() < second->time_s()) second = &c;
-    } else if (best == nullptr || c.time_s() < best->time_s()) {
+    // On one node local, listed first, is the choice whatever the others predict.
+    const bool pinned = one_node && best == &candidates.front();
+    if (!pinned && (best == nullptr || c.time_s() < best->time_s())) {
       second = best;
       best = &c;
     } else if (second == nullptr || c.time_s() < second->time_s()) {
@@ -198,16 +195,19 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
   choice.predicted_s = best->time_s() + options.op_overhead_s;
   choice.op_overhead_s = options.op_overhead_s;
   choice.ir_based = best->has_ir;
-  choice.reason = absl::StrCat(
-      best->name, " predicts ", topology::FormatDuration(best->time_s()),
-      best->has_ir ? " (schedule IR on the fabric simulator" : " (closed form",
-      best->has_ir && best->chunk_bytes > 0 ? absl::StrCat(", chunks of ", best->chunk_bytes, " B)")
-                                            : std::string(")"));
   if (one_node) {
     choice.reason = absl::StrCat("one node: local, single-pass kernels (closed form ",
                                  topology::FormatDuration(best->time_s()),
                                  "); a schedule would add a pass through memory per step");
-  } else if (second != nullptr) {
+  } else {
+    choice.reason =
+        absl::StrCat(best->name, " predicts ", topology::FormatDuration(best->time_s()),
+                     best->has_ir ? " (schedule IR on the fabric simulator" : " (closed form",
+                     best->has_ir && best->chunk_bytes > 0
+                         ? absl::StrCat(", chunks of ", best->chunk_bytes, " B)")
+                         : std::string(")"));
+  }
+  if (!one_node && second != nullptr) {
     absl::StrAppend(&choice.reason,
                     absl::StrFormat(", %.2fx faster than the next best, %s (%s)",
                                     second->time_s() / std::max(best->time_s(), 1e-15),
