@@ -420,13 +420,20 @@ TEST(UcxTransportTest, CreateRejectsBadOptions) {
 
 // With peer-failure handling on, UCX 1.13 selects no shared-memory lane (see ucx_transport.h),
 // but the list must still be accepted and work.
-TEST(UcxTransportTest, SharedMemoryInTlsListWorks) {
+// Two UCX transports "a" and "b" of one rail on lo with the given transports list.
+std::pair<absl::StatusOr<std::unique_ptr<UcxTransport>>,
+          absl::StatusOr<std::unique_ptr<UcxTransport>>>
+TwoUcxTransports(const std::string& tls) {
   UcxTransport::Options options;
-  options.rails.push_back({.device = "lo", .tls = "tcp,sm"});
+  options.rails.push_back({.device = "lo", .tls = tls});
   options.node_name = "a";
   auto a = UcxTransport::Create(options);
   options.node_name = "b";
-  auto b = UcxTransport::Create(options);
+  return {std::move(a), UcxTransport::Create(options)};
+}
+
+TEST(UcxTransportTest, SharedMemoryInTlsListWorks) {
+  auto [a, b] = TwoUcxTransports("tcp,sm");
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
   auto ab = (*a)->Connect(*(*b)->LocalAddress(0), 0);
   auto ba = (*b)->Connect(*(*a)->LocalAddress(0), 0);
@@ -448,12 +455,7 @@ TEST(UcxTransportTest, SharedMemoryInTlsListWorks) {
 // endpoint, so releasing communicator 2 must not close the endpoints communicator 1 still needs
 // (it cancelled or hung communicator 1's receive, under load, in the lockstep integration test).
 TEST(UcxTransportTest, ReleasingOneOfTwoEndpointsToAPeerLeavesTheOtherWorking) {
-  UcxTransport::Options options;
-  options.rails.push_back({.device = "lo", .tls = "tcp"});
-  options.node_name = "a";
-  auto a = UcxTransport::Create(options);
-  options.node_name = "b";
-  auto b = UcxTransport::Create(options);
+  auto [a, b] = TwoUcxTransports("tcp");
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
   const std::string addr_a = *(*a)->LocalAddress(0);
   const std::string addr_b = *(*b)->LocalAddress(0);
@@ -499,13 +501,8 @@ TEST(UcxTransportTest, ReleasingOneOfTwoEndpointsToAPeerLeavesTheOtherWorking) {
 // aborted one's pending send and receive still end in bounded time (the send after the cancel
 // grace, since its endpoint stays open for its sibling), and the sibling keeps working.
 TEST(UcxTransportTest, AbortingAnEndpointWithASiblingIsBoundedAndSparesTheSibling) {
-  UcxTransport::Options options;
-  options.rails.push_back({.device = "lo", .tls = "tcp"});
-  options.node_name = "a";
-  auto a = UcxTransport::Create(options);
-  options.node_name = "b";
-  auto b = UcxTransport::Create(options);
-  ASSERT_TRUE(a.ok() && b.ok());
+  auto [a, b] = TwoUcxTransports("tcp");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
   auto a1 = (*a)->Connect(*(*b)->LocalAddress(0), 0);
   auto a2 = (*a)->Connect(*(*b)->LocalAddress(0), 0);
   auto b1 = (*b)->Connect(*(*a)->LocalAddress(0), 0);
