@@ -285,6 +285,10 @@ TEST_F(BadInputTest, BadBuffersAndCommIdsAreRefused) {
   ASSERT_TRUE(id.ok());
   EXPECT_EQ(raw.Init(sid, *id, 2, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(raw.Init(sid, *id, 0, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // More ranks than a tag's rank field numbers (daemon/scheduler/tags.h).
+  s = raw.Init(sid, *id, 0, 65537);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("nranks 65537 not in [1, 65536]"));
   // Joining twice as the same rank.
   auto comm = (*c)->InitComm(*id, 0, 1);
   ASSERT_TRUE(comm.ok());
