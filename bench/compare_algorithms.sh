@@ -22,7 +22,7 @@ trap cleanup EXIT
 socks=()
 for ((n = 0; n < nodes; n++)); do
   echo "{\"node\": \"vnode$n\", \"rails\": [{\"device\": \"lo\"}, {\"device\": \"lo\"}]}" >"$out/n$n.json"
-  "$build/daemon/railyardd" --socket="$out/n$n.sock" --peer_listen=127.0.0.1:0 \
+  "$build/daemon/railyardd" --socket="$out/n$n.sock" --insecure_first_session_token --peer_listen=127.0.0.1:0 \
     --topology="$out/n$n.json" >"$out/n$n.log" 2>&1 &
   pids+=($!)
   socks+=("$out/n$n.sock")

@@ -91,7 +91,7 @@ def worker(rank: int, n: int, args: argparse.Namespace, tmp: str, queue) -> None
 
 def start_daemon(binary: str, tmp: str) -> Tuple[subprocess.Popen, str]:
     sock = os.path.join(tmp, "ry.sock")
-    proc = subprocess.Popen([binary, f"--socket={sock}", "--node_name=bench", "--log_level=warn"],
+    proc = subprocess.Popen([binary, f"--socket={sock}", "--insecure_first_session_token", "--node_name=bench", "--log_level=warn"],
                             stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:

@@ -5,11 +5,13 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "daemon/session/quota.h"
 
 namespace railyard {
 
 struct DaemonConfig {
-  // Unix socket serving the local (client) and admin APIs; created with mode 0660.
+  // Unix socket serving the local (client) API; created with mode 0660. Beside it, "<socket>.fd"
+  // is the side channel clients pass buffer descriptors over (FdSocketPath).
   std::string socket = "/run/railyard/railyard.sock";
   // This node's name in comm ids, logs and status. Empty: the host name.
   std::string node_name;
@@ -27,9 +29,20 @@ struct DaemonConfig {
   // A peer daemon that has not answered heartbeats for this long fails its communicators.
   absl::Duration peer_timeout = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  // File of "job_id token" lines. When set, only these jobs may connect, with these tokens;
-  // when empty, the first session of a job sets its token.
+  // Socket serving the Admin API (railctl), created mode 0600; never the client socket. Empty:
+  // "<socket>.admin" (AdminSocketPath). Where tenants may be root in their own mount namespace
+  // (containers), put it in a directory they do not mount.
+  std::string admin_socket;
+  // File of "job_id token" lines: these jobs may connect with these tokens.
   std::string job_tokens_file;
+  // File of HMAC keys (hex, one per line): signed job tokens (railctl token issue) verify with any.
+  std::string token_key_file;
+  // Without a key or tokens file, lets the first session of a job set its token (demos only).
+  bool insecure_first_session_token = false;
+  // File of per-job peer credential policies ("<job|*> uids=A,B gids=C"); empty: any uid.
+  std::string job_policy_file;
+  // What one session, one job and the whole daemon may hold (--max_* flags).
+  QuotaLimits quotas = QuotaLimits::Defaults();
   // Threads executing collectives. 0: one per CPU.
   int worker_threads = 0;
   // Default wait for the other ranks' matching submission of a collective.

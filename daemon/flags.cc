@@ -11,7 +11,11 @@
 #include "daemon/util/log.h"
 
 ABSL_FLAG(std::string, socket, "/run/railyard/railyard.sock",
-          "Unix socket of the local (client) and admin gRPC APIs; created with mode 0660");
+          "Unix socket of the local (client) gRPC API, created with mode 0660; buffer descriptors "
+          "travel over <socket>.fd beside it");
+ABSL_FLAG(std::string, admin_socket, "",
+          "Unix socket of the Admin API (railctl), created mode 0600 (default: <socket>.admin); "
+          "keep it out of tenants' mounts");
 ABSL_FLAG(std::string, node_name, "",
           "This node's name in comm ids, logs and status (default: host name)");
 ABSL_FLAG(std::string, peer_listen, "",
@@ -27,7 +31,39 @@ ABSL_FLAG(std::string, algo, "",
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
           "A peer daemon silent this long fails the communicators it shares with this one");
 ABSL_FLAG(std::string, job_tokens, "",
-          "File of 'job_id token' lines; when set, only these jobs may connect, with these tokens");
+          "File of 'job_id token' lines: these jobs may connect with these tokens");
+ABSL_FLAG(std::string, token_key_file, "",
+          "File of hex HMAC-SHA256 keys, one per line: jobs connect with tokens signed by any "
+          "(railctl token issue); the first line is the one railctl signs with");
+ABSL_FLAG(bool, insecure_first_session_token, false,
+          "Without --token_key_file or --job_tokens, let the first session of a job set its token "
+          "(any local process can claim any job id first: demos only)");
+ABSL_FLAG(std::string, job_policy, "",
+          "File of '<job|*> uids=A,B gids=C' lines: which peer uids/gids may connect as a job");
+ABSL_FLAG(uint64_t, max_sessions, 1024, "Sessions the daemon serves at once (0: no limit)");
+ABSL_FLAG(uint64_t, max_sessions_per_job, 256, "Sessions of one job at once (0: no limit)");
+ABSL_FLAG(uint64_t, max_metric_jobs, 64,
+          "Jobs with their own metric series; later jobs are summed as job=\"other\"");
+ABSL_FLAG(uint64_t, max_buffers_per_session, 4096, "Registered buffers per session (0: no limit)");
+ABSL_FLAG(uint64_t, max_buffers_per_job, 16384, "Registered buffers per job (0: no limit)");
+ABSL_FLAG(uint64_t, max_buffer_bytes_per_session, uint64_t{256} << 30,
+          "Bytes of registered buffers per session (0: no limit)");
+ABSL_FLAG(uint64_t, max_buffer_bytes_per_job, uint64_t{1024} << 30,
+          "Bytes of registered buffers per job (0: no limit)");
+ABSL_FLAG(uint64_t, max_comms_per_session, 1024, "Communicators per session (0: no limit)");
+ABSL_FLAG(uint64_t, max_comms_per_job, 4096, "Communicator memberships per job (0: no limit)");
+ABSL_FLAG(uint64_t, max_queued_ops_per_session, 4096,
+          "Collectives a session may have queued ahead of the slowest rank (0: no limit)");
+ABSL_FLAG(uint64_t, max_queued_ops_per_job, 16384,
+          "Collectives a job may have queued ahead of the slowest rank (0: no limit)");
+ABSL_FLAG(uint64_t, max_queued_p2p_per_session, 4096,
+          "Send/recv messages a session may have waiting for their peer (0: no limit)");
+ABSL_FLAG(uint64_t, max_queued_p2p_per_job, 16384,
+          "Send/recv messages a job may have waiting for their peer (0: no limit)");
+ABSL_FLAG(uint64_t, max_completion_backlog_bytes_per_session, 16 << 20,
+          "Bytes of completions not yet read by a session's client before its submits are refused");
+ABSL_FLAG(uint64_t, max_completion_backlog_bytes_per_job, 64 << 20,
+          "Bytes of completions not yet read by a job's clients before their submits are refused");
 ABSL_FLAG(int, worker_threads, 0, "Threads executing collectives (0: one per CPU)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(300),
           "Default wait for the other ranks' matching submission of an operation");
@@ -43,10 +79,41 @@ ABSL_FLAG(std::string, state_dir, "/var/lib/railyard",
 namespace railyard {
 
 const std::vector<std::string>& DaemonFlagNames() {
-  static const auto* names = new std::vector<std::string>{
-      "socket",     "node_name",    "peer_listen",  "job_tokens",     "worker_threads",
-      "op_timeout", "init_timeout", "chunk_bytes",  "shutdown_grace", "log_level",
-      "topology",   "algo",         "peer_timeout", "metrics_listen", "state_dir"};
+  static const auto* names =
+      new std::vector<std::string>{"socket",
+                                   "node_name",
+                                   "peer_listen",
+                                   "job_tokens",
+                                   "worker_threads",
+                                   "op_timeout",
+                                   "init_timeout",
+                                   "chunk_bytes",
+                                   "shutdown_grace",
+                                   "log_level",
+                                   "topology",
+                                   "algo",
+                                   "peer_timeout",
+                                   "metrics_listen",
+                                   "state_dir",
+                                   "admin_socket",
+                                   "token_key_file",
+                                   "insecure_first_session_token",
+                                   "job_policy",
+                                   "max_sessions",
+                                   "max_sessions_per_job",
+                                   "max_metric_jobs",
+                                   "max_buffers_per_session",
+                                   "max_buffers_per_job",
+                                   "max_buffer_bytes_per_session",
+                                   "max_buffer_bytes_per_job",
+                                   "max_comms_per_session",
+                                   "max_comms_per_job",
+                                   "max_queued_ops_per_session",
+                                   "max_queued_ops_per_job",
+                                   "max_queued_p2p_per_session",
+                                   "max_queued_p2p_per_job",
+                                   "max_completion_backlog_bytes_per_session",
+                                   "max_completion_backlog_bytes_per_job"};
   return *names;
 }
 
@@ -81,6 +148,36 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.peer_listen = absl::GetFlag(FLAGS_peer_listen);
   c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   c.job_tokens_file = absl::GetFlag(FLAGS_job_tokens);
+  c.token_key_file = absl::GetFlag(FLAGS_token_key_file);
+  c.insecure_first_session_token = absl::GetFlag(FLAGS_insecure_first_session_token);
+  c.job_policy_file = absl::GetFlag(FLAGS_job_policy);
+  c.admin_socket = absl::GetFlag(FLAGS_admin_socket);
+  if (c.admin_socket.empty()) c.admin_socket = c.socket + ".admin";
+  if (c.admin_socket == c.socket || c.admin_socket == c.socket + ".fd") {
+    return absl::InvalidArgumentError(
+        "--admin_socket must differ from --socket and its .fd side channel: Admin is for "
+        "operators only");
+  }
+  QuotaLimits& q = c.quotas;
+  q.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  q.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
+  q.max_metric_jobs = absl::GetFlag(FLAGS_max_metric_jobs);
+  auto set = [&q](Resource r, uint64_t per_session, uint64_t per_job) {
+    q.per_session[static_cast<int>(r)] = per_session;
+    q.per_job[static_cast<int>(r)] = per_job;
+  };
+  set(Resource::kBuffers, absl::GetFlag(FLAGS_max_buffers_per_session),
+      absl::GetFlag(FLAGS_max_buffers_per_job));
+  set(Resource::kBufferBytes, absl::GetFlag(FLAGS_max_buffer_bytes_per_session),
+      absl::GetFlag(FLAGS_max_buffer_bytes_per_job));
+  set(Resource::kComms, absl::GetFlag(FLAGS_max_comms_per_session),
+      absl::GetFlag(FLAGS_max_comms_per_job));
+  set(Resource::kQueuedOps, absl::GetFlag(FLAGS_max_queued_ops_per_session),
+      absl::GetFlag(FLAGS_max_queued_ops_per_job));
+  set(Resource::kQueuedP2p, absl::GetFlag(FLAGS_max_queued_p2p_per_session),
+      absl::GetFlag(FLAGS_max_queued_p2p_per_job));
+  set(Resource::kCompletionBytes, absl::GetFlag(FLAGS_max_completion_backlog_bytes_per_session),
+      absl::GetFlag(FLAGS_max_completion_backlog_bytes_per_job));
   c.topology_file = absl::GetFlag(FLAGS_topology);
   c.algo = absl::GetFlag(FLAGS_algo);
   if (!c.algo.empty() && !scheduler::algorithms::IsAlgorithmName(c.algo)) {

@@ -80,12 +80,13 @@ v1::NodeTopology NodeGraph(v1::NodeTopology declared, const std::string& node_na
 Server::~Server() { Shutdown(); }
 
 absl::Status Server::Start() {
-  std::map<std::string, std::string> tokens;
+  SessionAuth auth;
   if (!config_.job_tokens_file.empty()) {
     auto loaded = LoadJobTokens(config_.job_tokens_file);
     if (!loaded.ok()) return loaded.status();
-    tokens = *std::move(loaded);
+    auth.fixed_tokens = *std::move(loaded);
   }
+  auth.first_session_sets_token = config_.insecure_first_session_token;
   v1::NodeTopology topology = topology::DefaultNodeTopology();
   if (!config_.topology_file.empty()) {
     auto loaded = topology::LoadNodeTopology(config_.topology_file);
@@ -94,7 +95,7 @@ absl::Status Server::Start() {
     if (!topology.node().empty()) config_.node_name = topology.node();
   }
   if (absl::Status s = PrepareSocketPath(config_.socket); !s.ok()) return s;
-  core_ = std::make_unique<DaemonCore>(config_, std::move(tokens));
+  core_ = std::make_unique<DaemonCore>(config_, std::move(auth));
   core_->SetNodeGraph(NodeGraph(topology, config_.node_name));
   if (!config_.peer_listen.empty()) {
     if (absl::Status s = StartPeerService(topology); !s.ok()) return s;

@@ -32,7 +32,7 @@ for n in 0 1; do
   cat >"$dir/node$n.json" <<JSON
 {"node": "demo-node-$n", "rails": [{"name": "rail0", "device": "lo"}, {"name": "rail1", "device": "lo"}]}
 JSON
-  "$build/daemon/railyardd" --socket="$dir/node$n.sock" --peer_listen=127.0.0.1:0 \
+  "$build/daemon/railyardd" --socket="$dir/node$n.sock" --insecure_first_session_token --peer_listen=127.0.0.1:0 \
     --topology="$dir/node$n.json" --metrics_listen=127.0.0.1:0 >"$dir/node$n.log" 2>&1 &
   pids+=($!)
   socks+=("$dir/node$n.sock")

@@ -21,12 +21,12 @@ int WorkerThreads(int configured) {
 
 }  // namespace
 
-DaemonCore::DaemonCore(DaemonConfig config, std::map<std::string, std::string> job_tokens)
+DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth)
     : config_(std::move(config)),
       started_at_(absl::Now()),
       metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion)),
       executor_(WorkerThreads(config_.worker_threads)),
-      sessions_(std::move(job_tokens)) {
+      sessions_(std::move(auth), &config_.quotas) {
   coordinator_ =
       config_.peer_listen.empty() ? absl::StrCat("local:", config_.node_name) : config_.peer_listen;
   metrics_->SetSampler([this] { return SampleMetrics(); });
@@ -37,7 +37,7 @@ DaemonCore::~DaemonCore() { Shutdown(); }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::ConnectRequest& req) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_.Open(req.job_id(), req.token(), req.pid(), req.client());
+      sessions_.Open(req.job_id(), req.token(), PeerCred{req.pid(), 0, 0}, req.client());
   if (!session.ok()) return session.status();
   metrics_->AddJob((*session)->job());
   Log(LogLevel::kInfo, "session", "connected",

@@ -38,8 +38,8 @@ namespace railyard {
 
 class DaemonCore {
  public:
-  // job_tokens: fixed tokens (from --job_tokens); empty map: first session sets a job's token.
-  DaemonCore(DaemonConfig config, std::map<std::string, std::string> job_tokens);
+  // auth: who may connect as which job (the Server loads it from the config's files).
+  DaemonCore(DaemonConfig config, SessionAuth auth);
   ~DaemonCore();
 
   const DaemonConfig& config() const { return config_; }
@@ -134,7 +134,6 @@ class DaemonCore {
   metrics::DaemonSample SampleMetrics();
 
   const DaemonConfig config_;
-  const std::map<std::string, std::string> fixed_tokens_;
   const absl::Time started_at_;
   // Before everything that updates it (executor threads, communicators, transport callbacks),
   // so that it is destroyed after them.

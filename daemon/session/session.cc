@@ -80,12 +80,15 @@ void SessionStream::OnDone() {
   delete this;
 }
 
-Session::Session(std::string id, std::string job, int64_t pid, std::string client)
+Session::Session(std::string id, std::string job, int64_t pid, std::string client,
+                 std::shared_ptr<QuotaAccount> quota, PeerCred cred)
     : id_(std::move(id)),
       job_(std::move(job)),
       pid_(pid),
       client_(std::move(client)),
-      connected_at_(absl::Now()) {}
+      connected_at_(absl::Now()),
+      quota_(std::move(quota)),
+      cred_(cred) {}
 
 void Session::AttachStream(SessionStream* stream) {
   absl::MutexLock lock(&mu_);

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/comm/completion_sink.h"
+#include "daemon/session/quota.h"
 #include "daemon/session/shm_segment.h"
 #include "railyard/v1/local.grpc.pb.h"
 
@@ -56,15 +57,28 @@ struct Membership {
   int rank = 0;
 };
 
+// Who is at the other end of a session's local connection, as the kernel says (SO_PEERCRED of
+// its side channel), in the daemon's pid namespace (pid 0 when the client's is not visible).
+struct PeerCred {
+  int64_t pid = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
 class Session : public CompletionSink {
  public:
-  Session(std::string id, std::string job, int64_t pid, std::string client);
+  // quota: this session's counters (charged with its job's); null: not accounted (tests).
+  Session(std::string id, std::string job, int64_t pid, std::string client,
+          std::shared_ptr<QuotaAccount> quota = nullptr, PeerCred cred = {});
 
   const std::string& id() const { return id_; }
   const std::string& job() const { return job_; }
   int64_t pid() const { return pid_; }
   const std::string& client() const { return client_; }
   absl::Time connected_at() const { return connected_at_; }
+  const PeerCred& cred() const { return cred_; }
+  // What this session holds against its limits; null when not accounted.
+  const std::shared_ptr<QuotaAccount>& quota() const { return quota_; }
 
   // Completions. The stream is attached by Connect and detached when it is done.
   void AttachStream(SessionStream* stream);
@@ -94,6 +108,8 @@ class Session : public CompletionSink {
   const int64_t pid_;
   const std::string client_;
   const absl::Time connected_at_;
+  const std::shared_ptr<QuotaAccount> quota_;
+  const PeerCred cred_;
 
   mutable absl::Mutex mu_;
   SessionStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -40,7 +40,8 @@ class DaemonProcess {
  public:
   explicit DaemonProcess(std::vector<std::string> extra_flags = {}) : dir_(MakeTempDir()) {
     socket_ = dir_ + "/ry.sock";
-    std::vector<std::string> argv = {RAILYARDD_PATH, "--socket=" + socket_, "--node_name=itest"};
+    std::vector<std::string> argv = {RAILYARDD_PATH, "--socket=" + socket_, "--node_name=itest",
+                                     "--insecure_first_session_token"};
     argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     proc_ = std::make_unique<Process>(argv, dir_ + "/railyardd.log");
     for (int i = 0; i < 1000 && !SocketAccepts(socket_); ++i) {

@@ -336,8 +336,8 @@ TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
     socks.push_back(dir + "/ns" + std::to_string(n) + ".sock");
     daemons.push_back(std::make_unique<Process>(
         std::vector<std::string>{"/usr/sbin/ip", "netns", "exec", nss[n], RAILYARDD_PATH,
-                                 "--socket=" + socks.back(), "--peer_listen=" + ips[n] + ":0",
-                                 "--topology=" + topo},
+                                 "--socket=" + socks.back(), "--insecure_first_session_token",
+                                 "--peer_listen=" + ips[n] + ":0", "--topology=" + topo},
         dir + "/ns" + std::to_string(n) + ".log"));
   }
   for (const auto& s : socks) {

@@ -49,7 +49,7 @@ def start_daemon(tmp, name, rails, extra_args=()):
     logpath = os.path.join(tmp, f"{name}.log")
     with open(logpath, "w") as log:
         proc = subprocess.Popen(
-            [os.environ["RAILYARDD"], f"--socket={sock}", "--peer_listen=127.0.0.1:0",
+            [os.environ["RAILYARDD"], f"--socket={sock}", "--insecure_first_session_token", "--peer_listen=127.0.0.1:0",
              f"--topology={topo}", "--metrics_listen=127.0.0.1:0", "--worker_threads=2",
              *extra_args], stdout=log, stderr=subprocess.STDOUT)
 

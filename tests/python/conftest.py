@@ -90,7 +90,8 @@ class Daemon:
         self.log_path = os.path.join(self.dir, "railyardd.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [railyardd_path(), f"--socket={self.socket}", f"--node_name={node_name}",
+            [railyardd_path(), f"--socket={self.socket}", "--insecure_first_session_token",
+             f"--node_name={node_name}",
              "--log_level=warn", *flags],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 15

@@ -1,5 +1,5 @@
-// DaemonCore's registries on their own: sessions and job tokens; communicators, their builds
-// shared by several joins, retirement, and the bootstrap tag slots.
+// DaemonCore's communicator registry on its own: communicators, their builds shared by several
+// joins, retirement, and the bootstrap tag slots (sessions: session_registry_test.cc).
 #include <map>
 #include <memory>
 #include <string>
@@ -8,7 +8,6 @@
 #include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_registry.h"
 #include "daemon/scheduler/executor.h"
-#include "daemon/session/session_registry.h"
 #include "daemon/util/deadline_timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,50 +17,6 @@ namespace railyard {
 namespace {
 
 using ::testing::HasSubstr;
-
-TEST(SessionRegistryTest, TheFirstSessionOfAJobSetsItsTokenUntilItsLastSessionEnds) {
-  SessionRegistry reg({});
-  auto a = reg.Open("job1", "secret", 10, "test");
-  ASSERT_TRUE(a.ok()) << a.status();
-  auto wrong = reg.Open("job1", "guess", 11, "test");
-  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(wrong.status().message(), HasSubstr("first session set"));
-  auto b = reg.Open("job1", "secret", 12, "test");
-  ASSERT_TRUE(b.ok());
-  EXPECT_NE((*a)->id(), (*b)->id());
-  EXPECT_EQ(reg.jobs(), 1u);
-  EXPECT_TRUE(reg.Remove(*a));
-  EXPECT_FALSE(reg.Remove(*a));  // idempotent
-  EXPECT_EQ(reg.Open("job1", "other", 13, "t").status().code(),
-            absl::StatusCode::kPermissionDenied);  // b still holds the token
-  EXPECT_TRUE(reg.Remove(*b));
-  EXPECT_EQ(reg.jobs(), 0u);
-  EXPECT_TRUE(reg.Open("job1", "other", 14, "t").ok());  // a new job of that name
-}
-
-TEST(SessionRegistryTest, FixedTokensAdmitOnlyListedJobs) {
-  SessionRegistry reg(std::map<std::string, std::string>{{"train", "t0k3n"}});
-  EXPECT_TRUE(reg.Open("train", "t0k3n", 1, "c").ok());
-  EXPECT_EQ(reg.Open("train", "nope", 1, "c").status().code(), absl::StatusCode::kPermissionDenied);
-  auto unlisted = reg.Open("other", "t0k3n", 1, "c");
-  EXPECT_EQ(unlisted.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(unlisted.status().message(), HasSubstr("not listed"));
-}
-
-TEST(SessionRegistryTest, BadJobIdsUnknownSessionsAndShutdown) {
-  SessionRegistry reg({});
-  EXPECT_EQ(reg.Open("bad job!", "", 1, "c").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(reg.Open(std::string(200, 'x'), "", 1, "c").status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(reg.Find("nope").status().code(), absl::StatusCode::kNotFound);
-  auto s = reg.Open("j", "", 1, "c");
-  ASSERT_TRUE(s.ok());
-  auto found = reg.Find((*s)->id());
-  ASSERT_TRUE(found.ok());
-  EXPECT_EQ(*found, *s);
-  EXPECT_EQ(reg.Close().size(), 1u);
-  EXPECT_EQ(reg.Open("j", "", 1, "c").status().code(), absl::StatusCode::kUnavailable);
-}
 
 class CommRegistryTest : public ::testing::Test {
  protected:
