@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "daemon/session/job_policy.h"
 #include "daemon/session/job_tokens.h"
 #include "daemon/topology/discovery.h"
 #include "daemon/topology/topology_file.h"
@@ -18,6 +19,7 @@
 #include "daemon/util/log.h"
 #include "daemon/version.h"
 #include "grpcpp/server_builder.h"
+#include "proto/railyard/v1/fd_channel.h"
 
 namespace railyard {
 namespace {
@@ -80,13 +82,8 @@ v1::NodeTopology NodeGraph(v1::NodeTopology declared, const std::string& node_na
 Server::~Server() { Shutdown(); }
 
 absl::Status Server::Start() {
-  SessionAuth auth;
-  if (!config_.job_tokens_file.empty()) {
-    auto loaded = LoadJobTokens(config_.job_tokens_file);
-    if (!loaded.ok()) return loaded.status();
-    auth.fixed_tokens = *std::move(loaded);
-  }
-  auth.first_session_sets_token = config_.insecure_first_session_token;
+  absl::StatusOr<SessionAuth> auth = LoadAuth();
+  if (!auth.ok()) return auth.status();
   v1::NodeTopology topology = topology::DefaultNodeTopology();
   if (!config_.topology_file.empty()) {
     auto loaded = topology::LoadNodeTopology(config_.topology_file);
@@ -94,8 +91,20 @@ absl::Status Server::Start() {
     topology = *std::move(loaded);
     if (!topology.node().empty()) config_.node_name = topology.node();
   }
-  if (absl::Status s = PrepareSocketPath(config_.socket); !s.ok()) return s;
-  core_ = std::make_unique<DaemonCore>(config_, std::move(auth));
+  const std::string fd_socket = fdproto::SocketPath(config_.socket);
+  for (const std::string& path : {config_.socket, fd_socket, config_.admin_socket}) {
+    if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
+  }
+  core_ = std::make_unique<DaemonCore>(config_, *std::move(auth));
+  FdChannelServer::Options fd_options;
+  fd_options.path = fd_socket;
+  if (config_.quotas.max_sessions != 0) {
+    fd_options.max_connections = config_.quotas.max_sessions + fd_options.max_unbound;
+  }
+  absl::StatusOr<std::unique_ptr<FdChannelServer>> fd_channels = FdChannelServer::Start(fd_options);
+  if (!fd_channels.ok()) return fd_channels.status();
+  fd_channels_ = *std::move(fd_channels);
+  core_->SetFdChannels(fd_channels_.get());
   core_->SetNodeGraph(NodeGraph(topology, config_.node_name));
   if (!config_.peer_listen.empty()) {
     if (absl::Status s = StartPeerService(topology); !s.ok()) return s;
@@ -108,7 +117,6 @@ absl::Status Server::Start() {
   builder.AddListeningPort(absl::StrCat("unix:", config_.socket), grpc::InsecureServerCredentials(),
                            &bound);
   builder.RegisterService(local_.get());
-  builder.RegisterService(admin_.get());
   grpc_ = builder.BuildAndStart();
   if (grpc_ == nullptr || bound == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config_.socket));
@@ -118,14 +126,62 @@ absl::Status Server::Start() {
     return absl::FailedPreconditionError(
         absl::StrCat("chmod 0660 ", config_.socket, ": ", std::strerror(errno)));
   }
+  if (absl::Status s = StartAdmin(); !s.ok()) return s;
   if (!config_.metrics_listen.empty()) {
     if (absl::Status s = StartMetrics(); !s.ok()) return s;
   }
   serving_ = true;
   Log(LogLevel::kInfo, "daemon", "serving",
-      {F("version", kRailyardVersion), F("socket", config_.socket), F("node", config_.node_name),
+      {F("version", kRailyardVersion), F("socket", config_.socket),
+       F("admin_socket", config_.admin_socket), F("node", config_.node_name),
        F("coordinator", core_->coordinator()),
        F("worker_threads", core_->Status().worker_threads())});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionAuth> Server::LoadAuth() const {
+  SessionAuth auth;
+  if (!config_.job_tokens_file.empty()) {
+    auto loaded = LoadJobTokens(config_.job_tokens_file);
+    if (!loaded.ok()) return loaded.status();
+    auth.fixed_tokens = *std::move(loaded);
+  }
+  if (!config_.job_policy_file.empty()) {
+    absl::StatusOr<JobPolicy> policy = JobPolicy::Load(config_.job_policy_file);
+    if (!policy.ok()) return policy.status();
+    auth.policy = *std::move(policy);
+  }
+  const bool authenticated = !auth.fixed_tokens.empty() || !config_.token_key_file.empty();
+  auth.first_session_sets_token = config_.insecure_first_session_token && !authenticated;
+  if (config_.insecure_first_session_token && authenticated) {
+    Log(LogLevel::kWarning, "daemon", "--insecure_first_session_token ignored",
+        {F("why", "--token_key_file or --job_tokens is set: only their jobs may connect")});
+  } else if (auth.first_session_sets_token) {
+    Log(LogLevel::kWarning, "daemon", "insecure: the first session of a job sets its token",
+        {F("why", "--insecure_first_session_token: any local process may claim an unused job id")});
+  } else if (auth.fixed_tokens.empty() && config_.token_key_file.empty()) {
+    Log(LogLevel::kWarning, "daemon", "no client authentication configured: every Connect fails",
+        {F("fix", "--token_key_file, --job_tokens or --insecure_first_session_token")});
+  }
+  return auth;
+}
+
+absl::Status Server::StartAdmin() {
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(absl::StrCat("unix:", config_.admin_socket),
+                           grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(admin_.get());
+  admin_grpc_ = builder.BuildAndStart();
+  if (admin_grpc_ == nullptr || bound == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config_.admin_socket));
+  }
+  admin_socket_created_ = true;
+  // Operators only: the owner (root under systemd and in the DaemonSet).
+  if (::chmod(config_.admin_socket.c_str(), 0600) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("chmod 0600 ", config_.admin_socket, ": ", std::strerror(errno)));
+  }
   return absl::OkStatus();
 }
 
@@ -193,9 +249,19 @@ void Server::Shutdown() {
     grpc_->Wait();
     grpc_.reset();
   }
+  if (admin_grpc_ != nullptr) {
+    admin_grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    admin_grpc_->Wait();
+    admin_grpc_.reset();
+  }
+  if (fd_channels_ != nullptr) fd_channels_->Stop();  // removes <socket>.fd
   if (socket_created_) {
     ::unlink(config_.socket.c_str());
     socket_created_ = false;
+  }
+  if (admin_socket_created_) {
+    ::unlink(config_.admin_socket.c_str());
+    admin_socket_created_ = false;
   }
   if (metrics_http_ != nullptr) {
     metrics_http_->Stop();  // scrapes read core_'s state: stop them first
@@ -203,6 +269,7 @@ void Server::Shutdown() {
   }
   local_.reset();
   admin_.reset();
+  fd_channels_.reset();
   peer_.reset();
   core_.reset();
   Log(LogLevel::kInfo, "daemon", "stopped", {});

@@ -20,9 +20,11 @@ class Server {
   explicit Server(DaemonConfig config) : config_(std::move(config)) {}
   ~Server();
 
-  // Loads the job tokens and topology files, starts the peer service and the transport when
-  // --peer_listen is set, prepares the socket path (creating its directory, refusing when another
-  // daemon answers on it, removing a stale file) and starts serving.
+  // Loads the authentication (token keys, job tokens, job policy) and topology files, starts the
+  // peer service and the transport when --peer_listen is set, prepares the socket paths (creating
+  // their directories, refusing when another daemon answers on one, removing a stale file) and
+  // starts serving: Local on --socket, the buffer side channel on <socket>.fd, Admin on
+  // --admin_socket.
   absl::Status Start();
   // host:port the peer service is reachable at ("" without --peer_listen).
   const std::string& peer_address() const { return peer_address_; }
@@ -38,15 +40,21 @@ class Server {
   std::unique_ptr<LocalService> local_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<PeerService> peer_;
-  std::unique_ptr<grpc::Server> grpc_;
-  std::unique_ptr<grpc::Server> peer_grpc_;  // TCP, daemon<->daemon only
+  std::unique_ptr<FdChannelServer> fd_channels_;  // <socket>.fd
+  std::unique_ptr<grpc::Server> grpc_;            // Local, on --socket
+  std::unique_ptr<grpc::Server> admin_grpc_;      // Admin, on --admin_socket only
+  std::unique_ptr<grpc::Server> peer_grpc_;       // TCP, daemon<->daemon only
   bool socket_created_ = false;
+  bool admin_socket_created_ = false;
   std::string peer_address_;
   std::unique_ptr<metrics::HttpServer> metrics_http_;
   std::string metrics_address_;
   std::atomic<bool> serving_{false};  // what /readyz reports: the gRPC APIs are up
 
   absl::Status StartMetrics();
+  absl::Status StartAdmin();
+  // Who may connect as which job, from the config's files.
+  absl::StatusOr<SessionAuth> LoadAuth() const;
 
   absl::Status StartPeerService(const v1::NodeTopology& topology);
 };

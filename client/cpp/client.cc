@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client_core.h"
-#include "shm_segment.h"
+#include "memfd_buffer.h"
 
 namespace railyard {
 
@@ -86,7 +86,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 Buffer::~Buffer() {
   // The daemon unmaps the session's buffers itself when the session is gone.
   if (core_ != nullptr && id_ != 0 && core_->alive()) (void)core_->ReleaseBuffer(id_);
-  internal::UnmapShm(data_, size_);
+  internal::UnmapBuffer(data_, size_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,15 +288,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 absl::StatusOr<Buffer> Client::Allocate(size_t size) {
   if (size == 0) return absl::InvalidArgumentError("cannot allocate a buffer of 0 bytes");
-  absl::StatusOr<internal::ShmSegment> segment =
-      internal::CreateShmSegment(core_->job(), core_->NextBufferSerial(), size);
+  absl::StatusOr<internal::MemfdBuffer> segment = internal::CreateMemfdBuffer(core_->job(), size);
   if (!segment.ok()) return segment.status();
-  absl::StatusOr<uint64_t> id = core_->RegisterBuffer(segment->name, size);
-  // Whatever happened, the name goes now: the two mappings keep the memory alive, and nothing is
-  // left in /dev/shm whoever dies first.
-  internal::UnlinkShmSegment(*segment);
+  absl::StatusOr<uint64_t> id = core_->RegisterBuffer(segment->fd, size);
+  // Whatever happened, the descriptor goes now: the two mappings keep the memory alive, and it
+  // has no name anyone could open.
+  internal::CloseMemfd(&*segment);
   if (!id.ok()) {
-    internal::UnmapShm(segment->data, segment->size);
+    internal::UnmapBuffer(segment->data, segment->size);
     return id.status();
   }
   Buffer buffer;

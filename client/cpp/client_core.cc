@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "shm_segment.h"
+#include "memfd_buffer.h"
 
 namespace railyard {
 namespace internal {
@@ -126,12 +126,29 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
   core->default_algo_ = internal::EnvOr("RAILYARD_ALGO", "");
   if (absl::Status st = internal::CheckSocketPath(core->socket_); !st.ok()) return st;
 
+  // The side channel first: its ticket names, in Connect, the connection whose peer credentials
+  // the daemon records and over which this session's buffers travel.
+  const auto side_timeout = options.connect_timeout >= internal::kForever
+                                ? internal::kRpcTimeout
+                                : std::max(options.connect_timeout, std::chrono::milliseconds(1));
+  absl::StatusOr<std::unique_ptr<internal::FdChannelClient>> side =
+      internal::FdChannelClient::Connect(core->socket_, side_timeout);
+  if (!side.ok()) {
+    if (side.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::UnavailableError(absl::StrCat("railyardd not reachable at ", core->socket_, ": ",
+                                                 side.status().message()));
+    }
+    return side.status();
+  }
+  core->fd_channel_ = *std::move(side);
+
   core->channel_ = grpc::CreateChannel("unix:" + core->socket_, grpc::InsecureChannelCredentials());
   core->stub_ = v1::Local::NewStub(core->channel_);
 
   v1::ConnectRequest request;
   request.set_job_id(core->job_);
   request.set_token(token);
+  request.set_fd_ticket(core->fd_channel_->ticket());
   request.set_pid(getpid());
   request.set_client("railyard-cpp/" RAILYARD_VERSION);
   // The reader thread opens the stream itself: opening can block while the channel connects, and
@@ -273,13 +290,15 @@ absl::Status ClientCore::RpcError(const char* rpc, const grpc::Status& status) c
   return st;
 }
 
-absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(const std::string& shm_name, uint64_t size) {
+absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size) {
   if (absl::Status st = SessionError(); !st.ok()) return st;
+  absl::StatusOr<uint64_t> handle = fd_channel_->Put(memfd, internal::kRpcTimeout);
+  if (!handle.ok()) return handle.status();
   grpc::ClientContext ctx;
   SetDeadline(&ctx, internal::kRpcTimeout);
   v1::RegisterBufferRequest request;
   request.set_session_id(session_id_);
-  request.set_shm_name(shm_name);
+  request.set_fd_handle(*handle);
   request.set_size_bytes(size);
   v1::RegisterBufferResponse response;
   grpc::Status status = stub_->RegisterBuffer(&ctx, request, &response);

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fd_channel_client.h"
 #include "railyard/client.h"
 #include "railyard/v1/local.grpc.pb.h"
 
@@ -71,7 +72,8 @@ class ClientCore {
   const std::string& job() const { return job_; }
   const std::string& default_algo() const { return default_algo_; }
 
-  absl::StatusOr<uint64_t> RegisterBuffer(const std::string& shm_name, uint64_t size);
+  // Sends the memfd over the side channel and registers `size` bytes of it.
+  absl::StatusOr<uint64_t> RegisterBuffer(int memfd, uint64_t size);
   absl::Status ReleaseBuffer(uint64_t buffer_id);
   absl::StatusOr<std::string> CreateCommId();
   absl::StatusOr<v1::InitCommResponse> InitComm(const std::string& comm_id, int rank, int nranks,
@@ -81,9 +83,6 @@ class ClientCore {
   // Fills in session_id and request_id, registers `pending` and submits. A Submit error, or a
   // session already closed, completes `pending` with that status.
   void Submit(v1::SubmitRequest request, const std::shared_ptr<internal::PendingRequest>& pending);
-
-  // Serial numbers for shared-memory names.
-  uint64_t NextBufferSerial() { return next_buffer_serial_.fetch_add(1); }
 
  private:
   ClientCore() = default;
@@ -101,6 +100,7 @@ class ClientCore {
   std::string default_algo_;
   std::string session_id_;
   std::string node_name_;
+  std::unique_ptr<internal::FdChannelClient> fd_channel_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Local::Stub> stub_;
 
@@ -117,7 +117,6 @@ class ClientCore {
   std::unordered_map<uint64_t, std::shared_ptr<internal::PendingRequest>> pending_;
 
   std::atomic<uint64_t> next_request_id_{1};
-  std::atomic<uint64_t> next_buffer_serial_{0};
   std::once_flag shutdown_once_;
 };
 

@@ -36,13 +36,29 @@ DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth)
 DaemonCore::~DaemonCore() { Shutdown(); }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::ConnectRequest& req) {
+  if (req.fd_ticket().empty()) {
+    return absl::InvalidArgumentError(
+        "Connect needs fd_ticket: connect the buffer side channel <socket>.fd first and pass the "
+        "ticket it sends (clients from before buffer descriptors do not)");
+  }
+  if (fd_channels_ == nullptr) return absl::UnavailableError("the fd side channel is not serving");
+  absl::StatusOr<std::shared_ptr<FdChannel>> channel = fd_channels_->Claim(req.fd_ticket());
+  if (!channel.ok()) return channel.status();
+  const PeerCred cred = (*channel)->cred();
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_.Open(req.job_id(), req.token(), PeerCred{req.pid(), 0, 0}, req.client());
-  if (!session.ok()) return session.status();
+      sessions_.Open(req.job_id(), req.token(), cred, req.client());
+  if (!session.ok()) {
+    (*channel)->Close();
+    Log(LogLevel::kWarning, "session", "connect refused",
+        {F("job", req.job_id().substr(0, 64)), F("pid", cred.pid), F("uid", cred.uid),
+         F("gid", cred.gid), F("reason", session.status().message())});
+    return session.status();
+  }
+  (*session)->AttachFdChannel(*std::move(channel), req.pid());
   metrics_->AddJob((*session)->job());
   Log(LogLevel::kInfo, "session", "connected",
-      {F("session", (*session)->id().substr(0, 8)), F("job", (*session)->job()),
-       F("pid", req.pid())});
+      {F("session", (*session)->id().substr(0, 8)), F("job", (*session)->job()), F("pid", cred.pid),
+       F("uid", cred.uid), F("gid", cred.gid), F("reported_pid", req.pid())});
   return session;
 }
 
@@ -54,6 +70,7 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
                               const grpc::Status& stream_status) {
   if (!sessions_.Remove(session)) return;
   session->Close(stream_status);
+  if (std::shared_ptr<FdChannel> channel = session->fd_channel()) channel->Close();
   const auto buffers = session->TakeBuffers();  // unmapped when the last operation lets go
   for (auto& [handle, m] : session->TakeMemberships()) {
     m.comm->Leave(m.rank, absl::UnavailableError(absl::StrCat("rank ", m.rank, " of communicator ",
@@ -66,10 +83,33 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
        F("reason", why), F("buffers_released", buffers.size())});
 }
 
-absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, const std::string& shm_name,
+absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, uint64_t fd_handle,
                                                     uint64_t size) {
-  absl::StatusOr<std::shared_ptr<MappedSegment>> seg = MappedSegment::Map(shm_name, size);
-  if (!seg.ok()) return seg.status();
+  std::shared_ptr<FdChannel> channel = session.fd_channel();
+  if (channel == nullptr) {
+    return absl::FailedPreconditionError("this session has no buffer side channel");
+  }
+  absl::StatusOr<UniqueFd> fd = channel->Take(fd_handle);
+  if (!fd.ok()) return fd.status();
+  if (size == 0) return absl::InvalidArgumentError("buffer size must be > 0");
+  QuotaCharge count;
+  QuotaCharge bytes;
+  if (absl::Status s = QuotaCharge::Take(session.quota(), Resource::kBuffers, 1, &count); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = QuotaCharge::Take(session.quota(), Resource::kBufferBytes, size, &bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<MappedSegment>> seg =
+      MappedSegment::MapMemfd(*std::move(fd), size);
+  if (!seg.ok()) {
+    Log(LogLevel::kWarning, "session", "buffer refused",
+        {F("session", session.id().substr(0, 8)), F("job", session.job()), F("pid", session.pid()),
+         F("reason", seg.status().message())});
+    return seg.status();
+  }
+  (*seg)->HoldCharges(std::move(count), std::move(bytes));
   const uint64_t id = next_buffer_id_.fetch_add(1);
   if (absl::Status s = session.AddBuffer(id, *std::move(seg)); !s.ok()) return s;
   return id;
@@ -155,6 +195,10 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
   absl::StatusOr<CommId> id = ParseCommId(req.comm_id());
   if (!id.ok()) return id.status();
   if (absl::Status s = CheckRankOf(req.rank(), req.nranks()); !s.ok()) return s;
+  // Refuse early what AddMembership would refuse after the other ranks joined.
+  if (session->quota() != nullptr) {
+    if (absl::Status s = session->quota()->CheckBelow(Resource::kComms); !s.ok()) return s;
+  }
   const bool local_coordinator = id->coordinator == coordinator_;
   if (!local_coordinator && peer_address_.empty()) {
     return absl::UnimplementedError(absl::StrCat(
@@ -495,6 +539,9 @@ v1::StatusResponse DaemonCore::Status() {
     ss->set_session_id_prefix(s->id().substr(0, 8));
     ss->set_job_id(s->job());
     ss->set_pid(s->pid());
+    ss->set_uid(s->cred().uid);
+    ss->set_gid(s->cred().gid);
+    ss->set_reported_pid(s->reported_pid());
     ss->set_client(s->client());
     ss->set_buffers(s->buffer_count());
     ss->set_buffer_bytes(s->buffer_bytes());

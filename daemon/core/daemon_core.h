@@ -24,6 +24,7 @@
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
+#include "daemon/session/fd_channel.h"
 #include "daemon/session/session.h"
 #include "daemon/session/session_registry.h"
 #include "daemon/transport/transport.h"
@@ -64,7 +65,13 @@ class DaemonCore {
   // Name written into comm ids as coordinator.
   const std::string& coordinator() const { return coordinator_; }
 
-  // INVALID_ARGUMENT for a malformed job id, PERMISSION_DENIED for a wrong token,
+  // The buffer side channel the sessions' connections come from (owned by the Server; set
+  // before serving).
+  void SetFdChannels(FdChannelServer* channels) { fd_channels_ = channels; }
+
+  // Binds the side channel named by req.fd_ticket and opens a session as the process the kernel
+  // says is at its end. INVALID_ARGUMENT for a malformed job id or no fd_ticket, NOT_FOUND for an
+  // unknown ticket, PERMISSION_DENIED (token, uid policy), RESOURCE_EXHAUSTED (session limits),
   // UNAVAILABLE when shutting down.
   absl::StatusOr<std::shared_ptr<Session>> OpenSession(const v1::ConnectRequest& req);
   // NOT_FOUND for an unknown (or closed) session id.
@@ -74,8 +81,9 @@ class DaemonCore {
   void CloseSession(const std::shared_ptr<Session>& session, const std::string& why,
                     const grpc::Status& stream_status);
 
-  absl::StatusOr<uint64_t> RegisterBuffer(Session& session, const std::string& shm_name,
-                                          uint64_t size);
+  // Maps the memfd the session's side channel holds under fd_handle (one time), within the
+  // session's and job's buffer quotas.
+  absl::StatusOr<uint64_t> RegisterBuffer(Session& session, uint64_t fd_handle, uint64_t size);
   absl::Status ReleaseBuffer(Session& session, uint64_t buffer_id);
 
   std::string NewCommId();
@@ -147,6 +155,7 @@ class DaemonCore {
   v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_;
   std::string peer_address_;
+  FdChannelServer* fd_channels_ = nullptr;
   std::atomic<uint64_t> next_buffer_id_{1};
   std::atomic<uint64_t> next_comm_handle_{1};
 

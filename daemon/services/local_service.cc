@@ -19,9 +19,6 @@ grpc::ServerWriteReactor<v1::SessionEvent>* LocalService::Connect(grpc::Callback
                                                                   const v1::ConnectRequest* req) {
   absl::StatusOr<std::shared_ptr<Session>> session = core_->OpenSession(*req);
   if (!session.ok()) {
-    Log(LogLevel::kWarning, "session", "connect refused",
-        {F("job", req->job_id().substr(0, 64)), F("pid", req->pid()),
-         F("reason", session.status().message())});
     auto* stream = new SessionStream(nullptr, nullptr);
     stream->Close(ToGrpc(session.status()));
     return stream;
@@ -47,7 +44,7 @@ grpc::ServerUnaryReactor* LocalService::RegisterBuffer(grpc::CallbackServerConte
   auto session = core_->FindSession(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
   absl::StatusOr<uint64_t> id =
-      core_->RegisterBuffer(**session, req->shm_name(), req->size_bytes());
+      core_->RegisterBuffer(**session, req->fd_handle(), req->size_bytes());
   if (id.ok()) resp->set_buffer_id(*id);
   return Done(ctx, id.status());
 }

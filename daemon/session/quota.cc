@@ -22,8 +22,8 @@ constexpr std::array<ResourceInfo, kResourceCount> kInfo = {{
     {"communicators", "max_comms_per_session", "max_comms_per_job", 1024, 4096},
     {"operations queued ahead of the slowest rank", "max_queued_ops_per_session",
      "max_queued_ops_per_job", 4096, 16384},
-    {"point-to-point messages queued", "max_queued_p2p_per_session", "max_queued_p2p_per_job",
-     4096, 16384},
+    {"point-to-point messages queued", "max_queued_p2p_per_session", "max_queued_p2p_per_job", 4096,
+     16384},
     {"bytes of completion backlog", "max_completion_backlog_bytes_per_session",
      "max_completion_backlog_bytes_per_job", 16u << 20, 64u << 20},
 }};

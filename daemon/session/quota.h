@@ -16,12 +16,12 @@ namespace railyard {
 
 // Resources counted per session and per job.
 enum class Resource : int {
-  kBuffers = 0,       // registered buffers
-  kBufferBytes,       // bytes of registered buffers
-  kComms,             // communicator memberships
-  kQueuedOps,         // collectives submitted that have not started (ahead of the slowest rank)
-  kQueuedP2p,         // send/recv messages waiting for their peer
-  kCompletionBytes,   // bytes of completion events not yet written to the client's stream
+  kBuffers = 0,      // registered buffers
+  kBufferBytes,      // bytes of registered buffers
+  kComms,            // communicator memberships
+  kQueuedOps,        // collectives submitted that have not started (ahead of the slowest rank)
+  kQueuedP2p,        // send/recv messages waiting for their peer
+  kCompletionBytes,  // bytes of completion events not yet written to the client's stream
   kCount
 };
 constexpr int kResourceCount = static_cast<int>(Resource::kCount);

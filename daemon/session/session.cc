@@ -157,10 +157,31 @@ uint64_t Session::buffer_bytes() const {
   return total;
 }
 
+void Session::AttachFdChannel(std::shared_ptr<FdChannel> channel, int64_t reported_pid) {
+  absl::MutexLock lock(&mu_);
+  fd_channel_ = std::move(channel);
+  reported_pid_ = reported_pid;
+}
+
+std::shared_ptr<FdChannel> Session::fd_channel() const {
+  absl::MutexLock lock(&mu_);
+  return fd_channel_;
+}
+
+int64_t Session::reported_pid() const {
+  absl::MutexLock lock(&mu_);
+  return reported_pid_;
+}
+
 absl::Status Session::AddMembership(uint64_t handle, Membership m) {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("session is closed");
-  memberships_.emplace(handle, std::move(m));
+  if (quota_ != nullptr) {
+    if (absl::Status s = quota_->Charge(Resource::kComms, 1); !s.ok()) return s;
+  }
+  if (!memberships_.emplace(handle, std::move(m)).second && quota_ != nullptr) {
+    quota_->Release(Resource::kComms, 1);
+  }
   return absl::OkStatus();
 }
 
@@ -176,11 +197,14 @@ absl::StatusOr<Membership> Session::FindMembership(uint64_t handle) const {
 
 bool Session::RemoveMembership(uint64_t handle) {
   absl::MutexLock lock(&mu_);
-  return memberships_.erase(handle) > 0;
+  const bool removed = memberships_.erase(handle) > 0;
+  if (removed && quota_ != nullptr) quota_->Release(Resource::kComms, 1);
+  return removed;
 }
 
 std::map<uint64_t, Membership> Session::TakeMemberships() {
   absl::MutexLock lock(&mu_);
+  if (quota_ != nullptr) quota_->Release(Resource::kComms, memberships_.size());
   return std::exchange(memberships_, {});
 }
 

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/comm/completion_sink.h"
+#include "daemon/session/peer_cred.h"
 #include "daemon/session/quota.h"
 #include "daemon/session/shm_segment.h"
 #include "railyard/v1/local.grpc.pb.h"
@@ -22,6 +23,7 @@
 namespace railyard {
 
 class Communicator;
+class FdChannel;
 
 // The Connect server stream of one session. Writes queued events one at a time.
 class SessionStream : public grpc::ServerWriteReactor<v1::SessionEvent> {
@@ -57,14 +59,6 @@ struct Membership {
   int rank = 0;
 };
 
-// Who is at the other end of a session's local connection, as the kernel says (SO_PEERCRED of
-// its side channel), in the daemon's pid namespace (pid 0 when the client's is not visible).
-struct PeerCred {
-  int64_t pid = 0;
-  uint32_t uid = 0;
-  uint32_t gid = 0;
-};
-
 class Session : public CompletionSink {
  public:
   // quota: this session's counters (charged with its job's); null: not accounted (tests).
@@ -96,7 +90,13 @@ class Session : public CompletionSink {
   uint32_t buffer_count() const;
   uint64_t buffer_bytes() const;
 
-  // Communicator memberships, by comm handle.
+  // The side channel its buffers' descriptors come over, and the pid the client reported.
+  void AttachFdChannel(std::shared_ptr<FdChannel> channel, int64_t reported_pid);
+  std::shared_ptr<FdChannel> fd_channel() const;
+  int64_t reported_pid() const;
+
+  // Communicator memberships, by comm handle. Each holds one of the session's communicator quota
+  // (RESOURCE_EXHAUSTED naming --max_comms_per_session/_per_job beyond it).
   absl::Status AddMembership(uint64_t handle, Membership m);
   absl::StatusOr<Membership> FindMembership(uint64_t handle) const;
   bool RemoveMembership(uint64_t handle);
@@ -116,6 +116,8 @@ class Session : public CompletionSink {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, std::shared_ptr<MappedSegment>> buffers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Membership> memberships_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<FdChannel> fd_channel_ ABSL_GUARDED_BY(mu_);
+  int64_t reported_pid_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace railyard

@@ -1,73 +1,93 @@
 #include "daemon/session/shm_segment.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace railyard {
 namespace {
 
-constexpr absl::string_view kPrefix = "/railyard.";
-constexpr size_t kMaxNameLength = 200;
+// What the descriptor is, as /proc names it: "/memfd:x (deleted)", "/dev/shm/y", "socket:[1]".
+std::string DescribeFd(int fd) {
+  char link[256] = {};
+  const std::string proc = absl::StrCat("/proc/self/fd/", fd);
+  const ssize_t n = ::readlink(proc.c_str(), link, sizeof(link) - 1);
+  return n > 0 ? std::string(link, static_cast<size_t>(n)) : std::string("an unknown file");
+}
 
-bool ValidName(absl::string_view name) {
-  if (name.size() <= kPrefix.size() || name.size() > kMaxNameLength) return false;
-  if (name.substr(0, kPrefix.size()) != kPrefix) return false;
-  for (char c : name.substr(1)) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return name.find("..") == absl::string_view::npos;
+std::string MissingSeals(int seals) {
+  std::vector<const char*> missing;
+  if ((seals & F_SEAL_SHRINK) == 0) missing.push_back("F_SEAL_SHRINK");
+  if ((seals & F_SEAL_GROW) == 0) missing.push_back("F_SEAL_GROW");
+  if ((seals & F_SEAL_SEAL) == 0) missing.push_back("F_SEAL_SEAL");
+  return absl::StrJoin(missing, " | ");
 }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<MappedSegment>> MappedSegment::Map(absl::string_view name,
-                                                                  uint64_t size) {
-  if (!ValidName(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm name '", name.substr(0, 64),
-                     "' is not of the form /railyard.[A-Za-z0-9._-]+ (at most ", kMaxNameLength,
-                     " characters)"));
-  }
+absl::StatusOr<std::shared_ptr<MappedSegment>> MappedSegment::MapMemfd(UniqueFd fd, uint64_t size) {
+  static_assert(kRequiredSeals == (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
   if (size == 0) return absl::InvalidArgumentError("buffer size must be > 0");
-  const std::string n(name);
-  const int fd = ::shm_open(n.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("shm segment ", n, " does not exist"));
-    }
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot open shm segment ", n, ": ", std::strerror(err)));
-  }
+  const std::string what = DescribeFd(fd.get());
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(n, " is not a shared-memory segment"));
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the descriptor is ", what, ", not a memfd: create buffers with memfd_create"));
+  }
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the descriptor is ", what,
+        ", which cannot be sealed: buffers are memfds created with MFD_ALLOW_SEALING"));
+  }
+  if ((seals & kRequiredSeals) != kRequiredSeals) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the memfd ", what, " lacks ", MissingSeals(seals),
+        ": seal it with F_ADD_SEALS(F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) before sending, so "
+        "that it can never shrink under the daemon"));
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the memfd ", what, " is sealed against writes; the daemon writes results"));
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the descriptor of ", what, " is not open read-write"));
   }
   if (static_cast<uint64_t>(st.st_size) < size) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat("shm segment ", n, " is ", st.st_size,
+    return absl::FailedPreconditionError(absl::StrCat("the memfd ", what, " is ", st.st_size,
                                                       " bytes, smaller than the ", size,
                                                       " bytes to register"));
   }
+  // Pages the client never allocated would be allocated (and charged) to the daemon by the
+  // pre-fault below: refuse sparse buffers. hugetlbfs does not count blocks the same way.
+  struct statfs fs {};
+  const bool hugetlb = ::fstatfs(fd.get(), &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t need = (size + page - 1) / page * page;
+  if (!hugetlb && static_cast<uint64_t>(st.st_blocks) * 512 < need) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the memfd ", what, " has ", static_cast<uint64_t>(st.st_blocks) * 512, " of its ", size,
+        " bytes allocated: allocate it (fallocate) before registering"));
+  }
   // MAP_POPULATE pre-faults the daemon's page tables now, not on the first collective.
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   const int err = errno;
-  ::close(fd);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("mmap of ", size, " bytes of ", n, " failed: ", std::strerror(err)));
+        absl::StrCat("mmap of ", size, " bytes of ", what, " failed: ", std::strerror(err)));
   }
-  return std::shared_ptr<MappedSegment>(new MappedSegment(n, static_cast<std::byte*>(p), size));
+  return std::shared_ptr<MappedSegment>(new MappedSegment(what, static_cast<std::byte*>(p), size));
 }
 
 MappedSegment::~MappedSegment() { ::munmap(data_, size_); }
@@ -78,9 +98,10 @@ absl::Status MappedSegment::CheckRange(uint64_t offset, uint64_t bytes, size_t a
         absl::StrCat("offset ", offset, " is not a multiple of the element size ", align));
   }
   if (offset > size_ || bytes > size_ - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("region [", offset, ", ", offset + bytes, ") runs past the end of the ", size_,
-                     "-byte buffer by ", offset + bytes - size_, " bytes"));
+    const uint64_t past = offset > size_ ? offset - size_ + bytes : bytes - (size_ - offset);
+    return absl::InvalidArgumentError(absl::StrCat("region at offset ", offset, " of ", bytes,
+                                                   " bytes runs past the end of the ", size_,
+                                                   "-byte buffer by ", past, " bytes"));
   }
   return absl::OkStatus();
 }

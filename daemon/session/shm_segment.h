@@ -1,4 +1,6 @@
-// A client's POSIX shared-memory segment mapped into the daemon (zero copy).
+// A client's buffer mapped into the daemon (zero copy): a memfd the client created, sized and
+// sealed, and passed over the side channel (proto/railyard/v1/fd_channel.h). Never a name:
+// nothing another process could open.
 #pragma once
 
 #include <cstddef>
@@ -8,17 +10,24 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
+#include "daemon/session/quota.h"
+#include "daemon/util/unique_fd.h"
 
 namespace railyard {
 
 class MappedSegment {
  public:
-  // Opens and maps shm object `name` read-write, pre-faulted (MAP_POPULATE). Errors:
-  // INVALID_ARGUMENT for a name outside "/railyard.[A-Za-z0-9._-]+" or size 0,
-  // NOT_FOUND when it does not exist, FAILED_PRECONDITION when it is not a regular segment or is
-  // smaller than size, RESOURCE_EXHAUSTED when mmap fails.
-  static absl::StatusOr<std::shared_ptr<MappedSegment>> Map(absl::string_view name, uint64_t size);
+  // The seals a buffer must carry: it can never shrink (no SIGBUS in the daemon), grow, or lose
+  // its seals.
+  static constexpr int kRequiredSeals = 0x0002 | 0x0004 | 0x0001;  // SHRINK | GROW | SEAL
+
+  // Checks that fd is a memfd open read-write with kRequiredSeals and without write seals, at
+  // least `size` bytes long and backed by memory already allocated (so the daemon's pre-fault
+  // allocates nothing), then maps `size` bytes read-write, pre-faulted (MAP_POPULATE).
+  // INVALID_ARGUMENT for size 0 or a descriptor that is not such a memfd (saying what it is and
+  // which seal is missing); FAILED_PRECONDITION when it is smaller than size or not allocated;
+  // RESOURCE_EXHAUSTED when mmap fails. The descriptor is closed either way.
+  static absl::StatusOr<std::shared_ptr<MappedSegment>> MapMemfd(UniqueFd fd, uint64_t size);
 
   ~MappedSegment();
   MappedSegment(const MappedSegment&) = delete;
@@ -26,7 +35,15 @@ class MappedSegment {
 
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // What /proc says the descriptor was ("/memfd:railyard.<job> (deleted)"), for logs and errors.
   const std::string& name() const { return name_; }
+
+  // The quota this mapping holds (count and bytes), given back when it is unmapped: after its
+  // session released it and the last operation using it let go.
+  void HoldCharges(QuotaCharge count, QuotaCharge bytes) {
+    count_charge_ = std::move(count);
+    bytes_charge_ = std::move(bytes);
+  }
 
   // Checks that [offset, offset + bytes) lies inside the segment and offset is a multiple of
   // align. INVALID_ARGUMENT saying by how much otherwise.
@@ -39,6 +56,8 @@ class MappedSegment {
   std::string name_;
   std::byte* data_;
   uint64_t size_;
+  QuotaCharge count_charge_;
+  QuotaCharge bytes_charge_;
 };
 
 }  // namespace railyard

@@ -82,8 +82,13 @@ class DaemonProcess {
     return grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials());
   }
 
+  // The operators' socket (the daemon's default: <socket>.admin).
+  std::shared_ptr<grpc::Channel> AdminChannel() const {
+    return grpc::CreateChannel("unix:" + socket_ + ".admin", grpc::InsecureChannelCredentials());
+  }
+
   v1::StatusResponse Status() const {
-    auto stub = v1::Admin::NewStub(Channel());
+    auto stub = v1::Admin::NewStub(AdminChannel());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::StatusResponse resp;

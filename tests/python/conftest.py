@@ -132,7 +132,7 @@ class Daemon:
         """The daemon's Admin.Status."""
         import grpc
         from railyard.v1 import admin_pb2, admin_pb2_grpc
-        with grpc.insecure_channel("unix:" + self.socket) as channel:
+        with grpc.insecure_channel("unix:" + self.socket + ".admin") as channel:
             return admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=10)
 
 

@@ -1,4 +1,4 @@
-// The daemon's small parts: comm ids, job tokens, logs, the deadline timer, shm mapping.
+// The daemon's small parts: comm ids, job tokens, logs, the deadline timer.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -108,34 +108,6 @@ TEST(DeadlineTimerTest, AnEarlierDeadlineWakesTheSleepingThread) {
   timer.Schedule(start + absl::Milliseconds(10), [&] { fired.Notify(); });
   ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
-}
-
-TEST(MappedSegmentTest, MapsChecksRangesAndRefusesBadNames) {
-  const std::string name = "/railyard.unit." + std::to_string(::getpid());
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, 8192), 0);
-  void* client = ::mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  auto seg = MappedSegment::Map(name, 8192);
-  ::shm_unlink(name.c_str());
-  ASSERT_TRUE(seg.ok()) << seg.status();
-  // Zero copy: the daemon's mapping and the client's are the same memory.
-  static_cast<char*>(client)[100] = 42;
-  EXPECT_EQ(static_cast<char>((*seg)->data()[100]), 42);
-  (*seg)->data()[200] = std::byte{7};
-  EXPECT_EQ(static_cast<char*>(client)[200], 7);
-  ::munmap(client, 8192);
-  EXPECT_TRUE((*seg)->CheckRange(0, 8192, 4).ok());
-  EXPECT_TRUE((*seg)->CheckRange(8192, 0, 4).ok());
-  EXPECT_THAT(std::string((*seg)->CheckRange(8000, 200, 4).message()), HasSubstr("by 8 bytes"));
-  EXPECT_THAT(std::string((*seg)->CheckRange(2, 4, 4).message()), HasSubstr("multiple"));
-  EXPECT_FALSE((*seg)->CheckRange(~uint64_t{0}, 2, 1).ok());
-  EXPECT_EQ(MappedSegment::Map("/dev/shm/x", 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MappedSegment::Map("/railyard.a/../b", 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MappedSegment::Map("/railyard.gone", 1).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

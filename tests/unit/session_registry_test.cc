@@ -15,7 +15,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-PeerCred Cred(uint32_t uid, uint32_t gid = 100, int64_t pid = 42) { return PeerCred{pid, uid, gid}; }
+PeerCred Cred(uint32_t uid, uint32_t gid = 100, int64_t pid = 42) {
+  return PeerCred{pid, uid, gid};
+}
 
 SessionAuth Insecure() {
   SessionAuth a;
@@ -112,8 +114,7 @@ TEST_F(SessionRegistryTest, PolicyFilesWithBadLinesAreRefusedNamingTheLine) {
               HasSubstr("line 2: jobA has a rule already"));
   EXPECT_THAT(JobPolicy::Parse("jobA\n").status().message(), HasSubstr("line 1"));
   EXPECT_THAT(JobPolicy::Parse("jobA uids=1,x\n").status().message(), HasSubstr("decimal"));
-  EXPECT_THAT(JobPolicy::Parse("jobA uids=99999999999\n").status().message(),
-              HasSubstr("decimal"));
+  EXPECT_THAT(JobPolicy::Parse("jobA uids=99999999999\n").status().message(), HasSubstr("decimal"));
   EXPECT_THAT(JobPolicy::Parse("bad/job uids=1\n").status().message(), HasSubstr("line 1"));
   EXPECT_THAT(JobPolicy::Parse("j pids=1\n").status().message(), HasSubstr("unknown field"));
 }
@@ -151,7 +152,7 @@ TEST_F(SessionRegistryTest, SessionsOfAJobShareItsCountersAndOtherJobsDoNot) {
   over = a2->quota()->Charge(Resource::kBuffers, 1);
   EXPECT_THAT(over.message(), HasSubstr("limit of this job (4) reached: it holds 4"));
   EXPECT_THAT(over.message(), HasSubstr("--max_buffers_per_job"));
-  EXPECT_EQ(a2->quota()->used(Resource::kBuffers), 1u);  // the refused charge took nothing
+  EXPECT_EQ(a2->quota()->used(Resource::kBuffers), 1u);         // the refused charge took nothing
   EXPECT_TRUE(b->quota()->Charge(Resource::kBuffers, 3).ok());  // job b is untouched by a
   a1->quota()->Release(Resource::kBuffers, 2);
   EXPECT_TRUE(a2->quota()->Charge(Resource::kBuffers, 2).ok());

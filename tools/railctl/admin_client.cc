@@ -6,9 +6,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "tools/railctl/command.h"
 
 namespace railyard::railctl {
 namespace {
@@ -22,7 +24,16 @@ std::string ErrnoText(int err) {
 
 }  // namespace
 
-AdminClient::AdminClient(std::string socket) : socket_(std::move(socket)) {
+std::string AdminSocketFor(const std::string& socket, const std::string& admin_socket) {
+  if (!admin_socket.empty()) return admin_socket;
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): nothing sets the environment.
+  const char* env = std::getenv("RAILYARD_ADMIN_SOCKET");
+  if (env != nullptr && *env != '\0' && socket == DefaultSocket()) return env;
+  return socket + ".admin";
+}
+
+AdminClient::AdminClient(const std::string& socket, const std::string& admin_socket)
+    : socket_(AdminSocketFor(socket, admin_socket)) {
   stub_ = v1::Admin::NewStub(
       grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
 }

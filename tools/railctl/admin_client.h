@@ -1,4 +1,5 @@
-// railctl's connection to a daemon's Admin service on its Unix socket.
+// railctl's connection to a daemon's Admin service, on the daemon's admin socket (never its client
+// socket, which serves tenants).
 #pragma once
 
 #include <chrono>
@@ -12,7 +13,10 @@ namespace railyard::railctl {
 
 class AdminClient {
  public:
-  explicit AdminClient(std::string socket);
+  // socket: the daemon's client socket (--socket); admin_socket: its --admin_socket, or empty for
+  // $RAILYARD_ADMIN_SOCKET when socket is the default one, else "<socket>.admin" (the daemon's
+  // default).
+  explicit AdminClient(const std::string& socket, const std::string& admin_socket = "");
 
   // Admin.Status with a deadline. UNAVAILABLE names the socket when the daemon is not there.
   absl::StatusOr<v1::StatusResponse> Status();

@@ -26,6 +26,11 @@ absl::StatusOr<CommonFlags> ParseCommonFlags(const std::vector<std::string>& arg
       flags.socket = args[++i];
     } else if (arg.rfind("--socket=", 0) == 0) {
       flags.socket = arg.substr(9);
+    } else if (arg == "--admin_socket") {
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError("--admin_socket needs a value");
+      flags.admin_socket = args[++i];
+    } else if (arg.rfind("--admin_socket=", 0) == 0) {
+      flags.admin_socket = arg.substr(15);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
     }

@@ -21,15 +21,17 @@ struct Command {
 
 // Flags every daemon-facing subcommand takes.
 struct CommonFlags {
-  std::string socket;  // --socket; default $RAILYARD_SOCKET, else /run/railyard/railyard.sock
-  bool json = false;   // --json: protobuf JSON instead of the human table
-  bool help = false;   // -h, --help
+  std::string socket;        // --socket; default $RAILYARD_SOCKET, else /run/railyard/railyard.sock
+  std::string admin_socket;  // --admin_socket; empty: AdminClient's default for socket
+  bool json = false;         // --json: protobuf JSON instead of the human table
+  bool help = false;         // -h, --help
 };
 
 // $RAILYARD_SOCKET, else /run/railyard/railyard.sock.
 std::string DefaultSocket();
 
-// Parses --socket S / --socket=S, --json, -h/--help; anything else is INVALID_ARGUMENT.
+// Parses --socket S / --socket=S, --admin_socket S / --admin_socket=S, --json, -h/--help;
+// anything else is INVALID_ARGUMENT.
 absl::StatusOr<CommonFlags> ParseCommonFlags(const std::vector<std::string>& args);
 
 }  // namespace railyard::railctl

@@ -62,7 +62,8 @@ std::string DescribeCostModel(const v1::CostModel& m) {
 }
 
 absl::Status RunExplain(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedFlags> f = ParseFlags(args, {"comm", "dtype", "root", "socket"}, {"json"});
+  absl::StatusOr<ParsedFlags> f =
+      ParseFlags(args, {"comm", "dtype", "root", "socket", "admin_socket"}, {"json"});
   if (!f.ok()) return f.status();
   if (f->Bool("help")) {
     std::fputs(kUsage, stdout);
@@ -86,7 +87,7 @@ absl::Status RunExplain(const std::vector<std::string>& args) {
   absl::StatusOr<int> root = IntFlag(*f, "root", 0, 0);
   if (!root.ok()) return root.status();
   req.set_root(*root);
-  AdminClient client(f->Get("socket", DefaultSocket()));
+  AdminClient client(f->Get("socket", DefaultSocket()), f->Get("admin_socket", ""));
   absl::StatusOr<v1::ExplainResponse> r = client.Explain(req);
   if (!r.ok()) return r.status();
   if (f->Bool("json")) {

@@ -37,9 +37,11 @@ std::string FormatStatus(const v1::StatusResponse& s) {
                   absl::StrCat(c.ops_completed()), absl::StrCat(c.ops_failed()),
                   FormatBytes(c.bytes_reduced()), c.error().empty() ? "-" : c.error()});
   }
-  TextTable sessions({"SESSION", "JOB", "PID", "CLIENT", "BUFFERS", "BYTES", "CONNECTED"});
+  TextTable sessions(
+      {"SESSION", "JOB", "PID", "UID", "GID", "CLIENT", "BUFFERS", "BYTES", "CONNECTED"});
   for (const v1::SessionStatus& x : s.sessions()) {
-    sessions.AddRow({x.session_id_prefix(), x.job_id(), absl::StrCat(x.pid()), x.client(),
+    sessions.AddRow({x.session_id_prefix(), x.job_id(), absl::StrCat(x.pid()),
+                     absl::StrCat(x.uid()), absl::StrCat(x.gid()), x.client(),
                      absl::StrCat(x.buffers()), FormatBytes(x.buffer_bytes()),
                      FormatDuration(x.connected_seconds())});
   }
@@ -60,14 +62,17 @@ absl::Status RunStatus(const std::vector<std::string>& args) {
   if (!flags.ok()) return flags.status();
   if (flags->help) {
     std::fputs(
-        "Usage: railctl status [--socket S] [--json]\n"
+        "Usage: railctl status [--socket S] [--admin_socket A] [--json]\n"
         "What the daemon at S (default $RAILYARD_SOCKET, else "
         "/run/railyard/railyard.sock) is doing:\nits jobs, communicators and "
-        "sessions. --json prints the Admin.Status reply as protobuf JSON.\n",
+        "sessions with their peers' pid/uid/gid. Asks the daemon's Admin socket A (default\n"
+        "$RAILYARD_ADMIN_SOCKET, else S.admin). --json prints the Admin.Status reply as "
+        "protobuf JSON.\n",
         stdout);
     return absl::OkStatus();
   }
-  absl::StatusOr<v1::StatusResponse> status = AdminClient(flags->socket).Status();
+  absl::StatusOr<v1::StatusResponse> status =
+      AdminClient(flags->socket, flags->admin_socket).Status();
   if (!status.ok()) return status.status();
   if (flags->json) {
     google::protobuf::util::JsonPrintOptions options;

@@ -96,7 +96,7 @@ absl::Status RunTopo(const std::vector<std::string>& args) {
   } else if (flags->discover) {
     topo = topology::Discover(flags->sysroot);
   } else {
-    topo = AdminClient(flags->common.socket).GetTopology(kDaemonWait);
+    topo = AdminClient(flags->common.socket, flags->common.admin_socket).GetTopology(kDaemonWait);
     if (!topo.ok() &&
         (absl::IsUnavailable(topo.status()) || absl::IsDeadlineExceeded(topo.status()))) {
       std::fprintf(stderr, "railctl: topo: no daemon answered at %s; showing discovery\n",

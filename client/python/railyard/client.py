@@ -23,7 +23,7 @@ import grpc
 import grpc.experimental
 import numpy as np
 
-from . import _shm
+from . import _fd_channel, _memfd
 from ._types import RedOpLike, ReduceOp, dtype_number, red_op_number
 from .errors import (
     CancelledError,
@@ -211,7 +211,7 @@ class _Region:
 
     __slots__ = ("start", "end", "ref", "buffer_id")
 
-    def __init__(self, start: int, end: int, mapping: _shm.Mapping, buffer_id: int) -> None:
+    def __init__(self, start: int, end: int, mapping: _memfd.Mapping, buffer_id: int) -> None:
         self.start = start
         self.end = end
         self.ref = weakref.ref(mapping)
@@ -250,7 +250,6 @@ class Client:
         self._lock = threading.Lock()
         self._pending: dict = {}
         self._request_ids = itertools.count(1)
-        self._buffer_serials = itertools.count(0)
         self._connected = threading.Event()
         self._ended = threading.Event()
         self._closing = False
@@ -262,6 +261,18 @@ class Client:
         self._stream = None
 
         _check_socket(self.socket)
+        # The side channel first: its ticket names, in Connect, the connection whose peer
+        # credentials the daemon records and over which this session's buffers travel.
+        try:
+            self._fds = _fd_channel.FdChannel(self.socket, connect_timeout)
+        except _fd_channel.ChannelError as e:
+            code = e.code if e.code != 4 else 14  # no answer: the daemon is not reachable
+            raise error_from_code(code, f"railyardd not reachable at {self.socket}: {e.message}"
+                                  if code == 14 else e.message) from None
+        except OSError as e:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                   f"railyardd not reachable at {self.socket}: fd side channel "
+                                   f"{self.socket}.fd: {e.strerror or e}") from None
         # The Connect stream is read on our own thread: with this option that thread polls the
         # call itself instead of waiting for gRPC's channel thread (one thread hop less for
         # every completion).
@@ -269,7 +280,8 @@ class Client:
             "unix:" + self.socket, options=[(_SINGLE_THREADED_UNARY_STREAM, 1)])
         self._stub = local_pb2_grpc.LocalStub(self._channel)
         request = local_pb2.ConnectRequest(job_id=self.job, token=token or "", pid=os.getpid(),
-                                           client=f"railyard-python/{_VERSION}")
+                                           client=f"railyard-python/{_VERSION}",
+                                           fd_ticket=self._fds.ticket)
         self._stream = self._stub.Connect(request)
         self._reader = threading.Thread(target=self._read_events, name="railyard-events",
                                         daemon=True)
@@ -400,6 +412,7 @@ class Client:
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(10.0)
         self._channel.close()
+        self._fds.close()
         with self._lock:
             self._staging_free.clear()
             self._to_release.clear()
@@ -416,22 +429,26 @@ class Client:
 
     # -- buffers -------------------------------------------------------------------------------
 
-    def _allocate(self, size: int) -> _shm.Mapping:
+    def _allocate(self, size: int) -> _memfd.Mapping:
         self._flush_releases()
         error = self._session_error()
         if error is not None:
             raise error
         try:
-            mapping = _shm.create(self.job, next(self._buffer_serials), size)
+            mapping, fd = _memfd.create(self.job, size)
         except OSError as e:
             from .errors import ResourceExhaustedError
             raise ResourceExhaustedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                         f"shared memory of {size} bytes: {e}") from None
+                                         f"buffer memory of {size} bytes: {e}") from None
         try:
+            try:
+                handle = self._fds.put(fd, _RPC_TIMEOUT)
+            except _fd_channel.ChannelError as e:
+                raise error_from_code(e.code, f"RegisterBuffer: {e.message}") from None
             response = self._call("RegisterBuffer", local_pb2.RegisterBufferRequest(
-                shm_name=mapping.name, size_bytes=size))
+                fd_handle=handle, size_bytes=size))
         finally:
-            _shm.shm_unlink(mapping.name)  # both mappings stay valid; nothing left in /dev/shm
+            os.close(fd)  # both mappings keep the memory; it has no name anyone could open
         mapping.buffer_id = response.buffer_id
         start = _address(np.frombuffer(mapping, dtype=np.uint8, count=1))
         region = _Region(start, start + size, mapping, response.buffer_id)
@@ -502,7 +519,7 @@ class Client:
                 return region.buffer_id, addr - region.start
         return None
 
-    def _staging_acquire(self, nbytes: int) -> _shm.Mapping:
+    def _staging_acquire(self, nbytes: int) -> _memfd.Mapping:
         size = max(_STAGING_MIN, 1 << max(0, (nbytes - 1).bit_length()))
         with self._lock:
             free = self._staging_free.get(size)
@@ -510,7 +527,7 @@ class Client:
                 return free.pop()
         return self._allocate(size)
 
-    def _staging_release(self, mapping: _shm.Mapping) -> None:
+    def _staging_release(self, mapping: _memfd.Mapping) -> None:
         with self._lock:
             if self._closing:
                 return
@@ -572,7 +589,7 @@ class _Staged:
     def __init__(self, client: Client) -> None:
         self.client = client
         # (mapping, array to copy the result into or None, buffer id)
-        self.entries: List[Tuple[_shm.Mapping, Optional[np.ndarray], np.ndarray]] = []
+        self.entries: List[Tuple[_memfd.Mapping, Optional[np.ndarray], np.ndarray]] = []
 
     def ref(self, arr: np.ndarray, *, copy_in: bool, copy_out: bool) -> Tuple[int, int]:
         if copy_out and not arr.flags.writeable:
