@@ -26,6 +26,12 @@ constexpr size_t kMaxJobLength = 128;
 constexpr size_t kMaxKeyFileBytes = 1 << 20;
 constexpr absl::string_view kFormat = "expected ryt1.<expiry>.<job>.<64 hex digits>";
 
+// strerror without its shared buffer.
+std::string ErrnoText(int err) {
+  char buffer[256];
+  return strerror_r(err, buffer, sizeof(buffer));  // the GNU variant returns the text
+}
+
 // The job id rule of daemon/session/job_tokens.h ValidJobId, repeated here so that railctl links
 // this library without the daemon's.
 bool ValidJob(absl::string_view job) {
@@ -199,7 +205,7 @@ absl::StatusOr<std::vector<std::string>> LoadTokenKeys(const std::string& path) 
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    const std::string why = absl::StrCat("cannot open token key file ", path, ": ", strerror(err));
+    const std::string why = absl::StrCat("cannot open token key file ", path, ": ", ErrnoText(err));
     return err == ENOENT ? absl::NotFoundError(why) : absl::PermissionDeniedError(why);
   }
   std::string content;
@@ -211,7 +217,7 @@ absl::StatusOr<std::vector<std::string>> LoadTokenKeys(const std::string& path) 
       const int err = errno;
       ::close(fd);
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot read token key file ", path, ": ", strerror(err)));
+          absl::StrCat("cannot read token key file ", path, ": ", ErrnoText(err)));
     }
     if (n == 0) break;
     content.append(buf, static_cast<size_t>(n));

@@ -43,6 +43,12 @@ constexpr const char* kUsage =
 constexpr size_t kKeyBytes = 32;
 constexpr absl::Duration kMaxTtl = absl::Hours(24 * 366);
 
+// strerror without its shared buffer.
+std::string ErrnoText(int err) {
+  char buffer[256];
+  return strerror_r(err, buffer, sizeof(buffer));  // the GNU variant returns the text
+}
+
 // The job id rule of daemon/session/job_tokens.h ValidJobId, which a token's job must meet.
 bool ValidJob(const std::string& job) {
   if (job.empty() || job.size() > 128) return false;
@@ -91,7 +97,7 @@ absl::StatusOr<std::string> RandomKeyHex() {
     const ssize_t n = ::getrandom(key + got, kKeyBytes - got, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return absl::InternalError(absl::StrCat("getrandom: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("getrandom: ", ErrnoText(errno)));
     }
     got += static_cast<size_t>(n);
   }
@@ -110,7 +116,7 @@ absl::Status WriteNewFile(const std::string& path, const std::string& content) {
       return absl::AlreadyExistsError(
           absl::StrCat(path, " already exists; refusing to overwrite a key file"));
     }
-    return absl::PermissionDeniedError(absl::StrCat("cannot create ", path, ": ", strerror(err)));
+    return absl::PermissionDeniedError(absl::StrCat("cannot create ", path, ": ", ErrnoText(err)));
   }
   size_t done = 0;
   while (done < content.size()) {
@@ -126,7 +132,7 @@ absl::Status WriteNewFile(const std::string& path, const std::string& content) {
   if (!ok) {
     ::unlink(path.c_str());
     return absl::InternalError(absl::StrCat(
-        "cannot write ", path, ": ", strerror(done == content.size() ? sync_errno : write_errno)));
+        "cannot write ", path, ": ", ErrnoText(done == content.size() ? sync_errno : write_errno)));
   }
   return absl::OkStatus();
 }
