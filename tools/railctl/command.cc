@@ -2,9 +2,30 @@
 
 #include <cstdlib>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace railyard::railctl {
+namespace {
+
+// The payload that marks a status as a usage error.
+constexpr absl::string_view kUsagePayload = "type.railyard.dev/railctl.UsageError";
+
+}  // namespace
+
+absl::Status UsageError(absl::string_view message) {
+  return AsUsageError(absl::InvalidArgumentError(message));
+}
+
+absl::Status AsUsageError(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kUsagePayload, absl::Cord("1"));
+  return status;
+}
+
+int ExitCode(const absl::Status& status) {
+  if (status.ok()) return 0;
+  return status.GetPayload(kUsagePayload).has_value() ? 2 : 1;
+}
 
 std::string DefaultSocket() {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): nothing sets the environment.

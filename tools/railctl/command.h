@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace railyard::railctl {
 
@@ -15,7 +16,7 @@ struct Command {
   std::string_view name;
   std::string_view summary;
   // Runs with the arguments after the subcommand name; output on stdout. An error is printed by
-  // main() as one line on stderr (exit 1).
+  // main() as one line on stderr (exit ExitCode(status): 1, or 2 for a UsageError).
   absl::Status (*run)(const std::vector<std::string>& args);
 };
 
@@ -26,6 +27,13 @@ struct CommonFlags {
   bool json = false;         // --json: protobuf JSON instead of the human table
   bool help = false;         // -h, --help
 };
+
+// INVALID_ARGUMENT marked as a usage error (bad, missing or unknown flags): main() exits 2.
+absl::Status UsageError(absl::string_view message);
+// status marked as a usage error (its code and message kept).
+absl::Status AsUsageError(absl::Status status);
+// main()'s exit code for a command's status: 0 when OK, 2 for a usage error, else 1.
+int ExitCode(const absl::Status& status);
 
 // $RAILYARD_SOCKET, else /run/railyard/railyard.sock.
 std::string DefaultSocket();

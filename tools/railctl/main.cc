@@ -10,6 +10,7 @@
 #include "tools/railctl/model_command.h"
 #include "tools/railctl/simulate_command.h"
 #include "tools/railctl/status_command.h"
+#include "tools/railctl/token_command.h"
 #include "tools/railctl/topo_command.h"
 
 namespace {
@@ -30,6 +31,8 @@ constexpr Command kCommands[] = {
      railyard::railctl::RunSimulate},
     {"calibrate", "measure daemons with railyard-perf and fit the cost model's link classes",
      railyard::railctl::RunCalibrate},
+    {"token", "signed job tokens: make a cluster key, issue a job's token, verify one",
+     railyard::railctl::RunToken},
 };
 
 void PrintUsage(FILE* out) {
@@ -59,8 +62,10 @@ int main(int argc, char** argv) {
     if (command.name != name) continue;
     absl::Status status = command.run(std::vector<std::string>(argv + 2, argv + argc));
     if (status.ok()) return 0;
-    std::fprintf(stderr, "railctl: %s: %s\n", argv[1], status.ToString().c_str());
-    return 1;
+    // Without payloads (the usage mark is for the exit code, not the reader).
+    std::fprintf(stderr, "railctl: %s: %s\n", argv[1],
+                 status.ToString(absl::StatusToStringMode::kWithNoExtraData).c_str());
+    return railyard::railctl::ExitCode(status);
   }
   std::fprintf(stderr, "railctl: unknown command '%s' (try 'railctl help')\n", argv[1]);
   return 1;
