@@ -130,6 +130,36 @@ def test_renderer_matches_go_template_semantics(tmp_path):
     assert _render(tmp_path, "{{ toJson .Values.m }}", {"m": {"b": "x", "a": 1}}) == \
         '{"a":1,"b":"x"}'
     assert _render(tmp_path, "{{/* a comment */}}x") == "x"
+    # range with variables: maps in key order, lists with their index.
+    assert _render(tmp_path, "{{- range $k, $v := .Values.m }}{{ $k }}={{ $v }};{{ end }}",
+                   {"m": {"b": "x", "a": 1}}) == "a=1;b=x;"
+    assert _render(tmp_path, "{{- range $i, $v := .Values.l }}{{ $i }}:{{ $v.n }} {{ end }}",
+                   {"l": [{"n": "p"}, {"n": "q"}]}) == "0:p 1:q "
+    assert _render(tmp_path, "{{- range $v := .Values.l }}[{{ $v }}{{ . }}]{{ end }}",
+                   {"l": ["a"]}) == "[aa]"
+    assert _render(tmp_path, "{{ or .Values.a .Values.b }}|{{ or .Values.a .Values.c }}",
+                   {"a": "", "b": "y", "c": ""}) == "y|"
+    assert _render(tmp_path, '{{ hasPrefix "ab" .Values.s }} {{ hasPrefix "b" .Values.s }}',
+                   {"s": "abc"}) == "true false"
+    assert _render(tmp_path, '{{ kindIs "string" .Values.s }} {{ kindIs "float64" .Values.n }}',
+                   {"s": "1", "n": 1}) == "true true"
+
+
+def test_renderer_prints_numbers_like_helm(tmp_path):
+    # Helm decodes values files through JSON: numbers are float64, printed by fmt's %v.
+    values = {"small": 999999, "big": 1000000, "bytes": 68719476736, "frac": 0.25,
+              "tiny": 0.00001, "neg": -1234567}
+    assert _render(tmp_path, "{{ .Values.small }} {{ .Values.big }} {{ .Values.bytes }} "
+                   "{{ .Values.frac }} {{ .Values.tiny }} {{ .Values.neg }}", values) == \
+        "999999 1e+06 6.8719476736e+10 0.25 1e-05 -1.234567e+06"
+    assert _render(tmp_path, "{{ .Values.bytes | int64 }} {{ .Values.big | quote }}", values) == \
+        '68719476736 "1e+06"'
+    # Marshalled (toYaml, toJson), integral float64 values print as integers.
+    assert _render(tmp_path, "{{ toJson .Values.m }}", {"m": {"n": 68719476736}}) == \
+        '{"n":68719476736}'
+    assert helm_template.go_float(123456.0) == "123456"
+    assert helm_template.go_float(1234567.0) == "1.234567e+06"
+    assert helm_template.go_float(1.5e-4) == "0.00015"
 
 
 @pytest.mark.parametrize("template", [
@@ -137,10 +167,15 @@ def test_renderer_matches_go_template_semantics(tmp_path):
     "{{ with .Values.x }}{{ end }}",     # not implemented
     "{{ upper .Values.x }}",             # unknown function
     "{{ if .Values.x }}",                # unclosed block
+    "{{ $y }}",                          # undefined variable
+    '{{ fail "stop" }}',                 # the chart's own failure
+    "{{ eq .Values.n 1 }}",              # float64 value vs int literal: a Go template error
+    '{{ printf "%d" .Values.n }}',       # Go prints %!d(float64=1)
+    "{{ .Values.x | int64 }}",           # string to int64 is not modelled
 ])
 def test_renderer_refuses_what_it_does_not_implement(tmp_path, template):
     with pytest.raises(helm_template.TemplateError):
-        _render(tmp_path, template, {"x": "v"})
+        _render(tmp_path, template, {"x": "v", "n": 1})
 
 
 def test_kubectl_kustomize_builds_the_same_objects():
