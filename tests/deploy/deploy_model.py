@@ -47,8 +47,16 @@ def kustomization_objects() -> List[Dict[str, Any]]:
     return objects
 
 
+EXAMPLE_JOB = os.path.join(KUBE_DIR, "examples", "allreduce-job.yaml")
+
+
+def example_objects() -> List[Dict[str, Any]]:
+    """The documents of examples/allreduce-job.yaml: the job's token Secret and the Job."""
+    return load_yaml_docs(EXAMPLE_JOB)
+
+
 def example_job() -> Dict[str, Any]:
-    return load_yaml_docs(os.path.join(KUBE_DIR, "examples", "allreduce-job.yaml"))[0]
+    return only(example_objects(), "Job")
 
 
 # ---- object helpers -------------------------------------------------------------------------
@@ -156,6 +164,24 @@ def env_value(container: Dict[str, Any], name: str) -> Optional[str]:
         if e["name"] == name:
             return e.get("value")
     return None
+
+
+def env_entry(container: Dict[str, Any], name: str) -> Dict[str, Any]:
+    found = [e for e in container.get("env", []) if e["name"] == name]
+    assert len(found) == 1, f"container {container['name']} sets {name} {len(found)} times"
+    return found[0]
+
+
+def volumes_of(obj: Dict[str, Any], container: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The pod volumes that container mounts."""
+    names = {m["name"] for m in container.get("volumeMounts", [])}
+    return [v for v in pod_spec(obj).get("volumes", []) if v["name"] in names]
+
+
+def path_within(path: str, directory: str) -> bool:
+    """path is directory or lies below it (both absolute, no trailing slash needed)."""
+    path, directory = path.rstrip("/") or "/", directory.rstrip("/") or "/"
+    return path == directory or path.startswith(directory + "/") or directory == "/"
 
 
 # ---- what railyardd accepts -----------------------------------------------------------------

@@ -136,6 +136,34 @@ def test_runtime_contract():
         ["/usr/local/bin/railyardd"]
 
 
+def test_runtime_directories_for_the_sockets():
+    """The image user can create both sockets: the client directory is the one volume, the Admin
+    directory is the user's alone and no volume, so that nothing sharing the client volume
+    reaches Admin; the daemon and the healthcheck use the same Admin socket in it."""
+    runtime = stages()[1]
+    user = dict((w, r) for w, r in runtime["body"] if w == "USER")["USER"].split(":")[0]
+    runs = " ".join(rest for word, rest in runtime["body"] if word == "RUN")
+    dirs = dict((path, (owner, mode)) for owner, mode, path in
+                re.findall(r"install -d -o (\S+) -g \S+ -m (\d+) (\S+)", runs))
+    assert dirs == {"/run/railyard": (user, "0750"), "/run/railyard-admin": (user, "0700")}, dirs
+    volumes = [rest for word, rest in runtime["body"] if word == "VOLUME"]
+    assert volumes == ['["/run/railyard"]'], volumes
+    env = dict((w, r) for w, r in runtime["body"] if w == "ENV")["ENV"]
+    admin = re.search(r"RAILYARD_ADMIN_SOCKET=(\S+)", env).group(1)
+    assert os.path.dirname(admin) == "/run/railyard-admin", admin
+    assert os.path.dirname(re.search(r"RAILYARD_SOCKET=(\S+)", env).group(1)) == "/run/railyard"
+    # The healthcheck asks the Admin API on that socket, not on the client socket.
+    health = dict((w, r) for w, r in runtime["body"] if w == "HEALTHCHECK")["HEALTHCHECK"]
+    assert health.endswith(f'CMD ["/usr/local/bin/railctl", "status", "--admin_socket={admin}"]'), \
+        health
+
+
+def test_no_shared_memory_plumbing():
+    """Nothing in the image build or its defaults shares /dev/shm or an IPC namespace."""
+    for word, rest in instructions():
+        assert "/dev/shm" not in rest and "--ipc" not in rest, f"{word} {rest}"
+
+
 def test_examples_stage_matches_the_example_job():
     examples = stages()[2]
     copies = [shlex.split(rest) for word, rest in examples["body"] if word == "COPY"]

@@ -1,7 +1,9 @@
 """Schema-level checks of the Kubernetes objects that deploy the daemon: deploy/kubernetes and
 the Helm chart rendered with default and non-default values. Each test names the field it
 guards; together they cover what breaks a deployment silently (probes on the wrong port, a
-socket path the pods do not mount, a flag the daemon rejects, selectors that select nothing)."""
+socket path the pods do not mount, a flag the daemon rejects, selectors that select nothing) and
+what would break tenant isolation (a token key readable by others, the Admin socket within a
+training pod's reach, a host /dev/shm shared between pods, the demo-only token mode)."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def test_daemonset_pod_placement_and_host_namespaces(deployment):
     spec = ds["spec"]["template"]["spec"]
     assert spec["hostNetwork"] is True, "the fabric needs hostNetwork"
     assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert spec.get("hostIPC", False) is False, "POSIX shm goes through the hostPath, not IPC"
+    assert spec.get("hostIPC", False) is False, "buffers are memfds passed over the socket"
     assert spec.get("hostPID", False) is False, "hostPID is only for CUDA IPC (not supported yet)"
     assert spec["nodeSelector"], "the daemon belongs on GPU nodes only"
     assert any(t.get("key") == "nvidia.com/gpu" for t in spec["tolerations"])
@@ -158,7 +160,7 @@ def test_every_mount_has_its_volume_and_every_volume_is_used(deployment):
         assert used == set(volumes), f"{name}: unused volumes {set(volumes) - used}"
 
 
-def test_socket_and_shared_memory_come_from_the_host(deployment):
+def test_socket_directory_comes_from_the_host(deployment):
     name, objects = deployment
     ds = dm.only(objects, "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
@@ -170,10 +172,164 @@ def test_socket_and_shared_memory_come_from_the_host(deployment):
     # The directory (not the socket file) is shared, at the same path on the host.
     assert vol["hostPath"]["path"] == mount["mountPath"] == os.path.dirname(socket)
     assert vol["hostPath"].get("type") == "DirectoryOrCreate"
-    shm = dm.volume_by_mount(spec, c, "/dev/shm")
-    assert "hostPath" in shm, f"{name}: /dev/shm must be shared with the pods through the host"
-    assert shm["hostPath"]["path"].startswith("/dev/shm/"), \
-        "a dedicated directory of the host tmpfs, not the host's /dev/shm itself"
+    # The buffer side channel, <socket>.fd, is in the same shared directory.
+    assert dm.mount_covering(c, socket + ".fd") == mount
+    assert mount.get("readOnly", False) is False, f"{name}: the daemon creates its sockets there"
+
+
+def _pods(objects):
+    return [o for o in objects if dm.pod_spec(o) is not None]
+
+
+@pytest.mark.parametrize("which", ["deployment", "example job"])
+def test_no_railyard_pod_shares_dev_shm(which, deployment):
+    """Buffers are memfds passed over the socket: no pod gets the host's /dev/shm (or a part of
+    it), and none mounts a host directory at /dev/shm, through which tenants would see each
+    other's segments."""
+    name, objects = deployment
+    pods = _pods(objects) if which == "deployment" else [dm.example_job()]
+    assert pods
+    for obj in pods:
+        spec = dm.pod_spec(obj)
+        assert spec.get("hostIPC", False) is False, f"{name}: {obj['metadata']['name']} hostIPC"
+        for v in spec.get("volumes", []):
+            if "hostPath" in v:
+                host = v["hostPath"]["path"]
+                assert not dm.path_within(host, "/dev/shm") and \
+                    not dm.path_within("/dev/shm", host), \
+                    f"{name}: {obj['metadata']['name']} volume {v['name']} is host {host}"
+        for c in dm.containers(obj):
+            for m in c.get("volumeMounts", []):
+                if dm.path_within(m["mountPath"], "/dev/shm"):
+                    vol = dm.volume_by_mount(spec, c, m["mountPath"])
+                    assert "hostPath" not in vol, f"{name}: {c['name']} /dev/shm from the host"
+
+
+def test_token_key_secret_is_mounted_read_only_for_the_daemon_alone(deployment):
+    name, objects = deployment
+    spec = dm.only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    c = dm.daemon_container(objects)
+    args = dm.parse_args(c["args"])
+    key_file = args["token_key_file"]
+    mount = dm.mount_covering(c, key_file)
+    assert mount["readOnly"] is True, f"{name}: token key mount {mount['mountPath']} writable"
+    assert mount["mountPath"] == "/etc/railyard/token-key", f"{name}: {mount['mountPath']}"
+    vol = dm.volume_by_mount(spec, c, mount["mountPath"])
+    secret = vol["secret"]
+    expected = {"kubernetes": ("railyard-token-key", "key"),
+                "helm-defaults": ("railyard-token-key", "key"),
+                "helm-custom": ("ry-hmac-keys", "hmac.hex")}[name]
+    assert (secret["secretName"], os.path.relpath(key_file, mount["mountPath"])) == expected
+    assert secret["defaultMode"] == 0o400, f"{name}: mode {oct(secret['defaultMode'])}"
+    # Only the key the flag names is projected, at the file name the flag names.
+    assert secret["items"] == [{"key": expected[1], "path": expected[1]}], secret["items"]
+    assert "optional" not in secret or secret["optional"] is False, \
+        "without the Secret the pod must not start (the daemon would refuse every Connect)"
+    # No other container of the pod sees the key.
+    for other in dm.containers(dm.only(objects, "DaemonSet")):
+        if other is not c:
+            assert vol["name"] not in {m["name"] for m in other.get("volumeMounts", [])}, \
+                f"{name}: {other['name']} mounts the token key"
+    # Files of mode 0400 are root's: a daemon of another UID reads them by fsGroup (0440 then).
+    uid = c["securityContext"]["runAsUser"]
+    if uid != 0:
+        assert spec["securityContext"]["fsGroup"] == c["securityContext"]["runAsGroup"], \
+            f"{name}: UID {uid} cannot read the token key"
+    else:
+        assert "fsGroup" not in spec.get("securityContext", {}), f"{name}: fsGroup for UID 0"
+
+
+def test_job_token_file_alternative(deployment):
+    name, objects = deployment
+    c = dm.daemon_container(objects)
+    args = dm.parse_args(c["args"])
+    if name != "helm-custom":
+        assert "job_tokens" not in args, f"{name}: static tokens are off by default"
+        return
+    spec = dm.only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    tokens = args["job_tokens"]
+    mount = dm.mount_covering(c, tokens)
+    vol = dm.volume_by_mount(spec, c, mount["mountPath"])
+    assert vol["secret"]["secretName"] == "railyard-job-tokens"
+    assert os.path.relpath(tokens, mount["mountPath"]) == "tokens.txt"
+    assert vol["secret"]["items"] == [{"key": "tokens.txt", "path": "tokens.txt"}]
+    assert vol["secret"]["defaultMode"] == 0o400 and mount["readOnly"] is True
+
+
+def test_admin_socket_is_in_an_emptydir_of_the_daemon_pod_only(deployment):
+    name, objects = deployment
+    ds = dm.only(objects, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    c = dm.daemon_container(objects)
+    args = dm.parse_args(c["args"])
+    admin, socket = args["admin_socket"], args["socket"]
+    expected = "/var/run/ry-admin/ctl.sock" if name == "helm-custom" \
+        else "/run/railyard-admin/admin.sock"
+    assert admin == expected, f"{name}: --admin_socket={admin}"
+    admin_dir, socket_dir = os.path.dirname(admin), os.path.dirname(socket)
+    assert not dm.path_within(admin_dir, socket_dir) and \
+        not dm.path_within(socket_dir, admin_dir), \
+        f"{name}: the Admin directory {admin_dir} and the client one {socket_dir} overlap"
+    mount = dm.mount_covering(c, admin)
+    assert mount["mountPath"] == admin_dir
+    vol = dm.volume_by_mount(spec, c, admin_dir)
+    # Per pod: no other pod (a training pod included) can mount an emptyDir of this one.
+    assert set(vol) == {"name", "emptyDir"}, f"{name}: Admin directory volume {vol}"
+    # Of the pod's containers only the daemon and the init container that gives it the
+    # directory (and exits before the daemon starts) mount it.
+    users = sorted(x["name"] for x in dm.containers(ds)
+                   if vol["name"] in {m["name"] for m in x.get("volumeMounts", [])})
+    assert users == ["host-dirs", "railyardd"], f"{name}: {users}"
+    # No volume of the pod takes the Admin directory from the host, where pods could share it.
+    for v in spec["volumes"]:
+        if "hostPath" in v:
+            assert not dm.path_within(admin_dir, v["hostPath"]["path"]), f"{name}: {v}"
+
+
+@pytest.mark.parametrize("which", ["kubernetes", "helm-defaults"])
+def test_training_pod_never_mounts_the_admin_directory(which, chart):
+    objects = dm.kustomization_objects() if which == "kubernetes" else chart.render_objects()
+    admin_dir = os.path.dirname(dm.parse_args(dm.daemon_container(objects)["args"])["admin_socket"])
+    job = dm.example_job()
+    spec = dm.pod_spec(job)
+    for c in dm.containers(job):
+        for m in c.get("volumeMounts", []):
+            assert not dm.path_within(m["mountPath"], admin_dir) and \
+                not dm.path_within(admin_dir, m["mountPath"]), f"{c['name']} mounts {m}"
+    for v in spec["volumes"]:
+        if "hostPath" in v:
+            host = v["hostPath"]["path"]
+            assert not dm.path_within(host, admin_dir) and not dm.path_within(admin_dir, host)
+
+
+def test_no_demo_token_mode(deployment):
+    """The first-session-sets-the-token mode lets whoever connects first own a job: never in a
+    deployment, neither as an argument nor through the environment."""
+    name, objects = deployment
+    for obj in _pods(objects):
+        for c in dm.containers(obj):
+            words = list(c.get("command", [])) + list(c.get("args", []))
+            assert not [w for w in words if "insecure" in w], f"{name}: {c['name']}: {words}"
+            assert not [e for e in c.get("env", []) if "INSECURE" in e["name"].upper()]
+    args = dm.parse_args(dm.daemon_container(objects)["args"])
+    # And a token source is configured: without one the daemon refuses every Connect.
+    assert "token_key_file" in args, f"{name}: no --token_key_file"
+
+
+def test_no_deployment_file_names_the_demo_token_mode():
+    """Plain text of the manifests, the systemd files, the Dockerfile and the chart's values and
+    notes (the chart's templates are checked rendered, above, and refuse the flag in extraArgs)."""
+    roots = [dm.KUBE_DIR, os.path.join(dm.REPO, "deploy", "systemd"),
+             os.path.join(dm.REPO, "deploy", "docker")]
+    files = [os.path.join(r, f) for top in roots for r, _, fs in os.walk(top) for f in fs]
+    files += [os.path.join(dm.CHART_DIR, f) for f in ("values.yaml", "Chart.yaml")]
+    files.append(os.path.join(dm.CHART_DIR, "templates", "NOTES.txt"))
+    assert len(files) >= 10
+    for path in files:
+        with open(path) as f:
+            text = f.read().lower()
+        assert "insecure_first_session_token" not in text, path
+        assert "insecure-first-session-token" not in text, path
 
 
 def test_topology_configmap_is_a_valid_node_topology(deployment):
@@ -216,15 +372,19 @@ def test_init_container_prepares_the_host_directories_for_the_daemon_uid(deploym
     assert init["image"] == daemon["image"], "one image to pull"
     uid = daemon["securityContext"]["runAsUser"]
     socket_dir = os.path.dirname(dm.parse_args(daemon["args"])["socket"])
+    admin_dir = os.path.dirname(dm.parse_args(daemon["args"])["admin_socket"])
     state_dir = dm.parse_args(daemon["args"])["state_dir"]
     script = init["command"] + init["args"]
     assert script[:2] == ["/bin/sh", "-c"] and len(script) == 3
     steps = [s.strip() for s in script[2].split("&&")]
-    assert steps == [f"chown {uid}:{uid} {socket_dir} {state_dir}", f"chmod 0755 {socket_dir}",
-                     "chmod 1777 /dev/shm"], f"{name}: {steps}"
+    # The Admin directory: the daemon's alone (an emptyDir starts as root's, mode 0777).
+    assert steps == [f"chown {uid}:{uid} {socket_dir} {state_dir} {admin_dir}",
+                     f"chmod 0755 {socket_dir}", f"chmod 0700 {admin_dir}"], f"{name}: {steps}"
     # It works on the very volumes the daemon mounts there.
-    for path in (socket_dir, "/dev/shm", state_dir):
+    for path in (socket_dir, admin_dir, state_dir):
         assert (dm.volume_by_mount(spec, init, path) == dm.volume_by_mount(spec, daemon, path))
+    # And on nothing else: it never sees the token key.
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {socket_dir, admin_dir, state_dir}
     sc = init["securityContext"]
     assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
@@ -299,18 +459,53 @@ def test_example_job_connects_to_the_daemon(which, chart):
     assert pod_vol["hostPath"]["path"] == ds_vol["hostPath"]["path"]
     assert pod_mount["mountPath"] == os.path.dirname(socket)
     assert pod_mount.get("readOnly") is True, "pods only connect; they need no write access"
-    # Both see one directory as /dev/shm.
-    assert (dm.volume_by_mount(job_spec, trainer, "/dev/shm")["hostPath"]["path"]
-            == dm.volume_by_mount(ds_spec, daemon, "/dev/shm")["hostPath"]["path"])
+    # The buffer side channel beside the socket comes with the same mount.
+    assert dm.mount_covering(trainer, socket + ".fd") == pod_mount
+    # And that is all the pod takes from the host.
+    host_paths = [v["hostPath"]["path"] for v in job_spec["volumes"] if "hostPath" in v]
+    assert host_paths == [ds_vol["hostPath"]["path"]], host_paths
     # The pod lands only where a daemon runs.
     assert dm.labels_match(ds_spec["nodeSelector"], job_spec["nodeSelector"])
     for t in job_spec.get("tolerations", []):
         assert t in ds_spec["tolerations"], f"the job tolerates {t} where no daemon runs"
     assert any(e["name"] == "RAILYARD_JOB" for e in trainer["env"])
-    # The same UID as the daemon (segments are 0600), set explicitly: the images' own USER
+    # The same UID as the daemon (the sockets are 0660), set explicitly: the images' own USER
     # differs (deploy/docker/Dockerfile).
     uid = daemon["securityContext"]["runAsUser"]
     assert trainer["securityContext"]["runAsUser"] == uid
+
+
+def test_example_job_reads_its_token_from_its_secret():
+    objects = dm.example_objects()
+    job = dm.example_job()
+    trainer = dm.pod_spec(job)["containers"][0]
+    ref = dm.env_entry(trainer, "RAILYARD_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert ref.get("optional", False) is False, "no token: the pod must not start"
+    secret = dm.find(objects, "Secret", ref["name"])
+    assert ref["name"] == "railyard-allreduce-example-token"
+    assert ref["key"] == "token" and set(secret["stringData"]) == {"token"}
+    assert "data" not in secret
+    # Applied unchanged, the placeholder must not pass for a token (none lives in the repository).
+    placeholder = secret["stringData"]["token"]
+    assert not re.match(r"ryt1\.", placeholder), placeholder
+    # The job id the pods present is the Job's name; the documented mint command issues the token
+    # for exactly that id, and the documented substitution replaces exactly the placeholder.
+    job_id = dm.env_entry(trainer, "RAILYARD_JOB")["valueFrom"]["fieldRef"]["fieldPath"]
+    assert job_id == "metadata.labels['job-name']"
+    with open(dm.EXAMPLE_JOB) as f:
+        text = f.read()
+    name = job["metadata"]["name"]
+    issue = re.findall(r"railctl token issue --job (\S+) --ttl (\S+) --key (\S+)", text)
+    assert issue and all(j == name for j, _, _ in issue), (issue, name)
+    for _, ttl, _ in issue:
+        dm.duration_seconds(ttl)
+    assert f's|{placeholder}|$TOKEN|' in text
+    # The token reaches the daemon with the socket and the job id, and no other secret does.
+    env_names = [e["name"] for e in trainer["env"]]
+    assert {"RAILYARD_SOCKET", "RAILYARD_JOB", "RAILYARD_TOKEN"} <= set(env_names)
+    assert [e["name"] for e in trainer["env"] if "secretKeyRef" in e.get("valueFrom", {})] == \
+        ["RAILYARD_TOKEN"]
+    assert secret["metadata"].get("namespace") == job["metadata"].get("namespace")
 
 
 def test_example_job_runs_the_repository_example():

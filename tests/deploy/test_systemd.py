@@ -26,11 +26,18 @@ def unit_sections():
     return parser
 
 
-def conf_vars():
+def conf_vars(commented: bool = False):
+    """KEY=value lines of railyard.conf; with commented, the commented-out examples
+    (#RAILYARD_X=value) instead."""
     out = {}
     with open(CONF) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
+            if commented:
+                m = re.fullmatch(r"#(RAILYARD_[A-Z0-9_]*)=(\S*)", line)
+                if m:
+                    out[m.group(1)] = m.group(2)
+                continue
             if not line or line.startswith("#"):
                 continue
             m = re.fullmatch(r"([A-Z_][A-Z0-9_]*)=(\S*)", line)
@@ -46,15 +53,19 @@ def test_unit_shape():
     assert s["Type"] == "simple", "railyardd does not call sd_notify"
     assert s["Restart"] == "on-failure"
     assert s["KillSignal"] == "SIGTERM"
-    assert s["RuntimeDirectory"] == "railyard" and s["StateDirectory"] == "railyard"
+    assert s["RuntimeDirectory"].split() == ["railyard", "railyard-admin"]
+    assert s["StateDirectory"] == "railyard"
     assert s["ExecStart"].split()[0].endswith("/railyardd")
     assert s["EnvironmentFile"].lstrip("-") == "/etc/railyard/railyard.conf"
     assert s["NoNewPrivileges"] == "yes" and s["ProtectSystem"] == "strict"
-    assert set(s["CapabilityBoundingSet"].split()) == {"CAP_DAC_OVERRIDE", "CAP_IPC_LOCK"}
+    # Only IPC_LOCK (RDMA): buffers arrive as memfd descriptors, so no CAP_DAC_OVERRIDE to open
+    # other users' files, which would let the daemon read any tenant's data on the host.
+    assert s["CapabilityBoundingSet"].split() == ["CAP_IPC_LOCK"]
     assert s["AmbientCapabilities"].split() == s["CapabilityBoundingSet"].split()
-    # /dev/shm and /dev/infiniband must stay the host's.
-    for key in ("PrivateDevices", "PrivateIPC", "MemoryDenyWriteExecute"):
-        assert s.get(key, "no") == "no", f"{key} breaks shared memory, RDMA or UCX"
+    # /dev/infiniband must stay the host's; UCX patches code in place.
+    for key in ("PrivateDevices", "MemoryDenyWriteExecute"):
+        assert s.get(key, "no") == "no", f"{key} breaks RDMA or UCX"
+    assert "AF_UNIX" in s["RestrictAddressFamilies"].split(), "the sockets and SCM_RIGHTS"
 
 
 def test_conf_sets_only_environment_flags_and_fits_the_unit():
@@ -64,11 +75,39 @@ def test_conf_sets_only_environment_flags_and_fits_the_unit():
     for key in env:
         assert key.startswith("RAILYARD_") and key[9:].lower() in settable, \
             f"{key} is not read by railyardd (DaemonFlagNames in daemon/flags.cc)"
-    # The socket lives in the unit's RuntimeDirectory, which systemd creates and owns.
-    assert os.path.dirname(env["RAILYARD_SOCKET"]) == "/run/" + u["RuntimeDirectory"]
+    runtime_dirs = ["/run/" + d for d in u["RuntimeDirectory"].split()]
+    # The client socket lives in the unit's first RuntimeDirectory, which systemd creates and
+    # owns with RuntimeDirectoryMode (0750: group "railyard" connects).
+    socket_dir = os.path.dirname(env["RAILYARD_SOCKET"])
+    assert socket_dir == runtime_dirs[0] and u["RuntimeDirectoryMode"] == "0750"
+    # The Admin socket in the other one, which ExecStartPre closes to the service's user alone.
+    admin_dir = os.path.dirname(env["RAILYARD_ADMIN_SOCKET"])
+    assert admin_dir == runtime_dirs[1] != socket_dir
+    assert u["ExecStartPre"].split() == ["/bin/chmod", "0700", admin_dir]
+    # The token key in the ConfigurationDirectory (read-only under ProtectSystem=strict).
+    assert env["RAILYARD_TOKEN_KEY_FILE"] == "/etc/" + u["ConfigurationDirectory"] + "/token-key"
+    assert not [k for k in env if "INSECURE" in k], "the demo-only token mode"
     grace = dm.duration_seconds(env["RAILYARD_SHUTDOWN_GRACE"])
     assert dm.duration_seconds(u["TimeoutStopSec"]) >= grace + 5
     dm.host_port(env["RAILYARD_METRICS_LISTEN"])
+
+
+def test_commented_examples_name_environment_flags():
+    """The commented-out settings an operator may enable are variables railyardd reads."""
+    examples = conf_vars(commented=True)
+    settable = dm.env_settable_flags()
+    assert "RAILYARD_JOB_TOKENS" in examples and "RAILYARD_MAX_SESSIONS_PER_JOB" in examples
+    unread = sorted(k for k in examples if k[9:].lower() not in settable)
+    assert not unread, f"railyardd reads none of {unread} (DaemonFlagNames in daemon/flags.cc)"
+    assert not [k for k in examples if "INSECURE" in k]
+
+
+def test_unit_and_conf_never_enable_the_demo_token_mode():
+    u = unit_sections()["Service"]
+    for key in ("ExecStart", "ExecStartPre", "Environment"):
+        assert "insecure" not in u.get(key, "").lower(), f"{key}={u.get(key)}"
+    with open(CONF) as f:
+        assert "insecure" not in f.read().lower()
 
 
 def test_conf_is_honoured_by_railyardd():

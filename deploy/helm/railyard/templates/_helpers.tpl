@@ -1,7 +1,8 @@
 {{/*
 Helpers of the railyard chart. Kept to plain Go-template/Sprig constructs (include, printf,
-trunc, trimSuffix, contains, default, quote, toYaml, toJson, nindent, add, if, range) so that
-tests/deploy can render the chart offline; add a construct there before using it here.
+trunc, trimSuffix, hasPrefix, contains, default, quote, toYaml, toJson, nindent, add, eq, not,
+or, fail, kindIs, int64, if, range with $key, $value) so that tests/deploy can render the chart
+offline; add a construct there before using it here.
 */}}
 
 {{/* The chart name. */}}
@@ -41,4 +42,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* The Unix socket path, the same in the daemon and the training pods (RAILYARD_SOCKET). */}}
 {{- define "railyard.socketPath" -}}
 {{ .Values.daemon.socketDir }}/{{ .Values.daemon.socketName }}
+{{- end }}
+
+{{/* The Admin API socket: only in the daemon pod (an emptyDir), never in training pods. */}}
+{{- define "railyard.adminSocketPath" -}}
+{{ .Values.daemon.adminSocketDir }}/{{ .Values.daemon.adminSocketName }}
+{{- end }}
+
+{{/*
+Combinations of values the chart refuses, with the reason (`helm template` stops with it):
+no token source (the daemon would refuse every Connect), an Admin directory that training pods
+would see through the socket directory, the demo-only first-session token mode, and quota names
+that are not quota flags.
+*/}}
+{{- define "railyard.checks" -}}
+{{- if not (or .Values.tokenKey.secretName .Values.jobTokens.secretName) }}
+{{- fail "set tokenKey.secretName (signed job tokens, --token_key_file) or jobTokens.secretName (static tokens, --job_tokens): without either railyardd refuses every Connect" }}
+{{- end }}
+{{- if or (eq .Values.daemon.adminSocketDir .Values.daemon.socketDir) (or (hasPrefix (printf "%s/" .Values.daemon.socketDir) .Values.daemon.adminSocketDir) (hasPrefix (printf "%s/" .Values.daemon.adminSocketDir) .Values.daemon.socketDir)) }}
+{{- fail "daemon.adminSocketDir must not be, contain or lie inside daemon.socketDir: training pods mount the socket directory, and the Admin socket must stay out of their reach" }}
+{{- end }}
+{{- range .Values.daemon.extraArgs }}
+{{- if contains "insecure_first_session_token" . }}
+{{- fail "daemon.extraArgs: the first-session token mode is for demos only; give the daemon tokenKey or jobTokens" }}
+{{- end }}
+{{- end }}
+{{- range $name, $value := .Values.quotas }}
+{{- if not (hasPrefix "max_" $name) }}
+{{- fail (printf "quotas.%s: not a quota flag (quota flags are named max_*)" $name) }}
+{{- end }}
+{{- end }}
 {{- end }}
