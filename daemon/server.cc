@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "daemon/auth/signed_token.h"
 #include "daemon/session/job_policy.h"
 #include "daemon/session/job_tokens.h"
 #include "daemon/topology/discovery.h"
@@ -145,6 +146,15 @@ absl::StatusOr<SessionAuth> Server::LoadAuth() const {
     auto loaded = LoadJobTokens(config_.job_tokens_file);
     if (!loaded.ok()) return loaded.status();
     auth.fixed_tokens = *std::move(loaded);
+  }
+  if (!config_.token_key_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> keys = auth::LoadTokenKeys(config_.token_key_file);
+    if (!keys.ok()) return keys.status();
+    auth.is_signed = [](const std::string& token) { return auth::IsSignedToken(token); };
+    auth.verify_signed = [keys = *std::move(keys)](const std::string& token,
+                                                   const std::string& job) {
+      return auth::VerifyToken(keys, token, job, absl::Now());
+    };
   }
   if (!config_.job_policy_file.empty()) {
     absl::StatusOr<JobPolicy> policy = JobPolicy::Load(config_.job_policy_file);

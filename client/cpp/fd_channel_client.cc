@@ -22,9 +22,8 @@ absl::StatusOr<fdproto::Message> Receive(int sock, const std::string& path,
   pollfd p{sock, POLLIN, 0};
   const int ready = poll(&p, 1, static_cast<int>(timeout.count()));
   if (ready == 0) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("railyardd's fd side channel ", path, " did not answer within ",
-                     timeout.count(), " ms"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "railyardd's fd side channel ", path, " did not answer within ", timeout.count(), " ms"));
   }
   char data[fdproto::kMaxMessage];
   const ssize_t n = ready < 0 ? -1 : recv(sock, data, sizeof(data), 0);
@@ -43,8 +42,7 @@ absl::StatusOr<fdproto::Message> Receive(int sock, const std::string& path,
 
 absl::Status ErrorOf(const fdproto::Message& m) {
   const auto code = static_cast<absl::StatusCode>(m.code);
-  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                      m.payload);
+  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, m.payload);
 }
 
 }  // namespace
@@ -62,15 +60,15 @@ absl::StatusOr<std::unique_ptr<FdChannelClient>> FdChannelClient::Connect(
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(absl::StrCat("railyardd's fd side channel ", path,
-                                               " not reachable: ", ErrnoText(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("railyardd's fd side channel ", path, " not reachable: ", ErrnoText(errno)));
   }
   absl::StatusOr<fdproto::Message> hello = Receive(sock, path, timeout);
   if (!hello.ok()) return hello.status();
   if (hello->type == fdproto::Type::kError) {
     absl::Status refused = ErrorOf(*hello);
-    return absl::Status(refused.code(), absl::StrCat("railyardd refused the fd side channel: ",
-                                                     refused.message()));
+    return absl::Status(refused.code(),
+                        absl::StrCat("railyardd refused the fd side channel: ", refused.message()));
   }
   if (hello->type != fdproto::Type::kHello || hello->payload.size() != fdproto::kTicketChars) {
     return absl::InternalError("the fd side channel did not start with a HELLO ticket");
@@ -100,8 +98,8 @@ absl::StatusOr<uint64_t> FdChannelClient::Put(int fd, std::chrono::milliseconds 
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
   if (sendmsg(sock_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
-    return absl::UnavailableError(absl::StrCat("sending a buffer descriptor on ", path_, ": ",
-                                               ErrnoText(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("sending a buffer descriptor on ", path_, ": ", ErrnoText(errno)));
   }
   absl::StatusOr<fdproto::Message> reply = Receive(sock_, path_, timeout);
   if (!reply.ok()) return reply.status();

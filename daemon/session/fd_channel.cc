@@ -19,7 +19,7 @@
 namespace railyard {
 namespace {
 
-constexpr int kMaxFdsPerMessage = 8;     // more in one message: refused, all closed
+constexpr int kMaxFdsPerMessage = 8;       // more in one message: refused, all closed
 constexpr int kMaxMessagesPerWakeup = 64;  // then the next connection gets its turn
 
 // Sends without ever blocking; false when the client does not take it (gone, or not reading).
@@ -93,14 +93,14 @@ absl::StatusOr<std::unique_ptr<FdChannelServer>> FdChannelServer::Start(Options 
   const std::string& path = s->options_.path;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fd side channel path '", path, "' is empty or longer than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("fd side channel path '", path,
+                                                   "' is empty or longer than ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
   }
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) {
-    return absl::UnavailableError(absl::StrCat("socket(AF_UNIX, SOCK_SEQPACKET): ",
-                                               std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("socket(AF_UNIX, SOCK_SEQPACKET): ", std::strerror(errno)));
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());

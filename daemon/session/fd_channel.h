@@ -60,10 +60,10 @@ class FdChannel {
 class FdChannelServer {
  public:
   struct Options {
-    std::string path;                 // the socket to create (its directory exists)
+    std::string path;  // the socket to create (its directory exists)
     size_t max_connections = 1024 + 64;
-    size_t max_unbound = 64;          // connections whose ticket no Connect has named yet
-    size_t max_pending_fds = 64;      // descriptors sent but not yet registered, per connection
+    size_t max_unbound = 64;      // connections whose ticket no Connect has named yet
+    size_t max_pending_fds = 64;  // descriptors sent but not yet registered, per connection
     absl::Duration bind_timeout = absl::Seconds(10);
   };
   // Binds (mode 0660) and starts serving. UNAVAILABLE naming the path when it cannot.

@@ -32,18 +32,18 @@ inline constexpr size_t kMaxMessage = kHeaderBytes + kMaxPayload;
 inline constexpr size_t kTicketChars = 32;
 
 enum class Type : uint16_t {
-  kHello = 1,   // daemon -> client: payload is the ticket Local.Connect names
-  kPut = 2,     // client -> daemon: exactly one descriptor attached; cookie chosen by the client
-  kPutOk = 3,   // daemon -> client: cookie echoed, handle for RegisterBuffer
-  kError = 4,   // daemon -> client: cookie echoed (0 when not about a PUT), code, payload = text
+  kHello = 1,  // daemon -> client: payload is the ticket Local.Connect names
+  kPut = 2,    // client -> daemon: exactly one descriptor attached; cookie chosen by the client
+  kPutOk = 3,  // daemon -> client: cookie echoed, handle for RegisterBuffer
+  kError = 4,  // daemon -> client: cookie echoed (0 when not about a PUT), code, payload = text
 };
 
 struct Message {
   Type type = Type::kError;
   uint64_t cookie = 0;
   uint64_t handle = 0;
-  uint32_t code = 0;        // google.rpc.Code (kError)
-  std::string payload;      // ticket (kHello) or message (kError)
+  uint32_t code = 0;    // google.rpc.Code (kError)
+  std::string payload;  // ticket (kHello) or message (kError)
 };
 
 namespace detail {
@@ -94,7 +94,8 @@ inline std::optional<Message> Decode(std::string_view bytes, std::string* why) {
   const uint64_t type = detail::Get(p + 6, 2);
   if (type < 1 || type > 4) return fail("unknown message type");
   const uint64_t length = detail::Get(p + 28, 4);
-  if (length != bytes.size() - kHeaderBytes) return fail("payload length disagrees with the packet");
+  if (length != bytes.size() - kHeaderBytes)
+    return fail("payload length disagrees with the packet");
   Message m;
   m.type = static_cast<Type>(type);
   m.cookie = detail::Get(p + 8, 8);
