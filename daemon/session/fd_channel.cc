@@ -235,20 +235,20 @@ void FdChannelServer::AcceptAll() {
       }
     }
     auto channel = std::make_shared<FdChannel>(fd, cred, RandomHex128(), absl::Now());
+    {
+      // Claimable before the client can know the ticket.
+      absl::MutexLock lock(&mu_);
+      by_fd_.emplace(fd, channel);
+      unbound_.emplace(channel->ticket_, channel);
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP;
+      ev.data.fd = fd;
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    }
     fdproto::Message hello;
     hello.type = fdproto::Type::kHello;
     hello.payload = channel->ticket_;
-    if (!SendMessage(fd, hello)) {
-      channel->Drop();
-      continue;
-    }
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = fd;
-    absl::MutexLock lock(&mu_);
-    by_fd_.emplace(fd, channel);
-    unbound_.emplace(channel->ticket_, channel);
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    if (!SendMessage(fd, hello)) DropConnection(fd, "HELLO not taken");
   }
 }
 
