@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """All-reduce of numpy arrays over 4 processes on two virtual nodes.
 
-    railyardd --socket /tmp/ry.sock &
+    railyardd --socket /tmp/ry.sock --insecure_first_session_token &
     RAILYARD_SOCKET=/tmp/ry.sock /usr/bin/python3 examples/python/allreduce.py
 
 The script launches itself 4 times (ranks 0-3; ranks 0-1 form virtual node 0, ranks 2-3 node 1)

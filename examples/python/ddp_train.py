@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """DistributedDataParallel over railyard: a small MLP on synthetic data, per-step loss printed.
 
-    railyardd --socket /tmp/ry.sock &
+    railyardd --socket /tmp/ry.sock --insecure_first_session_token &
     RAILYARD_SOCKET=/tmp/ry.sock /usr/bin/python3 examples/python/ddp_train.py --nproc 2
 
 Starts --nproc processes itself (torch.multiprocessing, spawn) that rendezvous through a c10d
