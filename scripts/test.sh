@@ -9,6 +9,26 @@ start=$(date +%s)
 scripts/install-deps.sh
 scripts/check-format.sh
 
+# Buffers are memfds passed by descriptor: nothing named railyard* may ever appear in /dev/shm
+# while the suite runs. Polled every 0.2 s in the background; any sighting fails the run.
+shm_seen=$(mktemp)
+( while :; do
+    find /dev/shm -maxdepth 1 -name 'railyard*' 2>/dev/null >>"$shm_seen"
+    sleep 0.2
+  done ) &
+shm_watch=$!
+check_dev_shm() {
+  kill "$shm_watch" 2>/dev/null || true
+  wait "$shm_watch" 2>/dev/null || true
+  if [ -s "$shm_seen" ]; then
+    echo "FAIL: railyard objects appeared in /dev/shm during the tests:"
+    sort -u "$shm_seen"
+    exit 1
+  fi
+  echo "== /dev/shm: nothing named railyard* appeared during the tests"
+}
+trap 'kill "$shm_watch" 2>/dev/null || true; rm -f "$shm_seen"' EXIT
+
 echo "== build (release, -Werror)"
 scripts/build.sh
 echo "== tests"
@@ -27,4 +47,5 @@ if [ "${RAILYARD_SKIP_SANITIZERS:-0}" != "1" ]; then
     ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 \
     -E 'EveryCollectiveAcrossThreeDaemons/(tree|rhd|direct)' 
 fi
+check_dev_shm
 echo "== all tests passed in $(( $(date +%s) - start )) s"
