@@ -59,7 +59,9 @@ absl::StatusOr<UniqueFd> FdChannel::Take(uint64_t handle) {
 
 void FdChannel::Close() {
   absl::MutexLock lock(&mu_);
-  if (!dead_ && fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // the server thread sees EOF and drops it
+  // The server thread sees EOF and drops (closes) the socket; from now on nothing is taken.
+  if (!dead_ && fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+  dead_ = true;
   pending_.clear();
 }
 
@@ -70,6 +72,7 @@ size_t FdChannel::pending() const {
 
 absl::StatusOr<uint64_t> FdChannel::Put(UniqueFd fd, size_t max_pending) {
   absl::MutexLock lock(&mu_);
+  if (dead_) return absl::FailedPreconditionError("the session of this side channel has ended");
   if (pending_.size() >= max_pending) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this connection already holds ", pending_.size(),

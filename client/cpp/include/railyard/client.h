@@ -150,7 +150,8 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options = {});
   ~Client();  // disconnects
 
-  // Allocates size bytes of shared memory (pre-faulted) and registers it with the daemon.
+  // Allocates size bytes of memory shared with the daemon (a sealed memfd, pre-faulted, passed by
+  // descriptor) and registers it.
   absl::StatusOr<Buffer> Allocate(size_t size);
   // A fresh communicator id naming this daemon as coordinator (ncclGetUniqueId).
   absl::StatusOr<std::string> CreateCommId();
