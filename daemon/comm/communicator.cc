@@ -152,6 +152,14 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request->rank, " has left communicator ", comm_id_));
     }
+    if (multi_node_ && request->req.op == OpKind::kAllToAllv) {
+      // Refused here, before anything is queued, rather than failed when it would be planned.
+      if (absl::Status s = OpPlanner::CheckAllToAllvFits(nranks_); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("alltoallv of rank ", request->rank, " on communicator ",
+                                         comm_id_, ": ", s.message()));
+      }
+    }
     request->deadline = env_.timer->Now() + TimeoutOf(*request);
     if (scheduler::IsPointToPoint(request->req.op)) {
       result = SubmitPointToPointLocked(std::move(request), &out);

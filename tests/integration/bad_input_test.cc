@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
@@ -205,6 +206,83 @@ TEST_F(BadInputTest, RegionsPastTheEndOrMisalignedAreInvalid) {
   b.span<float>()[0] = 3.0f;
   EXPECT_TRUE(comm.AllReduce(b, b, 1, DataType::kFloat32, RedOp::kSum).wait().ok());
   EXPECT_EQ(b.span<float>()[0], 3.0f);
+}
+
+TEST_F(BadInputTest, SizesAndOffsetsThatOverflow64BitsAreInvalidAndSayWhichField) {
+  std::unique_ptr<Client> c;
+  Comm comm;
+  Buffer b;
+  OneRank(&c, &comm, &b);
+  RawLocal raw(daemon_);
+  constexpr uint64_t kMax = ~uint64_t{0};
+  auto alltoallv = [&](uint64_t send_count, uint64_t send_displ, uint64_t recv_count,
+                       uint64_t recv_displ) {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, 0);
+    req.set_op(v1::COLLECTIVE_OP_ALL_TO_ALL_V);
+    req.add_send_counts(send_count);
+    req.add_send_displs(send_displ);
+    req.add_recv_counts(recv_count);
+    req.add_recv_displs(recv_displ);
+    return req;
+  };
+  struct Case {
+    const char* what;
+    v1::SubmitRequest req;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"count x size overflows", AllReduceRequest(*c, comm, b, uint64_t{1} << 62),
+                   "count 4611686018427387904 x 4-byte elements overflows 64 bits"});
+  cases.push_back({"negative-ish count (-4)", AllReduceRequest(*c, comm, b, kMax - 3),
+                   "count 18446744073709551612 x 4-byte elements overflows 64 bits"});
+  {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, uint64_t{1} << 50);
+    req.set_dtype(v1::DATA_TYPE_INT8);
+    cases.push_back({"count past 2^48", req,
+                     "count 1125899906842624 x 1-byte elements = 1125899906842624 bytes exceeds "
+                     "the 2^48-byte limit of one operation by 844424930131968 bytes"});
+  }
+  {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, 16);
+    req.mutable_recv()->set_offset(kMax - 3);  // aligned to 4
+    cases.push_back({"offset near UINT64_MAX", req,
+                     absl::StrCat("recv buffer ", b.id(),
+                                  ": offset 18446744073709551612 + 64 bytes overflows 64 bits "
+                                  "(the buffer has 4096 bytes)")});
+  }
+  {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, 16);
+    req.mutable_send()->set_offset(8192);
+    cases.push_back({"offset past the end", req,
+                     absl::StrCat("send buffer ", b.id(),
+                                  ": offset 8192 is past the end of the 4096-byte buffer by "
+                                  "4096 bytes")});
+  }
+  cases.push_back({"alltoallv displacement overflows", alltoallv(4, kMax - 1, 0, 0),
+                   "send block for rank 0: send_displs[0] 18446744073709551614 + send_counts[0] 4 "
+                   "elements of 4 bytes overflows 64 bits"});
+  cases.push_back({"alltoallv count overflows", alltoallv(0, 0, kMax, 0),
+                   "recv block for rank 0: recv_displs[0] 0 + recv_counts[0] "
+                   "18446744073709551615 elements of 4 bytes overflows 64 bits"});
+  cases.push_back({"alltoallv block past 2^48", alltoallv(1, uint64_t{1} << 46, 0, 0),
+                   "send block for rank 0: send_displs[0] 70368744177664 + send_counts[0] 1 "
+                   "elements of 4 bytes ends at byte 281474976710660, past the 2^48-byte limit "
+                   "of one operation by 4 bytes"});
+  cases.push_back({"alltoallv block past the buffer", alltoallv(8, 1020, 0, 0),
+                   absl::StrCat("send buffer ", b.id(),
+                                ": region [0, 4112) runs past the end of "
+                                "the 4096-byte buffer by 16 bytes")});
+  for (const Case& k : cases) {
+    grpc::Status s = raw.Submit(k.req);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.what;
+    EXPECT_THAT(s.error_message(), HasSubstr(k.message)) << k.what;
+  }
+  // Nothing was consumed: the communicator's next operation is sequence 0 and completes.
+  b.span<float>()[0] = 1.5f;
+  Work w = comm.AllReduce(b, b, 1, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(w.wait().ok());
+  EXPECT_EQ(b.span<float>()[0], 1.5f);
+  ExpectStillServing();
 }
 
 TEST_F(BadInputTest, BadEnumsRootsAndAlgorithmsAreInvalid) {

@@ -273,6 +273,44 @@ TEST_F(TwoDaemonsTest, SendRecvAcrossNodes) {
   EXPECT_EQ(dst.data, src.data);
 }
 
+TEST_F(TwoDaemonsTest, AnAllToAllvWhoseRankMatricesPassTheBoundIsRefusedBeforeQueueing) {
+  EXPECT_TRUE(OpPlanner::CheckAllToAllvFits(2896).ok());  // 2896^2 x 8 bytes < 64 MiB
+  absl::Status big = OpPlanner::CheckAllToAllvFits(2897);
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.message(), HasSubstr("2897 x 2897 count and displacement matrices of 67140872 "
+                                       "bytes each, 32008 bytes past the 67108864-byte bound "
+                                       "(2896 ranks at most)"));
+  EXPECT_EQ(OpPlanner::CheckAllToAllvFits(65536).code(), absl::StatusCode::kInvalidArgument);
+  // A communicator across two daemons of 3000 ranks (1500 each): only rank 0 of each joins in
+  // this test, which is enough to submit; the refusal comes before any queueing.
+  MultiNodeEnv net;
+  std::vector<int> node_of_rank(3000);
+  for (int r = 0; r < 3000; ++r) node_of_rank[r] = r % 2;
+  net.layout = scheduler::CommLayout::FromNodeOfRank(node_of_rank, 1);
+  net.my_node = 0;
+  net.node_names = {"node0", "node1"};
+  net.node_addresses = {"a0", "a1"};
+  net.endpoints.assign(2, std::vector<std::shared_ptr<transport::Endpoint>>(1));
+  net.node_slots = {1, 2};
+  auto comm = std::make_shared<Communicator>("wide", "job", Env(), std::move(net));
+  std::vector<int> mine;
+  for (int r = 0; r < 3000; r += 2) mine.push_back(r);
+  JoinAll(*comm, mine);
+  RankBuffer b{std::vector<float>(4, 1.0f)};
+  auto p = b.Request(1, 0, OpKind::kAllToAllv, sink_);
+  p->req.send_counts.assign(3000, 0);
+  p->req.send_displs.assign(3000, 0);
+  p->req.recv_counts.assign(3000, 0);
+  p->req.recv_displs.assign(3000, 0);
+  auto seq = comm->Submit(std::move(p));
+  EXPECT_EQ(seq.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(seq.status().message(),
+              HasSubstr("alltoallv of rank 0 on communicator wide: an alltoallv across nodes of "
+                        "3000 ranks"));
+  EXPECT_EQ(comm->Stats().queued_ops, 0u);
+  EXPECT_FALSE(comm->failed());
+}
+
 TEST_F(TwoDaemonsTest, ADeadPeerFailsTheRunningOperationWithUnavailable) {
   std::shared_ptr<Communicator> comm = Make(0, "dead", 1, {1, 2}, "ring");
   JoinAll(*comm, {0});
