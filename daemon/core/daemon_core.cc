@@ -433,6 +433,7 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
       DecodeSubmit(req, *session, m->rank, m->comm->nranks());
   if (!pending.ok()) return pending.status();
   (*pending)->session = session;
+  (*pending)->quota = session->quota();  // charged while it waits (communicator.cc)
   return m->comm->Submit(*std::move(pending));
 }
 

@@ -407,33 +407,40 @@ TEST(JobTokensTest, TokensFileIsEnforced) {
   std::filesystem::remove_all(dir);
 }
 
+// n ranks of one communicator of `job` as clients of this process (each its own session).
+void RanksOf(const DaemonProcess& daemon, int n, const std::string& job,
+             std::vector<std::unique_ptr<Client>>* clients, std::vector<Comm>* comms,
+             std::vector<Buffer>* bufs) {
+  std::vector<std::unique_ptr<Client>> cs;
+  for (int r = 0; r < n; ++r) {
+    auto c = Client::Connect(daemon.Options(job));
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto b = (*c)->Allocate(4096);
+    ASSERT_TRUE(b.ok());
+    bufs->push_back(*std::move(b));
+    cs.push_back(*std::move(c));
+  }
+  auto id = cs[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  std::vector<std::thread> joiners;
+  comms->resize(n);
+  for (int r = 0; r < n; ++r) {
+    joiners.emplace_back([&, r] {
+      auto m = cs[r]->InitComm(*id, r, n);
+      ASSERT_TRUE(m.ok()) << m.status();
+      (*comms)[r] = *std::move(m);
+    });
+  }
+  for (auto& t : joiners) t.join();
+  *clients = std::move(cs);
+}
+
 // Two or three ranks as clients of this process (each its own session).
 class MultiRankTest : public BadInputTest {
  protected:
   void Ranks(int n, std::vector<std::unique_ptr<Client>>* clients, std::vector<Comm>* comms,
              std::vector<Buffer>* bufs) {
-    std::vector<std::unique_ptr<Client>> cs;
-    for (int r = 0; r < n; ++r) {
-      auto c = Client::Connect(daemon_.Options("multi"));
-      ASSERT_TRUE(c.ok());
-      auto b = (*c)->Allocate(4096);
-      ASSERT_TRUE(b.ok());
-      bufs->push_back(*std::move(b));
-      cs.push_back(*std::move(c));
-    }
-    auto id = cs[0]->CreateCommId();
-    ASSERT_TRUE(id.ok());
-    std::vector<std::thread> joiners;
-    comms->resize(n);
-    for (int r = 0; r < n; ++r) {
-      joiners.emplace_back([&, r] {
-        auto m = cs[r]->InitComm(*id, r, n);
-        ASSERT_TRUE(m.ok()) << m.status();
-        (*comms)[r] = *std::move(m);
-      });
-    }
-    for (auto& t : joiners) t.join();
-    *clients = std::move(cs);
+    RanksOf(daemon_, n, "multi", clients, comms, bufs);
   }
 };
 
@@ -541,6 +548,49 @@ TEST_F(MultiRankTest, SendRecvMismatchAndDestroyedPeer) {
   absl::Status ps = pending.wait(std::chrono::seconds(10));
   EXPECT_EQ(ps.code(), absl::StatusCode::kAborted) << ps;
   EXPECT_THAT(std::string(ps.message()), HasSubstr("rank 1 destroyed communicator"));
+}
+
+// Queue quotas (--max_queued_ops_per_session, --max_queued_p2p_per_session) against a live
+// daemon: the rank that runs ahead is refused with RESOURCE_EXHAUSTED naming the flag, the
+// communicator keeps working, and the rank submits again once the backlog drains.
+TEST(QuotaTest, RanksRunningAheadOfTheQuotaAreRefusedAndResumeOnceTheBacklogDrains) {
+  DaemonProcess daemon({"--max_queued_ops_per_session=2", "--max_queued_p2p_per_session=1"});
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Comm> comms;
+  std::vector<Buffer> bufs;
+  RanksOf(daemon, 2, "quota", &clients, &comms, &bufs);
+  ASSERT_EQ(comms.size(), 2u);
+  auto allreduce = [&](int r) {
+    return comms[r].AllReduce(bufs[r], bufs[r], 4, DataType::kFloat32, RedOp::kSum);
+  };
+  std::vector<Work> ahead;
+  ahead.push_back(allreduce(0));
+  ahead.push_back(allreduce(0));
+  absl::Status over = allreduce(0).wait(std::chrono::seconds(10));
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_THAT(std::string(over.message()),
+              HasSubstr("operations queued ahead of the slowest rank limit of this session (2) "
+                        "reached: it holds 2 and asked for 1 more (--max_queued_ops_per_session)"));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(allreduce(1).wait(std::chrono::seconds(10)).ok());
+  for (Work& w : ahead) ASSERT_TRUE(w.wait(std::chrono::seconds(10)).ok());
+  Work a = allreduce(0);  // the refused one took no sequence number: both ranks agree
+  ASSERT_TRUE(allreduce(1).wait(std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(a.wait(std::chrono::seconds(10)).ok());
+
+  Work send = comms[0].Send(bufs[0], 8, DataType::kFloat32, 1);
+  absl::Status second =
+      comms[0].Send(bufs[0], 8, DataType::kFloat32, 1).wait(std::chrono::seconds(10));
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("send of rank 0 on communicator"));
+  EXPECT_THAT(std::string(second.message()), HasSubstr("(--max_queued_p2p_per_session)"));
+  ASSERT_TRUE(comms[1].Recv(bufs[1], 8, DataType::kFloat32, 0).wait(std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(send.wait(std::chrono::seconds(10)).ok());
+  // The pair after it matches as the next one.
+  Work again = comms[0].Send(bufs[0], 8, DataType::kFloat32, 1);
+  ASSERT_TRUE(comms[1].Recv(bufs[1], 8, DataType::kFloat32, 0).wait(std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(again.wait(std::chrono::seconds(10)).ok());
+  EXPECT_EQ(daemon.Status().comms(0).ops_failed(), 0u);
 }
 
 }  // namespace
