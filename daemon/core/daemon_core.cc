@@ -24,7 +24,8 @@ int WorkerThreads(int configured) {
 DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth)
     : config_(std::move(config)),
       started_at_(absl::Now()),
-      metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion)),
+      metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion,
+                                                        config_.quotas.max_metric_jobs)),
       executor_(WorkerThreads(config_.worker_threads)),
       sessions_(std::move(auth), &config_.quotas) {
   coordinator_ =
