@@ -24,6 +24,13 @@ absl::Status CollectiveQueue::Add(int li, std::unique_ptr<PendingRequest> reques
   return absl::OkStatus();
 }
 
+bool CollectiveQueue::CompletesNext(int li) const {
+  const int nlocal = static_cast<int>(local_ranks_->size());
+  const uint64_t idx = next_seq_[li] - base_seq_;
+  if (idx >= entries_.size()) return nlocal == 1;
+  return entries_[idx].merge.arrived() == nlocal - 1;
+}
+
 void CollectiveQueue::PopFront() {
   entries_.pop_front();
   ++base_seq_;

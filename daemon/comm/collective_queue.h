@@ -41,6 +41,11 @@ class CollectiveQueue {
   // sequence does not advance); `added` says which sequence number it was for.
   absl::Status Add(int li, std::unique_ptr<PendingRequest> request, Added* added);
 
+  // True when local rank li's next collective will be the last of its sequence number to arrive
+  // (every other local rank submitted it, or li is the only local rank): nobody here waits on
+  // anything after it for that sequence number.
+  bool CompletesNext(int li) const;
+
   bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
   // Sequence number of the front entry (the next to run).

@@ -15,6 +15,17 @@ namespace {
 // for a reason other than a dead peer.
 constexpr absl::Duration kTransferGrace = absl::Seconds(2);
 
+// Takes the unit of `r` a request holds while it waits; the refusal names the operation, the rank
+// and the communicator, then the limit and its flag (QuotaAccount::Charge).
+absl::Status TakeWaiting(PendingRequest& request, Resource r, Enforce enforce,
+                         const std::string& comm_id) {
+  absl::Status s = QuotaCharge::Take(request.quota, r, 1, &request.waiting, enforce);
+  if (s.ok()) return s;
+  return absl::Status(s.code(),
+                      absl::StrCat(scheduler::OpName(request.req.op), " of rank ", request.rank,
+                                   " on communicator ", comm_id, " refused: ", s.message()));
+}
+
 }  // namespace
 
 Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env,
@@ -152,6 +163,14 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request->rank, " has left communicator ", comm_id_));
     }
+    if (multi_node_ && request->req.op == OpKind::kAllToAllv) {
+      // Refused here, before anything is queued, rather than failed when it would be planned.
+      if (absl::Status s = OpPlanner::CheckAllToAllvFits(nranks_); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("alltoallv of rank ", request->rank, " on communicator ",
+                                         comm_id_, ": ", s.message()));
+      }
+    }
     request->deadline = env_.timer->Now() + TimeoutOf(*request);
     if (scheduler::IsPointToPoint(request->req.op)) {
       result = SubmitPointToPointLocked(std::move(request), &out);
@@ -168,6 +187,14 @@ absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
   const int rank = LocalIndex(request->rank);
   const OpKind op = request->req.op;
   const absl::Time deadline = request->deadline;
+  // Over its quota the request is refused before it is queued: its rank's sequence number stays.
+  // The last local rank to submit a sequence number is what the others wait for: only its own
+  // session's backlog may hold it back, never its job's (which the ranks ahead of it fill).
+  const Enforce enforce =
+      collectives_.CompletesNext(rank) ? Enforce::kSessionOnly : Enforce::kSessionAndJob;
+  if (absl::Status s = TakeWaiting(*request, Resource::kQueuedOps, enforce, comm_id_); !s.ok()) {
+    return s;
+  }
   CollectiveQueue::Added added;
   if (absl::Status s = collectives_.Add(rank, std::move(request), &added); !s.ok()) {
     if (env_.metrics != nullptr) env_.metrics->CountDesync();
@@ -203,6 +230,8 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
   while (!collective_running_ && state_ != State::kFailed && collectives_.front_complete()) {
     CollectiveQueue::Entry& slot = collectives_.front();
     const uint64_t base_seq = collectives_.front_seq();
+    // It stops waiting now (it runs, completes or fails below): its ranks' sessions may queue more.
+    for (auto& r : slot.requests) r->waiting.Reset();
     const scheduler::RankRequest& r0 = slot.requests[0]->req;
     // One path for one node and many: forced algorithm or tuner, then a local plan or a schedule.
     absl::StatusOr<PlannedOp> plan = planner_.Plan(slot.merge.requests());
@@ -360,8 +389,25 @@ absl::StatusOr<uint64_t> Communicator::SubmitPointToPointLocked(
   const bool is_send = request->req.op == OpKind::kSend;
   const int rank = request->rank;
   const int peer = request->req.root;
-  if (LocalIndex(peer) < 0) return SubmitRemotePointToPointLocked(std::move(request), out);
+  if (LocalIndex(peer) < 0) {
+    // Waits for a peer on another daemon, as far as this one knows.
+    if (absl::Status s =
+            TakeWaiting(*request, Resource::kQueuedP2p, Enforce::kSessionAndJob, comm_id_);
+        !s.ok()) {
+      return s;
+    }
+    return SubmitRemotePointToPointLocked(std::move(request), out);
+  }
   const P2PChannels::Key key = is_send ? std::make_pair(rank, peer) : std::make_pair(peer, rank);
+  if (channels_.HasPartner(key, is_send)) {
+    // Its partner waits for it: never refused (the partner's charge bounds it), counted until
+    // it is matched.
+    request->waiting = QuotaCharge::TakePastLimit(request->quota, Resource::kQueuedP2p, /*n=*/1);
+  } else if (absl::Status s =
+                 TakeWaiting(*request, Resource::kQueuedP2p, Enforce::kSessionAndJob, comm_id_);
+             !s.ok()) {
+    return s;
+  }
   std::weak_ptr<Communicator> weak = weak_from_this();
   const DeadlineTimer::Id timer = env_.timer->Schedule(request->deadline, [weak, key, is_send] {
     if (auto self = weak.lock()) self->OnP2PDeadline(key, is_send);
@@ -394,6 +440,8 @@ void Communicator::NextPointToPointLocked(P2PChannels::Key key, Outcomes* out) {
     env_.timer->Cancel(m.recv_timer);
     run->send = std::move(m.send);
     run->recv = std::move(m.recv);
+    run->send->waiting.Reset();  // matched: neither waits for its peer any more
+    run->recv->waiting.Reset();
     run->channel = key;
     run->seq = m.seq;
     const uint64_t bytes = run->send->req.count * kernels::ElementSize(run->send->req.dtype);
@@ -610,6 +658,7 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
 
 void Communicator::Deliver(Outcomes& out) {
   for (auto& o : out.completions) {
+    o.request->waiting.Reset();  // before the client hears of it: it may submit again at once
     if (auto session = o.request->session.lock()) {
       session->PostCompletion(o.request->request_id, o.status, o.seq);
     }

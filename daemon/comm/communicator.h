@@ -105,7 +105,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Accepts a rank's operation and returns its sequence number; the completion is posted to the
   // request's session. Errors are returned immediately and consume nothing: ABORTED when the
   // communicator has failed, FAILED_PRECONDITION before every rank joined, INVALID_ARGUMENT when
-  // the request disagrees with other ranks' (which also aborts the communicator).
+  // the request disagrees with other ranks' (which also aborts the communicator) or is an
+  // AllToAllv across nodes past OpPlanner::CheckAllToAllvFits, RESOURCE_EXHAUSTED naming the
+  // limit and its flag when the request's session or job already has as many collectives queued
+  // (not started: Resource::kQueuedOps) or sends/receives waiting for their peer (kQueuedP2p) as
+  // its quota allows; the rank's sequence does not advance and the communicator goes on.
   absl::StatusOr<uint64_t> Submit(std::unique_ptr<PendingRequest> request);
 
   // The rank's process left (destroyed the communicator, disconnected or died). Aborts the

@@ -135,12 +135,31 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
   return out;
 }
 
+absl::Status OpPlanner::CheckAllToAllvFits(int nranks) {
+  const uint64_t n = nranks > 0 ? static_cast<uint64_t>(nranks) : 0;
+  uint64_t bytes = 0;  // n < 2^31, so n * n fits; times 8 it may not
+  const bool overflow = __builtin_mul_overflow(n * n, uint64_t{sizeof(uint64_t)}, &bytes);
+  if (!overflow && bytes <= kMaxAllToAllvMatrixBytes) return absl::OkStatus();
+  uint64_t max_ranks = 1;
+  while ((max_ranks + 1) * (max_ranks + 1) * sizeof(uint64_t) <= kMaxAllToAllvMatrixBytes) {
+    ++max_ranks;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "an alltoallv across nodes of ", n, " ranks is planned with ", n, " x ", n,
+      " count and displacement matrices of ",
+      overflow ? std::string("more than 2^64") : absl::StrCat(bytes), " bytes each, ",
+      overflow ? std::string("far") : absl::StrCat(bytes - kMaxAllToAllvMatrixBytes, " bytes"),
+      " past the ", kMaxAllToAllvMatrixBytes, "-byte bound (", max_ranks,
+      " ranks at most): use alltoall, send/recv, or smaller communicators"));
+}
+
 absl::StatusOr<PlannedOp> OpPlanner::PlanAllToAllv(
     const std::vector<const scheduler::RankRequest*>& requests, scheduler::OpShape shape,
     bool forced_direct) {
   // Each daemon knows the rows (send counts) and columns (recv counts) of its own ranks: every
   // block to or from them. That is all the direct algorithm needs to derive this node's steps
   // and the same tags as its peers; blocks between two other nodes are left 0 here.
+  if (absl::Status s = CheckAllToAllvFits(layout_.nranks); !s.ok()) return s;
   const size_t n = static_cast<size_t>(layout_.nranks);
   const std::vector<int>& local = layout_.ranks_of_node[my_node_];
   shape.a2av_counts.assign(n * n, 0);

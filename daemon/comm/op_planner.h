@@ -44,6 +44,13 @@ class OpPlanner {
   // True when algo (RAILYARD_ALGO, --algo) applies to op: it implements it ("local": on one node).
   static bool Forces(const std::string& algo, scheduler::OpKind op, bool one_node);
 
+  // Across nodes an AllToAllv is planned from nranks x nranks count and displacement matrices
+  // (8 bytes an entry, three of them) and a direct schedule of about 1.5 nranks^2 transfers.
+  // INVALID_ARGUMENT, saying by how much, when one matrix would pass kMaxAllToAllvMatrixBytes
+  // (64 MiB: 2896 ranks); the communicator refuses such a submit before queueing it.
+  static constexpr uint64_t kMaxAllToAllvMatrixBytes = uint64_t{64} << 20;
+  static absl::Status CheckAllToAllvFits(int nranks);
+
   const scheduler::CommLayout& layout() const { return layout_; }
   const std::shared_ptr<scheduler::cost::Tuner>& tuner() const { return tuner_; }
   const std::string& default_algo() const { return default_algo_; }

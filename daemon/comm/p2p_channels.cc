@@ -49,6 +49,14 @@ const PendingRequest* P2PChannels::Front(Key key, bool send_side) const {
   return queue.empty() ? nullptr : queue.front().get();
 }
 
+bool P2PChannels::HasPartner(Key key, bool is_send) const {
+  auto it = channels_.find(key);
+  if (it == channels_.end()) return false;
+  const Channel& ch = it->second;
+  return (is_send ? ch.recvs.size() : ch.sends.size()) >
+         (is_send ? ch.sends.size() : ch.recvs.size());
+}
+
 absl::StatusOr<uint64_t> P2PChannels::PostRemote(Key key, uint64_t max_in_flight) {
   Channel& ch = channels_[key];
   if (ch.remote_in_flight >= max_in_flight) {

@@ -48,6 +48,9 @@ class P2PChannels {
   void Done(Key key);
   // The oldest queued request of a side, or null.
   const PendingRequest* Front(Key key, bool send_side) const;
+  // True when a request queued now on this side of the channel would find its partner already
+  // queued (it waits at most for the channel's copy in progress, not for its peer).
+  bool HasPartner(Key key, bool is_send) const;
 
   // A post to the transport (the other rank is on another daemon): its number on the channel.
   // RESOURCE_EXHAUSTED when the channel already has as many in flight as a tag can number.

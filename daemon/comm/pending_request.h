@@ -1,5 +1,6 @@
 // One rank's submission as a communicator holds it: the decoded request, where its completion
-// goes, the buffers it keeps mapped, and its deadline.
+// goes, the buffers it keeps mapped, its deadline, and what it holds of its session's quota while
+// it waits.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "absl/time/time.h"
 #include "daemon/comm/completion_sink.h"
 #include "daemon/scheduler/op.h"
+#include "daemon/session/quota.h"
 #include "daemon/session/shm_segment.h"
 
 namespace railyard {
@@ -23,6 +25,12 @@ struct PendingRequest {
   std::shared_ptr<MappedSegment> recv_segment;
   absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
   absl::Time deadline = absl::InfiniteFuture();   // set when the communicator accepts it
+  // The submitting session's quota (null: not accounted). While the request waits (a collective
+  // for the other ranks, a send/recv for its peer) it holds one unit of Resource::kQueuedOps or
+  // kQueuedP2p in `waiting`, taken by the communicator when it accepts the request and given
+  // back when the operation starts, or when the request is failed or destroyed.
+  std::shared_ptr<QuotaAccount> quota;
+  QuotaCharge waiting;
 };
 
 }  // namespace railyard

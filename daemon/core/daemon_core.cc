@@ -24,7 +24,8 @@ int WorkerThreads(int configured) {
 DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth)
     : config_(std::move(config)),
       started_at_(absl::Now()),
-      metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion)),
+      metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion,
+                                                        config_.quotas.max_metric_jobs)),
       executor_(WorkerThreads(config_.worker_threads)),
       sessions_(std::move(auth), &config_.quotas) {
   coordinator_ =
@@ -473,10 +474,19 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
                                             const v1::SubmitRequest& req) {
   absl::StatusOr<Membership> m = session->FindMembership(req.comm_handle());
   if (!m.ok()) return m.status();
+  // A client that does not read its completions gets no new work (the ones it is owed still go).
+  if (const std::shared_ptr<QuotaAccount>& q = session->quota(); q != nullptr) {
+    if (absl::Status s = q->CheckBelow(Resource::kCompletionBytes); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("submit refused until the client reads its "
+                                                 "completions: ",
+                                                 s.message()));
+    }
+  }
   absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
       DecodeSubmit(req, *session, m->rank, m->comm->nranks());
   if (!pending.ok()) return pending.status();
   (*pending)->session = session;
+  (*pending)->quota = session->quota();  // charged while it waits (communicator.cc)
   return m->comm->Submit(*std::move(pending));
 }
 

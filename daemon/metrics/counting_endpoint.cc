@@ -3,8 +3,12 @@
 namespace railyard::metrics {
 
 CountingEndpoint::CountingEndpoint(std::shared_ptr<transport::Endpoint> inner,
-                                   const LinkCounters* link, Counter* job_bytes, Gauge* endpoints)
-    : inner_(std::move(inner)), link_(link), job_bytes_(job_bytes), endpoints_(endpoints) {
+                                   const LinkCounters* link, std::shared_ptr<Counter> job_bytes,
+                                   Gauge* endpoints)
+    : inner_(std::move(inner)),
+      link_(link),
+      job_bytes_(std::move(job_bytes)),
+      endpoints_(endpoints) {
   if (endpoints_ != nullptr) endpoints_->Increment();
 }
 

@@ -12,10 +12,11 @@ namespace railyard::metrics {
 
 class CountingEndpoint : public transport::Endpoint {
  public:
-  // link: the (node, peer, rail) counters; job_bytes: the job's fabric bytes (may be null);
-  // endpoints: the gauge of endpoints in use (may be null), incremented for this one's life.
+  // link: the (node, peer, rail) counters; job_bytes: the job's fabric bytes (may be null; held,
+  // which keeps the job's series exported while this endpoint lives); endpoints: the gauge of
+  // endpoints in use (may be null), incremented for this one's life.
   CountingEndpoint(std::shared_ptr<transport::Endpoint> inner, const LinkCounters* link,
-                   Counter* job_bytes, Gauge* endpoints);
+                   std::shared_ptr<Counter> job_bytes, Gauge* endpoints);
   ~CountingEndpoint() override;
 
   // Bytes and messages count when the transport reports success; errors when it does not.
@@ -27,7 +28,7 @@ class CountingEndpoint : public transport::Endpoint {
  private:
   const std::shared_ptr<transport::Endpoint> inner_;
   const LinkCounters* const link_;
-  Counter* const job_bytes_;
+  const std::shared_ptr<Counter> job_bytes_;
   Gauge* const endpoints_;
 };
 

@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -46,8 +48,11 @@ double BusBwFactor(std::string_view op, int nranks) {
   return 1;  // broadcast, reduce, send, recv
 }
 
-DaemonMetrics::DaemonMetrics(std::string node_name, std::string version)
+DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_t max_jobs,
+                             absl::Duration gone_grace)
     : node_(std::move(node_name)),
+      max_jobs_(max_jobs),
+      gone_grace_(gone_grace),
       link_bytes_(registry_.AddCounter(
           "railyard_link_bytes_total",
           "Payload bytes this daemon (node) put on (direction=tx) or took off (direction=rx) the "
@@ -156,16 +161,53 @@ const LinkCounters* DaemonMetrics::ForLink(const std::string& peer, const std::s
   return slot.get();
 }
 
-Counter* DaemonMetrics::JobFabricBytes(const std::string& job) {
-  return &job_fabric_bytes_.Add({{"job", job}});
+const std::string& DaemonMetrics::TouchJobLocked(const std::string& job) {
+  auto [it, inserted] = jobs_.try_emplace(job);
+  if (inserted) {
+    if (job != kOtherJob && (max_jobs_ == 0 || own_jobs_ < max_jobs_)) {
+      it->second.label = job;
+      ++own_jobs_;
+    } else {
+      it->second.label = kOtherJob;
+      other_series_ = true;
+    }
+  }
+  it->second.seen = epoch_;
+  it->second.gone_since = absl::InfiniteFuture();
+  return it->second.label;
+}
+
+std::string DaemonMetrics::JobLabel(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  return TouchJobLocked(job);
+}
+
+void DaemonMetrics::RemoveJobSeriesLocked(const std::string& label) {
+  for (auto it = collectives_.begin(); it != collectives_.end();) {
+    it = std::get<3>(it->first) == label ? collectives_.erase(it) : std::next(it);
+  }
+  for (Family<Counter>* f : {&coll_ops_, &coll_bytes_, &job_fabric_bytes_}) {
+    f->RemoveWhere("job", label);
+  }
+  for (Family<Gauge>* f :
+       {&coll_algbw_, &coll_busbw_, &coll_algbw_ewma_, &coll_busbw_ewma_, &coll_model_, &job_comms_,
+        &job_queued_, &job_in_flight_, &job_weight_}) {
+    f->RemoveWhere("job", label);
+  }
+  coll_latency_.RemoveWhere("job", label);
+}
+
+std::shared_ptr<Counter> DaemonMetrics::JobFabricBytes(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  return job_fabric_bytes_.Hold({{"job", TouchJobLocked(job)}});
 }
 
 void DaemonMetrics::RecordCollective(const CollectiveRecord& r) {
   const std::string bucket = SizeBucket(r.bytes);
   const double seconds = absl::ToDoubleSeconds(r.elapsed);
   absl::MutexLock lock(&mu_);
-  auto key =
-      std::make_tuple(std::string(r.op), std::string(r.algorithm), bucket, std::string(r.job));
+  auto key = std::make_tuple(std::string(r.op), std::string(r.algorithm), bucket,
+                             TouchJobLocked(std::string(r.job)));
   CollectiveSeries& s = collectives_[key];
   if (s.ops == nullptr) {
     const Labels labels{{"op", std::get<0>(key)},
@@ -200,18 +242,18 @@ void DaemonMetrics::RecordCollective(const CollectiveRecord& r) {
 
 void DaemonMetrics::SetModelPrediction(std::string_view op, std::string_view algorithm,
                                        uint64_t bytes, std::string_view job, double seconds) {
+  absl::MutexLock lock(&mu_);
   coll_model_
       .Add({{"op", std::string(op)},
             {"algorithm", std::string(algorithm)},
             {"size_bucket", SizeBucket(bytes)},
-            {"job", std::string(job)}})
+            {"job", TouchJobLocked(std::string(job))}})
       .Set(seconds);
 }
 
 void DaemonMetrics::AddJob(const std::string& job) {
   absl::MutexLock lock(&mu_);
-  if (!last_jobs_.emplace(job, JobSample{}).second) return;
-  const Labels labels{{"job", job}};
+  const Labels labels{{"job", TouchJobLocked(job)}};
   job_comms_.Add(labels);
   job_queued_.Add(labels);
   job_in_flight_.Add(labels);
@@ -224,11 +266,18 @@ void DaemonMetrics::SetSampler(std::function<DaemonSample()> sampler) {
   sampler_ = std::move(sampler);
 }
 
+void DaemonMetrics::SetClock(std::function<absl::Time()> now) {
+  absl::MutexLock lock(&mu_);
+  now_ = std::move(now);
+}
+
 void DaemonMetrics::Scrape() {
   std::function<DaemonSample()> sampler;
+  uint64_t epoch = 0;
   {
     absl::MutexLock lock(&mu_);
     sampler = sampler_;
+    epoch = ++epoch_;  // what happens from here on is seen by this scrape
   }
   // Outside mu_: the sampler takes the daemon's locks, which data-path threads hold while
   // calling into this class.
@@ -244,11 +293,51 @@ void DaemonMetrics::Scrape() {
     cpu_seconds_->Increment(cpu - cpu_reported_);
     cpu_reported_ = cpu;
   }
-  // Jobs that went away keep their series at 0 (a vanished gauge reads as "no data").
-  for (auto& [job, last] : last_jobs_) last = JobSample{};
-  for (const auto& [job, j] : sample.jobs) last_jobs_[job] = j;
-  for (const auto& [job, j] : last_jobs_) {
-    const Labels labels{{"job", job}};
+  // The jobs alive, summed by label (the jobs past max_jobs_ under kOtherJob).
+  std::map<std::string, JobSample> by_label;
+  for (const auto& [job, j] : sample.jobs) {
+    JobSample& sum = by_label[TouchJobLocked(job)];
+    sum.comms += j.comms;
+    sum.queued_ops += j.queued_ops;
+    sum.in_flight_ops += j.in_flight_ops;
+  }
+  // A job gone for gone_grace_, and shown gone (at 0) by an earlier scrape, loses its series,
+  // unless a communicator still counts its fabric bytes.
+  const absl::Time gone_now = now_();
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    JobEntry& e = it->second;
+    if (e.seen >= epoch) {  // alive in this sample, or touched since it was taken
+      ++it;
+      continue;
+    }
+    if (e.gone_since == absl::InfiniteFuture()) e.gone_since = gone_now;
+    if (e.seen + 1 >= epoch || gone_now - e.gone_since < gone_grace_) {
+      ++it;
+      continue;
+    }
+    if (e.label != kOtherJob) {
+      if (job_fabric_bytes_.HeldElsewhere({{"job", e.label}})) {
+        ++it;
+        continue;
+      }
+      RemoveJobSeriesLocked(e.label);
+      --own_jobs_;
+    }
+    it = jobs_.erase(it);
+  }
+  bool other_alive = job_fabric_bytes_.HeldElsewhere({{"job", kOtherJob}});
+  for (const auto& [job, e] : jobs_) other_alive |= e.label == kOtherJob;
+  if (other_alive) {
+    by_label.try_emplace(kOtherJob);
+  } else if (other_series_) {
+    RemoveJobSeriesLocked(kOtherJob);
+    other_series_ = false;
+  }
+  // Every label left shows, at 0 when its jobs have nothing now (a vanished gauge reads as "no
+  // data" until the job is removed).
+  for (const auto& [job, e] : jobs_) by_label.try_emplace(e.label);
+  for (const auto& [label, j] : by_label) {
+    const Labels labels{{"job", label}};
     job_comms_.Add(labels).Set(j.comms);
     job_queued_.Add(labels).Set(j.queued_ops);
     job_in_flight_.Add(labels).Set(j.in_flight_ops);

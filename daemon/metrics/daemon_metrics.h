@@ -4,6 +4,14 @@
 // Hot path: a link's counters are looked up once per communicator (ForLink) and then updated
 // lock-free per message; a collective's series are looked up once per operation (a short map
 // lookup under a lock taken once per collective, never per chunk).
+//
+// Bounded cardinality: the first max_jobs jobs alive at once get series labelled job="<id>"; the
+// others are summed under job="other" (kOtherJob; a job named "other" shares it). The series of
+// a job that is gone (no session, no communicator in the sampler's DaemonSample, and no
+// communicator still counting its fabric bytes) are removed from the exposition once it has been
+// gone for gone_grace (its final values stay visible to scrapes and dashboards a while) and at
+// least one scrape showed it gone (so a job that lived between two scrapes still shows); its
+// own-series place then goes to the next new job.
 #pragma once
 
 #include <cstdint>
@@ -60,9 +68,16 @@ struct DaemonSample {
   std::map<std::string, JobSample> jobs;
 };
 
+// The job label of the jobs past DaemonMetrics' max_jobs.
+inline constexpr char kOtherJob[] = "other";
+
 class DaemonMetrics {
  public:
-  DaemonMetrics(std::string node_name, std::string version);
+  // max_jobs: jobs with series of their own at once (--max_metric_jobs; 0: no limit);
+  // gone_grace: how long the series of a job that ended stay.
+  DaemonMetrics(std::string node_name, std::string version, uint64_t max_jobs = 64,
+                absl::Duration gone_grace = kGoneJobGrace);
+  static constexpr absl::Duration kGoneJobGrace = absl::Minutes(2);
   DaemonMetrics(const DaemonMetrics&) = delete;
   DaemonMetrics& operator=(const DaemonMetrics&) = delete;
 
@@ -71,8 +86,11 @@ class DaemonMetrics {
 
   // Counters of the link to peer node `peer` on rail `rail` (names). Stable pointer.
   const LinkCounters* ForLink(const std::string& peer, const std::string& rail);
-  // Bytes a job's communicators moved over the fabric (sent plus received).
-  Counter* JobFabricBytes(const std::string& job);
+  // Bytes a job's communicators moved over the fabric (sent plus received). Held by the caller:
+  // valid however long it keeps it; while some caller keeps it the job's series stay.
+  std::shared_ptr<Counter> JobFabricBytes(const std::string& job);
+  // The job label the series of job carry: job itself, or kOtherJob.
+  std::string JobLabel(const std::string& job);
   // Endpoints to other daemons in use by communicators.
   Gauge* ucx_endpoints() { return ucx_endpoints_; }
 
@@ -93,6 +111,8 @@ class DaemonMetrics {
 
   // Called at every scrape to refresh the daemon and job gauges.
   void SetSampler(std::function<DaemonSample()> sampler);
+  // What "now" is for gone_grace (default absl::Now; tests).
+  void SetClock(std::function<absl::Time()> now);
 
  private:
   struct CollectiveSeries {
@@ -105,9 +125,23 @@ class DaemonMetrics {
     Gauge* busbw_ewma = nullptr;
     bool seen = false;
   };
+  // A job with series: the label they carry, the scrape (epoch_) that last saw it alive, and
+  // since when scrapes have not.
+  struct JobEntry {
+    std::string label;
+    uint64_t seen = 0;
+    absl::Time gone_since = absl::InfiniteFuture();
+  };
   void Scrape();
+  // job's label, assigned on first sight (its own while fewer than max_jobs_ jobs have theirs),
+  // and marks it seen now.
+  const std::string& TouchJobLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the series labelled job=label from every family that has a job label.
+  void RemoveJobSeriesLocked(const std::string& label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string node_;
+  const uint64_t max_jobs_;
+  const absl::Duration gone_grace_;
   Registry registry_;
   Family<Counter>& link_bytes_;
   Family<Counter>& link_messages_;
@@ -142,7 +176,11 @@ class DaemonMetrics {
   std::map<std::tuple<std::string, std::string, std::string, std::string>, CollectiveSeries>
       collectives_ ABSL_GUARDED_BY(mu_);
   std::function<DaemonSample()> sampler_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, JobSample> last_jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);  // by job id
+  uint64_t own_jobs_ ABSL_GUARDED_BY(mu_) = 0;                 // jobs_ labelled by their id
+  bool other_series_ ABSL_GUARDED_BY(mu_) = false;             // kOtherJob labels some series
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;                    // scrapes started
+  std::function<absl::Time()> now_ ABSL_GUARDED_BY(mu_) = [] { return absl::Now(); };
   double cpu_reported_ ABSL_GUARDED_BY(mu_) = 0;
   // Throughput: each link counter's value at the previous sample, and when it was taken.
   absl::Time last_rate_sample_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

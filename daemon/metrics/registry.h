@@ -5,8 +5,9 @@
 // Updates are on the data path (a chunk sent, a collective done), so they take no lock: a
 // counter or histogram is split into cache-line shards picked by the updating thread, each a
 // relaxed atomic; a scrape adds the shards up. Creating a child (Family::Add) takes the family's
-// lock: callers do it once per label set and keep the reference, which stays valid as long as
-// the registry does.
+// lock: callers do it once per label set and keep the reference, which stays valid until the
+// child is removed (Family::RemoveWhere, for series of things that are gone: a job) or, for a
+// holder that may outlive that, as long as it keeps the shared_ptr of Family::Hold.
 #pragma once
 
 #include <atomic>
@@ -122,12 +123,42 @@ class Family : public FamilyBase {
       : FamilyBase(std::move(name), std::move(help), type), bounds_(std::move(bounds)) {}
 
   // The child with these labels, created on first use. The reference lives as long as the
-  // registry (children are never removed: counters must not reset under Prometheus' feet).
-  T& Add(const Labels& labels) {
+  // registry unless the child is removed (RemoveWhere).
+  T& Add(const Labels& labels) { return *Hold(labels); }
+  // The same child, shared: it stays valid for the holder after it is removed from the family
+  // (it is then no longer exported; a later Add makes a new one, starting at zero).
+  std::shared_ptr<T> Hold(const Labels& labels) {
     absl::MutexLock lock(&mu_);
     auto it = children_.find(labels);
     if (it == children_.end()) it = children_.emplace(labels, Make()).first;
-    return *it->second;
+    return it->second;
+  }
+  // Removes every child whose label `name` is `value` (the series of a job that is gone: it
+  // vanishes from the exposition, which Prometheus reads as the series ending). Returns how many.
+  // References from Add to them become invalid; Hold's stay valid.
+  size_t RemoveWhere(const std::string& name, const std::string& value) {
+    absl::MutexLock lock(&mu_);
+    size_t n = 0;
+    for (auto it = children_.begin(); it != children_.end();) {
+      auto label = it->first.find(name);
+      if (label != it->first.end() && label->second == value) {
+        it = children_.erase(it);
+        ++n;
+      } else {
+        ++it;
+      }
+    }
+    return n;
+  }
+  // True when a child other than the family itself holds it (Hold's shared_ptr is still kept).
+  bool HeldElsewhere(const Labels& labels) const {
+    absl::MutexLock lock(&mu_);
+    auto it = children_.find(labels);
+    return it != children_.end() && it->second.use_count() > 1;
+  }
+  size_t size() const {
+    absl::MutexLock lock(&mu_);
+    return children_.size();
   }
 
   std::vector<Sample> Collect() const override {
@@ -148,17 +179,17 @@ class Family : public FamilyBase {
   }
 
  private:
-  std::unique_ptr<T> Make() const {
+  std::shared_ptr<T> Make() const {
     if constexpr (std::is_same_v<T, Histogram>) {
-      return std::make_unique<Histogram>(bounds_);
+      return std::make_shared<Histogram>(bounds_);
     } else {
-      return std::make_unique<T>();
+      return std::make_shared<T>();
     }
   }
 
   const std::vector<double> bounds_;
   mutable absl::Mutex mu_;
-  std::map<Labels, std::unique_ptr<T>> children_ ABSL_GUARDED_BY(mu_);
+  std::map<Labels, std::shared_ptr<T>> children_ ABSL_GUARDED_BY(mu_);
 };
 
 class Registry {

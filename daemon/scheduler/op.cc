@@ -98,22 +98,42 @@ uint64_t CountForMessageBytes(OpKind op, kernels::DataType dtype, double bytes, 
 
 namespace {
 
-// Largest element count we accept: keeps count * nranks * element size far from overflow.
+// Largest operation we accept, in bytes: keeps every offset and size the scheduler derives from a
+// request (count x nranks x element size, displacement + count, sums of blocks) far from 2^64.
 constexpr uint64_t kMaxBytes = uint64_t{1} << 48;
 
-absl::Status CheckBytes(uint64_t count, uint64_t multiple, size_t esize, uint64_t* bytes) {
-  if (count > kMaxBytes / esize || multiple > kMaxBytes || count * esize > kMaxBytes / multiple) {
+// count x multiple x esize in *bytes, or INVALID_ARGUMENT naming `field` and saying by how much
+// it passes the limit (or that it overflows 64 bits).
+absl::Status CheckBytes(const char* field, uint64_t count, uint64_t multiple, size_t esize,
+                        uint64_t* bytes) {
+  uint64_t elems = 0;
+  uint64_t b = 0;
+  const std::string what =
+      multiple == 1
+          ? absl::StrCat(field, " ", count, " x ", esize, "-byte elements")
+          : absl::StrCat(field, " ", count, " x ", multiple, " ranks x ", esize, "-byte elements");
+  if (__builtin_mul_overflow(count, multiple, &elems) ||
+      __builtin_mul_overflow(elems, uint64_t{esize}, &b)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("count ", count, " x ", multiple, " elements of ", esize,
-                     " bytes exceeds the 2^48-byte limit of one operation"));
+        absl::StrCat(what, " overflows 64 bits (the 2^48-byte limit of one operation)"));
   }
-  *bytes = count * multiple * esize;
+  if (b > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " = ", b,
+                                                   " bytes exceeds the 2^48-byte limit of one "
+                                                   "operation by ",
+                                                   b - kMaxBytes, " bytes"));
+  }
+  *bytes = b;
   return absl::OkStatus();
 }
 
-// Bytes spanned by per-peer blocks (counts[i] elements at displs[i]).
+// Bytes spanned by per-peer blocks (counts[i] elements at displs[i]). Every block's end
+// (displacement + count, in bytes) and the sum of the counts must stay within kMaxBytes;
+// non-empty blocks of the receive side must not overlap (several peers would write the same
+// elements, and the daemon would stage more than the buffer holds).
 absl::Status SpanOfBlocks(const std::vector<uint64_t>& counts, const std::vector<uint64_t>& displs,
-                          int nranks, size_t esize, const char* what, uint64_t* bytes) {
+                          int nranks, size_t esize, const char* what, bool disjoint,
+                          uint64_t* bytes) {
   if (counts.size() != static_cast<size_t>(nranks) ||
       displs.size() != static_cast<size_t>(nranks)) {
     return absl::InvalidArgumentError(absl::StrCat(what, "_counts and ", what, "_displs need ",
@@ -121,12 +141,49 @@ absl::Status SpanOfBlocks(const std::vector<uint64_t>& counts, const std::vector
                                                    counts.size(), " and ", displs.size()));
   }
   uint64_t end = 0;
+  uint64_t total = 0;  // elements, all blocks
   for (int i = 0; i < nranks; ++i) {
-    if (counts[i] > kMaxBytes / esize || displs[i] > kMaxBytes / esize) {
+    uint64_t elems = 0;
+    uint64_t block_end = 0;
+    if (__builtin_add_overflow(displs[i], counts[i], &elems) ||
+        __builtin_mul_overflow(elems, uint64_t{esize}, &block_end)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " block for rank ", i, " exceeds the 2^48-byte limit"));
+          absl::StrCat(what, " block for rank ", i, ": ", what, "_displs[", i, "] ", displs[i],
+                       " + ", what, "_counts[", i, "] ", counts[i], " elements of ", esize,
+                       " bytes overflows 64 bits (the 2^48-byte limit of one operation)"));
     }
-    if (counts[i] > 0) end = std::max(end, (displs[i] + counts[i]) * esize);
+    if (block_end > kMaxBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " block for rank ", i, ": ", what, "_displs[", i, "] ", displs[i], " + ", what,
+          "_counts[", i, "] ", counts[i], " elements of ", esize, " bytes ends at byte ", block_end,
+          ", past the 2^48-byte limit of one operation by ", block_end - kMaxBytes, " bytes"));
+    }
+    uint64_t total_bytes = 0;
+    if (__builtin_add_overflow(total, counts[i], &total) ||
+        __builtin_mul_overflow(total, uint64_t{esize}, &total_bytes) || total_bytes > kMaxBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "_counts[0..", i, "] sum to more than the 2^48-byte limit of one operation (",
+          esize, "-byte elements)"));
+    }
+    if (counts[i] > 0) end = std::max(end, block_end);
+  }
+  if (disjoint) {
+    std::vector<std::pair<uint64_t, int>> blocks;  // (displacement, rank), non-empty ones
+    for (int i = 0; i < nranks; ++i) {
+      if (counts[i] > 0) blocks.emplace_back(displs[i], i);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    for (size_t k = 1; k < blocks.size(); ++k) {
+      const int a = blocks[k - 1].second;
+      const int b = blocks[k].second;
+      if (displs[a] + counts[a] > displs[b]) {  // both within kMaxBytes: no overflow
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " blocks overlap: the block for rank ", a, " (", what, "_displs[", a, "] ",
+            displs[a], ", ", counts[a], " elements) and the block for rank ", b, " (", what,
+            "_displs[", b, "] ", displs[b], ", ", counts[b], " elements) share ",
+            std::min(displs[a] + counts[a], displs[b] + counts[b]) - displs[b], " elements"));
+      }
+    }
   }
   *bytes = end;
   return absl::OkStatus();
@@ -151,56 +208,57 @@ absl::StatusOr<Extents> ComputeExtents(const RankRequest& req, int rank, int nra
   Extents e;
   switch (req.op) {
     case OpKind::kAllReduce:
-      if (auto s = CheckBytes(req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
       e.recv_bytes = e.send_bytes;
       e.needs_send = e.needs_recv = true;
       break;
     case OpKind::kReduceScatter:
-      if (auto s = CheckBytes(req.count, n, esize, &e.send_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, n, esize, &e.send_bytes); !s.ok()) return s;
       e.recv_bytes = req.count * esize;
       e.needs_send = e.needs_recv = true;
       break;
     case OpKind::kAllGather:
-      if (auto s = CheckBytes(req.count, n, esize, &e.recv_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, n, esize, &e.recv_bytes); !s.ok()) return s;
       e.send_bytes = req.count * esize;
       e.needs_send = e.needs_recv = true;
       break;
     case OpKind::kBroadcast:
-      if (auto s = CheckBytes(req.count, 1, esize, &e.recv_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, 1, esize, &e.recv_bytes); !s.ok()) return s;
       e.send_bytes = e.recv_bytes;
       e.needs_send = rank == req.root;
       e.needs_recv = true;
       break;
     case OpKind::kReduce:
-      if (auto s = CheckBytes(req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
       e.recv_bytes = e.send_bytes;
       e.needs_send = true;
       e.needs_recv = rank == req.root;
       break;
     case OpKind::kAllToAll:
-      if (auto s = CheckBytes(req.count, n, esize, &e.send_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, n, esize, &e.send_bytes); !s.ok()) return s;
       e.recv_bytes = e.send_bytes;
       e.needs_send = e.needs_recv = true;
       break;
     case OpKind::kAllToAllv:
-      if (auto s =
-              SpanOfBlocks(req.send_counts, req.send_displs, nranks, esize, "send", &e.send_bytes);
+      // Send blocks may overlap (several peers get the same elements); receive blocks may not.
+      if (auto s = SpanOfBlocks(req.send_counts, req.send_displs, nranks, esize, "send",
+                                /*disjoint=*/false, &e.send_bytes);
           !s.ok()) {
         return s;
       }
-      if (auto s =
-              SpanOfBlocks(req.recv_counts, req.recv_displs, nranks, esize, "recv", &e.recv_bytes);
+      if (auto s = SpanOfBlocks(req.recv_counts, req.recv_displs, nranks, esize, "recv",
+                                /*disjoint=*/true, &e.recv_bytes);
           !s.ok()) {
         return s;
       }
       e.needs_send = e.needs_recv = true;
       break;
     case OpKind::kSend:
-      if (auto s = CheckBytes(req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, 1, esize, &e.send_bytes); !s.ok()) return s;
       e.needs_send = true;
       break;
     case OpKind::kRecv:
-      if (auto s = CheckBytes(req.count, 1, esize, &e.recv_bytes); !s.ok()) return s;
+      if (auto s = CheckBytes("count", req.count, 1, esize, &e.recv_bytes); !s.ok()) return s;
       e.needs_recv = true;
       break;
     case OpKind::kBarrier:
@@ -215,12 +273,16 @@ namespace railyard::scheduler {
 
 bool IsInPlace(const RankRequest& req, int rank) {
   if (req.send == nullptr || req.recv == nullptr) return false;
-  const uint64_t seg = req.count * kernels::ElementSize(req.dtype) * static_cast<uint64_t>(rank);
+  // Rank's slot of the whole buffer (ReduceScatter, AllGather): within the count x nranks x
+  // element size that ComputeExtents bounded.
+  auto slot = [&] {
+    return req.count * kernels::ElementSize(req.dtype) * static_cast<uint64_t>(rank);
+  };
   switch (req.op) {
     case OpKind::kReduceScatter:
-      return req.recv == req.send + seg;
+      return req.recv == req.send + slot();
     case OpKind::kAllGather:
-      return req.send == req.recv + seg;
+      return req.send == req.recv + slot();
     case OpKind::kAllReduce:
     case OpKind::kBroadcast:
     case OpKind::kReduce:

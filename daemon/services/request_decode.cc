@@ -126,11 +126,25 @@ absl::Status Resolve(const v1::BufferRef& ref, const char* which, uint64_t bytes
     return absl::NotFoundError(
         absl::StrCat(which, " buffer ", ref.buffer_id(), " is not registered in this session"));
   }
-  if (absl::Status s = (*segment)->CheckRange(ref.offset(), bytes, esize); !s.ok()) {
+  // Offsets come from the client as any 64-bit value: say what is wrong before any sum of them.
+  const uint64_t offset = ref.offset();
+  const uint64_t size = (*segment)->size();
+  uint64_t end = 0;
+  if (__builtin_add_overflow(offset, bytes, &end)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, " buffer ", ref.buffer_id(), ": offset ", offset, " + ", bytes,
+                     " bytes overflows 64 bits (the buffer has ", size, " bytes)"));
+  }
+  if (offset > size) {
+    return absl::InvalidArgumentError(absl::StrCat(which, " buffer ", ref.buffer_id(), ": offset ",
+                                                   offset, " is past the end of the ", size,
+                                                   "-byte buffer by ", offset - size, " bytes"));
+  }
+  if (absl::Status s = (*segment)->CheckRange(offset, bytes, esize); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(which, " buffer ", ref.buffer_id(), ": ", s.message()));
   }
-  *ptr = (*segment)->data() + ref.offset();
+  *ptr = (*segment)->data() + offset;
   return absl::OkStatus();
 }
 

@@ -64,18 +64,26 @@ QuotaLimits QuotaLimits::Defaults() {
   return l;
 }
 
-absl::Status QuotaAccount::Charge(Resource r, uint64_t n) {
+absl::Status QuotaAccount::Charge(Resource r, uint64_t n, Enforce enforce) {
   if (n == 0) return absl::OkStatus();
   const int i = static_cast<int>(r);
   uint64_t seen = 0;
   if (!TryAdd(used_[i], n, limits_->per_session[i], &seen)) {
     return Exhausted(r, "session", limits_->per_session[i], seen, n, SessionFlag(r));
   }
-  if (!TryAdd(job_->used_[i], n, limits_->per_job[i], &seen)) {
+  const uint64_t job_limit = enforce == Enforce::kSessionAndJob ? limits_->per_job[i] : 0;
+  if (!TryAdd(job_->used_[i], n, job_limit, &seen)) {
     used_[i].fetch_sub(n);
     return Exhausted(r, "job", limits_->per_job[i], seen, n, JobFlag(r));
   }
   return absl::OkStatus();
+}
+
+void QuotaAccount::ChargePastLimit(Resource r, uint64_t n) {
+  if (n == 0) return;
+  const int i = static_cast<int>(r);
+  used_[i].fetch_add(n);
+  job_->used_[i].fetch_add(n);
 }
 
 void QuotaAccount::Release(Resource r, uint64_t n) {
@@ -99,14 +107,25 @@ absl::Status QuotaAccount::CheckBelow(Resource r) const {
 }
 
 absl::Status QuotaCharge::Take(std::shared_ptr<QuotaAccount> account, Resource r, uint64_t n,
-                               QuotaCharge* out) {
+                               QuotaCharge* out, Enforce enforce) {
   out->Reset();
   if (account == nullptr) return absl::OkStatus();  // not accounted (tests, peer-side work)
-  if (absl::Status s = account->Charge(r, n); !s.ok()) return s;
+  if (absl::Status s = account->Charge(r, n, enforce); !s.ok()) return s;
   out->account_ = std::move(account);
   out->r_ = r;
   out->n_ = n;
   return absl::OkStatus();
+}
+
+QuotaCharge QuotaCharge::TakePastLimit(std::shared_ptr<QuotaAccount> account, Resource r,
+                                       uint64_t n) {
+  QuotaCharge out;
+  if (account == nullptr || n == 0) return out;
+  account->ChargePastLimit(r, n);
+  out.account_ = std::move(account);
+  out.r_ = r;
+  out.n_ = n;
+  return out;
 }
 
 QuotaCharge& QuotaCharge::operator=(QuotaCharge&& o) noexcept {

@@ -60,6 +60,15 @@ class JobUsage {
   std::array<std::atomic<uint64_t>, kResourceCount> used_{};
 };
 
+// Which limits may refuse a charge.
+enum class Enforce {
+  kSessionAndJob,
+  // The job is charged even past its limit: for work that lets the job's other work progress
+  // (the slowest rank's collective, which the job's other ranks wait for), which the job's own
+  // backlog must not block; the session's limit still bounds it.
+  kSessionOnly,
+};
+
 // One session's counters, charged together with its job's.
 class QuotaAccount {
  public:
@@ -68,8 +77,12 @@ class QuotaAccount {
 
   // Adds n units of r. RESOURCE_EXHAUSTED ("<resource> limit of this session (L) reached: it holds
   // U and asked for n more (--flag)"), and nothing charged, when the session or its job would pass
-  // its limit. n == 0 always succeeds.
-  absl::Status Charge(Resource r, uint64_t n);
+  // its limit (only the session under Enforce::kSessionOnly). n == 0 always succeeds.
+  absl::Status Charge(Resource r, uint64_t n, Enforce enforce = Enforce::kSessionAndJob);
+  // Adds n units of r even past the limits: for what the daemon owes a client and must not refuse
+  // (the completions of operations it accepted). CheckBelow then refuses new work until it is
+  // taken back.
+  void ChargePastLimit(Resource r, uint64_t n);
   // Takes back n units charged before.
   void Release(Resource r, uint64_t n);
   // Fails like Charge when the session or its job is already at or over its limit of r (for
@@ -93,7 +106,10 @@ class QuotaCharge {
   QuotaCharge() = default;
   // Charges n of r to account; check ok() (or status()) before relying on it.
   static absl::Status Take(std::shared_ptr<QuotaAccount> account, Resource r, uint64_t n,
-                           QuotaCharge* out);
+                           QuotaCharge* out, Enforce enforce = Enforce::kSessionAndJob);
+  // Charges n of r to account even past its limits (QuotaAccount::ChargePastLimit); a null
+  // account charges nothing.
+  static QuotaCharge TakePastLimit(std::shared_ptr<QuotaAccount> account, Resource r, uint64_t n);
   ~QuotaCharge() { Reset(); }
   QuotaCharge(QuotaCharge&& o) noexcept { *this = std::move(o); }
   QuotaCharge& operator=(QuotaCharge&& o) noexcept;

@@ -7,15 +7,18 @@ namespace railyard {
 // Locking: decisions are made under mu_, but StartWrite/Finish run after it is released, because
 // gRPC may run OnDone (which deletes this) on another thread as soon as Finish is called.
 
-void SessionStream::Send(v1::SessionEvent event) {
+void SessionStream::Send(v1::SessionEvent event, std::shared_ptr<QuotaAccount> backlog) {
   v1::SessionEvent* to_write = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (closing_ || finished_) return;
-    queue_.push_back(std::move(event));
+    const uint64_t bytes = event.ByteSizeLong();
+    queue_.push_back(
+        {std::move(event),
+         QuotaCharge::TakePastLimit(std::move(backlog), Resource::kCompletionBytes, bytes)});
     if (writing_) return;
     writing_ = true;
-    to_write = &queue_.front();  // deque references survive push_back
+    to_write = &queue_.front().event;  // deque references survive push_back
   }
   StartWrite(to_write);
 }
@@ -39,9 +42,9 @@ void SessionStream::OnWriteDone(bool ok) {
   grpc::Status finish;
   {
     absl::MutexLock lock(&mu_);
-    queue_.pop_front();
+    queue_.pop_front();  // written (or not: the client is gone): its backlog is released
     if (ok && !queue_.empty()) {
-      to_write = &queue_.front();
+      to_write = &queue_.front().event;
     } else {
       writing_ = false;
       if (!ok) {
@@ -108,7 +111,7 @@ void Session::PostCompletion(uint64_t request_id, const absl::Status& status, ui
   c->set_message(std::string(status.message()));
   c->set_seq(seq);
   absl::MutexLock lock(&mu_);
-  if (stream_ != nullptr) stream_->Send(std::move(event));
+  if (stream_ != nullptr) stream_->Send(std::move(event), quota_);
 }
 
 void Session::Close(const grpc::Status& status) {

@@ -25,7 +25,10 @@ namespace railyard {
 class Communicator;
 class FdChannel;
 
-// The Connect server stream of one session. Writes queued events one at a time.
+// The Connect server stream of one session. Writes queued events one at a time. An event queued
+// with a quota account holds its serialized size of Resource::kCompletionBytes until it is
+// written or dropped: a client that stops reading is refused new work (DaemonCore::Submit), and
+// never loses a completion it is owed.
 class SessionStream : public grpc::ServerWriteReactor<v1::SessionEvent> {
  public:
   // on_cancel runs once if the client goes away (process exit, crash, cancelled call);
@@ -33,8 +36,9 @@ class SessionStream : public grpc::ServerWriteReactor<v1::SessionEvent> {
   SessionStream(std::function<void()> on_cancel, std::function<void()> on_done)
       : on_cancel_(std::move(on_cancel)), on_done_(std::move(on_done)) {}
 
-  // Queues an event for the client. Dropped after Close().
-  void Send(v1::SessionEvent event);
+  // Queues an event for the client, charged to backlog (null: not accounted) even past its limit
+  // until written. Dropped after Close().
+  void Send(v1::SessionEvent event, std::shared_ptr<QuotaAccount> backlog = nullptr);
   // Finishes the stream with status once the queued events are written.
   void Close(const grpc::Status& status);
 
@@ -43,8 +47,12 @@ class SessionStream : public grpc::ServerWriteReactor<v1::SessionEvent> {
   void OnDone() override;
 
  private:
+  struct Queued {
+    v1::SessionEvent event;
+    QuotaCharge backlog;  // its bytes of Resource::kCompletionBytes, released with it
+  };
   absl::Mutex mu_;
-  std::deque<v1::SessionEvent> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
@@ -207,6 +208,83 @@ TEST_F(BadInputTest, RegionsPastTheEndOrMisalignedAreInvalid) {
   EXPECT_EQ(b.span<float>()[0], 3.0f);
 }
 
+TEST_F(BadInputTest, SizesAndOffsetsThatOverflow64BitsAreInvalidAndSayWhichField) {
+  std::unique_ptr<Client> c;
+  Comm comm;
+  Buffer b;
+  OneRank(&c, &comm, &b);
+  RawLocal raw(daemon_);
+  constexpr uint64_t kMax = ~uint64_t{0};
+  auto alltoallv = [&](uint64_t send_count, uint64_t send_displ, uint64_t recv_count,
+                       uint64_t recv_displ) {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, 0);
+    req.set_op(v1::COLLECTIVE_OP_ALL_TO_ALL_V);
+    req.add_send_counts(send_count);
+    req.add_send_displs(send_displ);
+    req.add_recv_counts(recv_count);
+    req.add_recv_displs(recv_displ);
+    return req;
+  };
+  struct Case {
+    const char* what;
+    v1::SubmitRequest req;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"count x size overflows", AllReduceRequest(*c, comm, b, uint64_t{1} << 62),
+                   "count 4611686018427387904 x 4-byte elements overflows 64 bits"});
+  cases.push_back({"negative-ish count (-4)", AllReduceRequest(*c, comm, b, kMax - 3),
+                   "count 18446744073709551612 x 4-byte elements overflows 64 bits"});
+  {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, uint64_t{1} << 50);
+    req.set_dtype(v1::DATA_TYPE_INT8);
+    cases.push_back({"count past 2^48", req,
+                     "count 1125899906842624 x 1-byte elements = 1125899906842624 bytes exceeds "
+                     "the 2^48-byte limit of one operation by 844424930131968 bytes"});
+  }
+  {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, 16);
+    req.mutable_recv()->set_offset(kMax - 3);  // aligned to 4
+    cases.push_back({"offset near UINT64_MAX", req,
+                     absl::StrCat("recv buffer ", b.id(),
+                                  ": offset 18446744073709551612 + 64 bytes overflows 64 bits "
+                                  "(the buffer has 4096 bytes)")});
+  }
+  {
+    v1::SubmitRequest req = AllReduceRequest(*c, comm, b, 16);
+    req.mutable_send()->set_offset(8192);
+    cases.push_back({"offset past the end", req,
+                     absl::StrCat("send buffer ", b.id(),
+                                  ": offset 8192 is past the end of the 4096-byte buffer by "
+                                  "4096 bytes")});
+  }
+  cases.push_back({"alltoallv displacement overflows", alltoallv(4, kMax - 1, 0, 0),
+                   "send block for rank 0: send_displs[0] 18446744073709551614 + send_counts[0] 4 "
+                   "elements of 4 bytes overflows 64 bits"});
+  cases.push_back({"alltoallv count overflows", alltoallv(0, 0, kMax, 0),
+                   "recv block for rank 0: recv_displs[0] 0 + recv_counts[0] "
+                   "18446744073709551615 elements of 4 bytes overflows 64 bits"});
+  cases.push_back({"alltoallv block past 2^48", alltoallv(1, uint64_t{1} << 46, 0, 0),
+                   "send block for rank 0: send_displs[0] 70368744177664 + send_counts[0] 1 "
+                   "elements of 4 bytes ends at byte 281474976710660, past the 2^48-byte limit "
+                   "of one operation by 4 bytes"});
+  cases.push_back({"alltoallv block past the buffer", alltoallv(8, 1020, 0, 0),
+                   absl::StrCat("send buffer ", b.id(),
+                                ": region [0, 4112) runs past the end of "
+                                "the 4096-byte buffer by 16 bytes")});
+  for (const Case& k : cases) {
+    grpc::Status s = raw.Submit(k.req);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.what;
+    EXPECT_THAT(s.error_message(), HasSubstr(k.message)) << k.what;
+  }
+  // Nothing was consumed: the communicator's next operation is sequence 0 and completes.
+  b.span<float>()[0] = 1.5f;
+  Work w = comm.AllReduce(b, b, 1, DataType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(w.wait().ok());
+  EXPECT_EQ(b.span<float>()[0], 1.5f);
+  ExpectStillServing();
+}
+
 TEST_F(BadInputTest, BadEnumsRootsAndAlgorithmsAreInvalid) {
   std::unique_ptr<Client> c;
   Comm comm;
@@ -319,33 +397,40 @@ TEST(JobTokensTest, TokensFileIsEnforced) {
   std::filesystem::remove_all(dir);
 }
 
+// n ranks of one communicator of `job` as clients of this process (each its own session).
+void RanksOf(const DaemonProcess& daemon, int n, const std::string& job,
+             std::vector<std::unique_ptr<Client>>* clients, std::vector<Comm>* comms,
+             std::vector<Buffer>* bufs) {
+  std::vector<std::unique_ptr<Client>> cs;
+  for (int r = 0; r < n; ++r) {
+    auto c = Client::Connect(daemon.Options(job));
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto b = (*c)->Allocate(4096);
+    ASSERT_TRUE(b.ok());
+    bufs->push_back(*std::move(b));
+    cs.push_back(*std::move(c));
+  }
+  auto id = cs[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  std::vector<std::thread> joiners;
+  comms->resize(n);
+  for (int r = 0; r < n; ++r) {
+    joiners.emplace_back([&, r] {
+      auto m = cs[r]->InitComm(*id, r, n);
+      ASSERT_TRUE(m.ok()) << m.status();
+      (*comms)[r] = *std::move(m);
+    });
+  }
+  for (auto& t : joiners) t.join();
+  *clients = std::move(cs);
+}
+
 // Two or three ranks as clients of this process (each its own session).
 class MultiRankTest : public BadInputTest {
  protected:
   void Ranks(int n, std::vector<std::unique_ptr<Client>>* clients, std::vector<Comm>* comms,
              std::vector<Buffer>* bufs) {
-    std::vector<std::unique_ptr<Client>> cs;
-    for (int r = 0; r < n; ++r) {
-      auto c = Client::Connect(daemon_.Options("multi"));
-      ASSERT_TRUE(c.ok());
-      auto b = (*c)->Allocate(4096);
-      ASSERT_TRUE(b.ok());
-      bufs->push_back(*std::move(b));
-      cs.push_back(*std::move(c));
-    }
-    auto id = cs[0]->CreateCommId();
-    ASSERT_TRUE(id.ok());
-    std::vector<std::thread> joiners;
-    comms->resize(n);
-    for (int r = 0; r < n; ++r) {
-      joiners.emplace_back([&, r] {
-        auto m = cs[r]->InitComm(*id, r, n);
-        ASSERT_TRUE(m.ok()) << m.status();
-        (*comms)[r] = *std::move(m);
-      });
-    }
-    for (auto& t : joiners) t.join();
-    *clients = std::move(cs);
+    RanksOf(daemon_, n, "multi", clients, comms, bufs);
   }
 };
 
@@ -453,6 +538,49 @@ TEST_F(MultiRankTest, SendRecvMismatchAndDestroyedPeer) {
   absl::Status ps = pending.wait(std::chrono::seconds(10));
   EXPECT_EQ(ps.code(), absl::StatusCode::kAborted) << ps;
   EXPECT_THAT(std::string(ps.message()), HasSubstr("rank 1 destroyed communicator"));
+}
+
+// Queue quotas (--max_queued_ops_per_session, --max_queued_p2p_per_session) against a live
+// daemon: the rank that runs ahead is refused with RESOURCE_EXHAUSTED naming the flag, the
+// communicator keeps working, and the rank submits again once the backlog drains.
+TEST(QuotaTest, RanksRunningAheadOfTheQuotaAreRefusedAndResumeOnceTheBacklogDrains) {
+  DaemonProcess daemon({"--max_queued_ops_per_session=2", "--max_queued_p2p_per_session=1"});
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Comm> comms;
+  std::vector<Buffer> bufs;
+  RanksOf(daemon, 2, "quota", &clients, &comms, &bufs);
+  ASSERT_EQ(comms.size(), 2u);
+  auto allreduce = [&](int r) {
+    return comms[r].AllReduce(bufs[r], bufs[r], 4, DataType::kFloat32, RedOp::kSum);
+  };
+  std::vector<Work> ahead;
+  ahead.push_back(allreduce(0));
+  ahead.push_back(allreduce(0));
+  absl::Status over = allreduce(0).wait(std::chrono::seconds(10));
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_THAT(std::string(over.message()),
+              HasSubstr("operations queued ahead of the slowest rank limit of this session (2) "
+                        "reached: it holds 2 and asked for 1 more (--max_queued_ops_per_session)"));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(allreduce(1).wait(std::chrono::seconds(10)).ok());
+  for (Work& w : ahead) ASSERT_TRUE(w.wait(std::chrono::seconds(10)).ok());
+  Work a = allreduce(0);  // the refused one took no sequence number: both ranks agree
+  ASSERT_TRUE(allreduce(1).wait(std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(a.wait(std::chrono::seconds(10)).ok());
+
+  Work send = comms[0].Send(bufs[0], 8, DataType::kFloat32, 1);
+  absl::Status second =
+      comms[0].Send(bufs[0], 8, DataType::kFloat32, 1).wait(std::chrono::seconds(10));
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("send of rank 0 on communicator"));
+  EXPECT_THAT(std::string(second.message()), HasSubstr("(--max_queued_p2p_per_session)"));
+  ASSERT_TRUE(comms[1].Recv(bufs[1], 8, DataType::kFloat32, 0).wait(std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(send.wait(std::chrono::seconds(10)).ok());
+  // The pair after it matches as the next one.
+  Work again = comms[0].Send(bufs[0], 8, DataType::kFloat32, 1);
+  ASSERT_TRUE(comms[1].Recv(bufs[1], 8, DataType::kFloat32, 0).wait(std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(again.wait(std::chrono::seconds(10)).ok());
+  EXPECT_EQ(daemon.Status().comms(0).ops_failed(), 0u);
 }
 
 }  // namespace

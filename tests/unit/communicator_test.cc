@@ -3,6 +3,7 @@
 // "daemons" in one process). No processes, no sleeping for deadlines.
 #include "daemon/comm/communicator.h"
 
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -165,6 +166,173 @@ TEST_F(CommunicatorTest, LocalSendRecvPairsMatchInOrder) {
   EXPECT_EQ(r2.data, s2.data);
 }
 
+// Quotas of the sessions that submit (daemon/session/quota.h): a job's accounts with small limits.
+struct Quotas {
+  explicit Quotas(uint64_t ops_per_session, uint64_t ops_per_job, uint64_t p2p_per_session = 0,
+                  uint64_t p2p_per_job = 0) {
+    limits.per_session[static_cast<int>(Resource::kQueuedOps)] = ops_per_session;
+    limits.per_job[static_cast<int>(Resource::kQueuedOps)] = ops_per_job;
+    limits.per_session[static_cast<int>(Resource::kQueuedP2p)] = p2p_per_session;
+    limits.per_job[static_cast<int>(Resource::kQueuedP2p)] = p2p_per_job;
+  }
+  std::shared_ptr<QuotaAccount> Session(const std::string& job) {
+    auto& usage = jobs[job];
+    if (usage == nullptr) usage = std::make_shared<JobUsage>(job);
+    return std::make_shared<QuotaAccount>(&limits, usage);
+  }
+  QuotaLimits limits;  // 0 everywhere else: unlimited
+  std::map<std::string, std::shared_ptr<JobUsage>> jobs;
+};
+
+std::unique_ptr<PendingRequest> Charged(std::unique_ptr<PendingRequest> p,
+                                        std::shared_ptr<QuotaAccount> quota) {
+  p->quota = std::move(quota);
+  return p;
+}
+
+TEST_F(CommunicatorTest, QueuedCollectivesPastTheSessionQuotaAreRefusedWithoutConsumingASequence) {
+  Quotas q(/*ops_per_session=*/2, /*ops_per_job=*/0);
+  auto fast = q.Session("job");  // rank 0 runs ahead
+  auto slow = q.Session("job");
+  auto comm = std::make_shared<Communicator>("cq", "job", 2, Env());
+  JoinAll(*comm, {0, 1});
+  RankBuffer a{std::vector<float>(64, 1.0f)}, b{std::vector<float>(64, 2.0f)};
+  for (uint64_t id : {1, 2}) {
+    auto seq = comm->Submit(Charged(a.Request(id, 0, OpKind::kAllReduce, sink_), fast));
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    EXPECT_EQ(*seq, id - 1);
+  }
+  EXPECT_EQ(fast->used(Resource::kQueuedOps), 2u);
+  EXPECT_EQ(fast->job().used(Resource::kQueuedOps), 2u);
+  auto over = comm->Submit(Charged(a.Request(3, 0, OpKind::kAllReduce, sink_), fast));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("allreduce of rank 0 on communicator cq refused: operations queued ahead "
+                        "of the slowest rank limit of this session (2) reached: it holds 2 and "
+                        "asked for 1 more (--max_queued_ops_per_session)"));
+  EXPECT_EQ(sink_->Count(3), 0u);  // refused, not accepted: no completion will come
+  EXPECT_EQ(fast->used(Resource::kQueuedOps), 2u);
+  EXPECT_EQ(comm->Stats().queued_ops, 2u);
+  EXPECT_FALSE(comm->failed());
+  // The slow rank catches up: both collectives run and the charges come back.
+  for (uint64_t id : {11, 12}) {
+    ASSERT_TRUE(comm->Submit(Charged(b.Request(id, 1, OpKind::kAllReduce, sink_), slow)).ok());
+  }
+  for (uint64_t id : {1, 2, 11, 12}) ASSERT_TRUE(sink_->Wait(id).status.ok()) << id;
+  EXPECT_EQ(fast->used(Resource::kQueuedOps), 0u);
+  EXPECT_EQ(slow->used(Resource::kQueuedOps), 0u);
+  EXPECT_EQ(fast->job().used(Resource::kQueuedOps), 0u);
+  // The refused submit consumed nothing: rank 0's next collective is sequence 2, and runs.
+  auto again = comm->Submit(Charged(a.Request(4, 0, OpKind::kAllReduce, sink_), fast));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, 2u);
+  ASSERT_TRUE(comm->Submit(Charged(b.Request(13, 1, OpKind::kAllReduce, sink_), slow)).ok());
+  EXPECT_EQ(sink_->Wait(4).seq, 2u);
+  EXPECT_TRUE(sink_->Wait(13).status.ok());
+  EXPECT_EQ(comm->Stats().ops_completed, 3u);
+}
+
+TEST_F(CommunicatorTest, TheJobQuotaSpansItsSessionsAndCommunicatorsButNotOtherJobs) {
+  Quotas q(/*ops_per_session=*/0, /*ops_per_job=*/2);
+  auto a0 = q.Session("a"), a1 = q.Session("a"), a2 = q.Session("a");
+  auto b0 = q.Session("b");
+  auto x = std::make_shared<Communicator>("x", "a", 2, Env());
+  auto y = std::make_shared<Communicator>("y", "a", 2, Env());
+  auto z = std::make_shared<Communicator>("z", "b", 2, Env());
+  JoinAll(*x, {0, 1});
+  JoinAll(*y, {0, 1});
+  JoinAll(*z, {0, 1});
+  RankBuffer buf{std::vector<float>(8, 1.0f)};
+  ASSERT_TRUE(x->Submit(Charged(buf.Request(1, 0, OpKind::kBarrier, sink_), a0)).ok());
+  ASSERT_TRUE(x->Submit(Charged(buf.Request(2, 0, OpKind::kBarrier, sink_), a0)).ok());
+  // Another session of job a, on another communicator: the job holds 2 already.
+  auto over = y->Submit(Charged(buf.Request(3, 0, OpKind::kBarrier, sink_), a2));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("barrier of rank 0 on communicator y refused: operations queued ahead of "
+                        "the slowest rank limit of this job (2) reached: it holds 2 and asked for "
+                        "1 more (--max_queued_ops_per_job)"));
+  EXPECT_EQ(a2->used(Resource::kQueuedOps), 0u);  // all-or-nothing: the session was not charged
+  // Job b is not affected.
+  ASSERT_TRUE(z->Submit(Charged(buf.Request(21, 0, OpKind::kBarrier, sink_), b0)).ok());
+  EXPECT_EQ(b0->job().used(Resource::kQueuedOps), 1u);
+  // x's slowest rank is what job a's backlog waits for: the job's limit never holds it back.
+  for (uint64_t id : {11, 12}) {
+    ASSERT_TRUE(x->Submit(Charged(buf.Request(id, 1, OpKind::kBarrier, sink_), a1)).ok());
+  }
+  // y takes the refused collective again, as its seq 0, once the backlog drained.
+  for (uint64_t id : {1, 2, 11, 12}) ASSERT_TRUE(sink_->Wait(id).status.ok());
+  EXPECT_EQ(a0->job().used(Resource::kQueuedOps), 0u);
+  auto later = y->Submit(Charged(buf.Request(4, 0, OpKind::kBarrier, sink_), a2));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(*later, 0u);
+  EXPECT_EQ(a2->job().used(Resource::kQueuedOps), 1u);
+}
+
+TEST_F(CommunicatorTest, QueuedWorkThatFailsGivesItsChargesBack) {
+  Quotas q(/*ops_per_session=*/4, /*ops_per_job=*/0, /*p2p_per_session=*/4);
+  auto s0 = q.Session("job");
+  auto comm = std::make_shared<Communicator>("cf", "job", 2, Env());
+  JoinAll(*comm, {0, 1});
+  RankBuffer buf{std::vector<float>(16, 1.0f)};
+  ASSERT_TRUE(comm->Submit(Charged(buf.Request(1, 0, OpKind::kAllReduce, sink_), s0)).ok());
+  ASSERT_TRUE(comm->Submit(Charged(buf.Request(2, 0, OpKind::kAllReduce, sink_), s0)).ok());
+  auto send = Charged(buf.Request(3, 0, OpKind::kSend, sink_), s0);
+  send->req.root = 1;
+  ASSERT_TRUE(comm->Submit(std::move(send)).ok());
+  EXPECT_EQ(s0->used(Resource::kQueuedOps), 2u);
+  EXPECT_EQ(s0->used(Resource::kQueuedP2p), 1u);
+  EXPECT_EQ(comm->Stats().queued_ops, 3u);
+  comm->Abort(absl::UnavailableError("test abort"));
+  for (uint64_t id : {1, 2, 3}) {
+    EXPECT_EQ(sink_->Wait(id).status.code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_EQ(s0->used(Resource::kQueuedOps), 0u);
+  EXPECT_EQ(s0->used(Resource::kQueuedP2p), 0u);
+  EXPECT_EQ(s0->job().used(Resource::kQueuedP2p), 0u);
+}
+
+TEST_F(CommunicatorTest, SendsWaitingForTheirPeerPastTheQuotaAreRefusedUntilMatched) {
+  Quotas q(0, 0, /*p2p_per_session=*/2, /*p2p_per_job=*/0);
+  auto s0 = q.Session("job"), s1 = q.Session("job");
+  auto comm = std::make_shared<Communicator>("cp", "job", 2, Env());
+  JoinAll(*comm, {0, 1});
+  RankBuffer src{std::vector<float>(32, 7.0f)};
+  std::vector<RankBuffer> dst(3, RankBuffer{std::vector<float>(32, 0.0f)});
+  auto send = [&](uint64_t id) {
+    auto p = Charged(src.Request(id, 0, OpKind::kSend, sink_), s0);
+    p->req.root = 1;
+    return comm->Submit(std::move(p));
+  };
+  auto recv = [&](RankBuffer& b, uint64_t id) {
+    auto p = Charged(b.Request(id, 1, OpKind::kRecv, sink_), s1);
+    p->req.root = 0;
+    return comm->Submit(std::move(p));
+  };
+  ASSERT_TRUE(send(1).ok());
+  ASSERT_TRUE(send(2).ok());
+  auto over = send(3);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("send of rank 0 on communicator cp refused: point-to-point messages "
+                        "queued limit of this session (2) reached: it holds 2 and asked for 1 "
+                        "more (--max_queued_p2p_per_session)"));
+  EXPECT_EQ(comm->Stats().queued_ops, 2u);
+  EXPECT_FALSE(comm->failed());
+  // The receives match both sends; the refused one took no place in the channel's order.
+  ASSERT_TRUE(recv(dst[0], 11).ok());
+  ASSERT_TRUE(recv(dst[1], 12).ok());
+  for (uint64_t id : {1, 2, 11, 12}) ASSERT_TRUE(sink_->Wait(id).status.ok()) << id;
+  EXPECT_EQ(s0->used(Resource::kQueuedP2p), 0u);
+  EXPECT_EQ(s1->used(Resource::kQueuedP2p), 0u);
+  auto third = send(4);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(*third, 2u);
+  ASSERT_TRUE(recv(dst[2], 13).ok());
+  EXPECT_EQ(sink_->Wait(13).seq, 2u);
+  EXPECT_EQ(dst[2].data, src.data);
+}
+
 // Two daemons in one process: each holds one Communicator per job over an in-process transport
 // of 1 rail. Each daemon gives each communicator its own tag slot.
 class TwoDaemonsTest : public CommunicatorTest {
@@ -271,6 +439,111 @@ TEST_F(TwoDaemonsTest, SendRecvAcrossNodes) {
   ASSERT_TRUE(sink_->Wait(1).status.ok());
   ASSERT_TRUE(sink_->Wait(2).status.ok());
   EXPECT_EQ(dst.data, src.data);
+}
+
+TEST_F(TwoDaemonsTest, ReceivesWaitingForAPeerOnAnotherDaemonCountAgainstTheQuota) {
+  Quotas q(0, 0, /*p2p_per_session=*/0, /*p2p_per_job=*/1);
+  auto r1 = q.Session("job-pq");
+  std::shared_ptr<Communicator> comm[2] = {Make(0, "pq", 1, {1, 2}, ""),
+                                           Make(1, "pq", 1, {1, 2}, "")};
+  JoinAll(*comm[0], {0});
+  JoinAll(*comm[1], {1});
+  RankBuffer src{std::vector<float>(99, 3.0f)};
+  RankBuffer dst{std::vector<float>(99, 0.0f)}, dst2{std::vector<float>(99, 0.0f)};
+  auto recv = [&](RankBuffer& b, uint64_t id) {
+    auto p = Charged(b.Request(id, 1, OpKind::kRecv, sink_), r1);
+    p->req.root = 0;
+    return comm[1]->Submit(std::move(p));
+  };
+  ASSERT_TRUE(recv(dst, 2).ok());
+  EXPECT_EQ(r1->used(Resource::kQueuedP2p), 1u);
+  auto over = recv(dst2, 3);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("recv of rank 1 on communicator pq refused"));
+  EXPECT_THAT(over.status().message(), HasSubstr("(--max_queued_p2p_per_job)"));
+  auto s = src.Request(1, 0, OpKind::kSend, sink_);
+  s->req.root = 1;
+  ASSERT_TRUE(comm[0]->Submit(std::move(s)).ok());
+  ASSERT_TRUE(sink_->Wait(1).status.ok());
+  ASSERT_TRUE(sink_->Wait(2).status.ok());
+  EXPECT_EQ(dst.data, src.data);
+  EXPECT_EQ(r1->job().used(Resource::kQueuedP2p), 0u);
+  // The refused receive took no number on the channel: the next send/recv pair matches.
+  ASSERT_TRUE(recv(dst2, 4).ok());
+  auto s2 = src.Request(5, 0, OpKind::kSend, sink_);
+  s2->req.root = 1;
+  ASSERT_TRUE(comm[0]->Submit(std::move(s2)).ok());
+  ASSERT_TRUE(sink_->Wait(4).status.ok());
+  EXPECT_EQ(dst2.data, src.data);
+}
+
+TEST_F(TwoDaemonsTest, CollectivesQueuedBehindARunningOneAreBoundedByTheSessionQuota) {
+  // One rank per node: each submission is the last local one of its sequence number, so only the
+  // session's limit holds it back (the job's is 1, and is passed).
+  Quotas q(/*ops_per_session=*/2, /*ops_per_job=*/1);
+  auto s0 = q.Session("job-run");
+  std::shared_ptr<Communicator> comm[2] = {Make(0, "run", 1, {1, 2}, "ring"),
+                                           Make(1, "run", 1, {1, 2}, "ring")};
+  JoinAll(*comm[0], {0});
+  JoinAll(*comm[1], {1});
+  std::vector<RankBuffer> bufs(8, RankBuffer{std::vector<float>(256, 1.0f)});
+  // seq 0 runs (waiting for node 1), seqs 1 and 2 queue behind it.
+  for (uint64_t id = 0; id < 3; ++id) {
+    auto seq = comm[0]->Submit(Charged(bufs[id].Request(id, 0, OpKind::kAllReduce, sink_), s0));
+    ASSERT_TRUE(seq.ok()) << seq.status();
+  }
+  EXPECT_EQ(s0->used(Resource::kQueuedOps), 2u);
+  EXPECT_EQ(s0->job().used(Resource::kQueuedOps), 2u);  // past the job's 1: not enforced here
+  auto over = comm[0]->Submit(Charged(bufs[3].Request(3, 0, OpKind::kAllReduce, sink_), s0));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("limit of this session (2) reached: it holds 2 and asked for 1 more "
+                        "(--max_queued_ops_per_session)"));
+  for (uint64_t id = 0; id < 3; ++id) {
+    ASSERT_TRUE(comm[1]->Submit(bufs[4 + id].Request(10 + id, 1, OpKind::kAllReduce, sink_)).ok());
+  }
+  for (uint64_t id : {0, 1, 2, 10, 11, 12}) ASSERT_TRUE(sink_->Wait(id).status.ok()) << id;
+  EXPECT_EQ(s0->used(Resource::kQueuedOps), 0u);
+  EXPECT_EQ(s0->job().used(Resource::kQueuedOps), 0u);
+  EXPECT_EQ(bufs[0].data[0], 2.0f);
+}
+
+TEST_F(TwoDaemonsTest, AnAllToAllvWhoseRankMatricesPassTheBoundIsRefusedBeforeQueueing) {
+  EXPECT_TRUE(OpPlanner::CheckAllToAllvFits(2896).ok());  // 2896^2 x 8 bytes < 64 MiB
+  absl::Status big = OpPlanner::CheckAllToAllvFits(2897);
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.message(), HasSubstr("2897 x 2897 count and displacement matrices of 67140872 "
+                                       "bytes each, 32008 bytes past the 67108864-byte bound "
+                                       "(2896 ranks at most)"));
+  EXPECT_EQ(OpPlanner::CheckAllToAllvFits(65536).code(), absl::StatusCode::kInvalidArgument);
+  // A communicator across two daemons of 3000 ranks (1500 each): only rank 0 of each joins in
+  // this test, which is enough to submit; the refusal comes before any queueing.
+  MultiNodeEnv net;
+  std::vector<int> node_of_rank(3000);
+  for (int r = 0; r < 3000; ++r) node_of_rank[r] = r % 2;
+  net.layout = scheduler::CommLayout::FromNodeOfRank(node_of_rank, 1);
+  net.my_node = 0;
+  net.node_names = {"node0", "node1"};
+  net.node_addresses = {"a0", "a1"};
+  net.endpoints.assign(2, std::vector<std::shared_ptr<transport::Endpoint>>(1));
+  net.node_slots = {1, 2};
+  auto comm = std::make_shared<Communicator>("wide", "job", Env(), std::move(net));
+  std::vector<int> mine;
+  for (int r = 0; r < 3000; r += 2) mine.push_back(r);
+  JoinAll(*comm, mine);
+  RankBuffer b{std::vector<float>(4, 1.0f)};
+  auto p = b.Request(1, 0, OpKind::kAllToAllv, sink_);
+  p->req.send_counts.assign(3000, 0);
+  p->req.send_displs.assign(3000, 0);
+  p->req.recv_counts.assign(3000, 0);
+  p->req.recv_displs.assign(3000, 0);
+  auto seq = comm->Submit(std::move(p));
+  EXPECT_EQ(seq.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(seq.status().message(),
+              HasSubstr("alltoallv of rank 0 on communicator wide: an alltoallv across nodes of "
+                        "3000 ranks"));
+  EXPECT_EQ(comm->Stats().queued_ops, 0u);
+  EXPECT_FALSE(comm->failed());
 }
 
 TEST_F(TwoDaemonsTest, ADeadPeerFailsTheRunningOperationWithUnavailable) {

@@ -1,5 +1,10 @@
 // The metrics registry and its Prometheus text rendering: values, label escaping, histogram
 // buckets, ordering, and counts that stay exact under concurrent updates.
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -175,6 +180,149 @@ TEST(DaemonMetrics, LinksAndJobsFromSampler) {
   EXPECT_NE(text.find("railyard_peer_failures_total 0\n"), std::string::npos);
   m.AddJob("k");  // a job that connected between scrapes still shows
   EXPECT_NE(RenderText(m.registry()).find("railyard_job_comms{job=\"k\"} 0\n"), std::string::npos);
+}
+
+// Every sample line of a rendering is unique and belongs to a family announced by # TYPE.
+void ExpectValidExposition(const std::string& text) {
+  std::set<std::string> families, series;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      families.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    const std::string name = line.substr(0, line.find_first_of("{ "));
+    bool announced = families.count(name) > 0;
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string sfx(suffix);
+      if (name.size() > sfx.size() &&
+          name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0) {
+        announced |= families.count(name.substr(0, name.size() - sfx.size())) > 0;
+      }
+    }
+    EXPECT_TRUE(announced) << line;
+    EXPECT_TRUE(series.insert(line.substr(0, line.rfind(' '))).second) << "duplicate: " << line;
+  }
+}
+
+bool Has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+TEST(DaemonMetrics, JobsPastTheLimitAreSummedAsOtherAndGoneJobsLoseTheirSeries) {
+  DaemonMetrics m("n0", "v", /*max_jobs=*/2, /*gone_grace=*/absl::ZeroDuration());
+  std::map<std::string, JobSample> alive = {
+      {"a", {1, 2, 0}}, {"b", {1, 0, 0}}, {"c", {2, 1, 1}}, {"d", {1, 3, 0}}};
+  m.SetSampler([&alive] {
+    DaemonSample s;
+    s.jobs = alive;
+    return s;
+  });
+  for (const char* job : {"a", "b", "c", "d"}) m.AddJob(job);  // in connect order
+  EXPECT_EQ(m.JobLabel("a"), "a");
+  EXPECT_EQ(m.JobLabel("c"), kOtherJob);
+  for (const char* job : {"a", "c", "d"}) {
+    m.RecordCollective({"allreduce", "local", job, 1024, 2, absl::Milliseconds(1)});
+  }
+  const std::string ops = "railyard_collective_ops_total{algorithm=\"local\",job=\"";
+  const std::string tail = "\",op=\"allreduce\",size_bucket=\"1024\"} ";
+  std::string text = RenderText(m.registry());
+  ExpectValidExposition(text);
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"a\"} 1\n")) << text;
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"b\"} 1\n"));
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"other\"} 3\n"));
+  EXPECT_TRUE(Has(text, "railyard_job_queued_ops{job=\"other\"} 4\n"));
+  EXPECT_TRUE(Has(text, "railyard_job_in_flight_ops{job=\"other\"} 1\n"));
+  EXPECT_TRUE(Has(text, ops + "a" + tail + "1\n"));
+  EXPECT_TRUE(Has(text, ops + "other" + tail + "2\n"));
+  EXPECT_FALSE(Has(text, "job=\"c\""));
+  EXPECT_FALSE(Has(text, "job=\"d\""));
+
+  // a and c end. The next scrape still shows a (at 0), the one after has none of its series.
+  alive.erase("a");
+  alive.erase("c");
+  text = RenderText(m.registry());
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"a\"} 0\n")) << text;
+  EXPECT_TRUE(Has(text, ops + "a" + tail + "1\n"));
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"other\"} 1\n"));
+  text = RenderText(m.registry());
+  ExpectValidExposition(text);
+  EXPECT_FALSE(Has(text, "job=\"a\"")) << text;
+  EXPECT_TRUE(Has(text, "# TYPE railyard_collective_ops_total counter\n"));
+  EXPECT_TRUE(Has(text, ops + "other" + tail + "2\n"));  // d is still alive
+
+  // a's place goes to the next new job; a job named "other" is always summed as other.
+  m.AddJob("e");
+  m.AddJob("other");
+  alive["e"] = {5, 0, 0};
+  alive["other"] = {1, 0, 0};
+  EXPECT_EQ(m.JobLabel("e"), "e");
+  EXPECT_EQ(m.JobLabel("other"), kOtherJob);
+  text = RenderText(m.registry());
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"e\"} 5\n")) << text;
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"other\"} 2\n"));
+
+  // A job whose communicator still counts fabric bytes keeps its series until it lets go.
+  std::shared_ptr<Counter> fabric = m.JobFabricBytes("b");
+  fabric->Increment(4096);
+  alive.erase("b");
+  for (int i = 0; i < 3; ++i) text = RenderText(m.registry());
+  EXPECT_TRUE(Has(text, "railyard_job_fabric_bytes_total{job=\"b\"} 4096\n")) << text;
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"b\"} 0\n"));
+  fabric.reset();
+  text = RenderText(m.registry());
+  EXPECT_FALSE(Has(text, "job=\"b\"")) << text;
+
+  // When the last job summed as other ends, the other series go too.
+  alive.erase("d");
+  alive.erase("other");
+  RenderText(m.registry());
+  text = RenderText(m.registry());
+  ExpectValidExposition(text);
+  EXPECT_FALSE(Has(text, "job=\"other\"")) << text;
+  EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"e\"} 5\n"));
+}
+
+TEST(DaemonMetrics, AJobThatEndedKeepsItsSeriesForTheGracePeriod) {
+  DaemonMetrics m("n0", "v", /*max_jobs=*/8, /*gone_grace=*/absl::Minutes(2));
+  absl::Time now = absl::FromUnixSeconds(1000);
+  m.SetClock([&now] { return now; });
+  bool alive = true;
+  m.SetSampler([&alive] {
+    DaemonSample s;
+    if (alive) s.jobs["short"] = JobSample{1, 0, 0};
+    return s;
+  });
+  m.AddJob("short");
+  m.RecordCollective({"barrier", "local", "short", 0, 2, absl::Milliseconds(1)});
+  EXPECT_TRUE(Has(RenderText(m.registry()), "railyard_job_comms{job=\"short\"} 1\n"));
+  alive = false;
+  for (int i = 0; i < 4; ++i) {  // gone, scraped every 30 s: still there, at its final values
+    now += absl::Seconds(30);
+    const std::string text = RenderText(m.registry());
+    EXPECT_TRUE(Has(text, "railyard_job_comms{job=\"short\"} 0\n")) << i << text;
+    EXPECT_TRUE(Has(text,
+                    "railyard_collective_ops_total{algorithm=\"local\",job=\"short\",op="
+                    "\"barrier\",size_bucket=\"0\"} 1\n"))
+        << i;
+  }
+  now += absl::Seconds(31);  // 2 min 1 s after the first scrape that saw it gone
+  EXPECT_FALSE(Has(RenderText(m.registry()), "job=\"short\""));
+}
+
+TEST(DaemonMetrics, AHeldCounterOutlivesItsRemovedSeries) {
+  Registry r;
+  auto& f = r.AddCounter("t_total", "t");
+  std::shared_ptr<Counter> held = f.Hold({{"job", "x"}});
+  f.Add({{"job", "y"}}).Increment(2);
+  EXPECT_TRUE(f.HeldElsewhere({{"job", "x"}}));
+  EXPECT_FALSE(f.HeldElsewhere({{"job", "y"}}));
+  EXPECT_EQ(f.RemoveWhere("job", "x"), 1u);
+  held->Increment(5);  // still valid, no longer exported
+  EXPECT_EQ(held->Value(), 5);
+  EXPECT_EQ(RenderText(r), "# HELP t_total t\n# TYPE t_total counter\nt_total{job=\"y\"} 2\n");
+  EXPECT_EQ(f.Add({{"job", "x"}}).Value(), 0);  // a new series starts at zero
 }
 
 }  // namespace

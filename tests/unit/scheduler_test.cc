@@ -319,6 +319,62 @@ TEST(ExtentsTest, RegionsFollowNcclCounts) {
   EXPECT_EQ(ComputeExtents(r, 0, 1024).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ExtentsTest, SizesThatOverflow64BitsNameTheFieldAndTheExcess) {
+  auto message = [](const RankRequest& r, int rank, int nranks) {
+    absl::StatusOr<Extents> e = ComputeExtents(r, rank, nranks);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(e.status().message());
+  };
+  EXPECT_THAT(message(Req(OpKind::kAllReduce, uint64_t{1} << 62), 0, 1),
+              HasSubstr("count 4611686018427387904 x 4-byte elements overflows 64 bits"));
+  RankRequest send = Req(OpKind::kSend, ~uint64_t{0});  // -1 as a count
+  send.root = 1;
+  EXPECT_THAT(message(send, 0, 2),
+              HasSubstr("count 18446744073709551615 x 4-byte elements overflows 64 bits"));
+  EXPECT_THAT(message(Req(OpKind::kReduceScatter, uint64_t{1} << 62), 0, 4),
+              HasSubstr("count 4611686018427387904 x 4 ranks x 4-byte elements overflows 64 bits"));
+  EXPECT_THAT(message(Req(OpKind::kAllToAll, uint64_t{1} << 40), 0, 1024),
+              HasSubstr("count 1099511627776 x 1024 ranks x 4-byte elements = 4503599627370496 "
+                        "bytes exceeds the 2^48-byte limit of one operation by 4222124650659840 "
+                        "bytes"));
+  // Exactly 2^48 bytes is allowed.
+  EXPECT_TRUE(ComputeExtents(Req(OpKind::kAllReduce, uint64_t{1} << 46), 0, 1).ok());
+
+  RankRequest v = Req(OpKind::kAllToAllv);
+  v.send_counts = {4, 4};
+  v.send_displs = {0, ~uint64_t{0} - 2};
+  v.recv_counts = {0, 0};
+  v.recv_displs = {0, 0};
+  EXPECT_THAT(message(v, 0, 2),
+              HasSubstr("send block for rank 1: send_displs[1] 18446744073709551613 + "
+                        "send_counts[1] 4 elements of 4 bytes overflows 64 bits"));
+  v.send_displs = {0, (uint64_t{1} << 46) - 2};  // ends 8 bytes past 2^48
+  EXPECT_THAT(message(v, 0, 2),
+              HasSubstr("send block for rank 1: send_displs[1] 70368744177662 + send_counts[1] 4 "
+                        "elements of 4 bytes ends at byte 281474976710664, past the 2^48-byte "
+                        "limit of one operation by 8 bytes"));
+  // Blocks that fit one by one but whose sum does not.
+  v.send_counts = {uint64_t{1} << 45, (uint64_t{1} << 45) + 1};
+  v.send_displs = {0, 0};  // send blocks may overlap (the same elements to two peers)
+  EXPECT_THAT(message(v, 0, 2),
+              HasSubstr("send_counts[0..1] sum to more than the 2^48-byte limit of one operation"));
+  v.send_counts = {4, 4};
+  ASSERT_TRUE(ComputeExtents(v, 0, 2).ok());
+  EXPECT_EQ(ComputeExtents(v, 0, 2)->send_bytes, 16u);
+  // Receive blocks must not overlap; empty ones are not blocks.
+  v.recv_counts = {4, 0, 4};
+  v.recv_displs = {0, 1, 2};
+  v.send_counts = {0, 0, 0};
+  v.send_displs = {0, 0, 0};
+  EXPECT_THAT(message(v, 0, 3),
+              HasSubstr("recv blocks overlap: the block for rank 0 (recv_displs[0] 0, 4 elements) "
+                        "and the block for rank 2 (recv_displs[2] 2, 4 elements) share 2 "
+                        "elements"));
+  v.recv_displs = {0, 1, 4};
+  ASSERT_TRUE(ComputeExtents(v, 0, 3).ok());
+  EXPECT_EQ(ComputeExtents(v, 0, 3)->recv_bytes, 32u);
+}
+
 TEST(ExtentsTest, OverlapMustBeTheInPlaceLayout) {
   std::vector<int32_t> mem(64);
   auto* base = reinterpret_cast<std::byte*>(mem.data());
