@@ -42,8 +42,9 @@ ABSL_FLAG(std::string, job_policy, "",
           "File of '<job|*> uids=A,B gids=C' lines: which peer uids/gids may connect as a job");
 ABSL_FLAG(uint64_t, max_sessions, 1024, "Sessions the daemon serves at once (0: no limit)");
 ABSL_FLAG(uint64_t, max_sessions_per_job, 256, "Sessions of one job at once (0: no limit)");
-ABSL_FLAG(uint64_t, max_metric_jobs, 64,
-          "Jobs with their own metric series; later jobs are summed as job=\"other\"");
+ABSL_FLAG(
+    uint64_t, max_metric_jobs, 64,
+    "Jobs with their own metric series; later jobs are summed as job=\"other\" (0: no limit)");
 ABSL_FLAG(uint64_t, max_buffers_per_session, 4096, "Registered buffers per session (0: no limit)");
 ABSL_FLAG(uint64_t, max_buffers_per_job, 16384, "Registered buffers per job (0: no limit)");
 ABSL_FLAG(uint64_t, max_buffer_bytes_per_session, uint64_t{256} << 30,

@@ -32,9 +32,10 @@ const ResourceInfo& Info(Resource r) { return kInfo[static_cast<int>(r)]; }
 
 absl::Status Exhausted(Resource r, const char* scope, uint64_t limit, uint64_t used, uint64_t n,
                        const char* flag) {
-  return absl::ResourceExhaustedError(absl::StrCat(Info(r).name, " limit of this ", scope, " (",
-                                                   limit, ") reached: it holds ", used,
-                                                   " and asked for ", n, " more (--", flag, ")"));
+  // n == 0: a check before new work (CheckBelow), not a charge.
+  return absl::ResourceExhaustedError(absl::StrCat(
+      Info(r).name, " limit of this ", scope, " (", limit, ") reached: it holds ", used,
+      n > 0 ? absl::StrCat(" and asked for ", n, " more") : std::string(), " (--", flag, ")"));
 }
 
 // Adds n to counter unless that passes limit (0: none); returns the value it saw when refusing.
@@ -97,11 +98,11 @@ absl::Status QuotaAccount::CheckBelow(Resource r) const {
   const int i = static_cast<int>(r);
   const uint64_t s = used_[i].load();
   if (limits_->per_session[i] != 0 && s >= limits_->per_session[i]) {
-    return Exhausted(r, "session", limits_->per_session[i], s, 1, SessionFlag(r));
+    return Exhausted(r, "session", limits_->per_session[i], s, 0, SessionFlag(r));
   }
   const uint64_t j = job_->used_[i].load();
   if (limits_->per_job[i] != 0 && j >= limits_->per_job[i]) {
-    return Exhausted(r, "job", limits_->per_job[i], j, 1, JobFlag(r));
+    return Exhausted(r, "job", limits_->per_job[i], j, 0, JobFlag(r));
   }
   return absl::OkStatus();
 }

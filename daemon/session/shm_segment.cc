@@ -98,10 +98,9 @@ absl::Status MappedSegment::CheckRange(uint64_t offset, uint64_t bytes, size_t a
         absl::StrCat("offset ", offset, " is not a multiple of the element size ", align));
   }
   if (offset > size_ || bytes > size_ - offset) {
-    const uint64_t past = offset > size_ ? offset - size_ + bytes : bytes - (size_ - offset);
-    return absl::InvalidArgumentError(absl::StrCat("region at offset ", offset, " of ", bytes,
-                                                   " bytes runs past the end of the ", size_,
-                                                   "-byte buffer by ", past, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("region [", offset, ", ", offset + bytes, ") runs past the end of the ", size_,
+                     "-byte buffer by ", offset + bytes - size_, " bytes"));
   }
   return absl::OkStatus();
 }

@@ -3,9 +3,12 @@
 // limit are still queued (never lost), and DaemonCore::Submit refuses new work while the backlog
 // is at or over the limit. The stream is never bound to a gRPC call here: its writes wait until
 // the test reports them done (OnWriteDone), like a client that stops reading.
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -13,10 +16,12 @@
 
 #include "absl/synchronization/notification.h"
 #include "daemon/core/daemon_core.h"
+#include "daemon/session/fd_channel.h"
 #include "daemon/session/quota.h"
 #include "daemon/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/railyard/v1/fd_channel.h"
 
 namespace railyard {
 namespace {
@@ -111,6 +116,7 @@ class DaemonBacklogTest : public ::testing::Test {
     std::shared_ptr<Session> session;
     SessionStream* stream = nullptr;
     uint64_t handle = 0;
+    std::shared_ptr<UniqueFd> side;  // the session's side channel (its ticket named in Connect)
   };
 
   void SetUp() override {
@@ -126,10 +132,30 @@ class DaemonBacklogTest : public ::testing::Test {
     SessionAuth auth;
     auth.first_session_sets_token = true;
     core_ = std::make_unique<DaemonCore>(config, std::move(auth));
+    FdChannelServer::Options fd_options;
+    fd_options.path = dir_ + "/s.fd";
+    auto fds = FdChannelServer::Start(fd_options);
+    ASSERT_TRUE(fds.ok()) << fds.status();
+    fds_ = *std::move(fds);
+    core_->SetFdChannels(fds_.get());
+  }
+  // Connects a side channel and returns it with the ticket its HELLO carried.
+  std::pair<std::shared_ptr<UniqueFd>, std::string> SideChannel() {
+    auto fd = std::make_shared<UniqueFd>(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, (dir_ + "/s.fd").c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::connect(fd->get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    char data[fdproto::kMaxMessage];
+    const ssize_t n = ::recv(fd->get(), data, sizeof(data), 0);
+    auto hello = fdproto::Decode(std::string_view(data, n > 0 ? n : 0), nullptr);
+    EXPECT_TRUE(hello.has_value());
+    return {fd, hello.has_value() ? hello->payload : std::string()};
   }
   void TearDown() override {
     for (Rank& r : ranks_) r.session->DetachStream();
     core_->Shutdown();
+    fds_->Stop();
     for (Rank& r : ranks_) delete r.stream;
     core_.reset();
     std::error_code ec;
@@ -141,10 +167,13 @@ class DaemonBacklogTest : public ::testing::Test {
     req.set_job_id(job);
     req.set_token("t");
     req.set_pid(::getpid());
+    auto [side, ticket] = SideChannel();
+    req.set_fd_ticket(ticket);
     auto s = core_->OpenSession(req);
     EXPECT_TRUE(s.ok()) << s.status();
     Rank r;
     r.session = *s;
+    r.side = side;
     r.stream = new SessionStream(nullptr, nullptr);
     r.session->AttachStream(r.stream);
     v1::InitCommRequest init;
@@ -184,6 +213,7 @@ class DaemonBacklogTest : public ::testing::Test {
 
   std::string dir_;
   std::unique_ptr<DaemonCore> core_;
+  std::unique_ptr<FdChannelServer> fds_;
   std::vector<Rank> ranks_;
 };
 

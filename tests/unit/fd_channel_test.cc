@@ -134,7 +134,8 @@ TEST_F(FdChannelTest, TheTicketBindsOnceWithTheKernelsCredentialsAndHandlesAreOn
   EXPECT_EQ(ok->cookie, 77u);
   absl::StatusOr<UniqueFd> taken = (*channel)->Take(ok->handle);
   ASSERT_TRUE(taken.ok()) << taken.status();
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   ASSERT_EQ(::fstat(mem.get(), &a), 0);
   ASSERT_EQ(::fstat(taken->get(), &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);  // the same memfd arrived
