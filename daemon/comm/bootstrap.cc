@@ -1,6 +1,8 @@
 #include "daemon/comm/bootstrap.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +42,14 @@ absl::Status CommBootstrap::CheckLayoutFits(const v1::JoinCommResponse& layout,
     }
     holds_rank[n] = true;
   }
+  std::map<std::string, int> index;  // NodeId -> node: one daemon is one node of a layout
   for (int n = 0; n < nodes; ++n) {
+    const auto [first, inserted] = index.emplace(NodeId(layout.nodes(n)), n);
+    if (!inserted) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("communicator ", comm_id, ": nodes ", first->second, " and ", n,
+                       " of the layout are one daemon (", first->first.substr(0, 64), ")"));
+    }
     if (!holds_rank[n]) {
       return absl::InvalidArgumentError(absl::StrCat("communicator ", comm_id, ": node ", n, " (",
                                                      layout.nodes(n).node_name().substr(0, 64),

@@ -35,10 +35,11 @@ class CommBootstrap {
   // rank, rails = the minimum over nodes.
   static v1::JoinCommResponse Layout(const std::vector<v1::NodeInfo>& node_of_each_rank);
   // INVALID_ARGUMENT when the layout has more nodes than a tag can name, a slot that does not fit
-  // a tag, no ranks or more than a tag can name, a rank on a node it does not list or a listed
-  // node without a rank; FAILED_PRECONDITION when a node of a multi-node layout announced no tag
-  // slot. The coordinator checks the layout it makes; every member checks the one it receives
-  // (from another daemon: untrusted) before it indexes anything with it.
+  // a tag, no ranks or more than a tag can name, a rank on a node it does not list, a listed
+  // node without a rank or one daemon (NodeId) listed twice; FAILED_PRECONDITION when a node of a
+  // multi-node layout announced no tag slot. The coordinator checks the layout it makes; every
+  // member checks the one it receives (from another daemon: untrusted) before it indexes anything
+  // with it.
   static absl::Status CheckLayoutFits(const v1::JoinCommResponse& layout,
                                       const std::string& comm_id);
   // A daemon's identity in a layout: its peer address, or its name when it has none.

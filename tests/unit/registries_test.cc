@@ -256,6 +256,12 @@ TEST(CommBootstrapTest, LayoutsMustPlaceEveryRankOnAListedNode) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("node 0 (a) of the layout holds no rank"));
 
+  v1::JoinCommResponse twice = two;
+  twice.mutable_nodes(1)->set_node_name("a");  // no peer address: the name is the daemon's id
+  auto d = CommBootstrap::CheckLayoutFits(twice, "c");
+  EXPECT_EQ(d.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.message(), HasSubstr("nodes 0 and 1 of the layout are one daemon (a)"));
+
   v1::JoinCommResponse wide;
   wide.add_nodes()->set_node_name("a");
   for (int r = 0; r <= scheduler::tags::kMaxRanks; ++r) wide.add_node_of_rank(0);
