@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, format check, a -Werror build with every
 # unit and integration test, then the same suite again under AddressSanitizer and
-# UndefinedBehaviorSanitizer in a separate build.
+# UndefinedBehaviorSanitizer in a separate build, then every libFuzzer target for a bounded time
+# (scripts/fuzz.sh, clang, build-fuzz/).
 #   RAILYARD_SKIP_SANITIZERS=1  skips the sanitizer pass (local iteration only; CI runs it).
+#   RAILYARD_SKIP_FUZZ=1        skips the fuzz pass (local iteration only; CI runs it);
+#                               RAILYARD_FUZZ_SECONDS sets its seconds per target (default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -48,4 +51,8 @@ if [ "${RAILYARD_SKIP_SANITIZERS:-0}" != "1" ]; then
     -E 'EveryCollectiveAcrossThreeDaemons/(tree|rhd|direct)' 
 fi
 check_dev_shm
+if [ "${RAILYARD_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "== fuzz targets (libFuzzer, address,undefined)"
+  scripts/fuzz.sh
+fi
 echo "== all tests passed in $(( $(date +%s) - start )) s"

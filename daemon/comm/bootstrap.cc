@@ -1,6 +1,9 @@
 #include "daemon/comm/bootstrap.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,6 +23,38 @@ absl::Status CommBootstrap::CheckLayoutFits(const v1::JoinCommResponse& layout,
     return absl::InvalidArgumentError(absl::StrCat("communicator ", comm_id, " spans ",
                                                    layout.nodes_size(), " nodes, more than the ",
                                                    scheduler::tags::kMaxNodes, " a tag can name"));
+  }
+  // Members build the communicator from node_of_rank and index nodes with it (DaemonCore::
+  // MakeMultiNodeComm): every rank must be on a listed node and every listed node hold a rank.
+  const int nodes = layout.nodes_size();
+  if (layout.node_of_rank_size() < 1 || layout.node_of_rank_size() > scheduler::tags::kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("communicator ", comm_id, ": layout of ", layout.node_of_rank_size(),
+                     " ranks, not in [1, ", scheduler::tags::kMaxRanks, "]"));
+  }
+  std::vector<bool> holds_rank(nodes, false);
+  for (int r = 0; r < layout.node_of_rank_size(); ++r) {
+    const int n = layout.node_of_rank(r);
+    if (n < 0 || n >= nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("communicator ", comm_id, ": rank ", r,
+                                                     " is on node ", n, " but the layout has ",
+                                                     nodes, " nodes"));
+    }
+    holds_rank[n] = true;
+  }
+  std::map<std::string, int> index;  // NodeId -> node: one daemon is one node of a layout
+  for (int n = 0; n < nodes; ++n) {
+    const auto [first, inserted] = index.emplace(NodeId(layout.nodes(n)), n);
+    if (!inserted) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("communicator ", comm_id, ": nodes ", first->second, " and ", n,
+                       " of the layout are one daemon (", first->first.substr(0, 64), ")"));
+    }
+    if (!holds_rank[n]) {
+      return absl::InvalidArgumentError(absl::StrCat("communicator ", comm_id, ": node ", n, " (",
+                                                     layout.nodes(n).node_name().substr(0, 64),
+                                                     ") of the layout holds no rank"));
+    }
   }
   if (layout.nodes_size() > 1) {
     for (const v1::NodeInfo& n : layout.nodes()) {
@@ -79,9 +114,6 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
     Pending& p = it->second;
     if (inserted) {
       p.nranks = req.nranks();
-      p.nodes.resize(req.nranks());
-      p.present.assign(req.nranks(), false);
-      p.dones.resize(req.nranks());
       p.generation = next_generation_++;
       const uint64_t gen = p.generation;
       p.timer =
@@ -91,7 +123,7 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
           "communicator ", req.comm_id(), " has ", p.nranks, " ranks, rank ", req.rank(), " (node ",
           req.node().node_name(), ") asked for ", req.nranks()));
     }
-    if (p.present[req.rank()]) {
+    if (p.joined.count(req.rank()) > 0) {
       return absl::AlreadyExistsError(
           absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
     }
@@ -104,15 +136,18 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
           "rank ", req.rank(), " of communicator ", req.comm_id(), " announces tag slot ", slot,
           " for node ", req.node().node_name(), ", whose other ranks announced ", slot_it->second));
     }
-    p.present[req.rank()] = true;
-    p.nodes[req.rank()] = req.node();
-    p.dones[req.rank()] = std::move(done);
-    if (++p.joined < p.nranks) return absl::OkStatus();
+    p.joined[req.rank()] = {req.node(), std::move(done)};
+    if (static_cast<int>(p.joined.size()) < p.nranks) return absl::OkStatus();
     timer_->Cancel(p.timer);
-    result = Layout(p.nodes);
+    std::vector<v1::NodeInfo> nodes;  // by rank: every rank in [0, nranks) has joined
+    nodes.reserve(p.joined.size());
+    for (auto& [rank, j] : p.joined) {
+      nodes.push_back(std::move(j.node));
+      dones.push_back(std::move(j.done));
+    }
+    result = Layout(nodes);
     if (absl::Status s = CheckLayoutFits(*result, req.comm_id()); !s.ok()) result = s;
     if (result.ok()) *result->mutable_cost_model() = cost_model_;
-    dones = std::move(p.dones);
     pending_.erase(it);
   }
   for (auto& d : dones) d(result);
@@ -127,15 +162,21 @@ void CommBootstrap::OnDeadline(const std::pair<std::string, std::string>& key,
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(key);
     if (it == pending_.end() || it->second.generation != generation) return;
-    std::vector<int> missing;
-    for (int r = 0; r < it->second.nranks; ++r) {
-      if (!it->second.present[r]) missing.push_back(r);
+    // The first kListed missing ranks by number, then how many more (a bounded message).
+    constexpr size_t kListed = 16;
+    const Pending& p = it->second;
+    const int missing = p.nranks - static_cast<int>(p.joined.size());
+    std::vector<int> listed;
+    for (int r = 0; r < p.nranks && listed.size() < kListed; ++r) {
+      if (p.joined.count(r) == 0) listed.push_back(r);
     }
+    const int more = missing - static_cast<int>(listed.size());
     status = absl::DeadlineExceededError(absl::StrCat(
-        "communicator ", key.second, ": rank", missing.size() > 1 ? "s " : " ",
-        absl::StrJoin(missing, ", "), " of ", it->second.nranks, " did not join in time"));
-    for (auto& d : it->second.dones) {
-      if (d) dones.push_back(std::move(d));
+        "communicator ", key.second, ": rank", missing > 1 ? "s " : " ",
+        absl::StrJoin(listed, ", "), more > 0 ? absl::StrCat(" and ", more, " more") : "", " of ",
+        p.nranks, " did not join in time"));
+    for (auto& [rank, j] : it->second.joined) {
+      if (j.done) dones.push_back(std::move(j.done));
     }
     pending_.erase(it);
   }

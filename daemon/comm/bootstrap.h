@@ -34,9 +34,12 @@ class CommBootstrap {
   // The layout for a complete set of joins (exposed for tests): node order by each node's lowest
   // rank, rails = the minimum over nodes.
   static v1::JoinCommResponse Layout(const std::vector<v1::NodeInfo>& node_of_each_rank);
-  // INVALID_ARGUMENT when the layout has more nodes than a tag can name or a slot that does not
-  // fit a tag, FAILED_PRECONDITION when a node of a multi-node layout announced no tag slot. The
-  // coordinator checks the layout it makes; every member checks the one it receives.
+  // INVALID_ARGUMENT when the layout has more nodes than a tag can name, a slot that does not fit
+  // a tag, no ranks or more than a tag can name, a rank on a node it does not list, a listed
+  // node without a rank or one daemon (NodeId) listed twice; FAILED_PRECONDITION when a node of a
+  // multi-node layout announced no tag slot. The coordinator checks the layout it makes; every
+  // member checks the one it receives (from another daemon: untrusted) before it indexes anything
+  // with it.
   static absl::Status CheckLayoutFits(const v1::JoinCommResponse& layout,
                                       const std::string& comm_id);
   // A daemon's identity in a layout: its peer address, or its name when it has none.
@@ -47,12 +50,15 @@ class CommBootstrap {
   void SetCostModel(const v1::CostModel& model);
 
  private:
+  // Only what has joined is kept: nranks comes from the first request, so sizing anything by it
+  // would let one small JoinComm make the coordinator hold megabytes until the deadline.
+  struct Joined {
+    v1::NodeInfo node;
+    Done done;
+  };
   struct Pending {
     int nranks = 0;
-    int joined = 0;
-    std::vector<v1::NodeInfo> nodes;  // by rank
-    std::vector<bool> present;
-    std::vector<Done> dones;
+    std::map<int, Joined> joined;  // by rank
     DeadlineTimer::Id timer = 0;
     uint64_t generation = 0;
     std::map<std::string, int64_t> node_slots;  // by NodeId: the tag slot announced (-1: none)

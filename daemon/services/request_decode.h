@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "daemon/comm/communicator.h"
+#include "daemon/comm/pending_request.h"
 #include "daemon/session/session.h"
 #include "railyard/v1/local.pb.h"
 

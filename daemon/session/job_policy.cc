@@ -10,7 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "daemon/session/job_tokens.h"
-#include "daemon/session/session.h"
+#include "daemon/session/peer_cred.h"
 
 namespace railyard {
 namespace {

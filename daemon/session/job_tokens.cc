@@ -27,7 +27,9 @@ absl::StatusOr<std::map<std::string, std::string>> ParseJobTokens(absl::string_v
     if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
-    std::vector<absl::string_view> parts = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    // Any run of blanks separates the two: a tab after the job id is not part of the token.
+    std::vector<absl::string_view> parts =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\v\f\r"), absl::SkipEmpty());
     if (parts.size() != 2 || !ValidJobId(parts[0])) {
       return absl::InvalidArgumentError(
           absl::StrCat("job tokens line ", lineno, ": expected '<job_id> <token>'"));

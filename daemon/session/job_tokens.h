@@ -1,4 +1,5 @@
-// The --job_tokens file: one "job_id token" pair per line; '#' starts a comment.
+// The --job_tokens file: one "job_id token" pair per line, separated by blanks (spaces or tabs);
+// '#' starts a comment.
 #pragma once
 
 #include <map>

@@ -1,6 +1,7 @@
 #include "daemon/topology/topology_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -22,6 +23,8 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
 absl::Status InFile(const std::string& path, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
 }
+
+bool SpeedOk(double gbps) { return std::isfinite(gbps) && gbps >= 0; }
 
 // The node part: what a graph is built from (topology_graph.h) must make sense on its own.
 absl::Status ValidateNode(const v1::NodeTopology& topo) {
@@ -50,15 +53,19 @@ absl::Status ValidateNode(const v1::NodeTopology& topo) {
     absl::StatusOr<std::vector<int>> cpus = ParseCpuList(numa.cpus());
     if (!cpus.ok()) return Invalid(absl::StrCat(field, ".cpus"), cpus.status().message());
   }
+  // Speeds become the fabric's inter bandwidth: NaN and Infinity (proto3 JSON spells both) are
+  // refused like negative ones.
   for (int i = 0; i < topo.nics_size(); ++i) {
     if (topo.nics(i).name().empty()) return Invalid(absl::StrCat("nics[", i, "].name"), "empty");
-    if (topo.nics(i).speed_gbps() < 0) {
-      return Invalid(absl::StrCat("nics[", i, "].speed_gbps"), "negative");
+    if (!SpeedOk(topo.nics(i).speed_gbps())) {
+      return Invalid(absl::StrCat("nics[", i, "].speed_gbps"),
+                     absl::StrCat(topo.nics(i).speed_gbps(), " is not a finite number >= 0"));
     }
   }
   for (int i = 0; i < topo.rails_size(); ++i) {
-    if (topo.rails(i).speed_gbps() < 0) {
-      return Invalid(absl::StrCat("rails[", i, "].speed_gbps"), "negative");
+    if (!SpeedOk(topo.rails(i).speed_gbps())) {
+      return Invalid(absl::StrCat("rails[", i, "].speed_gbps"),
+                     absl::StrCat(topo.rails(i).speed_gbps(), " is not a finite number >= 0"));
     }
   }
   if (topo.has_fabric()) {
@@ -115,10 +122,10 @@ absl::StatusOr<FabricSpec> FabricFromTopology(const v1::NodeTopology& topo) {
         return Invalid(absl::StrCat("fabric.torus_dims[", i, "]"),
                        absl::StrCat("must be >= 1, got ", f.torus_dims(i)));
       }
-      product *= f.torus_dims(i);
+      product *= f.torus_dims(i);  // <= 2^24 * (2^31 - 1): no overflow
       spec.torus_dims.push_back(f.torus_dims(i));
+      if (product > (int64_t{1} << 24)) return Invalid("fabric.torus_dims", "more than 2^24 nodes");
     }
-    if (product > (int64_t{1} << 24)) return Invalid("fabric.torus_dims", "more than 2^24 nodes");
     if (f.has_nodes() && f.nodes() != product) {
       return Invalid("fabric.torus_dims",
                      absl::StrCat(absl::StrJoin(spec.torus_dims, "x"), " = ", product,
@@ -167,9 +174,9 @@ absl::StatusOr<FabricSpec> FabricFromTopology(const v1::NodeTopology& topo) {
     return Invalid("fabric.nodes_per_rack", "only three_tier has racks");
   }
   if (f.has_oversubscription()) {
-    if (!(f.oversubscription() >= 1)) {
+    if (!(std::isfinite(f.oversubscription()) && f.oversubscription() >= 1)) {
       return Invalid("fabric.oversubscription",
-                     absl::StrCat("must be >= 1 (R:1), got ", f.oversubscription()));
+                     absl::StrCat("must be finite and >= 1 (R:1), got ", f.oversubscription()));
     }
     if (spec.kind != FabricKind::kThreeTier && f.oversubscription() != 1) {
       return Invalid("fabric.oversubscription", "only three_tier has an oversubscribed tier");

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,9 @@ absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view text) {
   std::vector<int> cpus;
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
   if (trimmed.empty()) return cpus;
+  // Ranges first, merged, then expanded: repeated or overlapping ranges ("0-1048575,0-1048575,...")
+  // cost no more than the distinct CPUs they name (at most kMaxCpuId).
+  std::vector<std::pair<int, int>> ranges;
   for (absl::string_view part : absl::StrSplit(trimmed, ',')) {
     part = absl::StripAsciiWhitespace(part);
     const size_t dash = part.find('-');
@@ -73,10 +78,14 @@ absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view text) {
       return absl::InvalidArgumentError(
           absl::StrCat("bad cpulist '", text, "': range '", part, "' is empty or out of range"));
     }
-    for (int c = first; c <= last; ++c) cpus.push_back(c);
+    ranges.emplace_back(first, last);
   }
-  std::sort(cpus.begin(), cpus.end());
-  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  std::sort(ranges.begin(), ranges.end());
+  int next = 0;  // every CPU below it is in cpus already
+  for (const auto& [first, last] : ranges) {
+    for (int c = std::max(first, next); c <= last; ++c) cpus.push_back(c);
+    next = std::max(next, last + 1);
+  }
   return cpus;
 }
 

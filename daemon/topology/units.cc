@@ -48,7 +48,14 @@ absl::StatusOr<double> Parse(absl::string_view text, absl::string_view what,
   }
   if (unit.empty() && bare_ok) return value;
   for (const Unit& u : units) {
-    if (unit == u.name) return value * u.factor;
+    if (unit != u.name) continue;
+    // A finite number times a unit can overflow ("1e300 TB/s"): an infinite link would cost
+    // nothing in the cost model.
+    if (!std::isfinite(value * u.factor)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad ", what, " '", text, "': too large (overflows a double)"));
+    }
+    return value * u.factor;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("bad ", what, " '", text, "': unknown unit '", unit, "' (use ", accepted, ")"));

@@ -110,10 +110,11 @@ def test_build_stage_installs_the_build_packages_of_install_deps():
     assert block, "no packages=( ... ) list in scripts/install-deps.sh"
     deps = {w for line in block.group(1).splitlines() for w in line.split("#")[0].split()}
     build = set(apt_packages(stages()[0]))
-    # Every development package of install-deps.sh but those of tests, benchmarks and the MPI
-    # peers: a library added there for the build must reach the image build too.
+    # Every development package of install-deps.sh but those of tests (libclang-rt-14-dev: the
+    # fuzz targets' runtimes), benchmarks and the MPI peers: a library added there for the build
+    # must reach the image build too.
     not_for_the_image = {"libgtest-dev", "libgmock-dev", "libbenchmark-dev", "libopenmpi-dev",
-                         "libmpich-dev"}
+                         "libmpich-dev", "libclang-rt-14-dev"}
     needed = {p for p in deps if p.endswith("-dev")} - not_for_the_image
     needed |= {"build-essential", "cmake", "ninja-build", "pkg-config", "protobuf-compiler",
                "protobuf-compiler-grpc", "python3"}

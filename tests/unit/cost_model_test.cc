@@ -168,5 +168,16 @@ TEST(Units, ParsesWhatOperatorsType) {
   EXPECT_EQ(topology::FormatDuration(39.7e-6), "39.7 us");
 }
 
+// A finite number can overflow once scaled by its unit (caught by tests/fuzz/topology_file_fuzz's
+// properties: "1e300 TB/s" was an infinite bandwidth).
+TEST(Units, RefusesValuesThatOverflowInTheirUnit) {
+  absl::StatusOr<double> bw = topology::ParseBandwidth("1e300 TB/s");
+  EXPECT_EQ(bw.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bw.status().message(), "bad bandwidth '1e300 TB/s': too large (overflows a double)");
+  EXPECT_FALSE(topology::ParseBytes("1e300 TiB").ok());
+  EXPECT_FALSE(topology::ParseDuration("1e309").ok());  // strtod's HUGE_VAL
+  EXPECT_DOUBLE_EQ(*topology::ParseBandwidth("1e290 TB/s"), 1e302);
+}
+
 }  // namespace
 }  // namespace railyard::scheduler::cost

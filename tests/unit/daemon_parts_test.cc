@@ -55,6 +55,18 @@ TEST(JobTokensTest, ParsesLinesAndNamesBadOnes) {
   EXPECT_FALSE(ValidJobId(std::string(129, 'a')));
 }
 
+// Any blanks separate a job id from its token: a tab is no part of the token (found by
+// tests/fuzz/job_tokens_fuzz: "job \ttoken" used to map job to "\ttoken").
+TEST(JobTokensTest, TabsSeparateLikeSpaces) {
+  auto t = ParseJobTokens("job-a\ttokA\njob-b \t tokB\r\njob-c\f\vtokC\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->at("job-a"), "tokA");
+  EXPECT_EQ(t->at("job-b"), "tokB");
+  EXPECT_EQ(t->at("job-c"), "tokC");
+  EXPECT_THAT(std::string(ParseJobTokens("job-a tok\textra\n").status().message()),
+              HasSubstr("line 1: expected '<job_id> <token>'"));
+}
+
 TEST(LogTest, LinesAreLogfmtAndQuoteWhatNeedsIt) {
   const std::string line =
       FormatLogLine(LogLevel::kWarning, "comm", "rank left",

@@ -67,6 +67,10 @@ TEST(NodeTopologyFile, BadNodePartsNameTheField) {
            Case{R"({"numa_nodes": [{"id": 0, "cpus": "3-1"}]})", "numa_nodes[0].cpus"},
            Case{R"({"nics": [{"speed_gbps": 100}]})", "nics[0].name"},
            Case{R"({"rails": [{"speed_gbps": -1}]})", "rails[0].speed_gbps"},
+           // NaN and Infinity are valid proto3 JSON doubles, not speeds.
+           Case{R"({"rails": [{"speed_gbps": "Infinity"}]})", "rails[0].speed_gbps: inf is not"},
+           Case{R"({"rails": [{"speed_gbps": "NaN"}]})", "rails[0].speed_gbps: nan is not"},
+           Case{R"({"nics": [{"name": "e", "speed_gbps": "Infinity"}]})", "nics[0].speed_gbps"},
            Case{R"({"gpu": []})", "gpu"},  // unknown field: the JSON parser names it
        }) {
     absl::StatusOr<v1::NodeTopology> topo = ParseTopology(c.json);
@@ -167,11 +171,20 @@ TEST(FabricFile, BadInputsNameTheField) {
        "2 or 3 dimensions, got 4"},
       {File(R"("kind": "torus", "torus_dims": [8, 0], )" + i), "fabric.torus_dims[1]",
        "must be >= 1"},
+      // The product used to overflow int64 (UBSan) before it was compared with the limit.
+      {File(R"("kind": "torus", "torus_dims": [2147483647, 2147483647, 2147483647], )" + i),
+       "fabric.torus_dims", "more than 2^24 nodes"},
+      {File(R"("kind": "torus", "torus_dims": [4096, 4097], )" + i), "fabric.torus_dims",
+       "more than 2^24 nodes"},
       {File(R"("kind": "two_tier", "nodes": 4, "torus_dims": [2, 2], )" + i), "fabric.torus_dims",
        "only a torus"},
       {File(R"("kind": "three_tier", "nodes": 16, "nodes_per_rack": 4, "oversubscription": 0.5, )" +
             i),
-       "fabric.oversubscription", "must be >= 1"},
+       "fabric.oversubscription", "must be finite and >= 1"},
+      {File(R"("kind": "three_tier", "nodes": 16, "nodes_per_rack": 4, )"
+            R"("oversubscription": "Infinity", )" +
+            i),
+       "fabric.oversubscription", "must be finite and >= 1 (R:1), got inf"},
       {File(R"("kind": "three_tier", "nodes": 16, "nodes_per_rack": 5, )" + i),
        "fabric.nodes_per_rack", "5 does not divide fabric.nodes 16"},
       {File(R"("kind": "three_tier", "nodes": 16, )" + i), "fabric.nodes_per_rack", "missing"},

@@ -3,7 +3,9 @@
 #include "daemon/topology/topology_graph.h"
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_join.h"
 #include "daemon/topology/topology_file.h"
 #include "daemon/topology/units.h"
 #include "gmock/gmock.h"
@@ -26,6 +28,20 @@ TEST(CpuList, ParsesKernelSyntax) {
   }
   EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
   EXPECT_EQ(FormatCpuList({}), "");
+}
+
+// Repeated and overlapping ranges cost what the distinct CPUs cost (through
+// tests/fuzz/topology_file_fuzz, 400 copies of "0-1048575", a 4 KB file, made a 2 GiB vector).
+TEST(CpuList, RepeatedRangesCostOnlyTheirDistinctCpus) {
+  EXPECT_EQ(*ParseCpuList("8-10,0-3,2-9,9,1"),
+            (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  std::vector<std::string> parts(400, "0-1048575");
+  absl::StatusOr<std::vector<int>> cpus = ParseCpuList(absl::StrJoin(parts, ","));
+  ASSERT_TRUE(cpus.ok()) << cpus.status();
+  EXPECT_EQ(cpus->size(), 1u << 20);
+  EXPECT_LE(cpus->capacity(), 2u << 20);
+  EXPECT_EQ(cpus->front(), 0);
+  EXPECT_EQ(cpus->back(), (1 << 20) - 1);
 }
 
 constexpr char kNode[] = R"({

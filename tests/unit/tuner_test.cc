@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/scheduler/cost/calibration.h"
 #include "gtest/gtest.h"
 
@@ -181,6 +183,37 @@ TEST(Calibration, JsonAndFileRoundTrip) {
   EXPECT_FALSE(SaveCalibration("/tmp", bad).ok());
   EXPECT_FALSE(FromJson("{not json").ok());
   EXPECT_FALSE(FromJson(R"({"intra": {"alpha_s": 1}})").ok());
+}
+
+// Found by tests/fuzz/calibration_fuzz: an integer field out of int's range was undefined
+// behaviour (UBSan: 1e+305 is outside the range of representable values of type 'int'). Seen
+// beside it: a non-finite fit error was stored as null, so the daemon's own file no longer loaded.
+TEST(Calibration, FileIntegersAndFitErrorAreChecked) {
+  const std::string links = R"("intra": {"alpha_s": 5e-6, "beta_bytes_per_s": 4e9},)"
+                            R"( "inter": {"alpha_s": 6e-5, "beta_bytes_per_s": 1e9})";
+  for (const char* bad : {"1e305", "2147483648", "-2147483649", "4.5", "\"4\"", "true"}) {
+    absl::StatusOr<Calibration> c = FromJson(absl::StrCat("{", links, R"(, "nnodes": )", bad, "}"));
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    const std::string message(c.status().message());
+    EXPECT_EQ(message.rfind("calibration: nnodes = ", 0), 0u) << message;
+    EXPECT_NE(message.find("is not an integer in [-2^31, 2^31)"), std::string::npos) << message;
+  }
+  absl::StatusOr<Calibration> ok = FromJson(
+      absl::StrCat("{", links, R"(, "nranks": 2147483647, "nnodes": -3, "samples": 12.0})"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->nranks, 2147483647);
+  EXPECT_EQ(ok->nnodes, -3);
+  EXPECT_EQ(ok->samples, 12);
+
+  Calibration c = Calibration::Defaults();
+  c.rms_relative_error = std::numeric_limits<double>::infinity();
+  absl::Status s = Validate(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("calibration rms_relative_error = inf"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(FromJson(absl::StrCat("{", links, R"(, "rms_relative_error": 1e999})")).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 #include "daemon/scheduler/cost/calibration.h"
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -19,6 +22,31 @@ Calibration Calibration::Defaults() {
   return c;
 }
 
+namespace {
+
+// An int field of the file: absent is 0; anything but an integer in int's range is an error.
+// (nlohmann's get<int>() of 1e305 is undefined behaviour, of 4.5 silently 4.)
+absl::StatusOr<int> IntField(const nlohmann::json& j, const char* name) {
+  const auto it = j.find(name);
+  if (it == j.end()) return 0;
+  const nlohmann::json& v = *it;
+  if (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t{INT_MAX}) {
+    return static_cast<int>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() >= INT_MIN &&
+      v.get<int64_t>() <= INT_MAX) {
+    return static_cast<int>(v.get<int64_t>());
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d >= INT_MIN && d <= INT_MAX && d == std::trunc(d)) return static_cast<int>(d);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "calibration: ", name, " = ", v.dump().substr(0, 32), " is not an integer in [-2^31, 2^31)"));
+}
+
+}  // namespace
+
 absl::Status Validate(const Calibration& c) {
   const struct {
     const char* name;
@@ -29,7 +57,10 @@ absl::Status Validate(const Calibration& c) {
                 {"inter.alpha_s", c.inter.alpha_s, false},
                 {"inter.beta_bytes_per_s", c.inter.beta_bytes_per_s, true},
                 {"overhead_s", c.overhead_s, false},
-                {"op_overhead_s", c.op_overhead_s, false}};
+                {"op_overhead_s", c.op_overhead_s, false},
+                // Stored with the rest: a non-finite one would be written as null and the file
+                // would no longer load.
+                {"rms_relative_error", c.rms_relative_error, false}};
   for (const auto& f : fields) {
     if (!std::isfinite(f.value) || f.value < 0 || (f.positive && f.value <= 0)) {
       return absl::InvalidArgumentError(
@@ -78,12 +109,16 @@ absl::StatusOr<Calibration> FromJson(const std::string& text) {
     c.placement = j.value("placement", std::string());
     c.topology = j.value("topology", std::string());
     c.fitted_at = j.value("fitted_at", std::string());
-    c.nranks = j.value("nranks", 0);
-    c.nnodes = j.value("nnodes", 0);
-    c.samples = j.value("samples", 0);
     c.rms_relative_error = j.value("rms_relative_error", 0.0);
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("calibration: ", e.what()));
+  }
+  for (auto [name, field] : {std::pair<const char*, int*>{"nranks", &c.nranks},
+                             {"nnodes", &c.nnodes},
+                             {"samples", &c.samples}}) {
+    absl::StatusOr<int> v = IntField(j, name);
+    if (!v.ok()) return v.status();
+    *field = *v;
   }
   if (absl::Status s = Validate(c); !s.ok()) return s;
   return c;

@@ -35,9 +35,12 @@ struct Calibration {
   static Calibration Defaults();
 };
 
-// Checks every figure is finite, alphas >= 0 and betas > 0; INVALID_ARGUMENT naming the field.
+// Checks every figure is finite, alphas, overheads and the fit's error >= 0 and betas > 0;
+// INVALID_ARGUMENT naming the field.
 absl::Status Validate(const Calibration& c);
 std::string ToJson(const Calibration& c);
+// INVALID_ARGUMENT for text that is not such a JSON object, a missing link class, a field of the
+// wrong type (nranks, nnodes and samples: integers in int's range) or what Validate refuses.
 absl::StatusOr<Calibration> FromJson(const std::string& json);
 // The file lives at <state_dir>/calibration.json. Load: NOT_FOUND when absent.
 absl::Status SaveCalibration(const std::string& state_dir, const Calibration& c);

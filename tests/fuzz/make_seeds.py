@@ -1,0 +1,277 @@
+#!/usr/bin/python3
+"""Writes the fuzz targets' seed corpora: tests/fuzz/corpus/<target>/<name>, a few small valid
+and edge-case inputs per target (the committed corpus; scripts/fuzz.sh fuzzes a temporary copy
+and never writes back). Protobuf inputs are serialized with modules protoc generates into a
+temporary directory from proto/railyard/v1 (protobuf-compiler and python3-protobuf, both in
+scripts/install-deps.sh). Deterministic: running it again rewrites the same files.
+
+Usage: /usr/bin/python3 tests/fuzz/make_seeds.py  (from anywhere)
+"""
+
+import importlib
+import json
+import pathlib
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tests" / "fuzz" / "corpus"
+NONCE = "0123456789abcdef0123456789abcdef"
+
+
+def load_protos(tmp):
+    proto_dir = ROOT / "proto"
+    files = sorted(str(p.relative_to(proto_dir)) for p in (proto_dir / "railyard" / "v1").glob("*.proto"))
+    subprocess.run(["protoc", f"--proto_path={proto_dir}", f"--python_out={tmp}", *files], check=True)
+    sys.path.insert(0, str(tmp))
+    names = ("common", "cost", "local", "peer")
+    return {n: importlib.import_module(f"railyard.v1.{n}_pb2") for n in names}
+
+
+def write(target, name, data):
+    d = CORPUS / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def comm_id_seeds():
+    t = "comm_id_fuzz"
+    write(t, "tcp_coordinator", f"ry1-{NONCE}@10.0.0.1:7411")
+    write(t, "local_coordinator", f"ry1-{NONCE}@local:node-a")
+    write(t, "ipv6_coordinator", f"ry1-{NONCE}@[fe80::1]:7411")
+    write(t, "longest_coordinator", f"ry1-{NONCE}@" + "h" * 255)
+    write(t, "too_long_coordinator", f"ry1-{NONCE}@" + "h" * 256)
+    write(t, "upper_hex", f"ry1-{NONCE.upper()}@host:1")
+    write(t, "short_nonce", f"ry1-{NONCE[:31]}@host:1")
+    write(t, "space_in_coordinator", f"ry1-{NONCE}@host 1")
+    write(t, "at_in_coordinator", f"ry1-{NONCE}@a@b")
+    write(t, "empty_coordinator", f"ry1-{NONCE}@")
+    # The first 8 bytes are also CheckRankOf's (rank, nranks).
+    write(t, "rank_limits", struct.pack("<ii", 65535, 65536) + f"ry1-{NONCE}@h".encode())
+    write(t, "rank_negative", struct.pack("<ii", -1, 4))
+
+
+def job_tokens_seeds():
+    t = "job_tokens_fuzz"
+    write(t, "two_jobs", "# job tokens\njob-a tokA\njob.b  tokB  # trailing comment\n")
+    write(t, "tabs_crlf", "job-a\ttokA\r\njob-b \t tokB\r\n\r\n")
+    write(t, "longest_job", "j" * 128 + " t\n")
+    write(t, "too_long_job", "j" * 129 + " t\n")
+    write(t, "duplicate", "a b\na c\n")
+    write(t, "three_fields", "a b c\n")
+    write(t, "bad_job_id", "a/b token\n")
+    write(t, "only_comments", "#\n   # x\n\n")
+    # Found by this target: the token was "\fl\x01..." (blanks other than ' ' did not separate).
+    write(t, "regress_formfeed_separator", bytes.fromhex("6c6c200c6c010000a0cea8a0b024a00200"))
+
+
+def topology_seeds():
+    t = "topology_file_fuzz"
+    for f in ("torus_8x16.json", "three_tier_16x8.json", "flat_128.json"):
+        shutil.copy(ROOT / "examples" / "topologies" / f, CORPUS / t / f)
+    write(t, "daemon_two_rails.json", json.dumps(
+        {"node": "node-a", "rails": [{"name": "rail0", "device": "lo"}, {"device": "lo", "speed_gbps": 100}]}))
+    write(t, "node_parts.json", json.dumps({
+        "node": "n", "rails": [{"name": "r0", "device": "eth0", "numa_node": 0}],
+        "gpus": [{"index": 0, "numa_node": 0}, {"index": 1, "pci_bus_id": "0000:18:00.0"}],
+        "numa_nodes": [{"id": 0, "cpus": "0-3,8,10-11"}, {"id": 1, "cpus": ""}],
+        "nics": [{"name": "eth0", "speed_gbps": 100, "state": "up", "rdma_device": "mlx5_0:1"}],
+        "intra": {"alpha": "0.5us", "bandwidth": "450GB/s"}}))
+    write(t, "torus_3d.json", json.dumps({"fabric": {
+        "kind": "torus", "torus_dims": [4, 4, 4], "inter": {"alpha": "1us", "bandwidth": "400Gbit/s"},
+        "cpu_overhead": "1us", "in_network_reduction": True}}))
+    write(t, "two_tier_units.json", json.dumps({
+        "intra": {"alpha": "500ns", "bandwidth": "50GiB/s"},
+        "fabric": {"kind": "two-tier", "nodes": 2, "ranks_per_node": 4, "rails": 2,
+                   "inter": {"alpha": "0.002ms", "bandwidth": "12.5 GB/s"}}}))
+    write(t, "cpulist_overlapping.json", json.dumps({"numa_nodes": [{"id": 0, "cpus": "8-10,0-3,2-9,9"}]}))
+    # Regressions, each refused now: 400 copies of the widest range made a 2 GiB vector (OOM);
+    # an infinite rail speed became the inter bandwidth; an infinite oversubscription; a torus
+    # whose dims overflowed int64 before the node limit was checked (UBSan).
+    write(t, "regress_cpulist_repeated.json",
+          json.dumps({"numa_nodes": [{"id": 0, "cpus": ",".join(["0-1048575"] * 400)}]}))
+    write(t, "regress_infinite_rail.json",
+          '{"rails":[{"speed_gbps":"Infinity"}],"fabric":{"kind":"flat","nodes":2}}')
+    write(t, "regress_infinite_oversubscription.json",
+          '{"fabric":{"kind":"three_tier","nodes":4,"nodes_per_rack":2,"oversubscription":"Infinity",'
+          '"inter":{"bandwidth":"1GB/s"}}}')
+    write(t, "regress_torus_overflow.json",
+          '{"fabric":{"kind":"torus","torus_dims":[2147483647,2147483647,2147483647],'
+          '"inter":{"bandwidth":"1GB/s"}}}')
+    write(t, "bad_unknown_field.json", '{"rails": [], "nope": 1}')
+    write(t, "unit_bandwidth", "100 Gbps")
+    write(t, "unit_size", "1.5 MiB")
+    write(t, "unit_huge", "1e300 TB/s")
+
+
+def calibration_seeds(pb):
+    t = "calibration_fuzz"
+    fit = {"intra": {"alpha_s": 5e-06, "beta_bytes_per_s": 4e9},
+           "inter": {"alpha_s": 6e-05, "beta_bytes_per_s": 1e9},
+           "overhead_s": 5e-06, "op_overhead_s": 0.0003, "source": "fit", "op": "allreduce",
+           "algorithm": "ring", "placement": "2x2", "topology": "loopback",
+           "fitted_at": "2024-01-01T00:00:00Z", "nranks": 4, "nnodes": 2, "samples": 12,
+           "rms_relative_error": 0.03}
+    write(t, "fit.json", json.dumps(fit, indent=2))
+    write(t, "minimal.json", json.dumps({k: fit[k] for k in ("intra", "inter")}))
+    write(t, "zero_beta.json", json.dumps({**fit, "inter": {"alpha_s": 0, "beta_bytes_per_s": 0}}))
+    write(t, "wrong_type.json", json.dumps({**fit, "nranks": "four"}))
+    write(t, "not_object.json", "[1, 2]")
+    # Found by this target: nnodes 1e305 converted to int (UBSan float-cast-overflow).
+    write(t, "regress_int_field_overflow.json",
+          '{"intra": {"alpha_s": 5e-06, "beta_bytes_per_s": 4000000000.0}, "inter": {"alpha_s": 0, '
+          '"beta_bytes_per_s": 0}, "overheads": 0.0003, "sourceks": 4, "nnodes": 1e305, "sample:": 12, '
+          '"rms_relative_error": 0.03}')
+    write(t, "regress_infinite_fit_error.json", json.dumps(fit)[:-1] + ', "rms_relative_error": 1e999}')
+    m = pb["cost"].CostModel(intra_alpha_s=5e-6, intra_beta_bytes_per_s=4e9, inter_alpha_s=6e-5,
+                             inter_beta_bytes_per_s=1e9, overhead_s=5e-6, op_overhead_s=3e-4,
+                             source="fit", op="allreduce", algorithm="ring", nranks=4, nnodes=2,
+                             samples=12, rms_relative_error=0.03)
+    write(t, "cost_model.bin", m.SerializeToString(deterministic=True))
+
+
+def submit_seeds(pb):
+    t = "request_decode_fuzz"
+    local, common = pb["local"], pb["common"]
+
+    def seed(name, nranks_byte, rank, **fields):
+        req = local.SubmitRequest(session_id="s", comm_handle=1, request_id=7, **fields)
+        write(t, name, bytes([nranks_byte, rank & 0xFF, rank >> 8]) + req.SerializeToString(deterministic=True))
+
+    ref = local.BufferRef
+    f32, i8 = common.DATA_TYPE_FLOAT32, common.DATA_TYPE_INT8
+    seed("allreduce", 3, 1, op=common.COLLECTIVE_OP_ALL_REDUCE, dtype=f32, red_op=common.RED_OP_SUM,
+         count=256, send=ref(buffer_id=1), recv=ref(buffer_id=2))
+    seed("allreduce_inplace", 3, 0, op=common.COLLECTIVE_OP_ALL_REDUCE, dtype=f32,
+         red_op=common.RED_OP_MAX, count=1024, send=ref(buffer_id=1), recv=ref(buffer_id=1))
+    seed("reducescatter_inplace", 3, 2, op=common.COLLECTIVE_OP_REDUCE_SCATTER, dtype=f32,
+         red_op=common.RED_OP_SUM, count=64, send=ref(buffer_id=4), recv=ref(buffer_id=4, offset=512))
+    seed("allgather_inplace", 3, 1, op=common.COLLECTIVE_OP_ALL_GATHER, dtype=i8, count=25,
+         send=ref(buffer_id=3, offset=25), recv=ref(buffer_id=3))
+    seed("broadcast_nonroot", 7, 3, op=common.COLLECTIVE_OP_BROADCAST, dtype=common.DATA_TYPE_UINT64,
+         count=16, root=2, recv=ref(buffer_id=2, offset=8))
+    seed("reduce_root_algo", 7, 2, op=common.COLLECTIVE_OP_REDUCE, dtype=common.DATA_TYPE_BFLOAT16,
+         red_op=common.RED_OP_AVG, count=100, root=2, send=ref(buffer_id=1), recv=ref(buffer_id=2),
+         algo="ring", timeout_ms=1000)
+    seed("alltoall", 3, 0, op=common.COLLECTIVE_OP_ALL_TO_ALL, dtype=common.DATA_TYPE_INT32, count=8,
+         send=ref(buffer_id=1), recv=ref(buffer_id=2))
+    seed("alltoallv_inplace", 2, 1, op=common.COLLECTIVE_OP_ALL_TO_ALL_V, dtype=common.DATA_TYPE_FLOAT16,
+         send=ref(buffer_id=4), recv=ref(buffer_id=4), send_counts=[3, 0, 5], send_displs=[0, 3, 3],
+         recv_counts=[3, 0, 5], recv_displs=[0, 3, 3])
+    seed("alltoallv_overlap", 2, 0, op=common.COLLECTIVE_OP_ALL_TO_ALL_V, dtype=i8,
+         send=ref(buffer_id=1), recv=ref(buffer_id=1), send_counts=[4, 4, 4], send_displs=[0, 2, 8],
+         recv_counts=[4, 4, 4], recv_displs=[0, 2, 8])
+    seed("send", 1, 0, op=common.COLLECTIVE_OP_SEND, dtype=f32, count=10, root=1, send=ref(buffer_id=3))
+    seed("recv_self", 1, 1, op=common.COLLECTIVE_OP_RECV, dtype=f32, count=10, root=1, recv=ref(buffer_id=3))
+    seed("barrier", 0, 0, op=common.COLLECTIVE_OP_BARRIER)
+    seed("past_end", 3, 0, op=common.COLLECTIVE_OP_ALL_REDUCE, dtype=common.DATA_TYPE_FLOAT64,
+         red_op=common.RED_OP_SUM, count=512, send=ref(buffer_id=1, offset=8), recv=ref(buffer_id=2))
+    seed("overflow_count", 0xF5, 300, op=common.COLLECTIVE_OP_ALL_GATHER, dtype=common.DATA_TYPE_UINT64,
+         count=(1 << 64) - 1, send=ref(buffer_id=4), recv=ref(buffer_id=4))
+    seed("unknown_buffer", 3, 0, op=common.COLLECTIVE_OP_ALL_REDUCE, dtype=f32, red_op=common.RED_OP_SUM,
+         count=1, send=ref(buffer_id=99), recv=ref(buffer_id=2))
+    seed("unknown_algo", 3, 0, op=common.COLLECTIVE_OP_BARRIER, algo="x" * 100)
+
+
+def peer_seeds(pb):
+    t = "peer_join_fuzz"
+    peer = pb["peer"]
+
+    def node(name, slot, rails=1):
+        return peer.NodeInfo(node_name=name, peer_address=f"{name}:7411",
+                             rail_addresses=["ab" * 8] * rails, tag_slot=slot)
+
+    def member(name, layout):
+        write(t, name, b"\x00" + layout.SerializeToString(deterministic=True))
+
+    def coordinator(name, requests):
+        out = b"\x01"
+        for r in requests:
+            data = r.SerializeToString(deterministic=True)
+            out += struct.pack("<H", len(data)) + data
+        write(t, name, out)
+
+    member("member_two_nodes", peer.JoinCommResponse(
+        nodes=[node("a", 1), node("b", 4097, 2)], node_of_rank=[0, 0, 1, 1], rails=1,
+        cost_model=pb["cost"].CostModel(intra_alpha_s=5e-6, intra_beta_bytes_per_s=4e9)))
+    member("member_one_node", peer.JoinCommResponse(nodes=[peer.NodeInfo(node_name="solo")],
+                                                    node_of_rank=[0, 0, 0], rails=1))
+    member("member_rank_past_nodes", peer.JoinCommResponse(nodes=[node("a", 1), node("b", 2)],
+                                                           node_of_rank=[0, 5], rails=1))
+    # Found by this target: two nodes and no ranks passed CheckLayoutFits.
+    member("regress_member_no_ranks", peer.JoinCommResponse(nodes=[node("a", 1), node("b", 2)]))
+    member("member_idle_node", peer.JoinCommResponse(nodes=[node("a", 1), node("b", 2)],
+                                                     node_of_rank=[1, 1], rails=1))
+
+    def join(rank, nranks, name, slot=3, comm=f"ry1-{NONCE}@a:7411", timeout_ms=0):
+        return peer.JoinCommRequest(job_id="job", comm_id=comm, rank=rank, nranks=nranks,
+                                    node=node(name, slot), timeout_ms=timeout_ms)
+
+    coordinator("coord_two_nodes", [join(0, 3, "a"), join(2, 3, "b", slot=9), join(1, 3, "a")])
+    coordinator("coord_rank_twice", [join(0, 2, "a"), join(0, 2, "a")])
+    coordinator("coord_nranks_disagree", [join(0, 2, "a"), join(1, 3, "b")])
+    coordinator("coord_slot_disagree", [join(0, 2, "a", slot=1), join(1, 2, "a", slot=2)])
+    coordinator("coord_timeout", [join(0, 4, "a", timeout_ms=10), join(1, 4, "b")])
+    coordinator("coord_wide", [join(65535, 65536, "a", comm=f"ry1-{NONCE}@w:1")])
+    # Regression: each join of nranks 65536 made the coordinator hold ~7 MB (these 4 KB took 2 GB)
+    # until its deadline.
+    wide = []
+    while sum(len(r.SerializeToString()) + 2 for r in wide) < 3990:
+        wide.append(peer.JoinCommRequest(job_id="j", comm_id=f"c{len(wide)}", rank=0, nranks=65536))
+    coordinator("regress_wide_joins", wide)
+
+
+def fd_channel_seeds():
+    t = "fd_channel_fuzz"
+    # Packets: <length byte> <descriptor count byte> <bytes>. The header is RYFD v1, then
+    # type, cookie, handle, code, payload length (proto/railyard/v1/fd_channel.h).
+    def msg(kind, cookie=7, payload=b""):
+        return struct.pack("<IHHQQII", 0x44465952, 1, kind, cookie, 0, 0, len(payload)) + payload
+
+    def packet(data, nfds):
+        return bytes([len(data), nfds]) + data
+    write(t, "put_one_fd", packet(msg(2), 1))
+    write(t, "put_then_put", packet(msg(2, 1), 1) + packet(msg(2, 2), 1))
+    write(t, "put_without_fd", packet(msg(2), 0) + packet(msg(2, 3), 1))
+    write(t, "put_three_fds", packet(msg(2), 3))
+    write(t, "hello_from_client", packet(msg(1), 0))
+    write(t, "bad_length", packet(msg(2)[:-4] + struct.pack("<I", 9), 1))
+    write(t, "error_payload", packet(msg(4, 0, b"why"), 0))
+    write(t, "garbage", packet(b"GET / HTTP/1.1\r\n\r\n", 2))
+
+
+def signed_token_seeds():
+    t = "signed_token_fuzz"
+    mac = "0" * 64
+    write(t, "shape", "\x00ryt1.1800000000.job." + mac)
+    write(t, "dotted_job", "\x01ryt1.1800000000.a.b.c." + mac)
+    write(t, "no_expiry", "\x00ryt1..job." + mac)
+    write(t, "huge_expiry", "\x00ryt1." + "9" * 40 + ".job." + mac)
+    write(t, "key_file", "# keys\n" + "01" * 32 + "\n" + "7f" * 48 + "\n")
+    write(t, "policy_file", "job uids=1000,1001\n* gids=5\n")
+
+
+def main():
+    if CORPUS.exists():
+        shutil.rmtree(CORPUS)
+    (CORPUS / "topology_file_fuzz").mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        pb = load_protos(pathlib.Path(tmp))
+        comm_id_seeds()
+        job_tokens_seeds()
+        topology_seeds()
+        calibration_seeds(pb)
+        submit_seeds(pb)
+        peer_seeds(pb)
+        fd_channel_seeds()
+        signed_token_seeds()
+    total = sum(f.stat().st_size for f in CORPUS.rglob("*") if f.is_file())
+    count = sum(1 for f in CORPUS.rglob("*") if f.is_file())
+    print(f"make_seeds: {count} files, {total} bytes under {CORPUS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+// Fuzz target: the peer plane's communicator bootstrap (proto/railyard/v1/peer.proto,
+// daemon/comm/bootstrap.h), both sides of Peer.JoinComm. Byte 0 picks the side:
+//  even: the rest is the JoinCommResponse a member receives from a coordinator. Property: a
+//        layout CheckLayoutFits accepts is one DaemonCore builds a communicator from without
+//        reading out of bounds: CommLayout::FromNodeOfRank over its node_of_rank gives exactly
+//        its nodes, each holding a rank and a distinct daemon, every rank on a node, at most
+//        kMaxRanks ranks.
+//  odd:  the rest is a sequence of JoinCommRequests (each a 2-byte little-endian length and the
+//        message) a coordinator receives from peers, run through CommBootstrap::Join on a fake
+//        clock. Properties: a join is accepted or refused at once with INVALID_ARGUMENT or
+//        ALREADY_EXISTS; once the clock passes every deadline each accepted join has had its
+//        answer exactly once; every layout answered has one node per distinct daemon, one
+//        node_of_rank entry per rank, and passes CheckLayoutFits.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "daemon/comm/bootstrap.h"
+#include "daemon/scheduler/schedule.h"
+#include "daemon/scheduler/tags.h"
+#include "daemon/util/clock.h"
+#include "daemon/util/deadline_timer.h"
+#include "railyard/v1/peer.pb.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/quiet_protobuf.h"
+
+namespace railyard {
+namespace {
+
+constexpr char kCommId[] = "ry1-0123456789abcdef0123456789abcdef@fuzz:1";
+
+void CheckMemberLayout(const uint8_t* data, size_t size) {
+  v1::JoinCommResponse layout;
+  if (!layout.ParseFromArray(data, static_cast<int>(size))) return;
+  const absl::Status fits = CommBootstrap::CheckLayoutFits(layout, kCommId);
+  if (!fits.ok()) {
+    FUZZ_CHECK(fits.code() == absl::StatusCode::kInvalidArgument ||
+                   fits.code() == absl::StatusCode::kFailedPrecondition,
+               fits.ToString());
+    return;
+  }
+  // DaemonCore builds a multi-node communicator from what it accepts (MakeMultiNodeComm): the
+  // node of every rank, then layout.nodes(n) for each node the ranks name.
+  if (layout.nodes_size() <= 1) return;
+  const std::vector<int> node_of_rank(layout.node_of_rank().begin(), layout.node_of_rank().end());
+  FUZZ_CHECK(!node_of_rank.empty() && node_of_rank.size() <= scheduler::tags::kMaxRanks,
+             absl::StrCat("accepted a layout of ", node_of_rank.size(), " ranks"));
+  for (int n : node_of_rank) {
+    FUZZ_CHECK(n >= 0 && n < layout.nodes_size(),
+               absl::StrCat("accepted node_of_rank ", n, " with ", layout.nodes_size(), " nodes"));
+  }
+  std::set<std::string> daemons;
+  for (const v1::NodeInfo& node : layout.nodes()) {
+    FUZZ_CHECK(daemons.insert(CommBootstrap::NodeId(node)).second,
+               "accepted a layout listing one daemon twice");
+  }
+  const scheduler::CommLayout l = scheduler::CommLayout::FromNodeOfRank(node_of_rank, 1);
+  FUZZ_CHECK(l.nnodes == layout.nodes_size(),
+             absl::StrCat("ranks span ", l.nnodes, " nodes of ", layout.nodes_size()));
+  for (int n = 0; n < l.nnodes; ++n) {
+    FUZZ_CHECK(!l.ranks_of_node[n].empty(), absl::StrCat("node ", n, " holds no rank"));
+  }
+}
+
+class FakeClock final : public Clock {
+ public:
+  absl::Time Now() const override { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000'000);
+};
+
+struct Answer {
+  int calls = 0;
+  absl::Status status;
+  v1::JoinCommResponse layout;
+  int nranks = 0;
+};
+
+void CheckAnswer(const Answer& a) {
+  if (!a.status.ok()) {
+    FUZZ_CHECK(a.status.code() == absl::StatusCode::kDeadlineExceeded ||
+                   a.status.code() == absl::StatusCode::kInvalidArgument ||
+                   a.status.code() == absl::StatusCode::kFailedPrecondition,
+               a.status.ToString());
+    return;
+  }
+  FUZZ_CHECK(
+      a.layout.node_of_rank_size() == a.nranks,
+      absl::StrCat(a.layout.node_of_rank_size(), " node_of_rank entries for ", a.nranks, " ranks"));
+  const absl::Status fits = CommBootstrap::CheckLayoutFits(a.layout, kCommId);
+  FUZZ_CHECK(fits.ok(),
+             absl::StrCat("the coordinator answered a layout that does not fit: ", fits.message()));
+  std::vector<bool> used(a.layout.nodes_size(), false);
+  for (int n : a.layout.node_of_rank()) {
+    FUZZ_CHECK(n >= 0 && n < a.layout.nodes_size(), absl::StrCat("node_of_rank ", n));
+    used[n] = true;
+  }
+  std::set<std::string> daemons;
+  for (int n = 0; n < a.layout.nodes_size(); ++n) {
+    FUZZ_CHECK(used[n], absl::StrCat("node ", n, " of the answer holds no rank"));
+    FUZZ_CHECK(daemons.insert(CommBootstrap::NodeId(a.layout.nodes(n))).second,
+               "one daemon is two nodes of the layout");
+  }
+}
+
+void CheckCoordinator(const uint8_t* data, size_t size) {
+  FakeClock clock;
+  DeadlineTimer timer(&clock);
+  CommBootstrap bootstrap(&timer);
+  std::vector<std::shared_ptr<Answer>> accepted;
+  while (size >= 2) {
+    const size_t len = std::min<size_t>(data[0] | (data[1] << 8), size - 2);
+    v1::JoinCommRequest req;
+    const bool parsed = req.ParseFromArray(data + 2, static_cast<int>(len));
+    data += 2 + len;
+    size -= 2 + len;
+    if (!parsed) continue;
+    auto answer = std::make_shared<Answer>();
+    answer->nranks = req.nranks();
+    // As DaemonCore::CoordinateJoin: the request's timeout, a default for 0.
+    const absl::Duration timeout =
+        req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::Seconds(60);
+    const absl::Status s =
+        bootstrap.Join(req, timeout, [answer](const absl::StatusOr<v1::JoinCommResponse>& r) {
+          ++answer->calls;
+          answer->status = r.status();
+          if (r.ok()) answer->layout = *r;
+        });
+    if (s.ok()) {
+      accepted.push_back(answer);
+    } else {
+      FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument ||
+                     s.code() == absl::StatusCode::kAlreadyExists,
+                 s.ToString());
+      FUZZ_CHECK(answer->calls == 0, "a refused join was answered");
+    }
+  }
+  for (const auto& a : accepted) {
+    FUZZ_CHECK(a->calls <= 1, absl::StrCat("a join answered ", a->calls, " times"));
+  }
+  clock.Advance(absl::Hours(24 * 50));  // past the longest timeout_ms (2^32 ms)
+  timer.RunDue();
+  for (const auto& a : accepted) {
+    FUZZ_CHECK(a->calls == 1, absl::StrCat("a join answered ", a->calls, " times"));
+    CheckAnswer(*a);
+  }
+}
+
+}  // namespace
+}  // namespace railyard
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  if (data[0] % 2 == 0) {
+    railyard::CheckMemberLayout(data + 1, size - 1);
+  } else {
+    railyard::CheckCoordinator(data + 1, size - 1);
+  }
+  return 0;
+}
