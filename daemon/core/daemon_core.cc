@@ -134,7 +134,10 @@ CommEnv DaemonCore::MakeCommEnv() {
 }
 
 absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
-  return timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : config_.init_timeout;
+  // Whoever asks (a client, or a peer daemon relaying one) waits at most an hour, or
+  // --init_timeout when that is longer: a join's state must not be held for 49 days.
+  if (timeout_ms == 0) return config_.init_timeout;
+  return std::min(absl::Milliseconds(timeout_ms), std::max(config_.init_timeout, absl::Hours(1)));
 }
 
 void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
@@ -185,9 +188,11 @@ absl::Status DaemonCore::CoordinateJoin(const v1::JoinCommRequest& req, CommBoot
 void DaemonCore::AbortFromPeer(const v1::AbortCommRequest& req) {
   std::shared_ptr<Communicator> comm = comms_.Find({req.job_id(), req.comm_id()});
   if (comm == nullptr) return;
-  const auto code = static_cast<absl::StatusCode>(req.code());
-  comm->Abort(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kAborted : code,
-                           req.message()),
+  // A peer's code and words go to every local rank: only real codes, and a bounded message.
+  const bool known =
+      req.code() > 0 && req.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
+  const auto code = known ? static_cast<absl::StatusCode>(req.code()) : absl::StatusCode::kAborted;
+  comm->Abort(absl::Status(code, req.message().substr(0, 1024)),
               /*notify=*/false, /*transfers_now=*/false);
 }
 

@@ -267,8 +267,9 @@ bool FdChannelServer::ReadFrom(const std::shared_ptr<FdChannel>& channel, int fd
     msg.msg_controllen = sizeof(control);
     const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    if (n == 0) return false;  // the client closed it (or the session ended: Close)
-    // Own every descriptor that came, whatever else is wrong with the message.
+    // Own every descriptor that came, whatever else is wrong with the message: even a 0-byte
+    // record, which reads as end of stream, can carry some (found by fd_channel_fuzz: they
+    // leaked).
     std::vector<UniqueFd> fds;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -279,6 +280,7 @@ bool FdChannelServer::ReadFrom(const std::shared_ptr<FdChannel>& channel, int fd
         fds.emplace_back(received);
       }
     }
+    if (n == 0) return false;  // the client closed it (or the session ended: Close)
     std::string why;
     std::optional<fdproto::Message> m =
         (msg.msg_flags & MSG_TRUNC) != 0

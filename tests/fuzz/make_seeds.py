@@ -241,6 +241,10 @@ def fd_channel_seeds():
     write(t, "bad_length", packet(msg(2)[:-4] + struct.pack("<I", 9), 1))
     write(t, "error_payload", packet(msg(4, 0, b"why"), 0))
     write(t, "garbage", packet(b"GET / HTTP/1.1\r\n\r\n", 2))
+    # Found by the target: a 0-byte record reads as end of stream, and the descriptor it carried
+    # leaked; and the empty record alone.
+    write(t, "regress_empty_record_with_fd", packet(msg(2), 1) + bytes([0, 1]))
+    write(t, "regress_empty_record", packet(msg(2), 1) + bytes([0, 0]))
 
 
 def signed_token_seeds():

@@ -22,8 +22,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace railyard;
   if (size == 0) return 0;
-  static const std::vector<std::string> keys = {std::string(32, '\x01'),
-                                                std::string(48, '\x7f')};
+  static const std::vector<std::string> keys = {std::string(32, '\x01'), std::string(48, '\x7f')};
   static const char* const jobs[] = {"job", "a.b.c", "ryt1", "x-1_2.3", "other"};
   const std::string job = jobs[data[0] % 5];
   const absl::Time now = absl::FromUnixSeconds(1700000000 + (data[0] >> 3) * 1000);

@@ -169,6 +169,25 @@ TEST_F(FdChannelTest, PendingDescriptorsAreBoundedAndRefusedMessagesCloseWhatThe
   EXPECT_EQ(OpenFds(), baseline + 3 + 2);  // the two pending ones, held by the server
 }
 
+TEST_F(FdChannelTest, AnEmptyRecordEndsTheConnectionAndTheDescriptorItCarriedIsClosed) {
+  Start();
+  UniqueFd c = Connect();
+  ASSERT_TRUE(Receive(c).has_value());
+  const int baseline = OpenFds();
+  {
+    UniqueFd mem = Memfd();
+    Send(c, "", {mem.get()});  // reads as end of stream (found by fd_channel_fuzz: it leaked)
+  }
+  EXPECT_FALSE(Receive(c).has_value());
+  c.Reset();
+  for (int i = 0; i < 200 && (server_->connections() > 0 || OpenFds() > baseline - 2); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(server_->connections(), 0u);
+  // Gone: both ends of the connection, and both copies of the memfd.
+  EXPECT_EQ(OpenFds(), baseline - 2);
+}
+
 TEST_F(FdChannelTest, MalformedMessagesEndTheConnection) {
   Start();
   fdproto::Message wrong_way;
