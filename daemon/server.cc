@@ -118,6 +118,8 @@ absl::Status Server::Start() {
   builder.AddListeningPort(absl::StrCat("unix:", config_.socket), grpc::InsecureServerCredentials(),
                            &bound);
   builder.RegisterService(local_.get());
+  admin_refusal_ = std::make_unique<AdminRefusal>(config_.admin_socket);
+  builder.RegisterService(admin_refusal_.get());
   grpc_ = builder.BuildAndStart();
   if (grpc_ == nullptr || bound == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config_.socket));
@@ -279,6 +281,7 @@ void Server::Shutdown() {
   }
   local_.reset();
   admin_.reset();
+  admin_refusal_.reset();
   fd_channels_.reset();
   peer_.reset();
   core_.reset();

@@ -8,6 +8,7 @@
 #include "daemon/config.h"
 #include "daemon/core/daemon_core.h"
 #include "daemon/metrics/http_server.h"
+#include "daemon/services/admin_refusal.h"
 #include "daemon/services/admin_service.h"
 #include "daemon/services/local_service.h"
 #include "daemon/services/peer_service.h"
@@ -39,6 +40,7 @@ class Server {
   std::unique_ptr<DaemonCore> core_;
   std::unique_ptr<LocalService> local_;
   std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<AdminRefusal> admin_refusal_;  // Admin on the client socket: refused
   std::unique_ptr<PeerService> peer_;
   std::unique_ptr<FdChannelServer> fd_channels_;  // <socket>.fd
   std::unique_ptr<grpc::Server> grpc_;            // Local, on --socket
