@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/util/config_lines.h"
 
 namespace railyard::auth {
 namespace {
@@ -152,12 +153,7 @@ absl::StatusOr<Parts> Split(absl::string_view token) {
 absl::StatusOr<std::vector<std::string>> ParseKeys(absl::string_view content,
                                                    absl::string_view where) {
   std::vector<std::string> keys;
-  int lineno = 0;
-  for (absl::string_view line : absl::StrSplit(content, '\n')) {
-    ++lineno;
-    if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty()) continue;
+  absl::Status parsed = ForEachConfigLine(content, [&](int lineno, absl::string_view line) {
     const auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(where, " line ", lineno, ": ", why));
     };
@@ -179,7 +175,9 @@ absl::StatusOr<std::vector<std::string>> ParseKeys(absl::string_view content,
       key[i] = static_cast<char>(HexValue(line[2 * i]) << 4 | HexValue(line[2 * i + 1]));
     }
     keys.push_back(std::move(key));
-  }
+    return absl::OkStatus();
+  });
+  if (!parsed.ok()) return parsed;
   if (keys.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": no key (one hex key of at least ",
                                                    2 * kMinKeyBytes, " digits per line)"));

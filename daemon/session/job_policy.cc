@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "daemon/session/job_tokens.h"
 #include "daemon/session/peer_cred.h"
+#include "daemon/util/config_lines.h"
 
 namespace railyard {
 namespace {
@@ -28,12 +29,7 @@ bool ParseIds(absl::string_view list, std::set<uint32_t>* out) {
 
 absl::StatusOr<JobPolicy> JobPolicy::Parse(absl::string_view content) {
   JobPolicy policy;
-  int lineno = 0;
-  for (absl::string_view line : absl::StrSplit(content, '\n')) {
-    ++lineno;
-    if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty()) continue;
+  absl::Status parsed = ForEachConfigLine(content, [&](int lineno, absl::string_view line) {
     std::vector<absl::string_view> parts = absl::StrSplit(line, ' ', absl::SkipWhitespace());
     auto bad = [lineno](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat("job policy line ", lineno, ": ", why));
@@ -55,7 +51,9 @@ absl::StatusOr<JobPolicy> JobPolicy::Parse(absl::string_view content) {
     if (!policy.rules_.emplace(std::string(parts[0]), std::move(rule)).second) {
       return bad(absl::StrCat(parts[0], " has a rule already"));
     }
-  }
+    return absl::OkStatus();
+  });
+  if (!parsed.ok()) return parsed;
   return policy;
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "daemon/util/config_lines.h"
 
 namespace railyard {
 
@@ -21,12 +22,7 @@ bool ValidJobId(absl::string_view job) {
 
 absl::StatusOr<std::map<std::string, std::string>> ParseJobTokens(absl::string_view content) {
   std::map<std::string, std::string> tokens;
-  int lineno = 0;
-  for (absl::string_view line : absl::StrSplit(content, '\n')) {
-    ++lineno;
-    if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty()) continue;
+  absl::Status parsed = ForEachConfigLine(content, [&](int lineno, absl::string_view line) {
     // Any run of blanks separates the two: a tab after the job id is not part of the token.
     std::vector<absl::string_view> parts =
         absl::StrSplit(line, absl::ByAnyChar(" \t\v\f\r"), absl::SkipEmpty());
@@ -38,7 +34,9 @@ absl::StatusOr<std::map<std::string, std::string>> ParseJobTokens(absl::string_v
       return absl::InvalidArgumentError(
           absl::StrCat("job tokens line ", lineno, ": job ", parts[0], " listed twice"));
     }
-  }
+    return absl::OkStatus();
+  });
+  if (!parsed.ok()) return parsed;
   return tokens;
 }
 
