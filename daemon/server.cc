@@ -179,21 +179,44 @@ absl::StatusOr<SessionAuth> Server::LoadAuth() const {
 }
 
 absl::Status Server::StartAdmin() {
+  // Operators only: the owner (root under systemd and in the DaemonSet). The socket must never be
+  // reachable by anyone else, not even between bind and chmod (a connection made then would stay
+  // open): bind it in a fresh 0700 directory, chmod it, and only then rename it into place.
+  const std::string final_path = config_.admin_socket;
+  std::string dir = std::filesystem::path(final_path).parent_path().string();
+  std::string tmpl = absl::StrCat(dir.empty() ? "." : dir, "/.railyard-admin.XXXXXX");
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create a private directory beside ",
+                                                      final_path, ": ", std::strerror(errno)));
+  }
+  const std::string staging = tmpl + "/admin.sock";
+  auto cleanup = [&] {
+    ::unlink(staging.c_str());
+    ::rmdir(tmpl.c_str());
+  };
+  if (staging.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    cleanup();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--admin_socket ", final_path, " is too long for a Unix socket once staged"));
+  }
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(absl::StrCat("unix:", config_.admin_socket),
-                           grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(absl::StrCat("unix:", staging), grpc::InsecureServerCredentials(),
+                           &bound);
   builder.RegisterService(admin_.get());
   admin_grpc_ = builder.BuildAndStart();
   if (admin_grpc_ == nullptr || bound == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config_.admin_socket));
+    cleanup();
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", final_path));
   }
-  admin_socket_created_ = true;
-  // Operators only: the owner (root under systemd and in the DaemonSet).
-  if (::chmod(config_.admin_socket.c_str(), 0600) != 0) {
+  if (::chmod(staging.c_str(), 0600) != 0 || ::rename(staging.c_str(), final_path.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    cleanup();
     return absl::FailedPreconditionError(
-        absl::StrCat("chmod 0600 ", config_.admin_socket, ": ", std::strerror(errno)));
+        absl::StrCat("cannot put the admin socket at ", final_path, " (mode 0600): ", err));
   }
+  ::rmdir(tmpl.c_str());
+  admin_socket_created_ = true;
   return absl::OkStatus();
 }
 
