@@ -112,6 +112,8 @@ absl::Status Server::Start() {
   }
   local_ = std::make_unique<LocalService>(core_.get());
   admin_ = std::make_unique<AdminService>(core_.get());
+  // Admin first: once the client socket answers, the whole daemon does.
+  if (absl::Status s = StartAdmin(); !s.ok()) return s;
 
   grpc::ServerBuilder builder;
   int bound = 0;
@@ -129,7 +131,6 @@ absl::Status Server::Start() {
     return absl::FailedPreconditionError(
         absl::StrCat("chmod 0660 ", config_.socket, ": ", std::strerror(errno)));
   }
-  if (absl::Status s = StartAdmin(); !s.ok()) return s;
   if (!config_.metrics_listen.empty()) {
     if (absl::Status s = StartMetrics(); !s.ok()) return s;
   }

@@ -105,6 +105,10 @@ TEST(LifecycleTest, FlagsComeFromTheEnvironmentAndBadValuesAreRefused) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(up) << d.Output();
+  // The "serving" line follows the socket by a moment.
+  for (int i = 0; i < 500 && d.Output().find("msg=serving") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_THAT(d.Output(), HasSubstr("node=from-env"));
   d.Signal(SIGTERM);
   EXPECT_EQ(d.Wait(std::chrono::seconds(10)).value_or(-1), 0);
