@@ -103,13 +103,18 @@ void Session::DetachStream() {
   stream_ = nullptr;
 }
 
-void Session::PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) {
+v1::SessionEvent CompletionEvent(uint64_t request_id, const absl::Status& status, uint64_t seq) {
   v1::SessionEvent event;
   auto* c = event.mutable_completion();
   c->set_request_id(request_id);
   c->set_code(static_cast<int32_t>(status.code()));
   c->set_message(std::string(status.message()));
   c->set_seq(seq);
+  return event;
+}
+
+void Session::PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) {
+  v1::SessionEvent event = CompletionEvent(request_id, status, seq);
   absl::MutexLock lock(&mu_);
   if (stream_ != nullptr) stream_->Send(std::move(event), quota_);
 }

@@ -67,6 +67,9 @@ struct Membership {
   int rank = 0;
 };
 
+// The Connect-stream event that reports one request's outcome.
+v1::SessionEvent CompletionEvent(uint64_t request_id, const absl::Status& status, uint64_t seq);
+
 class Session : public CompletionSink {
  public:
   // quota: this session's counters (charged with its job's); null: not accounted (tests).

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
+#include "tests/integration/railctl_run.h"
 
 namespace railyard::testing {
 namespace {
@@ -26,19 +27,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::StartsWith;
-
-struct RailctlRun {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class RailctlToken : public ::testing::Test {
  protected:
@@ -54,18 +42,7 @@ class RailctlToken : public ::testing::Test {
 
   // railctl with args (a shell line: may start with "printf ... |"), stdout and stderr apart.
   RailctlRun Railctl(const std::string& args, const std::string& stdin_text = "") {
-    const std::string out = dir_ + "/railctl.out";
-    const std::string err = dir_ + "/railctl.err";
-    const std::string in = dir_ + "/railctl.in";
-    std::ofstream(in) << stdin_text;
-    Process p({"/bin/sh", "-c",
-               std::string(RAILCTL_PATH) + " " + args + " <" + in + " >" + out + " 2>" + err},
-              dir_ + "/sh.log");
-    RailctlRun r;
-    r.code = p.Wait(std::chrono::seconds(20)).value_or(-1);
-    r.out = Slurp(out);
-    r.err = Slurp(err);
-    return r;
+    return testing::Railctl(dir_, args, stdin_text);
   }
 
   // A new key file from `railctl token keygen --out`.

@@ -12,38 +12,13 @@
 #include "gtest/gtest.h"
 #include "railyard/v1/topology.pb.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/railctl_run.h"
 
 namespace railyard::testing {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-struct RailctlRun {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// railctl with args, stdout and stderr apart; bounded by a deadline.
-RailctlRun Railctl(const std::string& dir, const std::string& args) {
-  const std::string out = dir + "/railctl.out";
-  const std::string err = dir + "/railctl.err";
-  Process p({"/bin/sh", "-c", std::string(RAILCTL_PATH) + " " + args + " >" + out + " 2>" + err},
-            dir + "/sh.log");
-  RailctlRun r;
-  r.code = p.Wait(std::chrono::seconds(20)).value_or(-1);
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
-}
 
 v1::NodeTopology ParseJson(const std::string& json) {
   v1::NodeTopology topo;

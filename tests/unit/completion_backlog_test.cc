@@ -32,13 +32,7 @@ constexpr int kBacklog = static_cast<int>(Resource::kCompletionBytes);
 
 // What Session::PostCompletion queues for this completion, serialized.
 uint64_t CompletionBytes(uint64_t request_id, const absl::Status& status, uint64_t seq) {
-  v1::SessionEvent event;
-  auto* c = event.mutable_completion();
-  c->set_request_id(request_id);
-  c->set_code(static_cast<int32_t>(status.code()));
-  c->set_message(std::string(status.message()));
-  c->set_seq(seq);
-  return event.ByteSizeLong();
+  return CompletionEvent(request_id, status, seq).ByteSizeLong();
 }
 
 TEST(CompletionBacklogTest, QueuedCompletionsHoldTheirBytesUntilWrittenAndAreNeverDropped) {
