@@ -177,7 +177,9 @@ v1::NodeInfo DaemonCore::MyNodeInfo() {
   return info;
 }
 
-absl::Status DaemonCore::CoordinateJoin(const v1::JoinCommRequest& req, CommBootstrap::Done done) {
+absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
+                                        CommBootstrap::Done done) {
+  (void)who;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
@@ -185,15 +187,26 @@ absl::Status DaemonCore::CoordinateJoin(const v1::JoinCommRequest& req, CommBoot
   return bootstrap_.Join(req, JoinTimeout(req.timeout_ms()), std::move(done));
 }
 
-void DaemonCore::AbortFromPeer(const v1::AbortCommRequest& req) {
+absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req) {
+  (void)who;
   std::shared_ptr<Communicator> comm = comms_.Find({req.job_id(), req.comm_id()});
-  if (comm == nullptr) return;
+  if (comm == nullptr) return absl::OkStatus();
   // A peer's code and words go to every local rank: only real codes, and a bounded message.
   const bool known =
       req.code() > 0 && req.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
   const auto code = known ? static_cast<absl::StatusCode>(req.code()) : absl::StatusCode::kAborted;
   comm->Abort(absl::Status(code, req.message().substr(0, 1024)),
               /*notify=*/false, /*transfers_now=*/false);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::HeartbeatResponse> DaemonCore::Heartbeat(const PeerIdentity& who,
+                                                            const v1::HeartbeatRequest& req) {
+  (void)who;
+  (void)req;
+  v1::HeartbeatResponse resp;
+  resp.set_node_name(config_.node_name);
+  return resp;
 }
 
 absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
@@ -248,7 +261,7 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
                     std::move(on_layout));
     return absl::OkStatus();
   }
-  return CoordinateJoin(join, std::move(on_layout));
+  return CoordinateJoin(PeerIdentity::Self(), join, std::move(on_layout));
 }
 
 void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,

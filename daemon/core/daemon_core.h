@@ -20,6 +20,7 @@
 #include "daemon/comm/comm_registry.h"
 #include "daemon/comm/communicator.h"
 #include "daemon/comm/peer_client.h"
+#include "daemon/comm/peer_identity.h"
 #include "daemon/config.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/executor.h"
@@ -58,10 +59,15 @@ class DaemonCore {
   void SetNodeGraph(v1::NodeTopology graph);
   v1::NodeTopology NodeGraph();
 
-  // Coordinator side of communicator bootstrap (Peer.JoinComm, or a local rank's InitComm).
-  absl::Status CoordinateJoin(const v1::JoinCommRequest& req, CommBootstrap::Done done);
-  // Another daemon reports that a communicator failed there.
-  void AbortFromPeer(const v1::AbortCommRequest& req);
+  // Coordinator side of communicator bootstrap (Peer.JoinComm from the daemon `who`, or a local
+  // rank's InitComm with PeerIdentity::Self()).
+  absl::Status CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
+                              CommBootstrap::Done done);
+  // The daemon `who` reports that a communicator failed there.
+  absl::Status AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req);
+  // The daemon `who` asks whether this one is alive.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const PeerIdentity& who,
+                                                  const v1::HeartbeatRequest& req);
   // Name written into comm ids as coordinator.
   const std::string& coordinator() const { return coordinator_; }
 

@@ -4,12 +4,18 @@
 
 namespace railyard {
 
+PeerIdentity PeerService::Identify(const grpc::CallbackServerContext& ctx) const {
+  PeerIdentity who;
+  who.peer = ctx.peer();
+  return who;
+}
+
 grpc::ServerUnaryReactor* PeerService::JoinComm(grpc::CallbackServerContext* ctx,
                                                 const v1::JoinCommRequest* req,
                                                 v1::JoinCommResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = core_->CoordinateJoin(
-      *req, [reactor, resp](const absl::StatusOr<v1::JoinCommResponse>& layout) {
+      Identify(*ctx), *req, [reactor, resp](const absl::StatusOr<v1::JoinCommResponse>& layout) {
         if (layout.ok()) *resp = *layout;
         reactor->Finish(ToGrpc(layout.status()));
       });
@@ -18,20 +24,20 @@ grpc::ServerUnaryReactor* PeerService::JoinComm(grpc::CallbackServerContext* ctx
 }
 
 grpc::ServerUnaryReactor* PeerService::Heartbeat(grpc::CallbackServerContext* ctx,
-                                                 const v1::HeartbeatRequest*,
+                                                 const v1::HeartbeatRequest* req,
                                                  v1::HeartbeatResponse* resp) {
-  resp->set_node_name(core_->config().node_name);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  absl::StatusOr<v1::HeartbeatResponse> answer = core_->Heartbeat(Identify(*ctx), *req);
+  if (answer.ok()) *resp = *std::move(answer);
+  reactor->Finish(ToGrpc(answer.status()));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PeerService::AbortComm(grpc::CallbackServerContext* ctx,
                                                  const v1::AbortCommRequest* req,
                                                  v1::AbortCommResponse*) {
-  core_->AbortFromPeer(*req);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpc(core_->AbortFromPeer(Identify(*ctx), *req)));
   return reactor;
 }
 

@@ -22,6 +22,9 @@ class PeerService final : public v1::Peer::CallbackService {
                                       v1::AbortCommResponse* resp) override;
 
  private:
+  // Who called: the verified certificate's names under mutual TLS, nothing under --peer_insecure.
+  PeerIdentity Identify(const grpc::CallbackServerContext& ctx) const;
+
   DaemonCore* core_;
 };
 
