@@ -35,6 +35,8 @@ CUSTOM_VALUES = {
     },
     "tokenKey": {"secretName": "ry-hmac-keys", "key": "hmac.hex"},
     "jobTokens": {"secretName": "railyard-job-tokens", "key": "tokens.txt"},
+    "peerTls": {"secretName": "ry-peer-certs",
+                "keys": {"cert": "peer.pem", "key": "peer-key.pem", "ca": "cluster-ca.pem"}},
     # 68719476736 (> 1e6): Helm would print a float64 value as 6.8719476736e+10.
     "quotas": {"max_sessions_per_job": 64, "max_buffer_bytes_per_job": 68719476736,
                "max_comms_per_session": "8"},

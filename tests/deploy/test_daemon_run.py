@@ -2,8 +2,9 @@
 Admin API answers railctl on the Admin socket the manifest names, and which stops within
 terminationGracePeriodSeconds. Only what cannot exist on a test machine is replaced: the node
 address becomes 127.0.0.1, the ports free ones, the sockets, the token key (the Secret's file) and
-the Admin directory (the emptyDir) temporary paths, and the rails' RDMA devices "lo" over TCP (same
-number of rails). Needs the daemon with --token_key_file and --admin_socket, and railctl with
+the Admin directory (the emptyDir) temporary paths, the peer TLS Secret's files a certificate made
+for the node name and 127.0.0.1, and the rails' RDMA devices "lo" over TCP (same number of
+rails). Needs the daemon with --token_key_file and --admin_socket, and railctl with
 --admin_socket and `token issue`."""
 
 from __future__ import annotations
@@ -51,6 +52,35 @@ def _railctl(daemon: str) -> str:
     return path
 
 
+def _peer_certificate(directory: str, node: str, ip: str) -> None:
+    """What the peer TLS Secret holds (tls.crt, tls.key, ca.crt, as cert-manager writes them):
+    a CA and a certificate it signed naming the node (DNS) and its address (IP)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed: cannot make the peer certificate the args name")
+
+    def run(*args: str) -> None:
+        out = subprocess.run([openssl, *args], capture_output=True, text=True, timeout=60,
+                             cwd=directory)
+        assert out.returncode == 0, f"openssl {' '.join(args)}: {out.stderr}"
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+        "-subj", "/CN=railyard-peer-ca", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    run("req", "-new", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={node}")
+    with open(os.path.join(directory, "ext.cnf"), "w") as f:
+        f.write(f"subjectAltName=DNS:{node},IP:{ip}\nextendedKeyUsage=serverAuth,clientAuth\n"
+                "keyUsage=critical,digitalSignature\nbasicConstraints=critical,CA:FALSE\n")
+    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "ext.cnf", "-out", "tls.crt")
+    for name in ("ca.key", "tls.csr", "ext.cnf", "ca.srl"):
+        if os.path.exists(os.path.join(directory, name)):
+            os.remove(os.path.join(directory, name))
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        os.chmod(os.path.join(directory, name), 0o400)  # the Secret's defaultMode
+
+
 def test_daemonset_args_start_a_daemon_that_passes_its_probes():
     daemon = os.environ.get("RAILYARDD")
     if not daemon:
@@ -92,6 +122,20 @@ def test_daemonset_args_start_a_daemon_that_passes_its_probes():
             for var, sub in env.items():
                 value = value.replace(f"$({var})", sub)
             run[flag] = value
+        # The peer TLS Secret's files, for this node's name and address.
+        tls_flags = ("peer_tls_cert", "peer_tls_key", "peer_tls_ca")
+        assert all(f in args for f in tls_flags), "the DaemonSet runs the peer service with TLS"
+        if dm.daemon_defines(daemon, "peer_tls_cert"):
+            tls_dir = os.path.join(tmp, "peer-tls")
+            os.mkdir(tls_dir)
+            _peer_certificate(tls_dir, env["NODE_NAME"], env["NODE_IP"])
+            for flag in tls_flags:
+                run[flag] = os.path.join(tls_dir, os.path.basename(args[flag]))
+        else:
+            # A daemon built before the peer TLS flags (dm.ANNOUNCED_FLAGS): it would refuse
+            # them as unknown, and runs its plaintext peer service without them.
+            for flag in tls_flags:
+                del run[flag]
         run["socket"] = os.path.join(tmp, "ry.sock")
         run["admin_socket"] = os.path.join(admin_dir, os.path.basename(args["admin_socket"]))
         run["token_key_file"] = key_file

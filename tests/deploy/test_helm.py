@@ -134,7 +134,7 @@ def test_static_job_tokens_alone(chart):
     assert args["job_tokens"] == "/etc/railyard/job-tokens/job_tokens"
     spec = dm.only(objs, "DaemonSet")["spec"]["template"]["spec"]
     secrets = [v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v]
-    assert secrets == ["tok"]
+    assert secrets == ["tok", "railyard-peer-tls"]  # the job tokens, and the peer certificate
     assert "/etc/railyard/token-key" not in {m["mountPath"] for m in c["volumeMounts"]}
 
 

@@ -52,8 +52,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 Combinations of values the chart refuses, with the reason (`helm template` stops with it):
 no token source (the daemon would refuse every Connect), an Admin directory that training pods
-would see through the socket directory, the demo-only first-session token mode, and quota names
-that are not quota flags.
+would see through the socket directory, the demo-only first-session token mode, peer TLS flags
+in extraArgs (peerTls sets them), a cert-manager Certificate without names or beside settings
+that would not use it, and quota names that are not quota flags.
 */}}
 {{- define "railyard.checks" -}}
 {{- if not (or .Values.tokenKey.secretName .Values.jobTokens.secretName) }}
@@ -65,6 +66,23 @@ that are not quota flags.
 {{- range .Values.daemon.extraArgs }}
 {{- if contains "insecure_first_session_token" . }}
 {{- fail "daemon.extraArgs: the first-session token mode is for demos only; give the daemon tokenKey or jobTokens" }}
+{{- end }}
+{{- if or (contains "peer_insecure" .) (contains "peer_tls_" .) }}
+{{- fail "daemon.extraArgs: the peer TLS flags come from peerTls (secretName, keys, hostPath; insecure only for demos), not from extraArgs" }}
+{{- end }}
+{{- end }}
+{{- if .Values.peerTls.certManager.enabled }}
+{{- if .Values.peerTls.insecure }}
+{{- fail "peerTls.certManager.enabled with peerTls.insecure: a certificate the daemons would not use" }}
+{{- end }}
+{{- if .Values.peerTls.hostPath }}
+{{- fail "peerTls.certManager.enabled with peerTls.hostPath: the daemons would read the node's directory, not the Secret the Certificate writes" }}
+{{- end }}
+{{- if not .Values.peerTls.certManager.dnsNames }}
+{{- fail "peerTls.certManager.dnsNames: list every node's name (or a *.domain wildcard over them): each daemon's certificate must name its node" }}
+{{- end }}
+{{- if not .Values.peerTls.certManager.issuerRef.name }}
+{{- fail "peerTls.certManager.issuerRef.name: the Issuer or ClusterIssuer that signs the peer certificate" }}
 {{- end }}
 {{- end }}
 {{- range $name, $value := .Values.quotas }}
