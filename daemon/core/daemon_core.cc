@@ -495,6 +495,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
         }
       };
       frame.on_integrity_error = [link] { link->integrity_errors->Increment(); };
+      // Large messages' CRCs are verified on the executor, not on the rail's progress thread
+      // (which would stop progressing the rail meanwhile); docs/data-plane.md "Cost".
+      frame.offload = [this](std::function<void()> task) { executor_.Post(std::move(task)); };
       net.endpoints[n][r] = std::make_shared<metrics::CountingEndpoint>(
           std::make_shared<transport::FramedEndpoint>(std::move(wire), std::move(frame)), link,
           metrics_->JobFabricBytes(job), metrics_->ucx_endpoints());

@@ -169,6 +169,15 @@ void FramedEndpoint::OnReceived(const std::shared_ptr<Receive>& r, absl::Status 
   }
   const Options& o = r->shared->options;
   const bool has_crc = (magic & kFrameFlagCrc32c) != 0;
+  if (has_crc && o.offload && r->payload >= o.offload_min_bytes) {
+    o.offload([r, has_crc] { Verify(r, has_crc); });
+    return;
+  }
+  Verify(r, has_crc);
+}
+
+void FramedEndpoint::Verify(const std::shared_ptr<Receive>& r, bool has_crc) {
+  const Options& o = r->shared->options;
   if (has_crc || o.integrity == Integrity::kCrc32c) {
     std::string error;
     if (!has_crc) {

@@ -62,8 +62,14 @@ class FramedEndpoint : public Endpoint {
     int max_rejections = 16;
     // Each dropped message, with why (PERMISSION_DENIED status). On a transport thread: cheap.
     std::function<void(const absl::Status&)> on_rejected;
-    // Each message whose checksum failed. On a transport thread: cheap.
+    // Each message whose checksum failed. Cheap: on a transport or offload thread.
     std::function<void()> on_integrity_error;
+    // Where a received message's CRC is verified when its payload has at least
+    // offload_min_bytes: offload(task) runs task on another thread (the daemon's executor).
+    // Unset: on the transport thread that completed the receive (the rail's progress thread for
+    // UCX), which then cannot progress the rail meanwhile.
+    std::function<void(std::function<void()>)> offload;
+    size_t offload_min_bytes = 64 * 1024;
   };
 
   FramedEndpoint(std::shared_ptr<Endpoint> inner, Options options);
@@ -84,6 +90,7 @@ class FramedEndpoint : public Endpoint {
   static void Post(const std::shared_ptr<Receive>& r);
   static void OnReceived(const std::shared_ptr<Receive>& r, absl::Status status, size_t length);
   static void Reject(const std::shared_ptr<Receive>& r, const std::string& why);
+  static void Verify(const std::shared_ptr<Receive>& r, bool has_crc);
 
   const std::shared_ptr<Endpoint> inner_;
   const std::shared_ptr<const Shared> shared_;

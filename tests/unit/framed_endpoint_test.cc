@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -297,6 +298,45 @@ TEST(FramedEndpointTest, AMessageWithoutCrcFailsWhereCrcIsRequired) {
   EXPECT_TRUE(absl::IsDataLoss(r.status)) << r.status;
   EXPECT_TRUE(absl::StrContains(r.status.message(), "carries no CRC-32C")) << r.status;
   EXPECT_EQ(l.integrity_errors.load(), 1);
+}
+
+// Large messages' CRCs are verified where offload runs them (the daemon's executor), small ones
+// on the transport thread; both still catch a flipped bit.
+TEST(FramedEndpointTest, LargeMessagesAreVerifiedOnTheOffloadThread) {
+  Link l;
+  auto flipper =
+      std::make_shared<BitFlipEndpoint>(l.ab_raw, /*every=*/2, /*seed=*/3, kFrameTrailerSize);
+  FramedEndpoint::Options o = l.Options(Integrity::kCrc32c, "b", "a");
+  std::atomic<int> offloaded{0};
+  std::vector<std::thread> threads;
+  absl::Mutex threads_mu;
+  o.offload = [&](std::function<void()> task) {
+    ++offloaded;
+    absl::MutexLock lock(&threads_mu);
+    threads.emplace_back(std::move(task));
+  };
+  o.offload_min_bytes = 1000;
+  FramedEndpoint sender(flipper, l.Options(Integrity::kCrc32c, "a", "b"));
+  FramedEndpoint receiver(l.ba_raw, std::move(o));
+  for (int i = 0; i < 8; ++i) {
+    const size_t size = i < 4 ? 100 : 5000;  // 4 inline, 4 offloaded; every second flipped
+    const std::vector<uint8_t> payload = Random(size, 77 + i);
+    std::vector<uint8_t> got(size, 0);
+    Result r;
+    PostRecv(receiver, 300 + i, got.data(), got.size(), &r);
+    ASSERT_TRUE(SendAndWait(sender, 300 + i, payload.data(), payload.size()));
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+    if (i % 2 == 1) {
+      EXPECT_TRUE(absl::IsDataLoss(r.status)) << i << ": " << r.status;
+    } else {
+      EXPECT_TRUE(r.status.ok()) << i << ": " << r.status;
+      EXPECT_EQ(got, payload);
+    }
+  }
+  EXPECT_EQ(offloaded.load(), 4);
+  EXPECT_EQ(l.integrity_errors.load(), 4);
+  absl::MutexLock lock(&threads_mu);
+  for (auto& t : threads) t.join();
 }
 
 TEST(FramedEndpointTest, IntegrityNames) {
