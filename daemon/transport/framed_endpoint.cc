@@ -2,8 +2,10 @@
 
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/kernels/crc32c.h"
 
 namespace railyard::transport {
@@ -56,6 +58,39 @@ void WriteFrameTrailer(uint64_t secret, Integrity integrity, const Segment* segm
 struct FramedEndpoint::Shared {
   Options options;
   std::string link;
+
+  // Bounce buffers of contiguous sends, reused so that large sends do not fault in fresh pages
+  // every time. At most kPoolBytes stay cached.
+  static constexpr size_t kPoolBytes = size_t{256} << 20;
+  struct Buffer {
+    std::unique_ptr<unsigned char[]> data;
+    size_t capacity = 0;
+  };
+  absl::Mutex mu;
+  std::vector<Buffer> pool ABSL_GUARDED_BY(mu);
+  size_t pooled_bytes ABSL_GUARDED_BY(mu) = 0;
+
+  Buffer Take(size_t size) {
+    {
+      absl::MutexLock lock(&mu);
+      for (size_t i = 0; i < pool.size(); ++i) {
+        if (pool[i].capacity >= size && pool[i].capacity <= 2 * size) {
+          Buffer b = std::move(pool[i]);
+          pool[i] = std::move(pool.back());
+          pool.pop_back();
+          pooled_bytes -= b.capacity;
+          return b;
+        }
+      }
+    }
+    return Buffer{std::unique_ptr<unsigned char[]>(new unsigned char[size]), size};
+  }
+  void Give(Buffer b) {
+    absl::MutexLock lock(&mu);
+    if (pooled_bytes + b.capacity > kPoolBytes) return;  // freed
+    pooled_bytes += b.capacity;
+    pool.push_back(std::move(b));
+  }
 };
 
 // One receive, possibly posted several times.
@@ -85,6 +120,27 @@ void FramedEndpoint::SendV(Tag tag, const Segment* segments, int count, Completi
   if (count < 1 || count >= kMaxSegments) {
     done(absl::InvalidArgumentError(
         absl::StrCat("a framed send takes 1 to ", kMaxSegments - 1, " segments, not ", count)));
+    return;
+  }
+  const size_t payload = TotalSize(segments, count);
+  const size_t min_contiguous = shared_->options.contiguous_send_min_bytes;
+  if (min_contiguous > 0 && payload >= min_contiguous) {
+    // One contiguous buffer: payload, then trailer (see Options::contiguous_send_min_bytes).
+    auto buffer = std::make_shared<Shared::Buffer>(shared_->Take(payload + kFrameTrailerSize));
+    size_t at = 0;
+    for (int i = 0; i < count; ++i) {
+      if (segments[i].size > 0)
+        std::memcpy(buffer->data.get() + at, segments[i].data, segments[i].size);
+      at += segments[i].size;
+    }
+    WriteFrameTrailer(shared_->options.secret, shared_->options.integrity, segments, count,
+                      buffer->data.get() + payload);
+    const Segment whole{buffer->data.get(), payload + kFrameTrailerSize};
+    inner_->SendV(tag, &whole, 1,
+                  [shared = shared_, buffer, done = std::move(done)](absl::Status s) {
+                    shared->Give(std::move(*buffer));
+                    done(std::move(s));
+                  });
     return;
   }
   // The trailer lives until the transport is done with it.

@@ -70,6 +70,12 @@ class FramedEndpoint : public Endpoint {
     // UCX), which then cannot progress the rail meanwhile.
     std::function<void(std::function<void()>)> offload;
     size_t offload_min_bytes = 64 * 1024;
+    // Payloads of at least this many bytes are sent as one contiguous buffer (payload copied next
+    // to the trailer in a pooled bounce buffer) instead of a 2-entry iov: UCX 1.13's rendezvous
+    // cannot zero-copy an iov send and packs it in small fragments, which measured 2x slower at
+    // 1 MiB on tcp than a memcpy plus a contiguous send (docs/data-plane.md "Cost"). Receives are
+    // always an iov (measured as fast as contiguous). 0: always iov.
+    size_t contiguous_send_min_bytes = 64 * 1024;
   };
 
   FramedEndpoint(std::shared_ptr<Endpoint> inner, Options options);
@@ -93,7 +99,7 @@ class FramedEndpoint : public Endpoint {
   static void Verify(const std::shared_ptr<Receive>& r, bool has_crc);
 
   const std::shared_ptr<Endpoint> inner_;
-  const std::shared_ptr<const Shared> shared_;
+  const std::shared_ptr<Shared> shared_;
 };
 
 // Writes the trailer of a message whose payload is segments[0, count) (tests, and the sender).

@@ -114,24 +114,29 @@ void PostRecv(Endpoint& ep, Tag tag, void* data, size_t size, Result* r) {
 TEST(FramedEndpointTest, WireFormatIsPayloadThenSecretCrcMagic) {
   Link l;
   FramedEndpoint sender(l.ab_raw, l.Options(Integrity::kCrc32c, "a", "b"));
+  // 1000 B go out as a 2-entry iov, 100000 B as one contiguous bounce buffer: the same bytes.
+  for (size_t size : {size_t{1000}, size_t{100000}}) {
+    const std::vector<uint8_t> payload = Random(size, size);
+    std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);
+    Result r;
+    PostRecv(*l.ba_raw, 7 + size, wire.data(), wire.size(), &r);
+    ASSERT_TRUE(SendAndWait(sender, 7 + size, payload.data(), payload.size()));
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_TRUE(std::equal(payload.begin(), payload.end(), wire.begin()));
+    const uint8_t* t = wire.data() + payload.size();
+    uint64_t secret = 0;
+    uint32_t crc = 0, magic = 0;
+    for (int i = 0; i < 8; ++i) secret |= uint64_t{t[i]} << (8 * i);
+    for (int i = 0; i < 4; ++i) crc |= uint32_t{t[8 + i]} << (8 * i);
+    for (int i = 0; i < 4; ++i) magic |= uint32_t{t[12 + i]} << (8 * i);
+    EXPECT_EQ(secret, kSecret);
+    EXPECT_EQ(crc, kernels::Crc32c(payload.data(), payload.size()));
+    EXPECT_EQ(magic, 0x52590101u);
+  }
+
   const std::vector<uint8_t> payload = Random(1000, 1);
   std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);
-  Result r;
-  PostRecv(*l.ba_raw, 7, wire.data(), wire.size(), &r);
-  ASSERT_TRUE(SendAndWait(sender, 7, payload.data(), payload.size()));
-  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_TRUE(std::equal(payload.begin(), payload.end(), wire.begin()));
-  const uint8_t* t = wire.data() + payload.size();
-  uint64_t secret = 0;
-  uint32_t crc = 0, magic = 0;
-  for (int i = 0; i < 8; ++i) secret |= uint64_t{t[i]} << (8 * i);
-  for (int i = 0; i < 4; ++i) crc |= uint32_t{t[8 + i]} << (8 * i);
-  for (int i = 0; i < 4; ++i) magic |= uint32_t{t[12 + i]} << (8 * i);
-  EXPECT_EQ(secret, kSecret);
-  EXPECT_EQ(crc, kernels::Crc32c(payload.data(), payload.size()));
-  EXPECT_EQ(magic, 0x52590101u);
-
   // Without integrity: no CRC, no flag.
   FramedEndpoint plain(l.ab_raw, l.Options(Integrity::kNone, "a", "b"));
   Result r2;
