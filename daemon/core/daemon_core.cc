@@ -477,7 +477,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
             transport::kFrameTrailerSize);
       }
       // Every message carries the communicator's secret (and its CRC under crc32c): see
-      // daemon/transport/framed_endpoint.h and docs/peer-plane.md "Data plane".
+      // daemon/transport/framed_endpoint.h and docs/data-plane.md.
       transport::FramedEndpoint::Options frame;
       frame.secret = layout.data_secret();
       frame.integrity = integrity;

@@ -4,9 +4,11 @@
 //   offset 8   u32  crc           CRC-32C of the payload (daemon/kernels/crc32c.h), 0 without
 //   offset 12  u32  magic | flags kFrameMagic (0x5259_01_00: "RY", version 1) | kFrameFlagCrc32c
 //
-// all little-endian, sent as one transport message (a 2-segment iov over UCX, so the payload is
-// never copied; the trailer lives with the operation). docs/peer-plane.md "Data plane" says what
-// it defends against and what it does not.
+// all little-endian, sent as one transport message: a 2-segment iov below
+// Options::contiguous_send_min_bytes, one contiguous bounce buffer from there (UCX 1.13 cannot
+// zero-copy an iov rendezvous send); always received as a 2-segment iov, payload straight into
+// the destination. docs/data-plane.md says what it defends against, what it does not, and what it
+// costs.
 //
 // Receiving, FramedEndpoint accepts a message only when it is exactly payload + 16 bytes long,
 // has the magic and carries the secret. Anything else was not sent by a member of this
