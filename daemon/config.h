@@ -56,6 +56,12 @@ struct DaemonConfig {
   absl::Duration shutdown_grace = absl::Seconds(2);
   // Persistent state: calibration.json (the cost model's fitted link classes).
   std::string state_dir = "/var/lib/railyard";
+  // What this daemon asks for on the wire of its communicators' inter-node transfers: "none" or
+  // "crc32c" (daemon/transport/framed_endpoint.h). A rank may ask for more, never for less.
+  std::string integrity = "none";
+  // TEST ONLY (--test_flip_bit_every): flip one bit in every Nth message sent to another daemon
+  // (daemon/transport/bit_flip_endpoint.h). 0: off, as it must be in production.
+  uint64_t test_flip_bit_every = 0;
 };
 
 }  // namespace railyard

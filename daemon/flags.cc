@@ -73,6 +73,15 @@ ABSL_FLAG(absl::Duration, init_timeout, absl::Seconds(120),
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per step of a local plan");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
+ABSL_FLAG(std::string, integrity, "none",
+          "End-to-end check of inter-node transfers this daemon asks for in its communicators: "
+          "none, or crc32c (a CRC-32C per chunk, verified on receipt; a mismatch fails the "
+          "operation with DATA_LOSS). A job may ask for it too (RAILYARD_INTEGRITY); the "
+          "strongest asked wins");
+ABSL_FLAG(uint64_t, test_flip_bit_every, 0,
+          "TEST ONLY, never in production: flip one random bit in the payload of every Nth "
+          "message this daemon sends to another daemon (fault injection for the integrity "
+          "tests); 0: off");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: debug, info, warn, error");
 ABSL_FLAG(std::string, state_dir, "/var/lib/railyard",
           "Directory for persistent state: calibration.json (railctl calibrate); read at start");
@@ -114,7 +123,9 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "max_queued_p2p_per_session",
                                    "max_queued_p2p_per_job",
                                    "max_completion_backlog_bytes_per_session",
-                                   "max_completion_backlog_bytes_per_job"};
+                                   "max_completion_backlog_bytes_per_job",
+                                   "integrity"};
+  // Not test_flip_bit_every: a test-only fault injector is never taken from the environment.
   return *names;
 }
 
@@ -205,6 +216,12 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.chunk_bytes = static_cast<size_t>(chunk);
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   c.state_dir = absl::GetFlag(FLAGS_state_dir);
+  c.integrity = absl::GetFlag(FLAGS_integrity);
+  if (c.integrity != "none" && c.integrity != "crc32c") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--integrity must be none or crc32c, not \"", c.integrity, "\""));
+  }
+  c.test_flip_bit_every = absl::GetFlag(FLAGS_test_flip_bit_every);
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     return absl::InvalidArgumentError("--log_level must be debug, info, warn or error");

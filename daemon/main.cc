@@ -32,6 +32,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "railyardd: %s\n", std::string(config.status().message()).c_str());
     return 2;
   }
+  if (config->test_flip_bit_every > 0) {
+    railyard::Log(
+        railyard::LogLevel::kWarning, "daemon",
+        "TEST ONLY fault injection on: one bit of every Nth inter-node message is flipped",
+        {railyard::F("test_flip_bit_every", config->test_flip_bit_every)});
+  }
   railyard::Server server(*config);
   if (absl::Status s = server.Start(); !s.ok()) {
     railyard::Log(railyard::LogLevel::kError, "daemon", "cannot start",

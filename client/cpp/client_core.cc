@@ -124,6 +124,13 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
   const std::string token =
       !options.token.empty() ? options.token : internal::EnvOr("RAILYARD_TOKEN", "");
   core->default_algo_ = internal::EnvOr("RAILYARD_ALGO", "");
+  core->integrity_ =
+      !options.integrity.empty() ? options.integrity : internal::EnvOr("RAILYARD_INTEGRITY", "");
+  if (!core->integrity_.empty() && core->integrity_ != "none" && core->integrity_ != "crc32c") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("integrity \"", core->integrity_,
+                     "\" (option or $RAILYARD_INTEGRITY): expected none or crc32c"));
+  }
   if (absl::Status st = internal::CheckSocketPath(core->socket_); !st.ok()) return st;
 
   // The side channel first: its ticket names, in Connect, the connection whose peer credentials
@@ -348,6 +355,7 @@ absl::StatusOr<v1::InitCommResponse> ClientCore::InitComm(const std::string& com
   request.set_rank(rank);
   request.set_nranks(nranks);
   request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+  request.set_integrity(integrity_);
   v1::InitCommResponse response;
   grpc::Status status = stub_->InitComm(&ctx, request, &response);
   if (!status.ok()) return RpcError("InitComm", status);

@@ -98,6 +98,7 @@ class ClientCore {
   std::string socket_;
   std::string job_;
   std::string default_algo_;
+  std::string integrity_;  // InitCommRequest.integrity of every InitComm
   std::string session_id_;
   std::string node_name_;
   std::unique_ptr<internal::FdChannelClient> fd_channel_;

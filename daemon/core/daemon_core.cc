@@ -7,11 +7,49 @@
 #include "daemon/comm/comm_id.h"
 #include "daemon/metrics/counting_endpoint.h"
 #include "daemon/services/request_decode.h"
+#include "daemon/transport/bit_flip_endpoint.h"
+#include "daemon/transport/framed_endpoint.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
 
 namespace railyard {
 namespace {
+
+// The stronger of the daemon's --integrity and a rank's request ("" leaves the daemon's).
+absl::StatusOr<transport::Integrity> AskedIntegrity(const std::string& daemon,
+                                                    const std::string& rank) {
+  absl::StatusOr<transport::Integrity> d = transport::ParseIntegrity(daemon);
+  if (!d.ok()) return d.status();
+  absl::StatusOr<transport::Integrity> asked = transport::ParseIntegrity(rank);
+  if (!asked.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("InitComm integrity: ", asked.status().message()));
+  }
+  return transport::Stronger(*d, *asked);
+}
+
+// At most one log line per second per link for dropped foreign messages (a flood must not
+// flood the log); the next line says how many were not logged.
+class LogLimiter {
+ public:
+  bool Allow(int* suppressed) {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_ < absl::Seconds(1)) {
+      ++suppressed_;
+      return false;
+    }
+    last_ = now;
+    *suppressed = suppressed_;
+    suppressed_ = 0;
+    return true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time last_ = absl::InfinitePast();
+  int suppressed_ = 0;
+};
 
 int WorkerThreads(int configured) {
   if (configured > 0) return configured;
@@ -241,6 +279,9 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
     if (!got.ok()) return got.status();
     slot = *std::move(got);
   }
+  // What this member asks for on the wire: the stronger of the daemon's and the rank's.
+  absl::StatusOr<transport::Integrity> asked = AskedIntegrity(config_.integrity, req.integrity());
+  if (!asked.ok()) return asked.status();
   const uint64_t handle = next_comm_handle_.fetch_add(1);
   v1::JoinCommRequest join;
   join.set_job_id(session->job());
@@ -248,6 +289,7 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
   join.set_rank(req.rank());
   join.set_nranks(req.nranks());
   join.set_timeout_ms(req.timeout_ms());
+  join.set_integrity(std::string(transport::IntegrityName(*asked)));
   *join.mutable_node() = MyNodeInfo();
   if (slot != nullptr) join.mutable_node()->set_tag_slot(slot->value());
   std::weak_ptr<Session> weak_session = session;
@@ -318,7 +360,8 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
         req.comm_id(), session->job(), req.nranks(), MakeCommEnv(),
         MakeTuner(scheduler::CommLayout::Uniform(1, req.nranks(), 1), CostModel()));
   } else {
-    made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot));
+    made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot),
+                             req.integrity());
   }
   std::vector<CommRegistry::BuiltFn> waiters = comms_.Built(key, made);
   join(made);
@@ -372,7 +415,8 @@ void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
 
 absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
     const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
-    int my_node, std::shared_ptr<const scheduler::tags::Slot> slot) {
+    int my_node, std::shared_ptr<const scheduler::tags::Slot> slot,
+    const std::string& asked_integrity) {
   if (transport_ == nullptr || slot == nullptr) {
     return absl::FailedPreconditionError("this daemon has no transport (--peer_listen unset)");
   }
@@ -388,6 +432,16 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
                                             slot->value()));
   }
   net.tag_slot = std::move(slot);
+  // The coordinator merges what the members asked for into the layout; a member never runs
+  // with less than it asked for itself.
+  absl::StatusOr<transport::Integrity> asked = AskedIntegrity(config_.integrity, asked_integrity);
+  absl::StatusOr<transport::Integrity> given = transport::ParseIntegrity(layout.integrity());
+  if (!asked.ok()) return asked.status();
+  if (!given.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("the coordinator's layout of communicator ",
+                                                      comm_id, ": ", given.status().message()));
+  }
+  const transport::Integrity integrity = transport::Stronger(*asked, *given);
   const int rails = std::max(1, std::min(layout.rails(), transport_->num_rails()));
   net.layout = scheduler::CommLayout::FromNodeOfRank(
       std::vector<int>(layout.node_of_rank().begin(), layout.node_of_rank().end()), rails);
@@ -415,8 +469,37 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
       const std::string rail_name = r < topology_.rails_size() && !topology_.rails(r).name().empty()
                                         ? topology_.rails(r).name()
                                         : absl::StrCat("rail", r);
+      const metrics::LinkCounters* link = metrics_->ForLink(node.node_name(), rail_name);
+      std::shared_ptr<transport::Endpoint> wire = *std::move(ep);
+      if (config_.test_flip_bit_every > 0) {  // TEST ONLY: fault injection under the frame
+        wire = std::make_shared<transport::BitFlipEndpoint>(
+            std::move(wire), config_.test_flip_bit_every, absl::ToUnixNanos(absl::Now()) + r,
+            transport::kFrameTrailerSize);
+      }
+      // Every message carries the communicator's secret (and its CRC under crc32c): see
+      // daemon/transport/framed_endpoint.h and docs/data-plane.md.
+      transport::FramedEndpoint::Options frame;
+      frame.secret = layout.data_secret();
+      frame.integrity = integrity;
+      frame.node = config_.node_name;
+      frame.peer = node.node_name();
+      frame.rail = rail_name;
+      auto limiter = std::make_shared<LogLimiter>();
+      frame.on_rejected = [link, limiter, comm_id, job](const absl::Status& why) {
+        link->rejected_messages->Increment();
+        int suppressed = 0;
+        if (limiter->Allow(&suppressed)) {
+          Log(LogLevel::kWarning, "transport", "dropped a message that is not a member's",
+              {F("comm", comm_id), F("job", job), F("reason", why.message()),
+               F("suppressed_since_last", suppressed)});
+        }
+      };
+      frame.on_integrity_error = [link] { link->integrity_errors->Increment(); };
+      // Large messages' CRCs are verified on the executor, not on the rail's progress thread
+      // (which would stop progressing the rail meanwhile); docs/data-plane.md "Cost".
+      frame.offload = [this](std::function<void()> task) { executor_.Post(std::move(task)); };
       net.endpoints[n][r] = std::make_shared<metrics::CountingEndpoint>(
-          *std::move(ep), metrics_->ForLink(node.node_name(), rail_name),
+          std::make_shared<transport::FramedEndpoint>(std::move(wire), std::move(frame)), link,
           metrics_->JobFabricBytes(job), metrics_->ucx_endpoints());
     }
   }

@@ -137,7 +137,8 @@ class DaemonCore {
                  const absl::StatusOr<std::shared_ptr<Communicator>>& comm, InitDone done);
   absl::StatusOr<std::shared_ptr<Communicator>> MakeMultiNodeComm(
       const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
-      int my_node, std::shared_ptr<const scheduler::tags::Slot> slot);
+      int my_node, std::shared_ptr<const scheduler::tags::Slot> slot,
+      const std::string& asked_integrity);
   void HeartbeatTick();
   // Reads <state_dir>/calibration.json at start (defaults when absent or unreadable).
   void LoadCalibrationAtStart();

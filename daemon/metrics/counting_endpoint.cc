@@ -16,34 +16,36 @@ CountingEndpoint::~CountingEndpoint() {
   if (endpoints_ != nullptr) endpoints_->Decrement();
 }
 
-void CountingEndpoint::Send(transport::Tag tag, const void* data, size_t size,
-                            transport::CompletionFn done) {
-  inner_->Send(tag, data, size,
-               [link = link_, job = job_bytes_, size, done = std::move(done)](absl::Status s) {
-                 if (s.ok()) {
-                   link->tx_bytes->Increment(static_cast<double>(size));
-                   link->tx_messages->Increment();
-                   if (job != nullptr) job->Increment(static_cast<double>(size));
-                 } else {
-                   link->tx_errors->Increment();
-                 }
-                 done(std::move(s));
-               });
+void CountingEndpoint::SendV(transport::Tag tag, const transport::Segment* segments, int count,
+                             transport::CompletionFn done) {
+  const size_t size = transport::TotalSize(segments, count);
+  inner_->SendV(tag, segments, count,
+                [link = link_, job = job_bytes_, size, done = std::move(done)](absl::Status s) {
+                  if (s.ok()) {
+                    link->tx_bytes->Increment(static_cast<double>(size));
+                    link->tx_messages->Increment();
+                    if (job != nullptr) job->Increment(static_cast<double>(size));
+                  } else {
+                    link->tx_errors->Increment();
+                  }
+                  done(std::move(s));
+                });
 }
 
-void CountingEndpoint::Recv(transport::Tag tag, void* data, size_t size,
-                            transport::CompletionFn done) {
-  inner_->Recv(tag, data, size,
-               [link = link_, job = job_bytes_, size, done = std::move(done)](absl::Status s) {
-                 if (s.ok()) {
-                   link->rx_bytes->Increment(static_cast<double>(size));
-                   link->rx_messages->Increment();
-                   if (job != nullptr) job->Increment(static_cast<double>(size));
-                 } else {
-                   link->rx_errors->Increment();
-                 }
-                 done(std::move(s));
-               });
+void CountingEndpoint::RecvV(transport::Tag tag, const transport::Segment* segments, int count,
+                             transport::RecvCompletionFn done) {
+  inner_->RecvV(
+      tag, segments, count,
+      [link = link_, job = job_bytes_, done = std::move(done)](absl::Status s, size_t length) {
+        if (s.ok()) {
+          link->rx_bytes->Increment(static_cast<double>(length));
+          link->rx_messages->Increment();
+          if (job != nullptr) job->Increment(static_cast<double>(length));
+        } else {
+          link->rx_errors->Increment();
+        }
+        done(std::move(s), length);
+      });
 }
 
 }  // namespace railyard::metrics

@@ -20,9 +20,10 @@ class CountingEndpoint : public transport::Endpoint {
   ~CountingEndpoint() override;
 
   // Bytes and messages count when the transport reports success; errors when it does not.
-  void Send(transport::Tag tag, const void* data, size_t size,
-            transport::CompletionFn done) override;
-  void Recv(transport::Tag tag, void* data, size_t size, transport::CompletionFn done) override;
+  void SendV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::CompletionFn done) override;
+  void RecvV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::RecvCompletionFn done) override;
   void Abort(const absl::Status& status) override { inner_->Abort(status); }
 
  private:

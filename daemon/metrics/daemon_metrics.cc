@@ -64,6 +64,14 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
       link_throughput_(registry_.AddGauge(
           "railyard_link_throughput_bytes_per_second",
           "Payload bytes per second on the link over the last scrape window (>= 1 s)")),
+      link_integrity_errors_(registry_.AddCounter(
+          "railyard_link_integrity_errors_total",
+          "Messages received on the link whose CRC-32C did not match (integrity crc32c): each "
+          "fails its operation with DATA_LOSS")),
+      peer_rejected_(registry_.AddCounter(
+          "railyard_peer_rejected_messages_total",
+          "Messages that arrived for a receive on the link without the communicator's data "
+          "secret (or with a wrong frame or length): dropped, the receive posted again")),
       coll_ops_(registry_.AddCounter("railyard_collective_ops_total",
                                      "Collectives completed on this node, by op, algorithm, "
                                      "power-of-4 size bucket (bytes, lower bound) and job")),
@@ -157,6 +165,9 @@ const LinkCounters* DaemonMetrics::ForLink(const std::string& peer, const std::s
     slot->rx_errors = &link_errors_.Add(labels("rx"));
     link_throughput_.Add(labels("tx"));
     link_throughput_.Add(labels("rx"));
+    const Labels link{{"node", node_}, {"peer", peer}, {"rail", rail}};
+    slot->integrity_errors = &link_integrity_errors_.Add(link);
+    slot->rejected_messages = &peer_rejected_.Add(link);
   }
   return slot.get();
 }

@@ -37,6 +37,12 @@ struct LinkCounters {
   Counter* rx_messages = nullptr;
   Counter* tx_errors = nullptr;
   Counter* rx_errors = nullptr;
+  // Received messages that failed the end-to-end checksum (integrity "crc32c"): corruption
+  // between the peer's send buffer and this node's receive buffer.
+  Counter* integrity_errors = nullptr;
+  // Received messages that were not the member's (wrong secret, magic or length): dropped, and
+  // the receive posted again (daemon/transport/framed_endpoint.h).
+  Counter* rejected_messages = nullptr;
 };
 
 // Power-of-4 bucket of a message size, as a bounded label: "0", "1", "4", "16", ... "4294967296"
@@ -147,6 +153,8 @@ class DaemonMetrics {
   Family<Counter>& link_messages_;
   Family<Counter>& link_errors_;
   Family<Gauge>& link_throughput_;
+  Family<Counter>& link_integrity_errors_;
+  Family<Counter>& peer_rejected_;
   Family<Counter>& coll_ops_;
   Family<Counter>& coll_bytes_;
   Family<Histogram>& coll_latency_;

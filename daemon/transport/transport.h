@@ -27,17 +27,45 @@ using CompletionFn = std::function<void(absl::Status)>;
 // in posting order per endpoint, and need not look inside.
 using Tag = uint64_t;
 
+// A part of a message. A vectored Send/Recv moves one message whose bytes are its segments'
+// concatenation, without copying them together: UCX sends and receives an iov datatype, so a
+// payload and the small trailer that FramedEndpoint appends go out as one message. A send never
+// writes through data.
+struct Segment {
+  void* data = nullptr;
+  size_t size = 0;
+};
+// The most segments one vectored operation takes.
+inline constexpr int kMaxSegments = 4;
+
+// Called exactly once per RecvV, from a transport thread: OK and the message's length (at most
+// the segments' total; a shorter message fills the first `length` bytes), OUT_OF_RANGE when the
+// message was longer than the segments (it is consumed: the receive is over, the bytes in the
+// segments are unspecified), else why not as for CompletionFn.
+using RecvCompletionFn = std::function<void(absl::Status, size_t length)>;
+
 // A connection to one peer daemon over one rail. Thread-safe.
 class Endpoint {
  public:
   virtual ~Endpoint() = default;
-  // Sends bytes [data, data + size) tagged tag. data stays valid until done runs.
-  virtual void Send(Tag tag, const void* data, size_t size, CompletionFn done) = 0;
-  // Receives exactly size bytes tagged tag into data.
-  virtual void Recv(Tag tag, void* data, size_t size, CompletionFn done) = 0;
+  // Sends the concatenation of segments[0, count) as one message tagged tag. The array is copied
+  // before SendV returns; the bytes it points to stay valid until done runs. 1 <= count <=
+  // kMaxSegments (else INVALID_ARGUMENT through done).
+  virtual void SendV(Tag tag, const Segment* segments, int count, CompletionFn done) = 0;
+  // Receives one message tagged tag into segments[0, count), in order; see RecvCompletionFn.
+  virtual void RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) = 0;
   // Fails every pending and later operation on this endpoint with status.
   virtual void Abort(const absl::Status& status) = 0;
+
+  // Sends bytes [data, data + size) tagged tag. data stays valid until done runs.
+  void Send(Tag tag, const void* data, size_t size, CompletionFn done);
+  // Receives exactly size bytes tagged tag into data: a message of another length fails the
+  // receive (INTERNAL).
+  void Recv(Tag tag, void* data, size_t size, CompletionFn done);
 };
+
+// The segments' total size.
+size_t TotalSize(const Segment* segments, int count);
 
 class Transport {
  public:

@@ -1,10 +1,17 @@
 // Several railyardd on loopback ("virtual nodes", each with its own socket, peer port and a
 // topology file declaring 2 rails): every op x every algorithm across daemons, checked byte for
 // byte, and a daemon killed mid-run.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <sstream>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -356,6 +363,195 @@ TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
   for (auto& d : daemons) {
     d->Signal(SIGTERM);
     EXPECT_EQ(d->Wait(std::chrono::seconds(15)).value_or(-1), 0) << d->Output();
+  }
+}
+
+}  // namespace
+}  // namespace railyard::testing
+
+// ---- Data-plane integrity (--integrity=crc32c) and the test-only bit flipper ----
+
+namespace railyard::testing {
+namespace {
+
+// GET http://<address><path> over a plain socket; the body, or "" on any error.
+std::string HttpGet(const std::string& address, const std::string& path) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "";
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr) != 1) return "";
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: x\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The daemon's /metrics address, from its "metrics" log line.
+std::string MetricsAddress(DaemonProcess& d) {
+  const std::string log = d.Log();
+  const std::string key = "metrics_address=";
+  const size_t at = log.find(key);
+  if (at == std::string::npos) return "";
+  size_t end = at + key.size();
+  while (end < log.size() && log[end] != ' ' && log[end] != '\n' && log[end] != '"') ++end;
+  return log.substr(at + key.size(), end - at - key.size());
+}
+
+// Sum of every sample of `family` in a Prometheus text exposition.
+double SumSamples(const std::string& text, const std::string& family) {
+  double sum = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(family, 0) != 0 || (line[family.size()] != '{' && line[family.size()] != ' ')) {
+      continue;
+    }
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+struct AllReduceRun {
+  absl::Status status[2];          // of the first operation that failed on the rank, else OK
+  int wrong_elements[2] = {0, 0};  // over every operation that succeeded
+};
+
+// `iters` float32 AllReduces (sum) of count elements by one rank on each of the cluster's two
+// daemons, until one fails; every element is an exact small integer, so the correct sum is exact.
+AllReduceRun RunAllReduce(VirtualCluster& cluster, const std::string& client_integrity,
+                          size_t count, int iters) {
+  AllReduceRun run;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Buffer> bufs;
+  for (int n = 0; n < 2; ++n) {
+    ClientOptions o = cluster[n].Options("integrity");
+    o.integrity = client_integrity;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return run;
+    auto b = (*c)->Allocate(count * sizeof(float));
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!b.ok()) return run;
+    bufs.push_back(*std::move(b));
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  EXPECT_TRUE(id.ok()) << id.status();
+  std::vector<Comm> comms(2);
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < 2; ++r) {
+    joiners.emplace_back([&, r] {
+      auto m = clients[r]->InitComm(*id, r, 2);
+      EXPECT_TRUE(m.ok()) << m.status();
+      if (m.ok()) comms[r] = *std::move(m);
+    });
+  }
+  for (auto& t : joiners) t.join();
+  CollectiveOptions o;
+  o.timeout = std::chrono::milliseconds(20000);
+  for (int it = 0; it < iters; ++it) {
+    Work w[2];
+    for (int r = 0; r < 2; ++r) {
+      for (size_t i = 0; i < count; ++i) bufs[r].span<float>()[i] = static_cast<float>(i % 97 + r);
+      w[r] = comms[r].AllReduce(bufs[r], bufs[r], count, DataType::kFloat32, RedOp::kSum, o);
+    }
+    bool failed = false;
+    for (int r = 0; r < 2; ++r) {
+      absl::Status s = w[r].wait(std::chrono::seconds(60));
+      if (!s.ok()) {
+        if (run.status[r].ok()) run.status[r] = s;
+        failed = true;
+        continue;
+      }
+      for (size_t i = 0; i < count; ++i) {
+        run.wrong_elements[r] += bufs[r].span<float>()[i] != static_cast<float>(2 * (i % 97) + 1);
+      }
+    }
+    if (failed) break;
+  }
+  return run;
+}
+
+constexpr size_t kIntegrityCount = size_t{1} << 20;  // 4 MiB of float32
+constexpr int kIntegrityIters = 20;
+
+TEST(MultiNodeIntegrityTest, CrcCatchesAFlippedBitWithDataLossNamingTheLink) {
+  VirtualCluster cluster(
+      2, {"--integrity=crc32c", "--test_flip_bit_every=3", "--metrics_listen=127.0.0.1:0"});
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  AllReduceRun run = RunAllReduce(cluster, "", kIntegrityCount, kIntegrityIters);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(run.status[r].code(), absl::StatusCode::kDataLoss)
+        << "rank " << r << ": " << run.status[r];
+    EXPECT_THAT(std::string(run.status[r].message()),
+                ::testing::MatchesRegex(".*integrity check failed on link vnode[01] <- vnode[01] "
+                                        "rail rail[01]: CRC-32C 0x[0-9a-f]{8} of the [0-9]+-byte "
+                                        "message tagged 0x[0-9a-f]+ does not match.*"))
+        << run.status[r];
+  }
+  double errors = 0;
+  for (int n = 0; n < 2; ++n) {
+    const std::string address = MetricsAddress(cluster[n]);
+    ASSERT_FALSE(address.empty()) << cluster[n].Log();
+    const std::string text = HttpGet(address, "/metrics");
+    ASSERT_THAT(text, HasSubstr("railyard_link_integrity_errors_total{"));
+    errors += SumSamples(text, "railyard_link_integrity_errors_total");
+    EXPECT_EQ(SumSamples(text, "railyard_peer_rejected_messages_total"), 0) << text;
+  }
+  EXPECT_GT(errors, 0) << cluster.Logs();
+  EXPECT_THAT(cluster[0].Log(), HasSubstr("TEST ONLY fault injection on"));
+}
+
+TEST(MultiNodeIntegrityTest, CrcOnWithoutFaultsGivesExactResults) {
+  VirtualCluster cluster(2, {"--integrity=crc32c", "--metrics_listen=127.0.0.1:0"});
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  AllReduceRun run = RunAllReduce(cluster, "", kIntegrityCount, kIntegrityIters);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(run.status[r].ok()) << "rank " << r << ": " << run.status[r];
+    EXPECT_EQ(run.wrong_elements[r], 0) << "rank " << r;
+  }
+  for (int n = 0; n < 2; ++n) {
+    const std::string text = HttpGet(MetricsAddress(cluster[n]), "/metrics");
+    ASSERT_THAT(text, HasSubstr("railyard_link_integrity_errors_total{"));
+    EXPECT_EQ(SumSamples(text, "railyard_link_integrity_errors_total"), 0);
+  }
+}
+
+// Without CRC the injector's flips go through unnoticed: proof that it corrupts what it sends,
+// and why --integrity=crc32c exists.
+TEST(MultiNodeIntegrityTest, WithoutCrcAFlippedBitIsWrongData) {
+  VirtualCluster cluster(2, {"--test_flip_bit_every=1"});
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  AllReduceRun run = RunAllReduce(cluster, "", kIntegrityCount, kIntegrityIters);
+  int wrong = 0;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(run.status[r].ok()) << "rank " << r << ": " << run.status[r];
+    wrong += run.wrong_elements[r];
+  }
+  EXPECT_GT(wrong, 0) << "every message had a flipped bit, yet the results are exact";
+}
+
+// Per job: daemons without --integrity, ranks asking for crc32c (ClientOptions.integrity, as
+// $RAILYARD_INTEGRITY would).
+TEST(MultiNodeIntegrityTest, AJobAsksForCrcThroughItsClients) {
+  VirtualCluster cluster(2, {"--test_flip_bit_every=3"});
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  AllReduceRun run = RunAllReduce(cluster, "crc32c", kIntegrityCount, kIntegrityIters);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(run.status[r].code(), absl::StatusCode::kDataLoss)
+        << "rank " << r << ": " << run.status[r];
+    EXPECT_THAT(std::string(run.status[r].message()), HasSubstr("integrity check failed on link"));
   }
 }
 

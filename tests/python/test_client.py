@@ -200,3 +200,21 @@ def test_many_async_in_flight(pair):
     for i, w in enumerate(works):
         assert w.wait(20)[0] == 2 * i
     assert [w.seq for w in works] == list(range(n))  # sequence numbers count from 0
+
+
+def test_integrity_option(daemon, monkeypatch):
+    monkeypatch.setenv("RAILYARD_INTEGRITY", "crc32c")
+    with railyard.connect(daemon.socket, job="integrity") as c:
+        assert c.integrity == "crc32c"
+        x = c.empty(4, np.float32)
+        x[:] = 2
+        with c.comm(c.new_comm_id(), 0, 1) as comm:  # one node: nothing on the wire to check
+            assert comm.all_reduce(x).tolist() == [2, 2, 2, 2]
+        with pytest.raises(railyard.InvalidArgumentError, match="integrity 'md5'"):
+            c.comm(c.new_comm_id(), 0, 1, integrity="md5")
+    monkeypatch.setenv("RAILYARD_INTEGRITY", "sha1")
+    with pytest.raises(railyard.InvalidArgumentError, match="expected 'none' or 'crc32c'"):
+        railyard.connect(daemon.socket, job="integrity")
+    monkeypatch.delenv("RAILYARD_INTEGRITY")
+    with railyard.connect(daemon.socket, job="integrity", integrity="none") as c:
+        assert c.integrity == "none"

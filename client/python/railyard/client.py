@@ -90,6 +90,12 @@ def _check_socket(path: str) -> None:
                                f"railyardd not reachable at {path}: not a Unix socket")
 
 
+def _check_integrity(integrity: str) -> str:
+    if integrity not in ("", "none", "crc32c"):
+        raise _invalid(f"integrity {integrity!r}: expected 'none' or 'crc32c'")
+    return integrity
+
+
 def _timeout_ms(timeout: Optional[float]) -> int:
     if timeout is None:
         return 0
@@ -238,11 +244,16 @@ class Client:
     """
 
     def __init__(self, socket: Optional[str] = None, job: Optional[str] = None,
-                 token: Optional[str] = None, *, connect_timeout: float = 5.0) -> None:
+                 token: Optional[str] = None, *, connect_timeout: float = 5.0,
+                 integrity: Optional[str] = None) -> None:
         self.socket: str = socket or _env("RAILYARD_SOCKET", DEFAULT_SOCKET)
         self.job: str = job or _env("RAILYARD_JOB", "default")
         token = token if token is not None else _env("RAILYARD_TOKEN", "")
         self.default_algo: str = _env("RAILYARD_ALGO", "") or ""
+        #: End-to-end check asked for on the inter-node transfers of every communicator this
+        #: client joins ("none", "crc32c"; "" leaves the daemon's ``--integrity``).
+        self.integrity: str = _check_integrity(
+            integrity if integrity is not None else (_env("RAILYARD_INTEGRITY", "") or ""))
         self.session_id: str = ""
         self.node_name: str = ""
         self.daemon_version: str = ""
@@ -543,20 +554,26 @@ class Client:
         return self._call("CreateCommId", local_pb2.CreateCommIdRequest()).comm_id
 
     def comm(self, comm_id: str, rank: int, nranks: int,
-             timeout: Optional[float] = None) -> "Comm":
+             timeout: Optional[float] = None, *, integrity: Optional[str] = None) -> "Comm":
         """Joins communicator ``comm_id`` as ``rank`` of ``nranks``; returns once all have joined.
 
         Args:
             timeout: seconds to wait for the other ranks (``None``: the daemon's
                 ``--init_timeout``). Missing ranks raise :class:`DeadlineExceededError` naming
                 them.
+            integrity: ``"crc32c"`` checks every inter-node chunk end to end (a mismatch fails
+                the operation with :class:`DataLossError`); ``"none"``; ``None``: the client's
+                ``integrity`` (``$RAILYARD_INTEGRITY``). The strongest any member asks for
+                applies.
         """
         if not 0 <= rank < nranks:
             raise _invalid(f"rank {rank} out of range for {nranks} ranks")
+        integrity = self.integrity if integrity is None else _check_integrity(integrity)
         ms = _timeout_ms(timeout)
         deadline = _INIT_DEFAULT_DEADLINE if ms == 0 else ms / 1000.0 + _INIT_MARGIN
         response = self._call("InitComm", local_pb2.InitCommRequest(
-            comm_id=comm_id, rank=rank, nranks=nranks, timeout_ms=ms), timeout=deadline)
+            comm_id=comm_id, rank=rank, nranks=nranks, timeout_ms=ms, integrity=integrity),
+            timeout=deadline)
         return Comm(self, comm_id, response.comm_handle, rank, nranks, response.nnodes)
 
     def _submit(self, request: Any, work: Work) -> None:
@@ -959,7 +976,8 @@ class Comm:
 
 
 def connect(socket: Optional[str] = None, job: Optional[str] = None,
-            token: Optional[str] = None, *, connect_timeout: float = 5.0) -> Client:
+            token: Optional[str] = None, *, connect_timeout: float = 5.0,
+            integrity: Optional[str] = None) -> Client:
     """Opens a session with the node's railyardd.
 
     Args:
@@ -970,13 +988,16 @@ def connect(socket: Optional[str] = None, job: Optional[str] = None,
         token: the job's shared secret; default ``$RAILYARD_TOKEN``, else empty. The job's
             first session sets it unless the daemon has a ``--job_tokens`` file.
         connect_timeout: seconds to wait for the daemon's answer.
+        integrity: end-to-end check asked for on the inter-node transfers of the
+            communicators this client joins: ``"none"`` or ``"crc32c"``; default
+            ``$RAILYARD_INTEGRITY``, else the daemon's ``--integrity``.
 
     Raises:
         UnavailableError: no daemon at the socket (the message names it).
         PermissionDeniedError: wrong token for the job.
         InvalidArgumentError: malformed job id or socket path.
     """
-    return Client(socket, job, token, connect_timeout=connect_timeout)
+    return Client(socket, job, token, connect_timeout=connect_timeout, integrity=integrity)
 
 
 def init_from_env(client: Optional[Client] = None, *,

@@ -59,10 +59,10 @@ struct InProcFabric::Op {
   std::shared_ptr<EndpointState> ep;
   bool is_send;
   Tag tag;
-  void* data;
-  size_t size;
-  CompletionFn done;
-  bool matched = false;  // taken off the queues; a Transfer is scheduled
+  std::vector<Segment> segments;
+  size_t size;            // total
+  RecvCompletionFn done;  // sends ignore the length
+  bool matched = false;   // taken off the queues; a Transfer is scheduled
 };
 
 namespace {
@@ -108,11 +108,12 @@ class InProcEndpoint : public Endpoint {
       : fabric_(std::move(fabric)), state_(std::move(state)) {}
   ~InProcEndpoint() override { fabric_->Release(state_.get()); }
 
-  void Send(Tag tag, const void* data, size_t size, CompletionFn done) override {
-    fabric_->Start(state_, /*is_send=*/true, tag, const_cast<void*>(data), size, std::move(done));
+  void SendV(Tag tag, const Segment* segments, int count, CompletionFn done) override {
+    fabric_->Start(state_, /*is_send=*/true, tag, segments, count,
+                   [done = std::move(done)](absl::Status s, size_t) { done(std::move(s)); });
   }
-  void Recv(Tag tag, void* data, size_t size, CompletionFn done) override {
-    fabric_->Start(state_, /*is_send=*/false, tag, data, size, std::move(done));
+  void RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) override {
+    fabric_->Start(state_, /*is_send=*/false, tag, segments, count, std::move(done));
   }
   void Abort(const absl::Status& status) override { fabric_->Abort(state_.get(), status); }
 
@@ -248,30 +249,47 @@ void InProcFabric::Transfer(Op* send, Op* recv) {
       }
       return;
     }
-    if (send->size != recv->size) {
+    if (send->size > recv->size) {
       const Tag tag = recv->tag;
       const size_t sent = send->size;
       const size_t wanted = recv->size;
       Finish(send, absl::OkStatus());
-      Finish(recv, absl::InternalError(absl::StrCat("received ", sent, " bytes tagged 0x",
-                                                    absl::Hex(tag), ", expected ", wanted)));
+      Finish(recv, absl::OutOfRangeError(absl::StrCat("received ", sent, " bytes tagged 0x",
+                                                      absl::Hex(tag), ", more than the ", wanted,
+                                                      "-byte receive buffer")));
       return;
     }
     send->ep->ops.erase(send);
     recv->ep->ops.erase(recv);
   }
-  if (send->size > 0) std::memcpy(recv->data, send->data, send->size);
-  CompletionFn send_done = std::move(send->done);
-  CompletionFn recv_done = std::move(recv->done);
+  // Copies the send's segments into the receive's, in order, across segment boundaries.
+  size_t r = 0, r_off = 0;
+  for (const Segment& from : send->segments) {
+    size_t done = 0;
+    while (done < from.size) {
+      while (recv->segments[r].size == r_off) {
+        ++r;
+        r_off = 0;
+      }
+      const size_t n = std::min(from.size - done, recv->segments[r].size - r_off);
+      std::memcpy(static_cast<char*>(recv->segments[r].data) + r_off,
+                  static_cast<const char*>(from.data) + done, n);
+      done += n;
+      r_off += n;
+    }
+  }
+  const size_t length = send->size;
+  RecvCompletionFn send_done = std::move(send->done);
+  RecvCompletionFn recv_done = std::move(recv->done);
   delete send;
   delete recv;
-  send_done(absl::OkStatus());
-  recv_done(absl::OkStatus());
+  send_done(absl::OkStatus(), length);
+  recv_done(absl::OkStatus(), length);
 }
 
 void InProcFabric::Finish(Op* op, absl::Status status) {
   op->ep->ops.erase(op);
-  Defer([done = std::move(op->done), status = std::move(status)] { done(status); });
+  Defer([done = std::move(op->done), status = std::move(status)] { done(status, 0); });
   delete op;
 }
 
@@ -328,8 +346,22 @@ absl::StatusOr<std::shared_ptr<InProcFabric::EndpointState>> InProcFabric::Conne
 }
 
 void InProcFabric::Start(const std::shared_ptr<EndpointState>& ep, bool is_send, Tag tag,
-                         void* data, size_t size, CompletionFn done) {
-  auto* op = new Op{ep, is_send, tag, data, size, std::move(done)};
+                         const Segment* segments, int count, RecvCompletionFn done) {
+  if (count < 1 || count > kMaxSegments) {
+    absl::MutexLock lock(&mu_);
+    Defer([done = std::move(done), count] {
+      done(absl::InvalidArgumentError(
+               absl::StrCat("an operation takes 1 to ", kMaxSegments, " segments, not ", count)),
+           0);
+    });
+    return;
+  }
+  auto* op = new Op{ep,
+                    is_send,
+                    tag,
+                    std::vector<Segment>(segments, segments + count),
+                    TotalSize(segments, count),
+                    std::move(done)};
   absl::MutexLock lock(&mu_);
   ep->ops.insert(op);
   Post(op);

@@ -9,7 +9,8 @@
 // - As with UCX, a Recv matches any sender's message with its tag; it is tracked on the endpoint
 //   it was posted on, so that Abort of that endpoint or the death of its peer fails it.
 // - A message whose size differs from the receive's fails the Recv (INTERNAL); the Send
-//   completes OK.
+//   completes OK. RecvV reports a shorter message's length and fails a longer one with
+//   OUT_OF_RANGE, as over UCX.
 // - InProcFabric::Kill(address) rehearses a peer daemon dying: every pending and later operation
 //   to or from that transport fails with UNAVAILABLE naming it.
 // - Abort is local: the peer's own endpoint is not told (over UCX it may be, the connection
@@ -82,8 +83,8 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   // Called by InProcTransport / InProcEndpoint.
   absl::StatusOr<std::shared_ptr<EndpointState>> Connect(const std::shared_ptr<Node>& local,
                                                          int rail, const std::string& address);
-  void Start(const std::shared_ptr<EndpointState>& ep, bool is_send, Tag tag, void* data,
-             size_t size, CompletionFn done);
+  void Start(const std::shared_ptr<EndpointState>& ep, bool is_send, Tag tag,
+             const Segment* segments, int count, RecvCompletionFn done);
   void Abort(EndpointState* ep, absl::Status status);
   void Release(EndpointState* ep);
   void Shutdown(Node* node);

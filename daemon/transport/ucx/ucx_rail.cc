@@ -72,13 +72,17 @@ struct UcxRail::Peer {
 };
 
 struct UcxRail::Op {
+  Op(UcxRail* r, uint64_t id, bool send, Tag t) : rail(r), peer_id(id), is_send(send), tag(t) {}
   UcxRail* rail;
   uint64_t peer_id;
   bool is_send;
   Tag tag;
-  void* data;
-  size_t size;
-  CompletionFn done;
+  // The message: segments with a size, in order. One is passed to UCX as a contiguous buffer,
+  // more as an iov (which UCX reads from iov until the request completes).
+  ucp_dt_iov_t iov[kMaxSegments] = {};
+  int count = 0;
+  size_t size = 0;          // total
+  RecvCompletionFn done;    // sends ignore the length
   Peer* peer = nullptr;     // set when started; null once failed without UCX's consent (orphan)
   void* request = nullptr;  // UCX's request while in flight
   // A receive's callback can run inside ucp_tag_recv_nbx; it leaves its result here.
@@ -219,22 +223,51 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
   return id;
 }
 
-void UcxRail::Send(uint64_t peer, Tag tag, const void* data, size_t size, CompletionFn done) {
-  auto* op =
-      new Op{this, peer, /*is_send=*/true, tag, const_cast<void*>(data), size, std::move(done)};
-  if (!Post([this, op] { Start(op); })) {
-    CompletionFn fn = std::move(op->done);
+void UcxRail::SendV(uint64_t peer, Tag tag, const Segment* segments, int count, CompletionFn done) {
+  RecvCompletionFn fn = [done = std::move(done)](absl::Status s, size_t) { done(std::move(s)); };
+  auto* op = new Op(this, peer, /*is_send=*/true, tag);
+  op->done = std::move(fn);
+  if (count < 1 || count > kMaxSegments) {
+    RecvCompletionFn d = std::move(op->done);
     delete op;
-    fn(absl::CancelledError(absl::StrCat("UCX rail ", config_.index, " is shut down")));
+    d(absl::InvalidArgumentError(
+          absl::StrCat("a send takes 1 to ", kMaxSegments, " segments, not ", count)),
+      0);
+    return;
   }
+  for (int i = 0; i < count; ++i) {
+    if (segments[i].size == 0) continue;  // UCX needs no empty iov entries
+    op->iov[op->count++] = {segments[i].data, segments[i].size};
+    op->size += segments[i].size;
+  }
+  Submit(op);
 }
 
-void UcxRail::Recv(uint64_t peer, Tag tag, void* data, size_t size, CompletionFn done) {
-  auto* op = new Op{this, peer, /*is_send=*/false, tag, data, size, std::move(done)};
-  if (!Post([this, op] { Start(op); })) {
-    CompletionFn fn = std::move(op->done);
+void UcxRail::RecvV(uint64_t peer, Tag tag, const Segment* segments, int count,
+                    RecvCompletionFn done) {
+  auto* op = new Op(this, peer, /*is_send=*/false, tag);
+  op->done = std::move(done);
+  if (count < 1 || count > kMaxSegments) {
+    RecvCompletionFn d = std::move(op->done);
     delete op;
-    fn(absl::CancelledError(absl::StrCat("UCX rail ", config_.index, " is shut down")));
+    d(absl::InvalidArgumentError(
+          absl::StrCat("a receive takes 1 to ", kMaxSegments, " segments, not ", count)),
+      0);
+    return;
+  }
+  for (int i = 0; i < count; ++i) {
+    if (segments[i].size == 0) continue;
+    op->iov[op->count++] = {segments[i].data, segments[i].size};
+    op->size += segments[i].size;
+  }
+  Submit(op);
+}
+
+void UcxRail::Submit(Op* op) {
+  if (!Post([this, op] { Start(op); })) {
+    RecvCompletionFn fn = std::move(op->done);
+    delete op;
+    fn(absl::CancelledError(absl::StrCat("UCX rail ", config_.index, " is shut down")), 0);
   }
 }
 
@@ -469,9 +502,9 @@ void UcxRail::Start(Op* op) {
                               ? peer->failure
                               : absl::CancelledError(absl::StrCat("endpoint on UCX rail ",
                                                                   config_.index, " was released"));
-    CompletionFn done = std::move(op->done);
+    RecvCompletionFn done = std::move(op->done);
     delete op;
-    done(std::move(status));
+    done(std::move(status), 0);
     return;
   }
   op->peer = peer;
@@ -481,10 +514,18 @@ void UcxRail::Start(Op* op) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.user_data = op;
+  // Contiguous for zero or one segment (count and buffer as UCX expects them), else an iov of
+  // op->count entries.
+  void* buffer = op->count == 1 ? op->iov[0].buffer : nullptr;
+  size_t count = op->count <= 1 ? op->size : static_cast<size_t>(op->count);
+  if (op->count > 1) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_iov();
+    buffer = op->iov;
+  }
   if (op->is_send) {
     param.cb.send = &UcxRail::SendCallback;
-    const ucs_status_ptr_t request =
-        ucp_tag_send_nbx(peer->ep, op->data, op->size, op->tag, &param);
+    const ucs_status_ptr_t request = ucp_tag_send_nbx(peer->ep, buffer, count, op->tag, &param);
     if (request == nullptr) {
       Complete(op, UCS_OK, op->size);
     } else if (UCS_PTR_IS_ERR(request)) {
@@ -502,7 +543,7 @@ void UcxRail::Start(Op* op) {
   op->starting = true;
   // Exact match: the scheduler makes tags unique per sender and step.
   const ucs_status_ptr_t request =
-      ucp_tag_recv_nbx(worker_, op->data, op->size, op->tag, ~Tag{0}, &param);
+      ucp_tag_recv_nbx(worker_, buffer, count, op->tag, ~Tag{0}, &param);
   op->starting = false;
   if (UCS_PTR_IS_ERR(request)) {
     Complete(op, UCS_PTR_STATUS(request), 0);
@@ -549,25 +590,21 @@ void UcxRail::Complete(Op* op, ucs_status_t status, size_t length) {
   peer->ops.erase(op);
   --active_ops_;
   absl::Status result = StatusFor(*op, status, length);
-  CompletionFn done = std::move(op->done);
+  RecvCompletionFn done = std::move(op->done);
   delete op;
   if (peer->ops.empty()) sweep_.push_back(peer->id);
-  done(std::move(result));
+  done(std::move(result), result.ok() ? length : 0);
 }
 
 absl::Status UcxRail::StatusFor(const Op& op, ucs_status_t status, size_t length) const {
-  if (status == UCS_OK) {
-    if (op.is_send || length == op.size) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("received ", length, " bytes tagged 0x",
-                                            absl::Hex(op.tag), " from UCX rail ", config_.index,
-                                            ", expected ", op.size));
-  }
+  // A shorter message is the caller's to judge (RecvCompletionFn has the length).
+  if (status == UCS_OK) return absl::OkStatus();
   // Cancellation and errors after Abort or a peer failure report why the endpoint failed.
   if (!op.peer->failure.ok()) return op.peer->failure;
   if (status == UCS_ERR_MESSAGE_TRUNCATED) {
-    return absl::InternalError(absl::StrCat("message tagged 0x", absl::Hex(op.tag), " on UCX rail ",
-                                            config_.index, " is longer than the ", op.size,
-                                            "-byte receive buffer"));
+    return absl::OutOfRangeError(
+        absl::StrCat("message tagged 0x", absl::Hex(op.tag), " on UCX rail ", config_.index,
+                     " is longer than the ", op.size, "-byte receive buffer"));
   }
   if (status == UCS_ERR_CANCELED) {
     return absl::CancelledError(
@@ -650,7 +687,7 @@ void UcxRail::CloseCallback(void* request, ucs_status_t status, void* user_data)
 void UcxRail::ExpireGracePeriods(bool all) {
   if (grace_peers_ == 0) return;
   const absl::Time now = absl::Now();
-  std::vector<std::pair<CompletionFn, absl::Status>> late;
+  std::vector<std::pair<RecvCompletionFn, absl::Status>> late;
   for (auto& [id, peer] : peers_) {
     if (peer->grace_deadline == absl::InfiniteFuture() || (!all && now < peer->grace_deadline)) {
       continue;
@@ -668,7 +705,7 @@ void UcxRail::ExpireGracePeriods(bool all) {
     sweep_.push_back(id);
   }
   // Outside the loop: a callback may post work, never touch peers_ directly, but stay safe.
-  for (auto& [done, status] : late) done(status);
+  for (auto& [done, status] : late) done(status, 0);
 }
 
 void UcxRail::Sweep() {

@@ -52,8 +52,9 @@ class UcxRail {
   // Creates a UCX endpoint to the worker whose printable address is peer_address. Returns the id
   // the operations below take. Errors as UcxTransport::Connect.
   absl::StatusOr<uint64_t> Connect(const std::string& peer_address);
-  void Send(uint64_t peer, Tag tag, const void* data, size_t size, CompletionFn done);
-  void Recv(uint64_t peer, Tag tag, void* data, size_t size, CompletionFn done);
+  // One segment goes to UCX as a contiguous buffer, more as an iov datatype (ucp_dt_make_iov).
+  void SendV(uint64_t peer, Tag tag, const Segment* segments, int count, CompletionFn done);
+  void RecvV(uint64_t peer, Tag tag, const Segment* segments, int count, RecvCompletionFn done);
   void Abort(uint64_t peer, absl::Status status);
   // The endpoint handle is gone: cancel what is pending and close the UCX endpoint.
   void Release(uint64_t peer);
@@ -70,6 +71,7 @@ class UcxRail {
 
   // Runs fn on the progress thread. False (fn dropped) once stopping.
   bool Post(std::function<void()> fn);
+  void Submit(Op* op);  // posts Start(op), or fails op at once when stopping
   void Wake();
   void Run();
 

@@ -29,11 +29,11 @@ class UcxEndpoint : public Endpoint {
   UcxEndpoint(std::shared_ptr<UcxRail> rail, uint64_t peer) : rail_(std::move(rail)), peer_(peer) {}
   ~UcxEndpoint() override { rail_->Release(peer_); }
 
-  void Send(Tag tag, const void* data, size_t size, CompletionFn done) override {
-    rail_->Send(peer_, tag, data, size, std::move(done));
+  void SendV(Tag tag, const Segment* segments, int count, CompletionFn done) override {
+    rail_->SendV(peer_, tag, segments, count, std::move(done));
   }
-  void Recv(Tag tag, void* data, size_t size, CompletionFn done) override {
-    rail_->Recv(peer_, tag, data, size, std::move(done));
+  void RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) override {
+    rail_->RecvV(peer_, tag, segments, count, std::move(done));
   }
   void Abort(const absl::Status& status) override { rail_->Abort(peer_, status); }
 

@@ -29,6 +29,11 @@ struct ClientOptions {
   std::string job;
   // Job token. Empty: $RAILYARD_TOKEN, else "".
   std::string token;
+  // End-to-end check of the inter-node transfers of the communicators this client joins:
+  // "none" or "crc32c" (a CRC-32C per chunk, verified on receipt; a mismatch fails the operation
+  // with DATA_LOSS). The strongest any member or daemon asks for applies. Empty:
+  // $RAILYARD_INTEGRITY, else the daemon's --integrity.
+  std::string integrity;
   // How long Connect waits for the daemon to answer.
   std::chrono::milliseconds connect_timeout{5000};
 };

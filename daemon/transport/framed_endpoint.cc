@@ -1,0 +1,264 @@
+#include "daemon/transport/framed_endpoint.h"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/kernels/crc32c.h"
+
+namespace railyard::transport {
+namespace {
+
+void PutLe64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void PutLe32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint64_t GetLe64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t{p[i]} << (8 * i);
+  return v;
+}
+uint32_t GetLe32(const unsigned char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t{p[i]} << (8 * i);
+  return v;
+}
+
+uint32_t PayloadCrc(const Segment* segments, int count) {
+  uint32_t crc = 0;
+  for (int i = 0; i < count; ++i) crc = kernels::Crc32c(segments[i].data, segments[i].size, crc);
+  return crc;
+}
+
+}  // namespace
+
+absl::StatusOr<Integrity> ParseIntegrity(absl::string_view name) {
+  if (name.empty() || name == "none") return Integrity::kNone;
+  if (name == "crc32c") return Integrity::kCrc32c;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown integrity \"", name, "\": expected none or crc32c"));
+}
+
+absl::string_view IntegrityName(Integrity integrity) {
+  return integrity == Integrity::kCrc32c ? "crc32c" : "none";
+}
+
+void WriteFrameTrailer(uint64_t secret, Integrity integrity, const Segment* segments, int count,
+                       unsigned char out[kFrameTrailerSize]) {
+  const bool crc = integrity == Integrity::kCrc32c;
+  PutLe64(out, secret);
+  PutLe32(out + 8, crc ? PayloadCrc(segments, count) : 0);
+  PutLe32(out + 12, kFrameMagic | (crc ? kFrameFlagCrc32c : 0));
+}
+
+struct FramedEndpoint::Shared {
+  Options options;
+  std::string link;
+
+  // Bounce buffers of contiguous sends, reused so that large sends do not fault in fresh pages
+  // every time. At most kPoolBytes stay cached.
+  static constexpr size_t kPoolBytes = size_t{256} << 20;
+  struct Buffer {
+    std::unique_ptr<unsigned char[]> data;
+    size_t capacity = 0;
+  };
+  absl::Mutex mu;
+  std::vector<Buffer> pool ABSL_GUARDED_BY(mu);
+  size_t pooled_bytes ABSL_GUARDED_BY(mu) = 0;
+
+  Buffer Take(size_t size) {
+    {
+      absl::MutexLock lock(&mu);
+      for (size_t i = 0; i < pool.size(); ++i) {
+        if (pool[i].capacity >= size && pool[i].capacity <= 2 * size) {
+          Buffer b = std::move(pool[i]);
+          pool[i] = std::move(pool.back());
+          pool.pop_back();
+          pooled_bytes -= b.capacity;
+          return b;
+        }
+      }
+    }
+    return Buffer{std::unique_ptr<unsigned char[]>(new unsigned char[size]), size};
+  }
+  void Give(Buffer b) {
+    absl::MutexLock lock(&mu);
+    if (pooled_bytes + b.capacity > kPoolBytes) return;  // freed
+    pooled_bytes += b.capacity;
+    pool.push_back(std::move(b));
+  }
+};
+
+// One receive, possibly posted several times.
+struct FramedEndpoint::Receive {
+  std::shared_ptr<Endpoint> inner;
+  std::shared_ptr<const Shared> shared;
+  Tag tag = 0;
+  Segment segments[kMaxSegments];
+  int count = 0;  // payload segments; segments[count] is the trailer
+  size_t payload = 0;
+  unsigned char trailer[kFrameTrailerSize] = {};
+  int rejections = 0;
+  RecvCompletionFn done;
+};
+
+FramedEndpoint::FramedEndpoint(std::shared_ptr<Endpoint> inner, Options options)
+    : inner_(std::move(inner)), shared_([&] {
+        auto shared = std::make_shared<Shared>();
+        shared->link = absl::StrCat(options.node, " <- ", options.peer, " rail ", options.rail);
+        shared->options = std::move(options);
+        return shared;
+      }()) {}
+
+std::string FramedEndpoint::LinkName() const { return shared_->link; }
+
+void FramedEndpoint::SendV(Tag tag, const Segment* segments, int count, CompletionFn done) {
+  if (count < 1 || count >= kMaxSegments) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("a framed send takes 1 to ", kMaxSegments - 1, " segments, not ", count)));
+    return;
+  }
+  const size_t payload = TotalSize(segments, count);
+  const size_t min_contiguous = shared_->options.contiguous_send_min_bytes;
+  if (min_contiguous > 0 && payload >= min_contiguous) {
+    // One contiguous buffer: payload, then trailer (see Options::contiguous_send_min_bytes).
+    auto buffer = std::make_shared<Shared::Buffer>(shared_->Take(payload + kFrameTrailerSize));
+    size_t at = 0;
+    for (int i = 0; i < count; ++i) {
+      if (segments[i].size > 0)
+        std::memcpy(buffer->data.get() + at, segments[i].data, segments[i].size);
+      at += segments[i].size;
+    }
+    WriteFrameTrailer(shared_->options.secret, shared_->options.integrity, segments, count,
+                      buffer->data.get() + payload);
+    const Segment whole{buffer->data.get(), payload + kFrameTrailerSize};
+    inner_->SendV(tag, &whole, 1,
+                  [shared = shared_, buffer, done = std::move(done)](absl::Status s) {
+                    shared->Give(std::move(*buffer));
+                    done(std::move(s));
+                  });
+    return;
+  }
+  // The trailer lives until the transport is done with it.
+  auto* trailer = new unsigned char[kFrameTrailerSize];
+  WriteFrameTrailer(shared_->options.secret, shared_->options.integrity, segments, count, trailer);
+  Segment framed[kMaxSegments];
+  std::memcpy(framed, segments, sizeof(Segment) * count);
+  framed[count] = {trailer, kFrameTrailerSize};
+  inner_->SendV(tag, framed, count + 1, [trailer, done = std::move(done)](absl::Status s) {
+    delete[] trailer;
+    done(std::move(s));
+  });
+}
+
+void FramedEndpoint::RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) {
+  if (count < 1 || count >= kMaxSegments) {
+    done(absl::InvalidArgumentError(absl::StrCat("a framed receive takes 1 to ", kMaxSegments - 1,
+                                                 " segments, not ", count)),
+         0);
+    return;
+  }
+  auto r = std::make_shared<Receive>();
+  r->inner = inner_;
+  r->shared = shared_;
+  r->tag = tag;
+  std::memcpy(r->segments, segments, sizeof(Segment) * count);
+  r->count = count;
+  r->payload = TotalSize(segments, count);
+  r->segments[count] = {r->trailer, kFrameTrailerSize};
+  r->done = std::move(done);
+  Post(r);
+}
+
+void FramedEndpoint::Post(const std::shared_ptr<Receive>& r) {
+  r->inner->RecvV(r->tag, r->segments, r->count + 1,
+                  [r](absl::Status s, size_t length) { OnReceived(r, std::move(s), length); });
+}
+
+void FramedEndpoint::Reject(const std::shared_ptr<Receive>& r, const std::string& why) {
+  const Options& o = r->shared->options;
+  ++r->rejections;
+  absl::Status status = absl::PermissionDeniedError(
+      absl::StrCat("dropped a message tagged 0x", absl::Hex(r->tag), " on link ", r->shared->link,
+                   " that is not from a member of the communicator: ", why));
+  if (o.on_rejected) o.on_rejected(status);
+  if (r->rejections > o.max_rejections) {
+    RecvCompletionFn done = std::move(r->done);
+    done(absl::PermissionDeniedError(absl::StrCat(
+             "receive tagged 0x", absl::Hex(r->tag), " on link ", r->shared->link, " dropped ",
+             r->rejections, " messages without the communicator's data secret (last: ", why,
+             "); giving up")),
+         0);
+    return;
+  }
+  Post(r);
+}
+
+void FramedEndpoint::OnReceived(const std::shared_ptr<Receive>& r, absl::Status status,
+                                size_t length) {
+  const size_t want = r->payload + kFrameTrailerSize;
+  if (absl::IsOutOfRange(status)) {
+    Reject(r, absl::StrCat("longer than the ", want, "-byte frame"));
+    return;
+  }
+  if (!status.ok()) {
+    RecvCompletionFn done = std::move(r->done);
+    done(std::move(status), 0);
+    return;
+  }
+  if (length != want) {
+    Reject(r, absl::StrCat(length, " bytes, the frame has ", want));
+    return;
+  }
+  const uint32_t magic = GetLe32(r->trailer + 12);
+  if ((magic & kFrameMagicMask) != kFrameMagic) {
+    Reject(r, absl::StrCat("no frame trailer (magic 0x", absl::Hex(magic), ")"));
+    return;
+  }
+  if (GetLe64(r->trailer) != r->shared->options.secret) {
+    Reject(r, "wrong data secret");
+    return;
+  }
+  const Options& o = r->shared->options;
+  const bool has_crc = (magic & kFrameFlagCrc32c) != 0;
+  if (has_crc && o.offload && r->payload >= o.offload_min_bytes) {
+    o.offload([r, has_crc] { Verify(r, has_crc); });
+    return;
+  }
+  Verify(r, has_crc);
+}
+
+void FramedEndpoint::Verify(const std::shared_ptr<Receive>& r, bool has_crc) {
+  const Options& o = r->shared->options;
+  if (has_crc || o.integrity == Integrity::kCrc32c) {
+    std::string error;
+    if (!has_crc) {
+      error = absl::StrCat("the ", r->payload, "-byte message tagged 0x", absl::Hex(r->tag),
+                           " carries no CRC-32C but the communicator runs with integrity crc32c");
+    } else {
+      const uint32_t sent = GetLe32(r->trailer + 8);
+      const uint32_t got = PayloadCrc(r->segments, r->count);
+      if (sent != got) {
+        error = absl::StrCat("CRC-32C 0x", absl::Hex(got, absl::kZeroPad8), " of the ", r->payload,
+                             "-byte message tagged 0x", absl::Hex(r->tag), " does not match the ",
+                             "sender's 0x", absl::Hex(sent, absl::kZeroPad8));
+      }
+    }
+    if (!error.empty()) {
+      if (o.on_integrity_error) o.on_integrity_error();
+      RecvCompletionFn done = std::move(r->done);
+      done(absl::DataLossError(
+               absl::StrCat("integrity check failed on link ", r->shared->link, ": ", error)),
+           0);
+      return;
+    }
+  }
+  RecvCompletionFn done = std::move(r->done);
+  done(absl::OkStatus(), r->payload);
+}
+
+}  // namespace railyard::transport

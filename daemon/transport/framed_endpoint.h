@@ -1,0 +1,111 @@
+// The frame of every inter-node message of a communicator: the payload, then a 16-byte trailer
+//
+//   offset 0   u64  data secret   the communicator's (JoinCommResponse.data_secret)
+//   offset 8   u32  crc           CRC-32C of the payload (daemon/kernels/crc32c.h), 0 without
+//   offset 12  u32  magic | flags kFrameMagic (0x5259_01_00: "RY", version 1) | kFrameFlagCrc32c
+//
+// all little-endian, sent as one transport message: a 2-segment iov below
+// Options::contiguous_send_min_bytes, one contiguous bounce buffer from there (UCX 1.13 cannot
+// zero-copy an iov rendezvous send); always received as a 2-segment iov, payload straight into
+// the destination. docs/data-plane.md says what it defends against, what it does not, and what it
+// costs.
+//
+// Receiving, FramedEndpoint accepts a message only when it is exactly payload + 16 bytes long,
+// has the magic and carries the secret. Anything else was not sent by a member of this
+// communicator (UCX matches tags worker-wide, so whoever reaches the worker can aim at a posted
+// receive): it is counted (on_rejected) and the receive is posted again with the same tag, so the
+// member's message still lands; the destination is written only by the receive and read only
+// after its completion, so a dropped message's bytes never reach anyone. After max_rejections
+// such messages for one receive, it fails with PERMISSION_DENIED naming the link. A message that
+// has the secret but whose CRC does not match (or that lacks a CRC where the communicator
+// requires one) fails the receive with DATA_LOSS "integrity check failed on link <node> <- <peer>
+// rail <rail>: ..." (on_integrity_error).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "daemon/transport/transport.h"
+
+namespace railyard::transport {
+
+// The end-to-end check of a communicator's inter-node messages (--integrity, InitCommRequest
+// .integrity, JoinCommResponse.integrity). Ordered by strength.
+enum class Integrity { kNone = 0, kCrc32c = 1 };
+// "" and "none" -> kNone, "crc32c" -> kCrc32c; anything else INVALID_ARGUMENT.
+absl::StatusOr<Integrity> ParseIntegrity(absl::string_view name);
+// "none" or "crc32c".
+absl::string_view IntegrityName(Integrity integrity);
+inline Integrity Stronger(Integrity a, Integrity b) { return a < b ? b : a; }
+
+inline constexpr size_t kFrameTrailerSize = 16;
+inline constexpr uint32_t kFrameMagic = 0x52590100;  // low byte: flags
+inline constexpr uint32_t kFrameMagicMask = 0xFFFFFF00;
+inline constexpr uint32_t kFrameFlagCrc32c = 0x01;
+
+class FramedEndpoint : public Endpoint {
+ public:
+  struct Options {
+    uint64_t secret = 0;
+    // kCrc32c: every message sent carries the payload's CRC-32C and every message received must
+    // carry one that matches. kNone: none is computed; a received one is still checked.
+    Integrity integrity = Integrity::kNone;
+    // The link, for messages: this node, the peer node, the rail name.
+    std::string node;
+    std::string peer;
+    std::string rail;
+    // Foreign messages one receive drops before it fails (PERMISSION_DENIED).
+    int max_rejections = 16;
+    // Each dropped message, with why (PERMISSION_DENIED status). On a transport thread: cheap.
+    std::function<void(const absl::Status&)> on_rejected;
+    // Each message whose checksum failed. Cheap: on a transport or offload thread.
+    std::function<void()> on_integrity_error;
+    // Where a received message's CRC is verified when its payload has at least
+    // offload_min_bytes: offload(task) runs task on another thread (the daemon's executor).
+    // Unset: on the transport thread that completed the receive (the rail's progress thread for
+    // UCX), which then cannot progress the rail meanwhile.
+    std::function<void(std::function<void()>)> offload;
+    size_t offload_min_bytes = 64 * 1024;
+    // Payloads of at least this many bytes are sent as one contiguous buffer (payload copied next
+    // to the trailer in a pooled bounce buffer) instead of a 2-entry iov: UCX 1.13's rendezvous
+    // cannot zero-copy an iov send and packs it in small fragments, which measured 2x slower at
+    // 1 MiB on tcp than a memcpy plus a contiguous send (docs/data-plane.md "Cost"). Receives are
+    // always an iov (measured as fast as contiguous). 0: always iov.
+    size_t contiguous_send_min_bytes = 64 * 1024;
+  };
+
+  FramedEndpoint(std::shared_ptr<Endpoint> inner, Options options);
+
+  // At most kMaxSegments - 1 segments: the trailer takes one.
+  void SendV(Tag tag, const Segment* segments, int count, CompletionFn done) override;
+  // Completes OK only with a member's message of exactly the segments' total (the reported
+  // length is that total); see the header comment for everything else.
+  void RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) override;
+  void Abort(const absl::Status& status) override { inner_->Abort(status); }
+
+  // "<node> <- <peer> rail <rail>".
+  std::string LinkName() const;
+
+ private:
+  struct Shared;
+  struct Receive;
+  static void Post(const std::shared_ptr<Receive>& r);
+  static void OnReceived(const std::shared_ptr<Receive>& r, absl::Status status, size_t length);
+  static void Reject(const std::shared_ptr<Receive>& r, const std::string& why);
+  static void Verify(const std::shared_ptr<Receive>& r, bool has_crc);
+
+  const std::shared_ptr<Endpoint> inner_;
+  const std::shared_ptr<Shared> shared_;
+};
+
+// Writes the trailer of a message whose payload is segments[0, count) (tests, and the sender).
+void WriteFrameTrailer(uint64_t secret, Integrity integrity, const Segment* segments, int count,
+                       unsigned char out[kFrameTrailerSize]);
+
+}  // namespace railyard::transport

@@ -1,0 +1,357 @@
+// Tests for the data plane's frame (daemon/transport/framed_endpoint.h) and the test-only bit
+// flipper (bit_flip_endpoint.h), over the in-process fabric: the wire format, the CRC catching
+// every flipped bit with no false positives, and foreign messages (wrong secret, magic or length)
+// dropped while the member's message still lands.
+
+#include "daemon/transport/framed_endpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/kernels/crc32c.h"
+#include "daemon/transport/bit_flip_endpoint.h"
+#include "daemon/transport/inproc/inproc_transport.h"
+
+namespace railyard::transport {
+namespace {
+
+constexpr uint64_t kSecret = 0x0123456789ABCDEFull;
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+struct Result {
+  absl::Notification done;
+  absl::Status status = absl::UnknownError("not completed");
+  size_t length = 0;
+};
+
+// a sends to b; ab_raw / ba_raw are the fabric's endpoints, framed ones wrap them.
+struct Link {
+  std::shared_ptr<InProcFabric> fabric = InProcFabric::Create();
+  std::unique_ptr<InProcTransport> a, b;
+  std::shared_ptr<Endpoint> ab_raw, ba_raw;
+  std::shared_ptr<Endpoint> spoofer;  // a third transport's endpoint to b
+  std::unique_ptr<InProcTransport> c;
+  std::atomic<int> rejected{0};
+  std::atomic<int> integrity_errors{0};
+  absl::Mutex mu;
+  std::string last_rejection ABSL_GUARDED_BY(mu);
+
+  // Rejections are counted on the fabric thread, after the spoofer's send completed.
+  bool WaitRejected(int n) {
+    for (int i = 0; i < 2000 && rejected.load() < n; ++i) absl::SleepFor(absl::Milliseconds(5));
+    return rejected.load() == n;
+  }
+  std::string LastRejection() {
+    absl::MutexLock lock(&mu);
+    return last_rejection;
+  }
+
+  Link() {
+    a = *fabric->NewTransport("a", 1);
+    b = *fabric->NewTransport("b", 1);
+    c = *fabric->NewTransport("mallory", 1);
+    ab_raw = *a->Connect(*b->LocalAddress(0), 0);
+    ba_raw = *b->Connect(*a->LocalAddress(0), 0);
+    spoofer = *c->Connect(*b->LocalAddress(0), 0);
+  }
+  FramedEndpoint::Options Options(Integrity integrity, const std::string& node,
+                                  const std::string& peer) {
+    FramedEndpoint::Options o;
+    o.secret = kSecret;
+    o.integrity = integrity;
+    o.node = node;
+    o.peer = peer;
+    o.rail = "rail0";
+    o.max_rejections = 4;
+    o.on_rejected = [this](const absl::Status& s) {
+      {
+        absl::MutexLock lock(&mu);
+        last_rejection = std::string(s.message());
+      }
+      ++rejected;
+    };
+    o.on_integrity_error = [this] { ++integrity_errors; };
+    return o;
+  }
+};
+
+std::vector<uint8_t> Random(size_t size, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(size);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+bool SendAndWait(Endpoint& ep, Tag tag, const void* data, size_t size) {
+  Result r;
+  ep.Send(tag, data, size, [&](absl::Status s) {
+    r.status = std::move(s);
+    r.done.Notify();
+  });
+  return r.done.WaitForNotificationWithTimeout(kWait) && r.status.ok();
+}
+
+void PostRecv(Endpoint& ep, Tag tag, void* data, size_t size, Result* r) {
+  ep.Recv(tag, data, size, [r](absl::Status s) {
+    r->status = std::move(s);
+    r->done.Notify();
+  });
+}
+
+TEST(FramedEndpointTest, WireFormatIsPayloadThenSecretCrcMagic) {
+  Link l;
+  FramedEndpoint sender(l.ab_raw, l.Options(Integrity::kCrc32c, "a", "b"));
+  // 1000 B go out as a 2-entry iov, 100000 B as one contiguous bounce buffer: the same bytes.
+  for (size_t size : {size_t{1000}, size_t{100000}}) {
+    const std::vector<uint8_t> payload = Random(size, size);
+    std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);
+    Result r;
+    PostRecv(*l.ba_raw, 7 + size, wire.data(), wire.size(), &r);
+    ASSERT_TRUE(SendAndWait(sender, 7 + size, payload.data(), payload.size()));
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_TRUE(std::equal(payload.begin(), payload.end(), wire.begin()));
+    const uint8_t* t = wire.data() + payload.size();
+    uint64_t secret = 0;
+    uint32_t crc = 0, magic = 0;
+    for (int i = 0; i < 8; ++i) secret |= uint64_t{t[i]} << (8 * i);
+    for (int i = 0; i < 4; ++i) crc |= uint32_t{t[8 + i]} << (8 * i);
+    for (int i = 0; i < 4; ++i) magic |= uint32_t{t[12 + i]} << (8 * i);
+    EXPECT_EQ(secret, kSecret);
+    EXPECT_EQ(crc, kernels::Crc32c(payload.data(), payload.size()));
+    EXPECT_EQ(magic, 0x52590101u);
+  }
+
+  const std::vector<uint8_t> payload = Random(1000, 1);
+  std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);
+  // Without integrity: no CRC, no flag.
+  FramedEndpoint plain(l.ab_raw, l.Options(Integrity::kNone, "a", "b"));
+  Result r2;
+  PostRecv(*l.ba_raw, 8, wire.data(), wire.size(), &r2);
+  ASSERT_TRUE(SendAndWait(plain, 8, payload.data(), payload.size()));
+  ASSERT_TRUE(r2.done.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(r2.status.ok()) << r2.status;
+  EXPECT_EQ(wire[payload.size() + 8], 0);
+  EXPECT_EQ(wire[payload.size() + 12], 0x00);
+  EXPECT_EQ(wire[payload.size() + 13], 0x01);
+}
+
+TEST(FramedEndpointTest, RoundTripsEverySizeWithAndWithoutCrc) {
+  for (Integrity integrity : {Integrity::kNone, Integrity::kCrc32c}) {
+    Link l;
+    FramedEndpoint sender(l.ab_raw, l.Options(integrity, "a", "b"));
+    FramedEndpoint receiver(l.ba_raw, l.Options(integrity, "b", "a"));
+    Tag tag = 1;
+    for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{1} << 20}) {
+      const std::vector<uint8_t> payload = Random(size, size);
+      std::vector<uint8_t> got(size, 0);
+      Result r;
+      PostRecv(receiver, tag, got.data(), got.size(), &r);
+      ASSERT_TRUE(SendAndWait(sender, tag, payload.data(), payload.size()));
+      ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+      EXPECT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(got, payload) << "size " << size;
+      ++tag;
+    }
+    EXPECT_EQ(l.rejected.load(), 0);
+    EXPECT_EQ(l.integrity_errors.load(), 0);
+  }
+}
+
+// Issue item 6: one flipped bit per message, at random positions and sizes, is caught every
+// time with CRC on; clean messages never fail.
+TEST(FramedEndpointTest, CrcCatchesEveryFlippedBitAndNeverACleanMessage) {
+  Link l;
+  auto flipper =
+      std::make_shared<BitFlipEndpoint>(l.ab_raw, /*every=*/2, /*seed=*/42, kFrameTrailerSize);
+  FramedEndpoint sender(flipper, l.Options(Integrity::kCrc32c, "b", "a"));
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kCrc32c, "b", "a"));
+  std::mt19937_64 rng(9);
+  constexpr int kMessages = 4000;  // every 2nd flipped: 2000 corrupted, 2000 clean
+  int data_loss = 0, ok = 0, wrong = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    const size_t size = 1 + rng() % (i % 10 == 0 ? 300000 : 2048);
+    const std::vector<uint8_t> payload = Random(size, i);
+    std::vector<uint8_t> got(size, 0);
+    Result r;
+    PostRecv(receiver, 100 + i, got.data(), got.size(), &r);
+    ASSERT_TRUE(SendAndWait(sender, 100 + i, payload.data(), payload.size()));
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+    const bool flipped = (i + 1) % 2 == 0;
+    if (flipped) {
+      ASSERT_TRUE(absl::IsDataLoss(r.status)) << "message " << i << ": " << r.status;
+      EXPECT_TRUE(absl::StartsWith(r.status.message(),
+                                   "integrity check failed on link b <- a rail rail0: CRC-32C"))
+          << r.status;
+      ++data_loss;
+    } else {
+      ASSERT_TRUE(r.status.ok()) << "message " << i << ": " << r.status;
+      wrong += got != payload;
+      ++ok;
+    }
+  }
+  EXPECT_EQ(data_loss, kMessages / 2);
+  EXPECT_EQ(ok, kMessages / 2);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(flipper->flipped(), static_cast<uint64_t>(kMessages / 2));
+  EXPECT_EQ(l.integrity_errors.load(), kMessages / 2);
+  EXPECT_EQ(l.rejected.load(), 0);
+}
+
+// Without CRC the same injector's flips go through: the received data differs in exactly one
+// bit, and nothing notices (what --integrity=crc32c is for).
+TEST(FramedEndpointTest, WithoutCrcAFlippedBitArrivesAsWrongData) {
+  Link l;
+  auto flipper =
+      std::make_shared<BitFlipEndpoint>(l.ab_raw, /*every=*/1, /*seed=*/5, kFrameTrailerSize);
+  FramedEndpoint sender(flipper, l.Options(Integrity::kNone, "b", "a"));
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));
+  for (int i = 0; i < 50; ++i) {
+    const std::vector<uint8_t> payload = Random(4096, 1000 + i);
+    const std::vector<uint8_t> copy = payload;
+    std::vector<uint8_t> got(payload.size(), 0);
+    Result r;
+    PostRecv(receiver, 1 + i, got.data(), got.size(), &r);
+    ASSERT_TRUE(SendAndWait(sender, 1 + i, payload.data(), payload.size()));
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(payload, copy) << "the injector must never write the caller's buffer";
+    int bits = 0;
+    for (size_t k = 0; k < got.size(); ++k) bits += __builtin_popcount(got[k] ^ payload[k]);
+    EXPECT_EQ(bits, 1) << "message " << i;
+    const uint64_t bit = flipper->last_bit();
+    EXPECT_NE(got[bit / 8], payload[bit / 8]);
+  }
+}
+
+// A message that matches the tag but is not a member's is dropped and the receive re-posted.
+TEST(FramedEndpointTest, SpoofedMessagesAreDroppedAndTheRealOneLands) {
+  Link l;
+  FramedEndpoint sender(l.ab_raw, l.Options(Integrity::kCrc32c, "a", "b"));
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kCrc32c, "b", "a"));
+  const std::vector<uint8_t> payload = Random(2048, 3);
+  std::vector<uint8_t> got(payload.size(), 0);
+  Result r;
+  PostRecv(receiver, 55, got.data(), got.size(), &r);
+
+  // 1: right length and magic, wrong secret (with a valid CRC of its payload).
+  std::vector<uint8_t> forged = Random(payload.size(), 4);
+  {
+    const Segment seg{forged.data(), forged.size()};
+    std::vector<uint8_t> frame(forged);
+    frame.resize(forged.size() + kFrameTrailerSize);
+    WriteFrameTrailer(kSecret ^ 1, Integrity::kCrc32c, &seg, 1, frame.data() + forged.size());
+    ASSERT_TRUE(SendAndWait(*l.spoofer, 55, frame.data(), frame.size()));
+  }
+  // 2: a bare payload of the frame's length (no trailer magic).
+  std::vector<uint8_t> bare(payload.size() + kFrameTrailerSize, 0x5A);
+  ASSERT_TRUE(SendAndWait(*l.spoofer, 55, bare.data(), bare.size()));
+  // 3: too short, 4: too long.
+  ASSERT_TRUE(SendAndWait(*l.spoofer, 55, bare.data(), 10));
+  std::vector<uint8_t> longer(payload.size() + 100, 1);
+  ASSERT_TRUE(SendAndWait(*l.spoofer, 55, longer.data(), longer.size()));
+  EXPECT_TRUE(l.WaitRejected(4)) << l.rejected.load();
+  EXPECT_FALSE(r.done.HasBeenNotified()) << r.status;
+  const std::string last = l.LastRejection();
+  EXPECT_TRUE(absl::StrContains(last, "link b <- a rail rail0")) << last;
+  EXPECT_TRUE(absl::StrContains(last, "longer than")) << last;
+
+  ASSERT_TRUE(SendAndWait(sender, 55, payload.data(), payload.size()));
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(got, payload);
+  EXPECT_EQ(l.integrity_errors.load(), 0);
+}
+
+TEST(FramedEndpointTest, TooManyForeignMessagesFailTheReceiveWithPermissionDenied) {
+  Link l;
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));  // max 4
+  std::vector<uint8_t> got(64, 0);
+  Result r;
+  PostRecv(receiver, 9, got.data(), got.size(), &r);
+  std::vector<uint8_t> junk(64 + kFrameTrailerSize, 0);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(SendAndWait(*l.spoofer, 9, junk.data(), junk.size()));
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status)) << r.status;
+  EXPECT_TRUE(absl::StrContains(r.status.message(), "on link b <- a rail rail0 dropped 5 messages"))
+      << r.status;
+  EXPECT_EQ(l.rejected.load(), 5);
+}
+
+TEST(FramedEndpointTest, AMessageWithoutCrcFailsWhereCrcIsRequired) {
+  Link l;
+  FramedEndpoint sender(l.ab_raw, l.Options(Integrity::kNone, "a", "b"));
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kCrc32c, "b", "a"));
+  std::vector<uint8_t> payload(32, 7), got(32, 0);
+  Result r;
+  PostRecv(receiver, 3, got.data(), got.size(), &r);
+  ASSERT_TRUE(SendAndWait(sender, 3, payload.data(), payload.size()));
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(absl::IsDataLoss(r.status)) << r.status;
+  EXPECT_TRUE(absl::StrContains(r.status.message(), "carries no CRC-32C")) << r.status;
+  EXPECT_EQ(l.integrity_errors.load(), 1);
+}
+
+// Large messages' CRCs are verified where offload runs them (the daemon's executor), small ones
+// on the transport thread; both still catch a flipped bit.
+TEST(FramedEndpointTest, LargeMessagesAreVerifiedOnTheOffloadThread) {
+  Link l;
+  auto flipper =
+      std::make_shared<BitFlipEndpoint>(l.ab_raw, /*every=*/2, /*seed=*/3, kFrameTrailerSize);
+  FramedEndpoint::Options o = l.Options(Integrity::kCrc32c, "b", "a");
+  std::atomic<int> offloaded{0};
+  std::vector<std::thread> threads;
+  absl::Mutex threads_mu;
+  o.offload = [&](std::function<void()> task) {
+    ++offloaded;
+    absl::MutexLock lock(&threads_mu);
+    threads.emplace_back(std::move(task));
+  };
+  o.offload_min_bytes = 1000;
+  FramedEndpoint sender(flipper, l.Options(Integrity::kCrc32c, "a", "b"));
+  FramedEndpoint receiver(l.ba_raw, std::move(o));
+  for (int i = 0; i < 8; ++i) {
+    const size_t size = i < 4 ? 100 : 5000;  // 4 inline, 4 offloaded; every second flipped
+    const std::vector<uint8_t> payload = Random(size, 77 + i);
+    std::vector<uint8_t> got(size, 0);
+    Result r;
+    PostRecv(receiver, 300 + i, got.data(), got.size(), &r);
+    ASSERT_TRUE(SendAndWait(sender, 300 + i, payload.data(), payload.size()));
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+    if (i % 2 == 1) {
+      EXPECT_TRUE(absl::IsDataLoss(r.status)) << i << ": " << r.status;
+    } else {
+      EXPECT_TRUE(r.status.ok()) << i << ": " << r.status;
+      EXPECT_EQ(got, payload);
+    }
+  }
+  EXPECT_EQ(offloaded.load(), 4);
+  EXPECT_EQ(l.integrity_errors.load(), 4);
+  absl::MutexLock lock(&threads_mu);
+  for (auto& t : threads) t.join();
+}
+
+TEST(FramedEndpointTest, IntegrityNames) {
+  EXPECT_EQ(*ParseIntegrity(""), Integrity::kNone);
+  EXPECT_EQ(*ParseIntegrity("none"), Integrity::kNone);
+  EXPECT_EQ(*ParseIntegrity("crc32c"), Integrity::kCrc32c);
+  EXPECT_EQ(ParseIntegrity("md5").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stronger(Integrity::kNone, Integrity::kCrc32c), Integrity::kCrc32c);
+  EXPECT_EQ(IntegrityName(Integrity::kCrc32c), "crc32c");
+}
+
+}  // namespace
+}  // namespace railyard::transport
