@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 
 import pytest
 
@@ -49,6 +50,32 @@ def _railctl(daemon: str) -> str:
         os.path.dirname(os.path.dirname(daemon)), "tools", "railctl")
     assert os.access(path, os.X_OK), f"no railctl at {path} (set RAILCTL)"
     return path
+
+
+_PEER_TLS = ("peer_tls_cert", "peer_tls_key", "peer_tls_ca")
+
+
+def _peer_tls(run: dict, tmp: str, node: str) -> None:
+    """The peer plane's mutual TLS files (the Secret's in the manifest) become certificates made
+    now by scripts/peer-certs.sh for `node` at 127.0.0.1. A manifest with --peer_insecure keeps
+    it. One naming neither would not start (railyardd refuses a peer plane nobody secured): the
+    test then supplies TLS files and warns, until the manifests name them."""
+    if run.get("peer_insecure") in ("true", "1", ""):
+        return
+    missing = [f for f in _PEER_TLS if f not in run]
+    if missing:
+        assert len(missing) == len(_PEER_TLS), f"the DaemonSet names only some TLS flags: {run}"
+        warnings.warn("the DaemonSet passes --peer_listen without --peer_tls_* or "
+                      "--peer_insecure (railyardd refuses that): testing with TLS files added")
+    certs = os.path.join(tmp, "peer-tls")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "peer-certs.sh")
+    out = subprocess.run([script, certs, f"{node}=127.0.0.1"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, f"peer-certs.sh: {out.stderr}"
+    run["peer_tls_cert"] = os.path.join(certs, f"{node}.pem")
+    run["peer_tls_key"] = os.path.join(certs, f"{node}-key.pem")
+    run["peer_tls_ca"] = os.path.join(certs, "ca.pem")
 
 
 def test_daemonset_args_start_a_daemon_that_passes_its_probes():
@@ -98,6 +125,7 @@ def test_daemonset_args_start_a_daemon_that_passes_its_probes():
         run["topology"] = os.path.join(tmp, "topology.json")
         run["metrics_listen"] = f"127.0.0.1:{metrics_port}"
         run["peer_listen"] = f"127.0.0.1:{peer_port}"
+        _peer_tls(run, tmp, env["NODE_NAME"])
         run["state_dir"] = os.path.join(tmp, "state")
         os.mkdir(run["state_dir"])
         log = open(os.path.join(tmp, "daemon.log"), "w+")
