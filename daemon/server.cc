@@ -79,6 +79,16 @@ v1::NodeTopology NodeGraph(v1::NodeTopology declared, const std::string& node_na
   return topology::MergeDiscovered(declared, *discovered);
 }
 
+// The host other daemons dial this one's peer service at, as comm ids coordinated here name it:
+// the --peer_listen host, or the node name for a wildcard address. Empty when listen has no port.
+std::string AdvertisedPeerHost(const std::string& listen, const std::string& node_name) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return "";
+  std::string host = listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = node_name;
+  return host;
+}
+
 }  // namespace
 
 Server::~Server() { Shutdown(); }
@@ -104,6 +114,18 @@ absl::Status Server::Start() {
           auth::LoadPeerTls(config_.peer_tls_cert, config_.peer_tls_key, config_.peer_tls_ca,
                             config_.node_name, absl::Now());
       if (!tls.ok()) return tls.status();
+      // Ranks of other daemons dial a coordinator at the host its comm ids name and check its
+      // certificate against that host: a certificate without it would fail every such join.
+      const std::string host = AdvertisedPeerHost(config_.peer_listen, config_.node_name);
+      absl::StatusOr<auth::CertNames> names = auth::SubjectAltNames(tls->cert_chain);
+      if (!host.empty() && names.ok() && !auth::CertNamesHost(*names, host)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "certificate ", config_.peer_tls_cert, " (SANs: ", names->ToString(),
+            ") does not name ", host, ", the host other daemons dial this one at (--peer_listen ",
+            config_.peer_listen,
+            "; comm ids coordinated here name it): add it to the certificate's subjectAltNames "
+            "(IP or DNS), or listen on an address it names"));
+      }
       peer_tls_ = *std::move(tls);
     }
   }
@@ -274,9 +296,7 @@ absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
   if (peer_grpc_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on --peer_listen ", listen));
   }
-  std::string host = listen.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = config_.node_name;
-  peer_address_ = absl::StrCat(host, ":", port);
+  peer_address_ = absl::StrCat(AdvertisedPeerHost(listen, config_.node_name), ":", port);
   core_->SetPeerCredentials(peer_tls_);
   core_->EnableMultiNode(topology, *std::move(transport), peer_address_);
   Log(LogLevel::kInfo, "daemon", "peer service",

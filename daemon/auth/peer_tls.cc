@@ -10,6 +10,7 @@
 #include <openssl/x509v3.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -108,6 +109,24 @@ std::string CertNames::ToString() const {
   for (const auto& d : dns) all.push_back("DNS:" + d);
   for (const auto& i : ips) all.push_back("IP:" + i);
   return all.empty() ? "none" : absl::StrJoin(all, ", ");
+}
+
+bool CertNamesHost(const CertNames& names, absl::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string h(host);
+  unsigned char addr[16];
+  for (const int family : {AF_INET, AF_INET6}) {
+    if (inet_pton(family, h.c_str(), addr) != 1) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    inet_ntop(family, addr, text, sizeof text);  // the form NamesOf writes
+    return std::find(names.ips.begin(), names.ips.end(), text) != names.ips.end();
+  }
+  for (const auto& dns : names.dns) {
+    if (DnsNameMatches(dns, host)) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<CertNames> SubjectAltNames(absl::string_view pem) {

@@ -20,6 +20,10 @@ struct CertNames {
   std::string ToString() const;
 };
 
+// True when names cover host as a TLS client checks it: an IP address (v4, v6, "[v6]") against
+// the IP SANs, anything else against the DNS SANs (DnsNameMatches).
+bool CertNamesHost(const CertNames& names, absl::string_view host);
+
 // The subjectAltNames of the first certificate in pem. INVALID_ARGUMENT when pem holds none.
 absl::StatusOr<CertNames> SubjectAltNames(absl::string_view pem);
 

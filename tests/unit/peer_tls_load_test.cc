@@ -33,8 +33,8 @@ class LoadPeerTlsTest : public ::testing::Test {
 
   static absl::StatusOr<PeerTlsPem> Load(const std::string& cert, const std::string& node,
                                          absl::Time now = absl::Now()) {
-    return LoadPeerTls(dir_ + "/" + cert + ".pem", dir_ + "/" + cert + "-key.pem",
-                       dir_ + "/ca.pem", node, now);
+    return LoadPeerTls(dir_ + "/" + cert + ".pem", dir_ + "/" + cert + "-key.pem", dir_ + "/ca.pem",
+                       node, now);
   }
   static std::string Read(const std::string& path) {
     std::ifstream in(path);
@@ -87,6 +87,19 @@ TEST_F(LoadPeerTlsTest, SubjectAltNamesByType) {
   EXPECT_THAT(names->ips, ElementsAre("10.0.0.7", "fd00::7"));
   EXPECT_EQ(names->ToString(), "DNS:node-b, IP:10.0.0.7, IP:fd00::7");
   EXPECT_EQ(SubjectAltNames("not pem").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CertNamesHostTest, IpsAgainstIpSansNamesAgainstDnsSans) {
+  CertNames names;
+  names.dns = {"node-b", "*.rack.test"};
+  names.ips = {"10.0.0.7", "fd00::7"};
+  EXPECT_TRUE(CertNamesHost(names, "10.0.0.7"));
+  EXPECT_TRUE(CertNamesHost(names, "fd00:0::7"));  // normalised
+  EXPECT_TRUE(CertNamesHost(names, "[fd00::7]"));
+  EXPECT_TRUE(CertNamesHost(names, "node-b"));
+  EXPECT_TRUE(CertNamesHost(names, "gpu1.rack.test"));
+  EXPECT_FALSE(CertNamesHost(names, "127.0.0.1"));
+  EXPECT_FALSE(CertNamesHost(names, "node-c"));
 }
 
 }  // namespace
