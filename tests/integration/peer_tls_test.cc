@@ -194,6 +194,19 @@ TEST_F(PeerTlsTest, DaemonsOfDifferentCasCannotFormACommunicator) {
   // Bounded by the request's timeout (3 s) plus the join's grace (2 s), not --init_timeout.
 }
 
+TEST_F(PeerTlsTest, APlaintextDaemonCannotJoinAnMtlsCoordinator) {
+  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  daemons.push_back(Serving("vnode0", PeerTlsFlags(a(), "vnode0")));
+  daemons.push_back(Serving("vnode1", {"--peer_insecure"}));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<absl::Status> got = JoinAcross(daemons, std::chrono::milliseconds(2000));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].code(), absl::StatusCode::kUnavailable) << got[1];
+  EXPECT_THAT(got[1].message(), HasSubstr("coordinator not reached"));
+  EXPECT_FALSE(got[0].ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
 TEST_F(PeerTlsTest, RefusesACertificateNotNamingTheHostOthersDial) {
   // Other daemons dial a coordinator at the host its comm ids name (here 127.0.0.1) and check
   // its certificate against it: one naming DNS:vnode0 and IP 10.9.9.9 only would fail every
