@@ -1,5 +1,7 @@
 #include "daemon/comm/peer_client.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
@@ -76,7 +78,8 @@ void PeerClients::JoinComm(const std::string& address, const v1::JoinCommRequest
   call->ctx.set_wait_for_ready(true);  // the coordinator may still be starting
   std::shared_ptr<grpc::Channel> channel = ch->channel;
   ch->stub->async()->JoinComm(
-      &call->ctx, &call->req, &call->resp, [call, address, channel, done](grpc::Status s) {
+      &call->ctx, &call->req, &call->resp,
+      [call, address, channel, done = std::move(done)](const grpc::Status& s) {
         if (s.ok()) {
           done(call->resp);
           return;
@@ -104,7 +107,7 @@ void PeerClients::AbortComm(const std::string& address, const std::string& expec
   auto call = std::make_shared<Call<v1::AbortCommRequest, v1::AbortCommResponse>>();
   call->req = req;
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  ch->stub->async()->AbortComm(&call->ctx, &call->req, &call->resp, [call](grpc::Status) {});
+  ch->stub->async()->AbortComm(&call->ctx, &call->req, &call->resp, [call](const grpc::Status&) {});
 }
 
 void PeerClients::Heartbeat(const std::string& address, const std::string& expected_node,
@@ -118,9 +121,10 @@ void PeerClients::Heartbeat(const std::string& address, const std::string& expec
   auto call = std::make_shared<Call<v1::HeartbeatRequest, v1::HeartbeatResponse>>();
   call->req.set_from_node(from_node);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  ch->stub->async()->Heartbeat(
-      &call->ctx, &call->req, &call->resp,
-      [call, address, done](grpc::Status s) { done(FromGrpc(s, address)); });
+  ch->stub->async()->Heartbeat(&call->ctx, &call->req, &call->resp,
+                               [call, address, done = std::move(done)](const grpc::Status& s) {
+                                 done(FromGrpc(s, address));
+                               });
 }
 
 }  // namespace railyard
