@@ -19,11 +19,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The peer plane as deployed: mutual TLS, one test CA, a certificate per virtual node.
+certs=()
+for ((n = 0; n < nodes; n++)); do certs+=("vnode$n"); done
+scripts/peer-certs.sh "$out/certs" "${certs[@]}"
 socks=()
 for ((n = 0; n < nodes; n++)); do
   echo "{\"node\": \"vnode$n\", \"rails\": [{\"device\": \"lo\"}, {\"device\": \"lo\"}]}" >"$out/n$n.json"
   "$build/daemon/railyardd" --socket="$out/n$n.sock" --insecure_first_session_token --peer_listen=127.0.0.1:0 \
-    --topology="$out/n$n.json" >"$out/n$n.log" 2>&1 &
+    --peer_tls_cert="$out/certs/vnode$n.pem" --peer_tls_key="$out/certs/vnode$n-key.pem" \
+    --peer_tls_ca="$out/certs/ca.pem" --topology="$out/n$n.json" >"$out/n$n.log" 2>&1 &
   pids+=($!)
   socks+=("$out/n$n.sock")
 done

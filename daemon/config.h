@@ -18,6 +18,14 @@ struct DaemonConfig {
   // host:port of the daemon<->daemon service; named as coordinator in comm ids when set. Port 0
   // picks a free port (reported in logs and status).
   std::string peer_listen;
+  // The peer service's mutual TLS (PEM files): this daemon's certificate (it must name
+  // node_name in a DNS subjectAltName), its key, and the cluster CA every peer must chain to.
+  // With peer_listen set, all three are required unless peer_insecure (ConfigFromFlags).
+  std::string peer_tls_cert;
+  std::string peer_tls_key;
+  std::string peer_tls_ca;
+  // Plaintext, unauthenticated peer plane (loopback demos only); excludes the peer_tls_* files.
+  bool peer_insecure = false;
   // host:port of the Prometheus endpoint (/metrics, /healthz, /readyz); empty: none. Port 0 picks
   // a free port (logged).
   std::string metrics_listen;

@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/util/log.h"
 
@@ -20,6 +22,16 @@ ABSL_FLAG(std::string, node_name, "",
           "This node's name in comm ids, logs and status (default: host name)");
 ABSL_FLAG(std::string, peer_listen, "",
           "host:port of the daemon-to-daemon service; named as coordinator in comm ids when set");
+ABSL_FLAG(std::string, peer_tls_cert, "",
+          "PEM certificate of this daemon for the peer service's mutual TLS, signed by "
+          "--peer_tls_ca and naming --node_name in a DNS subjectAltName");
+ABSL_FLAG(std::string, peer_tls_key, "", "PEM private key of --peer_tls_cert");
+ABSL_FLAG(std::string, peer_tls_ca, "",
+          "PEM cluster CA: every peer daemon (server and client) must present a certificate it "
+          "signed");
+ABSL_FLAG(bool, peer_insecure, false,
+          "Serve and call the peer service in plaintext with no authentication instead of "
+          "--peer_tls_* (anyone who reaches the port can act as a daemon: loopback demos only)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port serving Prometheus /metrics, /healthz and /readyz (port 0: a free port; "
           "empty: off)");
@@ -87,12 +99,55 @@ ABSL_FLAG(std::string, state_dir, "/var/lib/railyard",
           "Directory for persistent state: calibration.json (railctl calibrate); read at start");
 
 namespace railyard {
+namespace {
+
+// The peer plane is mutual TLS or, said explicitly, plaintext: never plaintext by omission.
+absl::Status CheckPeerSecurity(const DaemonConfig& c) {
+  const std::pair<const char*, const std::string*> files[] = {{"--peer_tls_cert", &c.peer_tls_cert},
+                                                              {"--peer_tls_key", &c.peer_tls_key},
+                                                              {"--peer_tls_ca", &c.peer_tls_ca}};
+  std::vector<std::string> given, missing;
+  for (const auto& [flag, value] : files) (value->empty() ? missing : given).push_back(flag);
+  if (c.peer_listen.empty()) {
+    if (!given.empty() || c.peer_insecure) {
+      Log(LogLevel::kWarning, "daemon", "peer security flags ignored",
+          {F("why", "no --peer_listen: this daemon serves no peer service")});
+    }
+    return absl::OkStatus();
+  }
+  if (c.peer_insecure && !given.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--peer_insecure and ", absl::StrJoin(given, ", "),
+        " are both set: choose mutual TLS (--peer_tls_cert, --peer_tls_key, --peer_tls_ca) or "
+        "plaintext (--peer_insecure), not both"));
+  }
+  if (c.peer_insecure) return absl::OkStatus();
+  if (given.empty()) {
+    return absl::InvalidArgumentError(
+        "--peer_listen needs the peer service's mutual TLS: pass --peer_tls_cert (this node's "
+        "certificate), --peer_tls_key (its key) and --peer_tls_ca (the cluster CA), PEM files; "
+        "or --peer_insecure for plaintext with no authentication (loopback demos only)");
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mutual TLS of the peer service is incomplete: ", absl::StrJoin(given, ", "),
+                     " given but ", absl::StrJoin(missing, " and "),
+                     " missing (--peer_tls_cert, --peer_tls_key and --peer_tls_ca go together)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 const std::vector<std::string>& DaemonFlagNames() {
   static const auto* names =
       new std::vector<std::string>{"socket",
                                    "node_name",
                                    "peer_listen",
+                                   "peer_tls_cert",
+                                   "peer_tls_key",
+                                   "peer_tls_ca",
+                                   "peer_insecure",
                                    "job_tokens",
                                    "worker_threads",
                                    "op_timeout",
@@ -158,6 +213,11 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     }
   }
   c.peer_listen = absl::GetFlag(FLAGS_peer_listen);
+  c.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
+  c.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
+  c.peer_tls_ca = absl::GetFlag(FLAGS_peer_tls_ca);
+  c.peer_insecure = absl::GetFlag(FLAGS_peer_insecure);
+  if (absl::Status s = CheckPeerSecurity(c); !s.ok()) return s;
   c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   c.job_tokens_file = absl::GetFlag(FLAGS_job_tokens);
   c.token_key_file = absl::GetFlag(FLAGS_token_key_file);

@@ -19,6 +19,7 @@
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "proto/railyard/v1/fd_channel.h"
 
@@ -78,6 +79,16 @@ v1::NodeTopology NodeGraph(v1::NodeTopology declared, const std::string& node_na
   return topology::MergeDiscovered(declared, *discovered);
 }
 
+// The host other daemons dial this one's peer service at, as comm ids coordinated here name it:
+// the --peer_listen host, or the node name for a wildcard address. Empty when listen has no port.
+std::string AdvertisedPeerHost(const std::string& listen, const std::string& node_name) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return "";
+  std::string host = listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = node_name;
+  return host;
+}
+
 }  // namespace
 
 Server::~Server() { Shutdown(); }
@@ -91,6 +102,32 @@ absl::Status Server::Start() {
     if (!loaded.ok()) return loaded.status();
     topology = *std::move(loaded);
     if (!topology.node().empty()) config_.node_name = topology.node();
+  }
+  if (!config_.peer_listen.empty()) {
+    if (config_.peer_insecure) {
+      Log(LogLevel::kWarning, "daemon", "insecure: the peer service is plaintext, unauthenticated",
+          {F("why", "--peer_insecure: anyone who reaches --peer_listen can act as a daemon"),
+           F("fix", "--peer_tls_cert, --peer_tls_key and --peer_tls_ca")});
+    } else {
+      // The node name is final here (the topology file may set it): the certificate must name it.
+      absl::StatusOr<auth::PeerTlsPem> tls =
+          auth::LoadPeerTls(config_.peer_tls_cert, config_.peer_tls_key, config_.peer_tls_ca,
+                            config_.node_name, absl::Now());
+      if (!tls.ok()) return tls.status();
+      // Ranks of other daemons dial a coordinator at the host its comm ids name and check its
+      // certificate against that host: a certificate without it would fail every such join.
+      const std::string host = AdvertisedPeerHost(config_.peer_listen, config_.node_name);
+      absl::StatusOr<auth::CertNames> names = auth::SubjectAltNames(tls->cert_chain);
+      if (!host.empty() && names.ok() && !auth::CertNamesHost(*names, host)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "certificate ", config_.peer_tls_cert, " (SANs: ", names->ToString(),
+            ") does not name ", host, ", the host other daemons dial this one at (--peer_listen ",
+            config_.peer_listen,
+            "; comm ids coordinated here name it): add it to the certificate's subjectAltNames "
+            "(IP or DNS), or listen on an address it names"));
+      }
+      peer_tls_ = *std::move(tls);
+    }
   }
   const std::string fd_socket = fdproto::SocketPath(config_.socket);
   for (const std::string& path : {config_.socket, fd_socket, config_.admin_socket}) {
@@ -243,18 +280,28 @@ absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
   peer_ = std::make_unique<PeerService>(core_.get());
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (peer_tls_.has_value()) {
+    // Mutual TLS: every caller presents a certificate the cluster CA signed (PeerService reads
+    // its subjectAltNames into the PeerIdentity the core checks claims against).
+    grpc::SslServerCredentialsOptions tls(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    tls.pem_root_certs = peer_tls_->ca;
+    tls.pem_key_cert_pairs.push_back({peer_tls_->private_key, peer_tls_->cert_chain});
+    credentials = grpc::SslServerCredentials(tls);
+  }
+  builder.AddListeningPort(listen, credentials, &port);
   builder.RegisterService(peer_.get());
   peer_grpc_ = builder.BuildAndStart();
   if (peer_grpc_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on --peer_listen ", listen));
   }
-  std::string host = listen.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = config_.node_name;
-  peer_address_ = absl::StrCat(host, ":", port);
+  peer_address_ = absl::StrCat(AdvertisedPeerHost(listen, config_.node_name), ":", port);
+  core_->SetPeerCredentials(peer_tls_);
   core_->EnableMultiNode(topology, *std::move(transport), peer_address_);
   Log(LogLevel::kInfo, "daemon", "peer service",
-      {F("peer_address", peer_address_), F("rails", topology.rails_size())});
+      {F("peer_address", peer_address_), F("rails", topology.rails_size()),
+       F("security", peer_tls_.has_value() ? "mutual TLS" : "plaintext (--peer_insecure)")});
   return absl::OkStatus();
 }
 

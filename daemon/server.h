@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "daemon/config.h"
@@ -21,10 +22,12 @@ class Server {
   explicit Server(DaemonConfig config) : config_(std::move(config)) {}
   ~Server();
 
-  // Loads the authentication (token keys, job tokens, job policy) and topology files, starts the
-  // peer service and the transport when --peer_listen is set, prepares the socket paths (creating
-  // their directories, refusing when another daemon answers on one, removing a stale file) and
-  // starts serving: Local on --socket, the buffer side channel on <socket>.fd, Admin on
+  // Loads the authentication (token keys, job tokens, job policy) and topology files, checks the
+  // peer plane's TLS files against the node name (refusing a certificate other daemons would
+  // refuse), starts the peer service and the transport when --peer_listen is set, prepares the
+  // socket paths (creating their directories, refusing when another daemon answers on one, removing
+  // a stale file) and starts serving: Local on --socket, the buffer side channel on <socket>.fd,
+  // Admin on
   // --admin_socket.
   absl::Status Start();
   // host:port the peer service is reachable at ("" without --peer_listen).
@@ -49,6 +52,8 @@ class Server {
   bool socket_created_ = false;
   bool admin_socket_created_ = false;
   std::string peer_address_;
+  // The peer plane's mutual TLS material; nullopt with --peer_insecure or without --peer_listen.
+  std::optional<auth::PeerTlsPem> peer_tls_;
   std::unique_ptr<metrics::HttpServer> metrics_http_;
   std::string metrics_address_;
   std::atomic<bool> serving_{false};  // what /readyz reports: the gRPC APIs are up

@@ -32,8 +32,10 @@ for n in 0 1; do
   cat >"$dir/node$n.json" <<JSON
 {"node": "demo-node-$n", "rails": [{"name": "rail0", "device": "lo"}, {"name": "rail1", "device": "lo"}]}
 JSON
+  # Loopback only: the peer plane may stay plaintext here (--peer_insecure); a cluster runs
+  # mutual TLS (--peer_tls_cert/--peer_tls_key/--peer_tls_ca, scripts/peer-certs.sh to try it).
   "$build/daemon/railyardd" --socket="$dir/node$n.sock" --insecure_first_session_token --peer_listen=127.0.0.1:0 \
-    --topology="$dir/node$n.json" --metrics_listen=127.0.0.1:0 >"$dir/node$n.log" 2>&1 &
+    --peer_insecure --topology="$dir/node$n.json" --metrics_listen=127.0.0.1:0 >"$dir/node$n.log" 2>&1 &
   pids+=($!)
   socks+=("$dir/node$n.sock")
 done

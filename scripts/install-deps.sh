@@ -22,7 +22,8 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch
   # deployment checks (tests/deploy: Kubernetes manifests, Helm chart, systemd unit)
   python3-yaml systemd
-  # signed job tokens (HMAC-SHA256, daemon/auth); the peer plane's test certificates (openssl CLI)
+  # signed job tokens (HMAC-SHA256, daemon/auth) and the peer plane's mutual TLS checks; the
+  # openssl CLI makes the tests' certificates (scripts/peer-certs.sh)
   libssl-dev openssl
   # network namespaces and traffic shaping for the emulated fabric
   iproute2 procps

@@ -1,5 +1,7 @@
 #include "daemon/comm/peer_client.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
@@ -13,6 +15,11 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address) {
                       absl::StrCat("peer daemon ", address, ": ", s.error_message()));
 }
 
+absl::Status NoCredentials(const std::string& address) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "peer daemon ", address, ": the peer client has no credentials (SetTls or SetInsecure)"));
+}
+
 // Owns what one asynchronous call needs until its callback has run.
 template <typename Req, typename Resp>
 struct Call {
@@ -23,46 +30,101 @@ struct Call {
 
 }  // namespace
 
-v1::Peer::Stub* PeerClients::Stub(const std::string& address) {
+void PeerClients::SetTls(const std::string& ca_pem, const std::string& cert_chain_pem,
+                         const std::string& private_key_pem) {
+  grpc::SslCredentialsOptions opts;
+  opts.pem_root_certs = ca_pem;
+  opts.pem_cert_chain = cert_chain_pem;
+  opts.pem_private_key = private_key_pem;
   absl::MutexLock lock(&mu_);
-  auto& stub = stubs_[address];
-  if (stub == nullptr) {
-    stub = v1::Peer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  credentials_ = grpc::SslCredentials(opts);
+  tls_ = true;
+  channels_.clear();
+}
+
+void PeerClients::SetInsecure() {
+  absl::MutexLock lock(&mu_);
+  credentials_ = grpc::InsecureChannelCredentials();
+  tls_ = false;
+  channels_.clear();
+}
+
+PeerClients::Channel* PeerClients::Get(const std::string& address,
+                                       const std::string& expected_node) {
+  absl::MutexLock lock(&mu_);
+  if (credentials_ == nullptr) return nullptr;
+  // Without TLS there is nothing to check a name against: one channel per address.
+  const std::string name = tls_ ? expected_node : std::string();
+  Channel& ch = channels_[{address, name}];
+  if (ch.stub == nullptr) {
+    grpc::ChannelArguments args;
+    if (!name.empty()) args.SetSslTargetNameOverride(name);
+    ch.channel = grpc::CreateCustomChannel(address, credentials_, args);
+    ch.stub = v1::Peer::NewStub(ch.channel);
   }
-  return stub.get();
+  return &ch;
 }
 
 void PeerClients::JoinComm(const std::string& address, const v1::JoinCommRequest& req,
                            absl::Duration timeout, JoinDone done) {
+  Channel* ch = Get(address, "");
+  if (ch == nullptr) {
+    done(NoCredentials(address));
+    return;
+  }
   auto call = std::make_shared<Call<v1::JoinCommRequest, v1::JoinCommResponse>>();
   call->req = req;
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   call->ctx.set_wait_for_ready(true);  // the coordinator may still be starting
-  Stub(address)->async()->JoinComm(&call->ctx, &call->req, &call->resp,
-                                   [call, address, done](grpc::Status s) {
-                                     if (s.ok()) {
-                                       done(call->resp);
-                                     } else {
-                                       done(FromGrpc(s, address));
-                                     }
-                                   });
+  std::shared_ptr<grpc::Channel> channel = ch->channel;
+  ch->stub->async()->JoinComm(
+      &call->ctx, &call->req, &call->resp,
+      [call, address, channel, done = std::move(done)](const grpc::Status& s) {
+        if (s.ok()) {
+          done(call->resp);
+          return;
+        }
+        // Waiting for a channel that never connected (refused, or a TLS handshake that keeps
+        // failing) ends in DEADLINE_EXCEEDED: say that the coordinator was not reached.
+        if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+            channel->GetState(false) != GRPC_CHANNEL_READY) {
+          done(absl::UnavailableError(absl::StrCat(
+              "peer daemon ", address,
+              ": coordinator not reached before the deadline: connection or TLS handshake "
+              "failing (is it up, and are both daemons' certificates signed by the same "
+              "--peer_tls_ca, the coordinator's naming ",
+              address.substr(0, address.rfind(':')), "?): ", s.error_message())));
+          return;
+        }
+        done(FromGrpc(s, address));
+      });
 }
 
-void PeerClients::AbortComm(const std::string& address, const v1::AbortCommRequest& req) {
+void PeerClients::AbortComm(const std::string& address, const std::string& expected_node,
+                            const v1::AbortCommRequest& req) {
+  Channel* ch = Get(address, expected_node);
+  if (ch == nullptr) return;
   auto call = std::make_shared<Call<v1::AbortCommRequest, v1::AbortCommResponse>>();
   call->req = req;
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  Stub(address)->async()->AbortComm(&call->ctx, &call->req, &call->resp, [call](grpc::Status) {});
+  ch->stub->async()->AbortComm(&call->ctx, &call->req, &call->resp, [call](const grpc::Status&) {});
 }
 
-void PeerClients::Heartbeat(const std::string& address, const std::string& from_node,
-                            absl::Duration timeout, std::function<void(const absl::Status&)> done) {
+void PeerClients::Heartbeat(const std::string& address, const std::string& expected_node,
+                            const std::string& from_node, absl::Duration timeout,
+                            std::function<void(const absl::Status&)> done) {
+  Channel* ch = Get(address, expected_node);
+  if (ch == nullptr) {
+    done(NoCredentials(address));
+    return;
+  }
   auto call = std::make_shared<Call<v1::HeartbeatRequest, v1::HeartbeatResponse>>();
   call->req.set_from_node(from_node);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  Stub(address)->async()->Heartbeat(
-      &call->ctx, &call->req, &call->resp,
-      [call, address, done](grpc::Status s) { done(FromGrpc(s, address)); });
+  ch->stub->async()->Heartbeat(&call->ctx, &call->req, &call->resp,
+                               [call, address, done = std::move(done)](const grpc::Status& s) {
+                                 done(FromGrpc(s, address));
+                               });
 }
 
 }  // namespace railyard

@@ -1,15 +1,25 @@
-// Calls to other daemons' Peer services, over one cached channel per address.
+// Calls to other daemons' Peer services, over one cached channel per (address, expected name).
+//
+// Security: SetTls (mutual TLS: the cluster CA and this daemon's certificate and key) or
+// SetInsecure (plaintext, --peer_insecure) must be called once, before the first call; calls
+// made before either fail with FAILED_PRECONDITION. With TLS, the server's certificate must chain
+// to the CA and name what is dialled: by default the host of the address (gRPC's hostname check:
+// a coordinator named in a comm id, "10.0.0.2:7470" or "node-a:7470", needs that IP or DNS
+// subjectAltName), or, when the caller passes expected_node, that node name (the daemons of a
+// layout, whose names the coordinator vouched for).
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "railyard/v1/peer.grpc.pb.h"
 
 namespace railyard {
@@ -18,21 +28,41 @@ class PeerClients {
  public:
   using JoinDone = std::function<void(const absl::StatusOr<v1::JoinCommResponse>&)>;
 
-  // Asynchronous; done runs on a gRPC thread. UNAVAILABLE names the address when the
-  // coordinator cannot be reached.
+  // Mutual TLS with PEM text: the CA peers' certificates must chain to, this daemon's
+  // certificate (chain) and its private key (presented as client certificate).
+  void SetTls(const std::string& ca_pem, const std::string& cert_chain_pem,
+              const std::string& private_key_pem);
+  // Plaintext, nothing verified (--peer_insecure).
+  void SetInsecure();
+
+  // Asynchronous; done runs on a gRPC thread. The coordinator's certificate must name the host
+  // of address. UNAVAILABLE names the address when the coordinator cannot be reached (also when
+  // the TLS handshake keeps failing until the deadline).
   void JoinComm(const std::string& address, const v1::JoinCommRequest& req, absl::Duration timeout,
                 JoinDone done);
-  // Fire and forget (best effort: the peer also finds out through its own deadlines).
-  void AbortComm(const std::string& address, const v1::AbortCommRequest& req);
-  // Asynchronous liveness probe; done(OK) when the peer answered within timeout.
-  void Heartbeat(const std::string& address, const std::string& from_node, absl::Duration timeout,
+  // Fire and forget (best effort: the peer also finds out through its own deadlines). With TLS
+  // the peer's certificate must name expected_node.
+  void AbortComm(const std::string& address, const std::string& expected_node,
+                 const v1::AbortCommRequest& req);
+  // Asynchronous liveness probe; done(OK) when the peer answered within timeout. With TLS the
+  // peer's certificate must name expected_node.
+  void Heartbeat(const std::string& address, const std::string& expected_node,
+                 const std::string& from_node, absl::Duration timeout,
                  std::function<void(const absl::Status&)> done);
 
  private:
-  v1::Peer::Stub* Stub(const std::string& address);
+  struct Channel {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Peer::Stub> stub;
+  };
+  // Null until SetTls or SetInsecure. expected_node empty: gRPC's check of the dialled host.
+  Channel* Get(const std::string& address, const std::string& expected_node);
 
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<grpc::ChannelCredentials> credentials_ ABSL_GUARDED_BY(mu_);
+  bool tls_ ABSL_GUARDED_BY(mu_) = false;
+  // By (address, expected node name).
+  std::map<std::pair<std::string, std::string>, Channel> channels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace railyard

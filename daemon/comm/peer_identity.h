@@ -3,7 +3,6 @@
 // --peer_insecure nothing is verified and any claim passes (loopback demos only).
 #pragma once
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "daemon/auth/dns_name.h"
 
 namespace railyard {
 
@@ -31,22 +31,27 @@ struct PeerIdentity {
   // Verified identities are checked; unverified ones (--peer_insecure) are trusted as claimed.
   bool verified() const { return authenticated || self; }
 
-  // OK when this peer may speak as the daemon named node_name: its certificate names it. An
+  // OK when this peer may speak as the daemon named node_name: its certificate names it
+  // (auth::DnsNameMatches: exactly, or by a "*.example.com" wildcard). An
   // unauthenticated peer (--peer_insecure) may claim anything; this daemon may claim anything.
   absl::Status MayClaimNode(absl::string_view node_name) const {
     if (!authenticated) return absl::OkStatus();
-    if (std::find(dns_names.begin(), dns_names.end(), node_name) != dns_names.end()) {
-      return absl::OkStatus();
+    for (const std::string& dns : dns_names) {
+      if (auth::DnsNameMatches(dns, node_name)) return absl::OkStatus();  // wildcards too
     }
     return absl::PermissionDeniedError(
         absl::StrCat("peer ", peer, " claims node '", node_name.substr(0, 64),
                      "' but its certificate names only [", Names(), "]"));
   }
 
-  // The name this peer is known by in logs and membership checks: its first DNS name when
-  // authenticated, else `claimed`.
+  // The name this peer is known by in logs and membership checks: when authenticated, `claimed`
+  // if the certificate names it (MayClaimNode), else its first DNS name; unauthenticated,
+  // `claimed`.
   std::string NodeOr(absl::string_view claimed) const {
-    if (authenticated && !dns_names.empty()) return dns_names.front();
+    if (authenticated && !dns_names.empty()) {
+      if (MayClaimNode(claimed).ok()) return std::string(claimed);
+      return dns_names.front();
+    }
     return std::string(claimed);
   }
 

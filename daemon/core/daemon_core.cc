@@ -178,6 +178,14 @@ absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
   return std::min(absl::Milliseconds(timeout_ms), std::max(config_.init_timeout, absl::Hours(1)));
 }
 
+void DaemonCore::SetPeerCredentials(const std::optional<auth::PeerTlsPem>& tls) {
+  if (tls.has_value()) {
+    peers_.SetTls(tls->ca, tls->cert_chain, tls->private_key);
+  } else {
+    peers_.SetInsecure();
+  }
+}
+
 void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
                                  std::unique_ptr<transport::Transport> transport,
                                  std::string peer_address) {
@@ -299,7 +307,10 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
     OnLayout(weak_session, req, handle, slot, layout, done);
   };
   if (!local_coordinator) {
-    peers_.JoinComm(id->coordinator, join, JoinTimeout(req.timeout_ms()) + absl::Seconds(5),
+    // A little past the coordinator's own wait (so its answer, e.g. which rank is missing, wins)
+    // but within the client's InitComm margin (5 s), so that the rank hears why (a coordinator
+    // not reached: down, or a TLS handshake failing) rather than the client's own timeout.
+    peers_.JoinComm(id->coordinator, join, JoinTimeout(req.timeout_ms()) + absl::Seconds(2),
                     std::move(on_layout));
     return absl::OkStatus();
   }
@@ -503,8 +514,11 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
           metrics_->JobFabricBytes(job), metrics_->ucx_endpoints());
     }
   }
-  std::vector<std::string> peers = net.node_addresses;
-  peers.erase(peers.begin() + my_node);
+  // (address, node name): with TLS each peer's certificate must name the node the layout says.
+  std::vector<std::pair<std::string, std::string>> peers;
+  for (int n = 0; n < l.nnodes; ++n) {
+    if (n != my_node) peers.emplace_back(net.node_addresses[n], net.node_names[n]);
+  }
   const std::string me = config_.node_name;
   net.notify_peers = [this, peers, job, comm_id, me](const absl::Status& status) {
     v1::AbortCommRequest abort;
@@ -513,7 +527,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
     abort.set_code(static_cast<int32_t>(status.code()));
     abort.set_message(std::string(status.message()));
     abort.set_from_node(me);
-    for (const auto& addr : peers) peers_.AbortComm(addr, abort);
+    for (const auto& [addr, node] : peers) peers_.AbortComm(addr, node, abort);
   };
   net.tuner = MakeTuner(net.layout, layout.cost_model());
   return std::make_shared<Communicator>(comm_id, job, MakeCommEnv(), std::move(net));
@@ -558,8 +572,9 @@ void DaemonCore::HeartbeatTick() {
     }
   }
   for (const auto& [addr, comms] : by_peer) {
-    peers_.Heartbeat(addr, config_.node_name, config_.heartbeat_interval,
-                     [this, addr = addr](const absl::Status& s) {
+    // The node the layouts name at addr: its certificate must say so.
+    peers_.Heartbeat(addr, comms.front()->NodeNameOf(addr), config_.node_name,
+                     config_.heartbeat_interval, [this, addr = addr](const absl::Status& s) {
                        absl::MutexLock lock(&mu_);
                        if (s.ok()) {
                          peer_last_seen_[addr] = absl::Now();

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/auth/peer_tls.h"
 #include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_registry.h"
 #include "daemon/comm/communicator.h"
@@ -48,6 +50,9 @@ class DaemonCore {
   // This daemon's metric families (served by the Server when --metrics_listen is set).
   metrics::DaemonMetrics& metrics() { return *metrics_; }
 
+  // The peer plane's client credentials, before EnableMultiNode: mutual TLS with this daemon's
+  // certificate, key and the cluster CA, or plaintext (nullopt: --peer_insecure).
+  void SetPeerCredentials(const std::optional<auth::PeerTlsPem>& tls);
   // Multi-node set-up, before serving: the rails of this node, the transport over them and the
   // address other daemons reach this one's Peer service at (empty: single-node only).
   void EnableMultiNode(v1::NodeTopology topology, std::unique_ptr<transport::Transport> transport,

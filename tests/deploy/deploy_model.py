@@ -186,15 +186,6 @@ def path_within(path: str, directory: str) -> bool:
 
 # ---- what railyardd accepts -----------------------------------------------------------------
 
-# The peer plane's mutual-TLS flags, with their final names, which the deployment files pass
-# while the daemon's side of them is written in parallel. Each one counts as accepted (by
-# --helpfull and by RAILYARD_<FLAG>) only while no ABSL_FLAG of that name exists under daemon/:
-# from the commit that defines it on, the daemon itself is the judge again, so a flag the daemon
-# ends up spelling differently, or leaves out of DaemonFlagNames(), fails these tests then.
-# Remove this set once all four are defined.
-ANNOUNCED_FLAGS = frozenset({"peer_tls_cert", "peer_tls_key", "peer_tls_ca", "peer_insecure"})
-
-
 def source_flags() -> set:
     """The ABSL_FLAG names defined under daemon/."""
     names = set()
@@ -204,39 +195,25 @@ def source_flags() -> set:
     return names
 
 
-def announced_not_yet_defined() -> set:
-    """ANNOUNCED_FLAGS that the daemon's source does not define yet."""
-    return set(ANNOUNCED_FLAGS - source_flags())
-
-
 def accepted_flags() -> Tuple[set, str]:
     """(flag names railyardd accepts, where that came from)."""
-    pending = announced_not_yet_defined()
-    note = f" (+ announced, not yet defined: {', '.join(sorted(pending))})" if pending else ""
     daemon = os.environ.get("RAILYARDD")
     if daemon:
         out = subprocess.run([daemon, "--helpfull"], capture_output=True, text=True, timeout=30)
         text = out.stdout + out.stderr
         names = set(re.findall(r"^\s+--([a-z_][a-z0-9_]*) \(", text, re.MULTILINE))
         assert "socket" in names, f"cannot read the flags from `{daemon} --helpfull`:\n{text}"
-        return names | pending, f"{daemon} --helpfull{note}"
-    return source_flags() | pending, f"ABSL_FLAG definitions under daemon/{note}"
-
-
-def daemon_defines(daemon: str, flag: str) -> bool:
-    """Whether the built daemon at that path has the flag (its --helpfull lists it)."""
-    out = subprocess.run([daemon, "--helpfull"], capture_output=True, text=True, timeout=30)
-    return re.search(rf"^\s+--{flag} \(", out.stdout + out.stderr, re.MULTILINE) is not None
+        return names, f"{daemon} --helpfull"
+    return source_flags(), "ABSL_FLAG definitions under daemon/"
 
 
 def env_settable_flags() -> set:
-    """Flags that RAILYARD_<FLAG> may set: DaemonFlagNames() in daemon/flags.cc (plus the
-    announced flags not defined yet, see ANNOUNCED_FLAGS)."""
+    """Flags that RAILYARD_<FLAG> may set: DaemonFlagNames() in daemon/flags.cc."""
     with open(os.path.join(REPO, "daemon", "flags.cc")) as f:
         text = f.read()
     m = re.search(r"DaemonFlagNames\(\)\s*\{.*?\{(.*?)\}", text, re.DOTALL)
     assert m, "DaemonFlagNames() not found in daemon/flags.cc"
-    return set(re.findall(r'"(\w+)"', m.group(1))) | announced_not_yet_defined()
+    return set(re.findall(r'"(\w+)"', m.group(1)))
 
 
 def topology_message_class():

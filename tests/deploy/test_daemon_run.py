@@ -52,33 +52,24 @@ def _railctl(daemon: str) -> str:
     return path
 
 
-def _peer_certificate(directory: str, node: str, ip: str) -> None:
-    """What the peer TLS Secret holds (tls.crt, tls.key, ca.crt, as cert-manager writes them):
-    a CA and a certificate it signed naming the node (DNS) and its address (IP)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl not installed: cannot make the peer certificate the args name")
+_PEER_TLS = ("peer_tls_cert", "peer_tls_key", "peer_tls_ca")
 
-    def run(*args: str) -> None:
-        out = subprocess.run([openssl, *args], capture_output=True, text=True, timeout=60,
-                             cwd=directory)
-        assert out.returncode == 0, f"openssl {' '.join(args)}: {out.stderr}"
 
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-        "-subj", "/CN=railyard-peer-ca", "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    run("req", "-new", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={node}")
-    with open(os.path.join(directory, "ext.cnf"), "w") as f:
-        f.write(f"subjectAltName=DNS:{node},IP:{ip}\nextendedKeyUsage=serverAuth,clientAuth\n"
-                "keyUsage=critical,digitalSignature\nbasicConstraints=critical,CA:FALSE\n")
-    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "1", "-extfile", "ext.cnf", "-out", "tls.crt")
-    for name in ("ca.key", "tls.csr", "ext.cnf", "ca.srl"):
-        if os.path.exists(os.path.join(directory, name)):
-            os.remove(os.path.join(directory, name))
-    for name in ("tls.crt", "tls.key", "ca.crt"):
-        os.chmod(os.path.join(directory, name), 0o400)  # the Secret's defaultMode
+def _peer_tls(run: dict, tmp: str, node: str) -> None:
+    """The peer plane's mutual TLS files (the Secret's in the manifest) become certificates made
+    now by scripts/peer-certs.sh for `node` at 127.0.0.1. A manifest with --peer_insecure keeps
+    it."""
+    if run.get("peer_insecure") in ("true", "1", ""):
+        return
+    certs = os.path.join(tmp, "peer-tls")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "peer-certs.sh")
+    out = subprocess.run([script, certs, f"{node}=127.0.0.1"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, f"peer-certs.sh: {out.stderr}"
+    run["peer_tls_cert"] = os.path.join(certs, f"{node}.pem")
+    run["peer_tls_key"] = os.path.join(certs, f"{node}-key.pem")
+    run["peer_tls_ca"] = os.path.join(certs, "ca.pem")
 
 
 def test_daemonset_args_start_a_daemon_that_passes_its_probes():
@@ -122,26 +113,15 @@ def test_daemonset_args_start_a_daemon_that_passes_its_probes():
             for var, sub in env.items():
                 value = value.replace(f"$({var})", sub)
             run[flag] = value
-        # The peer TLS Secret's files, for this node's name and address.
-        tls_flags = ("peer_tls_cert", "peer_tls_key", "peer_tls_ca")
-        assert all(f in args for f in tls_flags), "the DaemonSet runs the peer service with TLS"
-        if dm.daemon_defines(daemon, "peer_tls_cert"):
-            tls_dir = os.path.join(tmp, "peer-tls")
-            os.mkdir(tls_dir)
-            _peer_certificate(tls_dir, env["NODE_NAME"], env["NODE_IP"])
-            for flag in tls_flags:
-                run[flag] = os.path.join(tls_dir, os.path.basename(args[flag]))
-        else:
-            # A daemon built before the peer TLS flags (dm.ANNOUNCED_FLAGS): it would refuse
-            # them as unknown, and runs its plaintext peer service without them.
-            for flag in tls_flags:
-                del run[flag]
+        # The peer TLS Secret's files become certificates made now for this node and address.
+        assert all(f in args for f in _PEER_TLS), "the DaemonSet runs the peer service with TLS"
         run["socket"] = os.path.join(tmp, "ry.sock")
         run["admin_socket"] = os.path.join(admin_dir, os.path.basename(args["admin_socket"]))
         run["token_key_file"] = key_file
         run["topology"] = os.path.join(tmp, "topology.json")
         run["metrics_listen"] = f"127.0.0.1:{metrics_port}"
         run["peer_listen"] = f"127.0.0.1:{peer_port}"
+        _peer_tls(run, tmp, env["NODE_NAME"])
         run["state_dir"] = os.path.join(tmp, "state")
         os.mkdir(run["state_dir"])
         log = open(os.path.join(tmp, "daemon.log"), "w+")

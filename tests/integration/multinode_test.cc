@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/peer_tls.h"
 #include "tests/integration/rank_cases.h"
 
 namespace railyard::testing {
@@ -23,16 +24,27 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// How the daemons of a VirtualCluster talk: mutual TLS with certificates made at test time
+// (DNS:vnodeN, IP:127.0.0.1, one CA), or plaintext (--peer_insecure).
+enum class PeerPlane { kTls, kInsecure };
+
 // n virtual nodes; extra flags go to every daemon.
 class VirtualCluster {
  public:
-  VirtualCluster(int n, std::vector<std::string> extra = {}) : dir_(MakeTempDir()) {
+  VirtualCluster(int n, std::vector<std::string> extra = {}, PeerPlane plane = PeerPlane::kTls)
+      : dir_(MakeTempDir()) {
+    std::vector<std::string> nodes;
+    for (int i = 0; i < n; ++i) nodes.push_back("vnode" + std::to_string(i));
+    if (plane == PeerPlane::kTls) MakePeerCerts(dir_ + "/certs", nodes);
     for (int i = 0; i < n; ++i) {
       const std::string topo = dir_ + "/node" + std::to_string(i) + ".json";
-      std::ofstream(topo) << "{\"node\": \"vnode" << i
+      std::ofstream(topo) << "{\"node\": \"" << nodes[i]
                           << "\", \"rails\": [{\"name\": \"rail0\", \"device\": \"lo\"},"
                              " {\"name\": \"rail1\", \"device\": \"lo\"}]}\n";
-      std::vector<std::string> flags = {"--peer_listen=127.0.0.1:0", "--topology=" + topo};
+      std::vector<std::string> flags = plane == PeerPlane::kTls
+                                           ? PeerTlsFlags(dir_ + "/certs", nodes[i])
+                                           : std::vector<std::string>{"--peer_insecure"};
+      flags.insert(flags.end(), {"--peer_listen=127.0.0.1:0", "--topology=" + topo});
       flags.insert(flags.end(), extra.begin(), extra.end());
       daemons_.push_back(std::make_unique<DaemonProcess>(flags));
     }
@@ -107,9 +119,13 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, MultiNodeTest,
                            return info.param.empty() ? std::string("default") : info.param;
                          });
 
+// Plaintext stays covered: --peer_insecure daemons (what the loopback demo runs) still work, and
+// say loudly that they are insecure.
 TEST(MultiNodeTest, FourDaemonsWithOneThreeAndTwoRanks) {
-  VirtualCluster cluster(4);
+  VirtualCluster cluster(4, {}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  EXPECT_THAT(cluster[0].Log(), HasSubstr("insecure: the peer service is plaintext"));
+  EXPECT_THAT(cluster[0].Log(), HasSubstr("plaintext (--peer_insecure)"));
   RunMatrix(cluster, 1, "");
   RunMatrix(cluster, 3, "hier");
 }
@@ -336,16 +352,26 @@ TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
   std::vector<std::unique_ptr<Process>> daemons;
   std::vector<std::string> socks;
   const std::string nss[] = {ns0, ns1}, devs[] = {va, vb}, ips[] = {"10.251.7.1", "10.251.7.2"};
+  // Mutual TLS over the veth: each certificate names its node and its namespace's address (what
+  // the other daemon dials).
+  const std::string certs = dir + "/certs";
+  MakePeerCerts(certs, {"nsnode0=10.251.7.1", "nsnode1=10.251.7.2"});
   for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> argv = {"/usr/sbin/ip",
+                                     "netns",
+                                     "exec",
+                                     nss[n],
+                                     RAILYARDD_PATH,
+                                     "--socket=" + dir + "/ns" + std::to_string(n) + ".sock",
+                                     "--insecure_first_session_token",
+                                     "--peer_listen=" + ips[n] + ":0",
+                                     "--topology=" + dir + "/ns" + std::to_string(n) + ".json"};
+    for (const auto& f : PeerTlsFlags(certs, "nsnode" + std::to_string(n))) argv.push_back(f);
     const std::string topo = dir + "/ns" + std::to_string(n) + ".json";
     std::ofstream(topo) << "{\"node\": \"nsnode" << n << "\", \"rails\": [{\"device\": \""
                         << devs[n] << "\"}]}\n";
     socks.push_back(dir + "/ns" + std::to_string(n) + ".sock");
-    daemons.push_back(std::make_unique<Process>(
-        std::vector<std::string>{"/usr/sbin/ip", "netns", "exec", nss[n], RAILYARDD_PATH,
-                                 "--socket=" + socks.back(), "--insecure_first_session_token",
-                                 "--peer_listen=" + ips[n] + ":0", "--topology=" + topo},
-        dir + "/ns" + std::to_string(n) + ".log"));
+    daemons.push_back(std::make_unique<Process>(argv, dir + "/ns" + std::to_string(n) + ".log"));
   }
   for (const auto& s : socks) {
     for (int i = 0; i < 500 && !SocketAccepts(s); ++i) {
@@ -360,6 +386,7 @@ TEST(MultiNodeNetnsTest, CollectivesAcrossNetworkNamespaces) {
   ASSERT_TRUE(code.has_value()) << "railyard-perf hung across namespaces";
   EXPECT_EQ(*code, 0) << perf.Output() << daemons[0]->Output() << daemons[1]->Output();
   EXPECT_THAT(perf.Output(), HasSubstr("@10.251.7.1:"));  // the coordinator is in ns0
+  EXPECT_THAT(daemons[0]->Output(), HasSubstr("mutual TLS"));
   for (auto& d : daemons) {
     d->Signal(SIGTERM);
     EXPECT_EQ(d->Wait(std::chrono::seconds(15)).value_or(-1), 0) << d->Output();

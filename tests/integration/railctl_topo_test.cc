@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "railyard/v1/topology.pb.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/peer_tls.h"
 #include "tests/integration/railctl_run.h"
 
 namespace railyard::testing {
@@ -47,7 +48,10 @@ TEST(RailctlTopo, DaemonServesItsFileMergedWithDiscovery) {
     "rails": [{"name": "rail0", "device": "lo"}, {"name": "rail1", "device": "lo", "speed_gbps": 25}],
     "gpus": [{"index": 0, "name": "Fake GPU", "pci_bus_id": "0000:01:00.0", "numa_node": 0}],
     "intra": {"alpha": "0.5us", "bandwidth": "450GB/s"}})";
-  DaemonProcess daemon({"--peer_listen=127.0.0.1:0", "--topology=" + topo});
+  MakePeerCerts(dir + "/certs", {"vnode-t"});
+  std::vector<std::string> flags = PeerTlsFlags(dir + "/certs", "vnode-t");
+  flags.insert(flags.end(), {"--peer_listen=127.0.0.1:0", "--topology=" + topo});
+  DaemonProcess daemon(flags);
   ASSERT_TRUE(daemon.ready()) << daemon.Log();
   // UCX still runs on the declared rails.
   const v1::StatusResponse status = daemon.Status();

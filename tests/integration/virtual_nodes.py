@@ -1,6 +1,6 @@
 """What the Python integration tests share: virtual-node daemons on loopback (railyardd with a
-topology of `rails` rails on lo and a metrics endpoint on a free port), bounded waits, and
-stopping by PID."""
+topology of `rails` rails on lo, a metrics endpoint on a free port and the peer plane on mutual
+TLS with certificates made at test time), bounded waits, and stopping by PID."""
 
 import json
 import os
@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 import urllib.request
+
+import peer_tls
 
 
 def wait_for(what, predicate, timeout_s, interval_s=0.05):
@@ -38,9 +40,16 @@ def stop(proc):
             proc.wait(timeout=5)
 
 
-def start_daemon(tmp, name, rails, extra_args=()):
+def start_daemon(tmp, name, rails, extra_args=(), insecure=False):
     """Starts railyardd as virtual node `name` in tmp; returns (proc, socket, metrics address)
-    once it serves both. The caller stops proc."""
+    once it serves both. The peer plane is mutual TLS with a certificate for `name` from the CA
+    in tmp/certs (made on first use, shared by every daemon started in tmp), or plaintext with
+    insecure=True (--peer_insecure). The caller stops proc."""
+    if insecure:
+        security = ["--peer_insecure"]
+    else:
+        certdir = peer_tls.make_certs(os.path.join(tmp, "certs"), name)
+        security = peer_tls.tls_flags(certdir, name)
     topo = os.path.join(tmp, f"{name}.json")
     with open(topo, "w") as f:
         json.dump({"node": name, "rails": [{"name": f"rail{r}", "device": "lo"}
@@ -51,7 +60,7 @@ def start_daemon(tmp, name, rails, extra_args=()):
         proc = subprocess.Popen(
             [os.environ["RAILYARDD"], f"--socket={sock}", "--insecure_first_session_token", "--peer_listen=127.0.0.1:0",
              f"--topology={topo}", "--metrics_listen=127.0.0.1:0", "--worker_threads=2",
-             *extra_args], stdout=log, stderr=subprocess.STDOUT)
+             *security, *extra_args], stdout=log, stderr=subprocess.STDOUT)
 
     def bound():
         assert proc.poll() is None, open(logpath).read()
