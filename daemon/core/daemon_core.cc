@@ -219,6 +219,13 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
     if (absl::Status s = session->quota()->CheckBelow(Resource::kComms); !s.ok()) return s;
   }
   const bool local_coordinator = id->coordinator == coordinator_;
+  if (!local_coordinator && IsLocalCoordinator(id->coordinator)) {
+    // Another daemon without a peer service: nothing to dial (and never a gRPC "local:" target).
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm id names coordinator ", id->coordinator,
+                     ", a daemon without a peer service that is not this one (", coordinator_,
+                     "): create the comm id on a daemon with --peer_listen"));
+  }
   if (!local_coordinator && peer_address_.empty()) {
     return absl::UnimplementedError(absl::StrCat(
         "comm id names coordinator ", id->coordinator, " but this daemon is ", coordinator_,

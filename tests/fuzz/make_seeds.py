@@ -49,6 +49,12 @@ def comm_id_seeds():
     write(t, "space_in_coordinator", f"ry1-{NONCE}@host 1")
     write(t, "at_in_coordinator", f"ry1-{NONCE}@a@b")
     write(t, "empty_coordinator", f"ry1-{NONCE}@")
+    # gRPC target schemes a coordinator may not name, and the hosts it may.
+    write(t, "unix_coordinator", f"ry1-{NONCE}@unix:/run/railyard.sock")
+    write(t, "dns_coordinator", f"ry1-{NONCE}@dns:///coord.example:7411")
+    write(t, "ipv4_scheme_coordinator", f"ry1-{NONCE}@ipv4:10.0.0.1:7411")
+    write(t, "dns_name_coordinator", f"ry1-{NONCE}@node-7.cluster.example:65535")
+    write(t, "port_zero_coordinator", f"ry1-{NONCE}@host:0")
     # The first 8 bytes are also CheckRankOf's (rank, nranks).
     write(t, "rank_limits", struct.pack("<ii", 65535, 65536) + f"ry1-{NONCE}@h".encode())
     write(t, "rank_negative", struct.pack("<ii", -1, 4))
