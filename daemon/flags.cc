@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/util/log.h"
 
@@ -146,6 +147,8 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
       c.node_name = "localhost";
     }
   }
+  // Written into comm ids (local:<node>) and every layout: peers refuse what CheckNodeName does.
+  if (absl::Status s = CheckNodeName(c.node_name, "--node_name"); !s.ok()) return s;
   c.peer_listen = absl::GetFlag(FLAGS_peer_listen);
   c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   c.job_tokens_file = absl::GetFlag(FLAGS_job_tokens);

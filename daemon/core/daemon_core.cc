@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/metrics/counting_endpoint.h"
 #include "daemon/services/request_decode.h"
 #include "daemon/util/log.h"
@@ -179,10 +180,15 @@ v1::NodeInfo DaemonCore::MyNodeInfo() {
 
 absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
                                         CommBootstrap::Done done) {
-  (void)who;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
+  }
+  if (absl::Status s = CheckJoinRequest(who, req, coordinator_); !s.ok()) {
+    Log(LogLevel::kWarning, "peer", "join refused",
+        {F("peer", who.peer), F("code", absl::StatusCodeToString(s.code())),
+         F("reason", s.message())});
+    return s;
   }
   return bootstrap_.Join(req, JoinTimeout(req.timeout_ms()), std::move(done));
 }
@@ -284,17 +290,24 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
     done(layout.status(), handle, 0);
     return;
   }
-  int my_node = -1;
-  for (int n = 0; n < layout->nodes_size(); ++n) {
-    const v1::NodeInfo& node = layout->nodes(n);
-    const bool me = peer_address_.empty() ? node.node_name() == config_.node_name
-                                          : node.peer_address() == peer_address_;
-    if (me) my_node = n;
-  }
-  if (my_node < 0) {
-    done(absl::InternalError("the coordinator's layout does not include this daemon"), handle, 0);
+  // From another daemon (untrusted) unless this one coordinates: checked before anything is
+  // indexed, sized or dialled with it.
+  LayoutAsk ask;
+  ask.comm_id = req.comm_id();
+  ask.rank = req.rank();
+  ask.nranks = req.nranks();
+  ask.is_me = [this](const v1::NodeInfo& node) {
+    return peer_address_.empty() ? node.node_name() == config_.node_name
+                                 : node.peer_address() == peer_address_;
+  };
+  absl::StatusOr<int> checked = CheckLayoutFromCoordinator(*layout, ask);
+  if (!checked.ok()) {
+    Log(LogLevel::kWarning, "comm", "layout refused",
+        {F("comm", req.comm_id()), F("reason", checked.status().message())});
+    done(checked.status(), handle, 0);
     return;
   }
+  const int my_node = *checked;
   const int nnodes = layout->nodes_size();
   const auto key = std::make_pair(session->job(), req.comm_id());
   auto join = [this, weak_session, req, handle, nnodes,
@@ -383,16 +396,16 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
   if (transport_ == nullptr || slot == nullptr) {
     return absl::FailedPreconditionError("this daemon has no transport (--peer_listen unset)");
   }
-  // The coordinator is another daemon: check what it sent as it checks what it makes.
-  if (absl::Status s = CommBootstrap::CheckLayoutFits(layout, comm_id); !s.ok()) return s;
+  // OnLayout checked the layout (CheckLayoutFromCoordinator) before calling this.
   MultiNodeEnv net;
   for (const v1::NodeInfo& node : layout.nodes()) {
     net.node_slots.push_back(static_cast<uint16_t>(node.tag_slot()));
   }
   if (net.node_slots[my_node] != slot->value()) {
-    return absl::InternalError(absl::StrCat("the coordinator's layout gives this daemon tag slot ",
-                                            net.node_slots[my_node], ", it announced ",
-                                            slot->value()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout of communicator ", comm_id,
+                     " from its coordinator: JoinCommResponse.nodes[", my_node, "].tag_slot is ",
+                     net.node_slots[my_node], ", this daemon announced ", slot->value()));
   }
   net.tag_slot = std::move(slot);
   const int rails = std::max(1, std::min(layout.rails(), transport_->num_rails()));

@@ -60,7 +60,9 @@ class DaemonCore {
   v1::NodeTopology NodeGraph();
 
   // Coordinator side of communicator bootstrap (Peer.JoinComm from the daemon `who`, or a local
-  // rank's InitComm with PeerIdentity::Self()).
+  // rank's InitComm with PeerIdentity::Self()). Everything is checked before anything is stored
+  // (CheckJoinRequest: INVALID_ARGUMENT naming the field, PERMISSION_DENIED when `who` may not
+  // speak for the node), then CommBootstrap::Join.
   absl::Status CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
                               CommBootstrap::Done done);
   // The daemon `who` reports that a communicator failed there.

@@ -1,12 +1,21 @@
 // What another daemon sends over the peer plane, refused before use: comm id coordinators
-// (host:port or local:<node>, no gRPC target schemes). Every refusal is checked for its status
-// code and for what its message names.
+// (host:port or local:<node>, no gRPC target schemes), JoinComm requests at the coordinator
+// (daemon/comm/peer_input.h) and the layouts members receive. Every refusal is checked
+// for its status code and for the field its message names.
+#include "daemon/comm/peer_input.h"
+
+#include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
-#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_id.h"
 #include "daemon/comm/host_port.h"
+#include "daemon/comm/peer_identity.h"
+#include "daemon/core/daemon_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,9 +25,30 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kNonce[] = "0123456789abcdef0123456789abcdef";
+constexpr char kCoordinator[] = "coord.example:7411";
 
 std::string Id(const std::string& coordinator, const std::string& nonce = kNonce) {
   return absl::StrCat("ry1-", nonce, "@", coordinator);
+}
+
+// A verified peer whose certificate names `names` (what mutual TLS fills in).
+PeerIdentity Certified(std::vector<std::string> names) {
+  PeerIdentity who;
+  who.authenticated = true;
+  who.dns_names = std::move(names);
+  who.peer = "ipv4:10.0.0.9:5555";
+  return who;
+}
+
+PeerIdentity Insecure() {
+  PeerIdentity who;
+  who.peer = "ipv4:10.0.0.9:5555";
+  return who;
+}
+
+void ExpectRefused(const absl::Status& s, absl::StatusCode code, const std::string& says) {
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(says));
 }
 
 TEST(HostPortTest, AcceptsDnsNamesIpv4AndBracketedIpv6WithAPort) {
@@ -78,6 +108,274 @@ TEST(CommIdTest, CoordinatorsAreHostPortOrLocalNodeAndNeverAGrpcScheme) {
   }
   EXPECT_THAT(std::string(ParseCommId(Id("unix:/x")).status().message()),
               HasSubstr("neither host:port nor local:<node>"));
+}
+
+v1::JoinCommRequest GoodJoin() {
+  v1::JoinCommRequest req;
+  req.set_job_id("job-1");
+  req.set_comm_id(Id(kCoordinator));
+  req.set_rank(1);
+  req.set_nranks(4);
+  v1::NodeInfo* n = req.mutable_node();
+  n->set_node_name("node-b.example");
+  n->set_peer_address("node-b.example:7411");
+  n->add_rail_addresses("00ff");
+  n->add_rail_addresses("01ff");
+  n->set_tag_slot(7);
+  req.set_integrity("crc32c");
+  return req;
+}
+
+TEST(CheckJoinRequestTest, AcceptsAWellFormedJoinFromTheNodeItClaims) {
+  EXPECT_TRUE(CheckJoinRequest(Certified({"node-b.example"}), GoodJoin(), kCoordinator).ok());
+  EXPECT_TRUE(CheckJoinRequest(Insecure(), GoodJoin(), kCoordinator).ok());
+  v1::JoinCommRequest own = GoodJoin();  // this daemon's own rank, without a peer service
+  own.mutable_node()->clear_peer_address();
+  EXPECT_TRUE(CheckJoinRequest(PeerIdentity::Self(), own, kCoordinator).ok());
+  for (const char* mode : {"", "none", "crc32c"}) {
+    v1::JoinCommRequest req = GoodJoin();
+    req.set_integrity(mode);
+    EXPECT_TRUE(CheckJoinRequest(Insecure(), req, kCoordinator).ok()) << mode;
+  }
+}
+
+TEST(CheckJoinRequestTest, EveryBadFieldIsInvalidArgumentNamingIt) {
+  struct Case {
+    const char* what;
+    std::function<void(v1::JoinCommRequest&)> spoil;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"empty job", [](auto& r) { r.set_job_id(""); }, "JoinCommRequest.job_id"},
+      {"job with space", [](auto& r) { r.set_job_id("a b"); },
+       "JoinCommRequest.job_id 'a b' is not [A-Za-z0-9._-]{1,128}"},
+      {"long job", [](auto& r) { r.set_job_id(std::string(129, 'j')); }, "JoinCommRequest.job_id"},
+      {"malformed comm id", [](auto& r) { r.set_comm_id("c"); },
+       "JoinCommRequest.comm_id: malformed comm id"},
+      {"scheme coordinator", [](auto& r) { r.set_comm_id(Id("unix:/run/x.sock")); },
+       "JoinCommRequest.comm_id: malformed comm id"},
+      {"another coordinator", [](auto& r) { r.set_comm_id(Id("other.example:7411")); },
+       "JoinCommRequest.comm_id names coordinator other.example:7411, not this daemon "
+       "(coord.example:7411)"},
+      {"local coordinator", [](auto& r) { r.set_comm_id(Id("local:coord")); },
+       "names coordinator local:coord"},
+      {"nranks 0", [](auto& r) { r.set_nranks(0); }, "JoinCommRequest.nranks 0 not in [1, 65536]"},
+      {"nranks huge", [](auto& r) { r.set_nranks(1 << 20); }, "JoinCommRequest.nranks 1048576"},
+      {"rank past", [](auto& r) { r.set_rank(4); }, "JoinCommRequest.rank 4 not in [0, 4)"},
+      {"rank negative", [](auto& r) { r.set_rank(-1); }, "JoinCommRequest.rank -1"},
+      {"no node", [](auto& r) { r.clear_node(); }, "JoinCommRequest.node.node_name is empty"},
+      {"long node name", [](auto& r) { r.mutable_node()->set_node_name(std::string(256, 'n')); },
+       "JoinCommRequest.node.node_name is 256 bytes, more than 255"},
+      {"control in name", [](auto& r) { r.mutable_node()->set_node_name("a\nb"); },
+       "JoinCommRequest.node.node_name has byte 0x0a at 1"},
+      {"space in name", [](auto& r) { r.mutable_node()->set_node_name("a b"); },
+       "JoinCommRequest.node.node_name has byte 0x20"},
+      {"utf-8 in name", [](auto& r) { r.mutable_node()->set_node_name("n\xc3\xa9"); },
+       "JoinCommRequest.node.node_name has byte 0xc3"},
+      {"no peer address", [](auto& r) { r.mutable_node()->clear_peer_address(); },
+       "JoinCommRequest.node.peer_address '' is not host:port"},
+      {"scheme peer address",
+       [](auto& r) { r.mutable_node()->set_peer_address("unix:/run/railyard.sock"); },
+       "JoinCommRequest.node.peer_address 'unix:/run/railyard.sock' is not host:port"},
+      {"too many rails",
+       [](auto& r) {
+         for (int i = 0; i < kMaxRailAddresses; ++i) r.mutable_node()->add_rail_addresses("aa");
+       },
+       "JoinCommRequest.node.rail_addresses has 66 entries, more than 64"},
+      {"huge rail address",
+       [](auto& r) {
+         r.mutable_node()->add_rail_addresses("a");
+         r.mutable_node()->add_rail_addresses(std::string(70000, 'f'));
+       },
+       "JoinCommRequest.node.rail_addresses[3] is 70000 bytes, more than 4096"},
+      {"wide tag slot", [](auto& r) { r.mutable_node()->set_tag_slot(1u << 16); },
+       "JoinCommRequest.node.tag_slot 65536 does not fit 16 bits"},
+      {"unknown integrity", [](auto& r) { r.set_integrity("sha256"); },
+       "JoinCommRequest.integrity 'sha256' is not one of"},
+  };
+  for (const Case& c : cases) {
+    v1::JoinCommRequest req = GoodJoin();
+    c.spoil(req);
+    ExpectRefused(CheckJoinRequest(Insecure(), req, kCoordinator),
+                  absl::StatusCode::kInvalidArgument, c.says);
+  }
+  // The same node address from this daemon itself still has to be host:port when it is set.
+  v1::JoinCommRequest own = GoodJoin();
+  own.mutable_node()->set_peer_address("dns:///x:1");
+  ExpectRefused(CheckJoinRequest(PeerIdentity::Self(), own, kCoordinator),
+                absl::StatusCode::kInvalidArgument, "JoinCommRequest.node.peer_address");
+}
+
+TEST(CheckJoinRequestTest, AVerifiedPeerMayOnlyJoinAsANodeItsCertificateNames) {
+  ExpectRefused(CheckJoinRequest(Certified({"node-c.example"}), GoodJoin(), kCoordinator),
+                absl::StatusCode::kPermissionDenied,
+                "JoinCommRequest.node.node_name: peer ipv4:10.0.0.9:5555 claims node "
+                "'node-b.example'");
+  // A malformed name is refused as such before the claim is weighed.
+  v1::JoinCommRequest req = GoodJoin();
+  req.mutable_node()->set_node_name("");
+  ExpectRefused(CheckJoinRequest(Certified({"node-c.example"}), req, kCoordinator),
+                absl::StatusCode::kInvalidArgument, "node_name is empty");
+}
+
+TEST(IntegrityTest, TheStrongestAskedForWins) {
+  EXPECT_EQ(StrongerIntegrity("", ""), "");
+  EXPECT_EQ(StrongerIntegrity("none", ""), "");
+  EXPECT_EQ(StrongerIntegrity("none", "crc32c"), "crc32c");
+  EXPECT_EQ(StrongerIntegrity("crc32c", ""), "crc32c");
+}
+
+// --- The layout at a member. ---
+
+constexpr char kMe[] = "me.example:7411";
+
+v1::JoinCommResponse GoodLayout() {
+  v1::JoinCommResponse l;
+  for (const char* name : {"other.example", "me.example"}) {
+    v1::NodeInfo* n = l.add_nodes();
+    n->set_node_name(name);
+    n->set_peer_address(absl::StrCat(name, ":7411"));
+    n->add_rail_addresses("aa");
+    n->add_rail_addresses("bb");
+    n->set_tag_slot(5);
+  }
+  for (int node : {0, 0, 1, 1}) l.add_node_of_rank(node);
+  l.set_rails(2);
+  l.set_data_secret(0x1234);
+  l.set_integrity("crc32c");
+  return l;
+}
+
+LayoutAsk AskOf(int rank, int nranks) {
+  LayoutAsk ask;
+  ask.comm_id = "c";
+  ask.rank = rank;
+  ask.nranks = nranks;
+  ask.is_me = [](const v1::NodeInfo& n) { return n.peer_address() == kMe; };
+  return ask;
+}
+
+TEST(CheckLayoutTest, AcceptsAConsistentLayoutAndFindsThisDaemon) {
+  auto me = CheckLayoutFromCoordinator(GoodLayout(), AskOf(2, 4));
+  ASSERT_TRUE(me.ok()) << me.status();
+  EXPECT_EQ(*me, 1);
+  // One node, this daemon without a peer service: no address, no secret needed.
+  v1::JoinCommResponse solo;
+  solo.add_nodes()->set_node_name("solo");
+  solo.add_node_of_rank(0);
+  solo.set_rails(1);
+  LayoutAsk ask = AskOf(0, 1);
+  ask.is_me = [](const v1::NodeInfo& n) { return n.node_name() == "solo"; };
+  EXPECT_TRUE(CheckLayoutFromCoordinator(solo, ask).ok());
+}
+
+TEST(CheckLayoutTest, EveryInconsistencyIsInvalidArgumentNamingTheFieldAndTheCoordinator) {
+  struct Case {
+    const char* what;
+    std::function<void(v1::JoinCommResponse&)> spoil;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"fewer ranks", [](auto& l) { l.mutable_node_of_rank()->RemoveLast(); },
+       "JoinCommResponse.node_of_rank has 3 entries, rank 2 asked for 4 ranks"},
+      {"more ranks", [](auto& l) { l.add_node_of_rank(1); },
+       "JoinCommResponse.node_of_rank has 5 entries"},
+      {"my rank elsewhere", [](auto& l) { l.set_node_of_rank(2, 0); },
+       "JoinCommResponse.node_of_rank[2] is node 0, but rank 2 is on this daemon (node 1)"},
+      {"me absent", [](auto& l) { l.mutable_nodes(1)->set_peer_address("third.example:7411"); },
+       "JoinCommResponse.nodes do not list this daemon"},
+      {"rank past nodes", [](auto& l) { l.set_node_of_rank(0, 7); },
+       "rank 0 is on node 7 but the layout has 2 nodes"},
+      {"bad name", [](auto& l) { l.mutable_nodes(0)->set_node_name(std::string(300, 'x')); },
+       "JoinCommResponse.nodes[0].node_name is 300 bytes, more than 255"},
+      {"no address", [](auto& l) { l.mutable_nodes(0)->clear_peer_address(); },
+       "JoinCommResponse.nodes[0].peer_address '' is not host:port"},
+      {"scheme address", [](auto& l) { l.mutable_nodes(0)->set_peer_address("unix:/tmp/s"); },
+       "JoinCommResponse.nodes[0].peer_address 'unix:/tmp/s' is not host:port"},
+      {"many rails",
+       [](auto& l) {
+         for (int i = 0; i < 63; ++i) l.mutable_nodes(0)->add_rail_addresses("cc");
+       },
+       "JoinCommResponse.nodes[0].rail_addresses has 65 entries, more than 64"},
+      {"huge rail",
+       [](auto& l) { l.mutable_nodes(1)->set_rail_addresses(1, std::string(5000, 'e')); },
+       "JoinCommResponse.nodes[1].rail_addresses[1] is 5000 bytes, more than 4096"},
+      {"no rails", [](auto& l) { l.set_rails(0); }, "JoinCommResponse.rails 0 is not in [1, 64]"},
+      {"too many rails", [](auto& l) { l.set_rails(65); }, "JoinCommResponse.rails 65"},
+      {"unknown integrity", [](auto& l) { l.set_integrity("rot13"); },
+       "JoinCommResponse.integrity 'rot13' is not one of"},
+      {"no secret", [](auto& l) { l.set_data_secret(0); },
+       "JoinCommResponse.data_secret is 0 for a layout of more than one node"},
+      {"long cost text",
+       [](auto& l) { l.mutable_cost_model()->set_fitted_at(std::string(1000, 't')); },
+       "JoinCommResponse.cost_model.fitted_at is 1000 bytes, more than 256"},
+      {"long cost source",
+       [](auto& l) { l.mutable_cost_model()->set_source(std::string(257, 's')); },
+       "JoinCommResponse.cost_model.source is 257 bytes"},
+  };
+  for (const Case& c : cases) {
+    v1::JoinCommResponse l = GoodLayout();
+    c.spoil(l);
+    auto got = CheckLayoutFromCoordinator(l, AskOf(2, 4));
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(std::string(got.status().message()),
+                HasSubstr("layout of communicator c from its coordinator: "))
+        << c.what;
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(c.says)) << c.what;
+  }
+  // Listed twice: once by address, once more by the same address under another name.
+  LayoutAsk ask = AskOf(2, 4);
+  ask.is_me = [](const v1::NodeInfo&) { return true; };  // a predicate matching both nodes
+  ExpectRefused(CheckLayoutFromCoordinator(GoodLayout(), ask).status(),
+                absl::StatusCode::kInvalidArgument,
+                "JoinCommResponse.nodes list this daemon twice (0 and 1)");
+}
+
+// --- DaemonCore: the coordinator's join. ---
+
+class PeerCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ry-peerval-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    DaemonConfig config;
+    config.node_name = "unit";
+    config.state_dir = dir_;
+    config.worker_threads = 1;
+    core_ = std::make_unique<DaemonCore>(config, SessionAuth());
+  }
+  void TearDown() override {
+    core_->Shutdown();
+    core_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  v1::JoinCommRequest Join(int nonce, int rank = 0, int nranks = 2) {
+    v1::JoinCommRequest req;
+    req.set_job_id("job");
+    req.set_comm_id(Id(core_->coordinator(), absl::StrCat(std::string(31, '0'), nonce)));
+    req.set_rank(rank);
+    req.set_nranks(nranks);
+    req.mutable_node()->set_node_name("peer");
+    req.mutable_node()->set_peer_address("peer.example:7411");
+    return req;
+  }
+
+  std::string dir_;
+  std::unique_ptr<DaemonCore> core_;
+};
+
+TEST_F(PeerCoreTest, JoinsAreCheckedBeforeTheBootstrapStoresThem) {
+  EXPECT_EQ(core_->coordinator(), "local:unit");
+  v1::JoinCommRequest foreign = Join(1);
+  foreign.set_comm_id(Id("elsewhere.example:7411"));
+  auto never = [](const absl::StatusOr<v1::JoinCommResponse>&) { ADD_FAILURE() << "answered"; };
+  ExpectRefused(core_->CoordinateJoin(Insecure(), foreign, never),
+                absl::StatusCode::kInvalidArgument,
+                "JoinCommRequest.comm_id names coordinator elsewhere.example:7411");
+  ExpectRefused(core_->CoordinateJoin(Certified({"not-peer"}), Join(1), never),
+                absl::StatusCode::kPermissionDenied, "JoinCommRequest.node.node_name");
 }
 
 }  // namespace
