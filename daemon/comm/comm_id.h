@@ -2,6 +2,7 @@
 // The coordinator is the daemon that fixes the communicator's node/rail map (multi-node).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"

@@ -135,10 +135,11 @@ CommEnv DaemonCore::MakeCommEnv() {
 }
 
 absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
-  // Whoever asks (a client, or a peer daemon relaying one) waits at most an hour, or
-  // --init_timeout when that is longer: a join's state must not be held for 49 days.
-  if (timeout_ms == 0) return config_.init_timeout;
-  return std::min(absl::Milliseconds(timeout_ms), std::max(config_.init_timeout, absl::Hours(1)));
+  // Whoever asks (a client, or a peer daemon relaying one) may ask for less than --join_timeout,
+  // never more: a join's state must not be held for 49 days.
+  const absl::Duration asked =
+      timeout_ms == 0 ? config_.init_timeout : absl::Milliseconds(timeout_ms);
+  return std::min(asked, config_.join_timeout);
 }
 
 void DaemonCore::EnableMultiNode(v1::NodeTopology topology,

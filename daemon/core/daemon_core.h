@@ -62,7 +62,8 @@ class DaemonCore {
   // Coordinator side of communicator bootstrap (Peer.JoinComm from the daemon `who`, or a local
   // rank's InitComm with PeerIdentity::Self()). Everything is checked before anything is stored
   // (CheckJoinRequest: INVALID_ARGUMENT naming the field, PERMISSION_DENIED when `who` may not
-  // speak for the node), then CommBootstrap::Join.
+  // speak for the node), then CommBootstrap::Join (PERMISSION_DENIED for a comm id of another
+  // job, RESOURCE_EXHAUSTED past --max_pending_joins); it waits at most --join_timeout.
   absl::Status CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
                               CommBootstrap::Done done);
   // The daemon `who` reports that a communicator failed there.
@@ -125,7 +126,8 @@ class DaemonCore {
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
   // What every communicator of this daemon runs with.
   CommEnv MakeCommEnv();
-  // A join's wait for the other ranks: the request's, else --init_timeout.
+  // A join's wait for the other ranks: the request's, else --init_timeout; never more than
+  // --join_timeout.
   absl::Duration JoinTimeout(uint32_t timeout_ms) const;
   // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
   // Builds the communicator outside mu_ (UCX connects may take --peer_timeout per peer and
@@ -157,7 +159,7 @@ class DaemonCore {
   std::string coordinator_;
   DeadlineTimer timer_;
   scheduler::Executor executor_;
-  CommBootstrap bootstrap_{&timer_};
+  CommBootstrap bootstrap_{&timer_, {config_.max_pending_joins}};
   PeerClients peers_;
   v1::NodeTopology topology_;
   v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);

@@ -16,12 +16,15 @@
 //        peer and from one whose certificate names only node "a". Each goes through
 //        CheckJoinRequest (refused: INVALID_ARGUMENT or PERMISSION_DENIED, bounded; accepted:
 //        every field within its limits, a certified peer speaking only as "a") and, whatever it
-//        said, CommBootstrap::Join on a fake clock. Properties: a join is accepted or refused at
-//        once with INVALID_ARGUMENT or ALREADY_EXISTS; once the clock passes every deadline each
-//        accepted join has had its answer exactly once; every layout answered has one node per
-//        distinct daemon, one node_of_rank entry per rank, and passes CheckLayoutFits.
+//        said, CommBootstrap::Join on a fake clock with at most 4 bootstraps pending. Properties:
+//        a join is accepted or refused at once with INVALID_ARGUMENT, ALREADY_EXISTS,
+//        PERMISSION_DENIED or RESOURCE_EXHAUSTED; no comm id accepts joins of two jobs; once the
+//        clock passes every deadline each accepted join has had its answer exactly once; every
+//        layout answered has one node per distinct daemon, one node_of_rank entry per rank,
+//        passes CheckLayoutFits, and carries a non-zero secret and a known integrity mode.
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -166,6 +169,9 @@ void CheckAnswer(const Answer& a) {
   const absl::Status fits = CommBootstrap::CheckLayoutFits(a.layout, kCommId);
   FUZZ_CHECK(fits.ok(),
              absl::StrCat("the coordinator answered a layout that does not fit: ", fits.message()));
+  FUZZ_CHECK(a.layout.data_secret() != 0, "a layout without a data secret");
+  FUZZ_CHECK(a.layout.integrity().empty() || a.layout.integrity() == "crc32c",
+             absl::StrCat("integrity '", a.layout.integrity().substr(0, 32), "'"));
   std::vector<bool> used(a.layout.nodes_size(), false);
   for (int n : a.layout.node_of_rank()) {
     FUZZ_CHECK(n >= 0 && n < a.layout.nodes_size(), absl::StrCat("node_of_rank ", n));
@@ -212,12 +218,13 @@ void CheckCheckedJoin(const PeerIdentity& who, const v1::JoinCommRequest& req) {
 void CheckCoordinator(const uint8_t* data, size_t size) {
   FakeClock clock;
   DeadlineTimer timer(&clock);
-  CommBootstrap bootstrap(&timer);
+  CommBootstrap bootstrap(&timer, {/*max_pending=*/4, /*remembered_formed=*/4096});
   PeerIdentity insecure;
   PeerIdentity certified;
   certified.authenticated = true;
   certified.dns_names = {"a"};
   std::vector<std::shared_ptr<Answer>> accepted;
+  std::map<std::string, std::string> job_of_comm;  // the first job each comm id accepted
   int index = 0;
   while (size >= 2) {
     const size_t len = std::min<size_t>(data[0] | (data[1] << 8), size - 2);
@@ -240,9 +247,13 @@ void CheckCoordinator(const uint8_t* data, size_t size) {
         });
     if (s.ok()) {
       accepted.push_back(answer);
+      const auto [first, inserted] = job_of_comm.emplace(req.comm_id(), req.job_id());
+      FUZZ_CHECK(inserted || first->second == req.job_id(), "a comm id accepted joins of two jobs");
     } else {
       FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument ||
-                     s.code() == absl::StatusCode::kAlreadyExists,
+                     s.code() == absl::StatusCode::kAlreadyExists ||
+                     s.code() == absl::StatusCode::kPermissionDenied ||
+                     s.code() == absl::StatusCode::kResourceExhausted,
                  s.ToString());
       FUZZ_CHECK(answer->calls == 0, "a refused join was answered");
     }

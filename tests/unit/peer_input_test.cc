@@ -1,23 +1,30 @@
 // What another daemon sends over the peer plane, refused before use: comm id coordinators
 // (host:port or local:<node>, no gRPC target schemes), JoinComm requests at the coordinator
-// (daemon/comm/peer_input.h) and the layouts members receive. Every refusal is checked
+// (daemon/comm/peer_input.h), the layouts members receive, the bootstrap's job binding and
+// bounds. Every refusal is checked
 // for its status code and for the field its message names.
 #include "daemon/comm/peer_input.h"
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_id.h"
 #include "daemon/comm/host_port.h"
 #include "daemon/comm/peer_identity.h"
 #include "daemon/core/daemon_core.h"
+#include "daemon/util/deadline_timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/fakes.h"
 
 namespace railyard {
 namespace {
@@ -225,6 +232,120 @@ TEST(IntegrityTest, TheStrongestAskedForWins) {
   EXPECT_EQ(StrongerIntegrity("crc32c", ""), "crc32c");
 }
 
+// --- The bootstrap at the coordinator: job binding, bounds, what the layout carries. ---
+
+v1::JoinCommRequest JoinOf(const std::string& job, const std::string& comm, int rank, int nranks,
+                           const std::string& node, const std::string& integrity = "") {
+  v1::JoinCommRequest req;
+  req.set_job_id(job);
+  req.set_comm_id(comm);
+  req.set_rank(rank);
+  req.set_nranks(nranks);
+  req.mutable_node()->set_node_name(node);
+  req.mutable_node()->set_peer_address(node + ":1");
+  req.mutable_node()->add_rail_addresses("aa");
+  req.mutable_node()->set_tag_slot(3);
+  req.set_integrity(integrity);
+  return req;
+}
+
+struct Answers {
+  std::vector<absl::StatusOr<v1::JoinCommResponse>> got;
+  CommBootstrap::Done Done() {
+    return [this](const absl::StatusOr<v1::JoinCommResponse>& r) { got.push_back(r); };
+  }
+};
+
+class BootstrapTest : public ::testing::Test {
+ protected:
+  testing::FakeClock clock_;
+  DeadlineTimer timer_{&clock_};
+};
+
+TEST_F(BootstrapTest, ACommIdIsBoundToItsFirstJobWhilePendingAndAfterItFormed) {
+  CommBootstrap bootstrap(&timer_);
+  Answers a;
+  const std::string comm = Id(kCoordinator);
+  ASSERT_TRUE(bootstrap.Join(JoinOf("job-a", comm, 0, 2, "a"), absl::Seconds(5), a.Done()).ok());
+  const absl::Status pending =
+      bootstrap.Join(JoinOf("job-b", comm, 1, 2, "b"), absl::Seconds(5), a.Done());
+  ExpectRefused(pending, absl::StatusCode::kPermissionDenied,
+                absl::StrCat("communicator ", comm, " belongs to another job"));
+  EXPECT_THAT(std::string(pending.message()), ::testing::Not(HasSubstr("job-a")));
+  EXPECT_THAT(std::string(pending.message()), ::testing::Not(HasSubstr("job-b")));
+  EXPECT_TRUE(a.got.empty());
+  ASSERT_TRUE(bootstrap.Join(JoinOf("job-a", comm, 1, 2, "b"), absl::Seconds(5), a.Done()).ok());
+  ASSERT_EQ(a.got.size(), 2u);
+  ASSERT_TRUE(a.got[0].ok()) << a.got[0].status();
+  // Formed: another job still may not take the id, the same job may form it again.
+  ExpectRefused(bootstrap.Join(JoinOf("job-b", comm, 0, 2, "b"), absl::Seconds(5), a.Done()),
+                absl::StatusCode::kPermissionDenied, "belongs to another job");
+  EXPECT_TRUE(bootstrap.Join(JoinOf("job-a", comm, 0, 2, "a"), absl::Seconds(5), a.Done()).ok());
+}
+
+TEST_F(BootstrapTest, FormedIdsAreRememberedUpToTheLimitOldestFirst) {
+  CommBootstrap bootstrap(&timer_, {/*max_pending=*/16, /*remembered_formed=*/2});
+  Answers a;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        bootstrap.Join(JoinOf("job-a", absl::StrCat("c", i), 0, 1, "a"), absl::Seconds(5), a.Done())
+            .ok());
+  }
+  ASSERT_EQ(a.got.size(), 3u);
+  // c0 was forgotten (2 remembered); c1 and c2 are still job-a's.
+  EXPECT_TRUE(bootstrap.Join(JoinOf("job-b", "c0", 0, 1, "b"), absl::Seconds(5), a.Done()).ok());
+  EXPECT_EQ(bootstrap.Join(JoinOf("job-b", "c2", 0, 1, "b"), absl::Seconds(5), a.Done()).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(BootstrapTest, PendingBootstrapsAreBoundedAndExpire) {
+  CommBootstrap bootstrap(&timer_, {/*max_pending=*/3, /*remembered_formed=*/16});
+  Answers a;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        bootstrap.Join(JoinOf("job", absl::StrCat("c", i), 0, 2, "a"), absl::Seconds(5), a.Done())
+            .ok());
+  }
+  EXPECT_EQ(bootstrap.pending(), 3u);
+  ExpectRefused(bootstrap.Join(JoinOf("job", "c3", 0, 2, "a"), absl::Seconds(5), a.Done()),
+                absl::StatusCode::kResourceExhausted,
+                "3 communicator bootstraps waiting for ranks, its limit (--max_pending_joins)");
+  // Joining one already pending is not a new bootstrap: still accepted at the limit.
+  EXPECT_TRUE(bootstrap.Join(JoinOf("job", "c0", 1, 2, "b"), absl::Seconds(5), a.Done()).ok());
+  EXPECT_EQ(bootstrap.pending(), 2u);
+  EXPECT_TRUE(bootstrap.Join(JoinOf("job", "c3", 0, 2, "a"), absl::Seconds(5), a.Done()).ok());
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(timer_.RunDue(), 3);
+  EXPECT_EQ(bootstrap.pending(), 0u);
+  EXPECT_TRUE(bootstrap.Join(JoinOf("job", "c4", 0, 2, "a"), absl::Seconds(5), a.Done()).ok());
+}
+
+TEST_F(BootstrapTest, TheLayoutCarriesAFreshSecretAndTheStrongestIntegrity) {
+  CommBootstrap bootstrap(&timer_);
+  std::set<uint64_t> secrets;
+  for (int i = 0; i < 8; ++i) {
+    Answers a;
+    const std::string comm = absl::StrCat("c", i);
+    ASSERT_TRUE(bootstrap
+                    .Join(JoinOf("job", comm, 0, 3, "a", i % 2 ? "crc32c" : "none"),
+                          absl::Seconds(5), a.Done())
+                    .ok());
+    ASSERT_TRUE(
+        bootstrap.Join(JoinOf("job", comm, 1, 3, "b", ""), absl::Seconds(5), a.Done()).ok());
+    ASSERT_TRUE(
+        bootstrap.Join(JoinOf("job", comm, 2, 3, "b", "none"), absl::Seconds(5), a.Done()).ok());
+    ASSERT_EQ(a.got.size(), 3u);
+    for (const auto& r : a.got) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_NE(r->data_secret(), 0u);
+      EXPECT_EQ(r->data_secret(), a.got[0]->data_secret());  // one secret per communicator
+      EXPECT_EQ(r->integrity(), i % 2 ? "crc32c" : "");
+    }
+    secrets.insert(a.got[0]->data_secret());
+  }
+  EXPECT_EQ(secrets.size(), 8u);
+}
+
 // --- The layout at a member. ---
 
 constexpr char kMe[] = "me.example:7411";
@@ -343,6 +464,8 @@ class PeerCoreTest : public ::testing::Test {
     config.node_name = "unit";
     config.state_dir = dir_;
     config.worker_threads = 1;
+    config.join_timeout = absl::Milliseconds(300);
+    config.max_pending_joins = 2;
     core_ = std::make_unique<DaemonCore>(config, SessionAuth());
   }
   void TearDown() override {
@@ -366,16 +489,42 @@ class PeerCoreTest : public ::testing::Test {
   std::unique_ptr<DaemonCore> core_;
 };
 
-TEST_F(PeerCoreTest, JoinsAreCheckedBeforeTheBootstrapStoresThem) {
+TEST_F(PeerCoreTest, JoinsAreCheckedBoundedAndExpireAfterTheJoinTimeout) {
   EXPECT_EQ(core_->coordinator(), "local:unit");
   v1::JoinCommRequest foreign = Join(1);
   foreign.set_comm_id(Id("elsewhere.example:7411"));
-  auto never = [](const absl::StatusOr<v1::JoinCommResponse>&) { ADD_FAILURE() << "answered"; };
+  // Answered (from the timer thread) only for joins accepted below: never for a refused one.
+  auto answered = std::make_shared<std::atomic<int>>(0);
+  auto never = [answered](const absl::StatusOr<v1::JoinCommResponse>&) { ++*answered; };
   ExpectRefused(core_->CoordinateJoin(Insecure(), foreign, never),
                 absl::StatusCode::kInvalidArgument,
                 "JoinCommRequest.comm_id names coordinator elsewhere.example:7411");
   ExpectRefused(core_->CoordinateJoin(Certified({"not-peer"}), Join(1), never),
                 absl::StatusCode::kPermissionDenied, "JoinCommRequest.node.node_name");
+  EXPECT_EQ(*answered, 0);
+
+  // Asks for a minute: the bootstrap still expires after --join_timeout (300 ms).
+  struct Waiter {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto waiter = std::make_shared<Waiter>();
+  v1::JoinCommRequest slow = Join(2);
+  slow.set_timeout_ms(60'000);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(core_
+                  ->CoordinateJoin(Insecure(), slow,
+                                   [waiter](const absl::StatusOr<v1::JoinCommResponse>& r) {
+                                     waiter->status = r.status();
+                                     waiter->done.Notify();
+                                   })
+                  .ok());
+  ASSERT_TRUE(core_->CoordinateJoin(Insecure(), Join(3), never).ok());
+  ExpectRefused(core_->CoordinateJoin(Insecure(), Join(4), never),
+                absl::StatusCode::kResourceExhausted, "--max_pending_joins");
+  ASSERT_TRUE(waiter->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(waiter->status.code(), absl::StatusCode::kDeadlineExceeded) << waiter->status;
 }
 
 }  // namespace
