@@ -195,9 +195,21 @@ absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinC
 }
 
 absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req) {
-  (void)who;
+  if (absl::Status s = CheckNodeName(req.from_node(), "AbortCommRequest.from_node"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = who.MayClaimNode(req.from_node()); !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("AbortCommRequest.from_node: ", s.message()));
+  }
+  // Only another member may fail a communicator; an unknown one gets the same answer, so that
+  // comm ids cannot be probed.
   std::shared_ptr<Communicator> comm = comms_.Find({req.job_id(), req.comm_id()});
-  if (comm == nullptr) return absl::OkStatus();
+  if (comm == nullptr || !comm->HasPeerNode(req.from_node())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("AbortComm from node ", req.from_node(),
+                     " refused: it is not another member node of communicator ",
+                     req.comm_id().substr(0, 80), " here"));
+  }
   // A peer's code and words go to every local rank: only real codes, and a bounded message.
   const bool known =
       req.code() > 0 && req.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
@@ -207,10 +219,30 @@ absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortC
   return absl::OkStatus();
 }
 
+bool DaemonCore::SharesCommWith(const std::string& node) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (building_peer_nodes_.count(node) > 0) return true;
+  }
+  for (const auto& comm : comms_.Snapshot()) {
+    if (comm->multi_node() && !comm->failed() && comm->HasPeerNode(node)) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<v1::HeartbeatResponse> DaemonCore::Heartbeat(const PeerIdentity& who,
                                                             const v1::HeartbeatRequest& req) {
-  (void)who;
-  (void)req;
+  if (absl::Status s = CheckNodeName(req.from_node(), "HeartbeatRequest.from_node"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = who.MayClaimNode(req.from_node()); !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("HeartbeatRequest.from_node: ", s.message()));
+  }
+  if (!SharesCommWith(req.from_node())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "Heartbeat from node ", req.from_node(),
+        " refused: it is not another node of a multi-node communicator of this daemon (yet)"));
+  }
   v1::HeartbeatResponse resp;
   resp.set_node_name(config_.node_name);
   return resp;
@@ -334,16 +366,31 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
   }
   // Built outside every lock: UCX connects may take --peer_timeout per peer and rail.
   absl::StatusOr<std::shared_ptr<Communicator>> made;
+  // Multi-node: the other nodes, which may heartbeat this daemon before the communicator is
+  // registered (they built theirs first): answered while it is being built.
+  std::vector<std::string> others;
   if (nnodes == 1) {
     made = std::make_shared<Communicator>(
         req.comm_id(), session->job(), req.nranks(), MakeCommEnv(),
         MakeTuner(scheduler::CommLayout::Uniform(1, req.nranks(), 1), CostModel()));
   } else {
+    for (int n = 0; n < nnodes; ++n) {
+      if (n != my_node) others.push_back(layout->nodes(n).node_name());
+    }
+    CountBuilding(others, +1);
     made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot));
   }
   std::vector<CommRegistry::BuiltFn> waiters = comms_.Built(key, made);
+  CountBuilding(others, -1);  // registered (or failed) from here on
   join(made);
   for (auto& w : waiters) w(made);
+}
+
+void DaemonCore::CountBuilding(const std::vector<std::string>& nodes, int delta) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& name : nodes) {
+    if ((building_peer_nodes_[name] += delta) <= 0) building_peer_nodes_.erase(name);
+  }
 }
 
 void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,

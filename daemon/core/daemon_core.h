@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -66,9 +67,15 @@ class DaemonCore {
   // job, RESOURCE_EXHAUSTED past --max_pending_joins); it waits at most --join_timeout.
   absl::Status CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
                               CommBootstrap::Done done);
-  // The daemon `who` reports that a communicator failed there.
+  // The daemon `who` reports that a communicator failed there. PERMISSION_DENIED unless `who`
+  // may speak for from_node and from_node is another member node of the communicator (the same
+  // answer for a communicator this daemon does not have); INVALID_ARGUMENT for a malformed
+  // from_node.
   absl::Status AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req);
-  // The daemon `who` asks whether this one is alive.
+  // The daemon `who` asks whether this one is alive. Answered only for a from_node `who` may
+  // speak for that is another node of a live multi-node communicator of this daemon, or of one
+  // being built here (else PERMISSION_DENIED: a member that built its side first is refused
+  // until this daemon has built its own, which the sender tolerates for --peer_timeout).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const PeerIdentity& who,
                                                   const v1::HeartbeatRequest& req);
   // Name written into comm ids as coordinator.
@@ -129,6 +136,10 @@ class DaemonCore {
   // A join's wait for the other ranks: the request's, else --init_timeout; never more than
   // --join_timeout.
   absl::Duration JoinTimeout(uint32_t timeout_ms) const;
+  // True when node is another node of a live multi-node communicator here or of one being built.
+  bool SharesCommWith(const std::string& node);
+  // Adds delta to the builds each of nodes is counted in (building_peer_nodes_).
+  void CountBuilding(const std::vector<std::string>& nodes, int delta);
   // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
   // Builds the communicator outside mu_ (UCX connects may take --peer_timeout per peer and
   // rail): the first rank to get the layout builds it, the others wait for it without blocking.
@@ -181,6 +192,9 @@ class DaemonCore {
   std::map<std::string, absl::Time> peer_last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_last_error_ ABSL_GUARDED_BY(mu_);
   DeadlineTimer::Id heartbeat_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  // The other nodes of multi-node communicators being built here (by name, how many builds),
+  // whose heartbeats are answered before the communicator is registered.
+  std::map<std::string, int> building_peer_nodes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace railyard

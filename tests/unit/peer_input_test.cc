@@ -1,7 +1,7 @@
 // What another daemon sends over the peer plane, refused before use: comm id coordinators
 // (host:port or local:<node>, no gRPC target schemes), JoinComm requests at the coordinator
 // (daemon/comm/peer_input.h), the layouts members receive, the bootstrap's job binding and
-// bounds. Every refusal is checked
+// bounds, and DaemonCore's Heartbeat and AbortComm membership checks. Every refusal is checked
 // for its status code and for the field its message names.
 #include "daemon/comm/peer_input.h"
 
@@ -452,7 +452,7 @@ TEST(CheckLayoutTest, EveryInconsistencyIsInvalidArgumentNamingTheFieldAndTheCoo
                 "JoinCommResponse.nodes list this daemon twice (0 and 1)");
 }
 
-// --- DaemonCore: the coordinator's join. ---
+// --- DaemonCore: the coordinator's join, Heartbeat and AbortComm refusals. ---
 
 class PeerCoreTest : public ::testing::Test {
  protected:
@@ -525,6 +525,45 @@ TEST_F(PeerCoreTest, JoinsAreCheckedBoundedAndExpireAfterTheJoinTimeout) {
   ASSERT_TRUE(waiter->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(waiter->status.code(), absl::StatusCode::kDeadlineExceeded) << waiter->status;
+}
+
+TEST_F(PeerCoreTest, HeartbeatsFromDaemonsSharingNoCommunicatorAreRefused) {
+  v1::HeartbeatRequest hb;
+  hb.set_from_node("peer");
+  ExpectRefused(core_->Heartbeat(Insecure(), hb).status(), absl::StatusCode::kPermissionDenied,
+                "Heartbeat from node peer refused: it is not another node of a multi-node "
+                "communicator of this daemon");
+  ExpectRefused(core_->Heartbeat(Certified({"someone-else"}), hb).status(),
+                absl::StatusCode::kPermissionDenied,
+                "HeartbeatRequest.from_node: peer ipv4:10.0.0.9:5555 claims node 'peer'");
+  hb.set_from_node("");
+  ExpectRefused(core_->Heartbeat(Insecure(), hb).status(), absl::StatusCode::kInvalidArgument,
+                "HeartbeatRequest.from_node is empty");
+  hb.set_from_node(std::string(256, 'h'));
+  ExpectRefused(core_->Heartbeat(Insecure(), hb).status(), absl::StatusCode::kInvalidArgument,
+                "HeartbeatRequest.from_node is 256 bytes, more than 255");
+}
+
+TEST_F(PeerCoreTest, AbortsFromNonMembersAreRefusedAndMalformedOnesNamed) {
+  v1::AbortCommRequest abort;
+  abort.set_job_id("job");
+  abort.set_comm_id(Id("local:unit"));
+  abort.set_code(10);
+  abort.set_message("boom");
+  abort.set_from_node("peer");
+  const absl::Status unknown = core_->AbortFromPeer(Insecure(), abort);
+  ExpectRefused(unknown, absl::StatusCode::kPermissionDenied,
+                "AbortComm from node peer refused: it is not another member node of "
+                "communicator");
+  ExpectRefused(core_->AbortFromPeer(Certified({"other"}), abort),
+                absl::StatusCode::kPermissionDenied, "AbortCommRequest.from_node: peer");
+  abort.set_from_node("a\tb");
+  ExpectRefused(core_->AbortFromPeer(Insecure(), abort), absl::StatusCode::kInvalidArgument,
+                "AbortCommRequest.from_node has byte 0x09 at 1");
+  // This daemon naming itself is no member "other than this daemon" either.
+  abort.set_from_node("unit");
+  const absl::Status self = core_->AbortFromPeer(Insecure(), abort);
+  EXPECT_EQ(self.code(), absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace
