@@ -54,7 +54,7 @@ absl::StatusOr<CommId> ParseCommId(absl::string_view text) {
     return id;
   }
   if (std::string why = HostPortProblem(id.coordinator); !why.empty()) {
-    return bad(absl::StrCat("coordinator is neither host:port nor local:<node>: ", why));
+    return bad(absl::StrCat("coordinator is not host:port or local:<node>: ", why));
   }
   return id;
 }

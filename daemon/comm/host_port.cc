@@ -90,8 +90,7 @@ std::string HostPortProblem(absl::string_view text) {
     return "";
   }
   if (!IsDnsName(host)) {
-    return "host is not a DNS name ([A-Za-z0-9-] labels joined by dots), an IPv4 dotted quad or "
-           "a bracketed IPv6 address (no gRPC target schemes)";
+    return "host is not a DNS name, IPv4 address or [IPv6]";
   }
   return "";
 }

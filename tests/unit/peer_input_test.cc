@@ -114,7 +114,7 @@ TEST(CommIdTest, CoordinatorsAreHostPortOrLocalNodeAndNeverAGrpcScheme) {
     EXPECT_THAT(std::string(id.status().message()), HasSubstr("malformed comm id")) << bad;
   }
   EXPECT_THAT(std::string(ParseCommId(Id("unix:/x")).status().message()),
-              HasSubstr("neither host:port nor local:<node>"));
+              HasSubstr("coordinator is not host:port or local:<node>: port"));
 }
 
 v1::JoinCommRequest GoodJoin() {
