@@ -103,6 +103,11 @@ size_t CommBootstrap::pending() const {
   return pending_.size();
 }
 
+size_t CommBootstrap::pending_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return pending_bytes_;
+}
+
 void CommBootstrap::RememberFormed(const std::string& comm_id, const std::string& job) {
   if (limits_.remembered_formed == 0) return;
   if (!formed_.emplace(comm_id, job).second) return;  // the same job formed it again
@@ -127,10 +132,17 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
         "communicator ", req.comm_id().substr(0, 300), " belongs to another job: rank ", req.rank(),
         " (node ", req.node().node_name().substr(0, 64), ") may not join it"));
   };
+  const size_t bytes = req.node().ByteSizeLong();
   std::vector<Done> dones;
   absl::StatusOr<v1::JoinCommResponse> result;
   {
     absl::MutexLock lock(&mu_);
+    if (pending_bytes_ + bytes > limits_.max_pending_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the coordinator's pending communicator bootstraps hold ", pending_bytes_,
+                       " bytes of node information; this join's ", bytes,
+                       " more would pass its limit of ", limits_.max_pending_bytes));
+    }
     auto it = pending_.find(req.comm_id());
     if (it == pending_.end()) {
       if (auto f = formed_.find(req.comm_id()); f != formed_.end() && f->second != req.job_id()) {
@@ -172,6 +184,8 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
     }
     p.integrity = StrongerIntegrity(p.integrity, req.integrity());
     p.joined[req.rank()] = {req.node(), std::move(done)};
+    p.bytes += bytes;
+    pending_bytes_ += bytes;
     if (static_cast<int>(p.joined.size()) < p.nranks) return absl::OkStatus();
     timer_->Cancel(p.timer);
     std::vector<v1::NodeInfo> nodes;  // by rank: every rank in [0, nranks) has joined
@@ -189,6 +203,7 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
       result->set_integrity(p.integrity);
     }
     RememberFormed(req.comm_id(), p.job);  // formed or refused: still this job's id
+    pending_bytes_ -= p.bytes;
     pending_.erase(it);
   }
   for (auto& d : dones) d(result);
@@ -218,6 +233,7 @@ void CommBootstrap::OnDeadline(const std::string& comm_id, uint64_t generation) 
     for (auto& [rank, j] : it->second.joined) {
       if (j.done) dones.push_back(std::move(j.done));
     }
+    pending_bytes_ -= it->second.bytes;
     pending_.erase(it);
   }
   for (auto& d : dones) d(status);

@@ -31,6 +31,10 @@ class CommBootstrap {
     // ~100 bytes each. A comm id is bound to the job that first joined it while it is pending
     // and until this many later bootstraps completed.
     size_t remembered_formed = 4096;
+    // Bytes of the NodeInfos all pending bootstraps hold (each join's node, up to 64 rail
+    // addresses of 4 KiB): a join past it is RESOURCE_EXHAUSTED. The count and size checks alone
+    // would let 1024 bootstraps of 65536 ranks hold terabytes.
+    size_t max_pending_bytes = size_t{256} << 20;
   };
 
   explicit CommBootstrap(DeadlineTimer* timer) : CommBootstrap(timer, Limits()) {}
@@ -42,10 +46,12 @@ class CommBootstrap {
   // returned and done is not called: INVALID_ARGUMENT for a bad rank/nranks or nranks
   // disagreement, ALREADY_EXISTS for a rank that joined twice, PERMISSION_DENIED for a comm id
   // another job is bootstrapping or formed (see Limits), RESOURCE_EXHAUSTED past
-  // Limits::max_pending. The layout answered carries a fresh random non-zero data_secret and the
-  // strongest integrity any rank asked for.
+  // Limits::max_pending or max_pending_bytes. The layout answered carries a fresh random non-zero
+  // data_secret and the strongest integrity any rank asked for.
   absl::Status Join(const v1::JoinCommRequest& req, absl::Duration timeout, Done done);
+  // Bootstraps waiting for ranks, and the bytes of node information they hold.
   size_t pending() const;
+  size_t pending_bytes() const;
 
   // The layout for a complete set of joins (exposed for tests): node order by each node's lowest
   // rank, rails = the minimum over nodes.
@@ -80,6 +86,7 @@ class CommBootstrap {
     DeadlineTimer::Id timer = 0;
     uint64_t generation = 0;
     std::map<std::string, int64_t> node_slots;  // by NodeId: the tag slot announced (-1: none)
+    size_t bytes = 0;                           // of the joined NodeInfos
   };
   void OnDeadline(const std::string& comm_id, uint64_t generation);
   void RememberFormed(const std::string& comm_id, const std::string& job)
@@ -89,6 +96,7 @@ class CommBootstrap {
   const Limits limits_;
   mutable absl::Mutex mu_;
   std::map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by comm id
+  size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;                // the sum of their bytes
   // Completed bootstraps' comm id -> job, and the ids in the order they completed.
   std::map<std::string, std::string> formed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> formed_order_ ABSL_GUARDED_BY(mu_);

@@ -16,7 +16,8 @@
 //        peer and from one whose certificate names only node "a". Each goes through
 //        CheckJoinRequest (refused: INVALID_ARGUMENT or PERMISSION_DENIED, bounded; accepted:
 //        every field within its limits, a certified peer speaking only as "a") and, whatever it
-//        said, CommBootstrap::Join on a fake clock with at most 4 bootstraps pending. Properties:
+//        said, CommBootstrap::Join on a fake clock with at most 4 bootstraps and 16 KiB of node
+//        information pending (both back to 0 after every deadline). Properties:
 //        a join is accepted or refused at once with INVALID_ARGUMENT, ALREADY_EXISTS,
 //        PERMISSION_DENIED or RESOURCE_EXHAUSTED; no comm id accepts joins of two jobs; once the
 //        clock passes every deadline each accepted join has had its answer exactly once; every
@@ -218,7 +219,8 @@ void CheckCheckedJoin(const PeerIdentity& who, const v1::JoinCommRequest& req) {
 void CheckCoordinator(const uint8_t* data, size_t size) {
   FakeClock clock;
   DeadlineTimer timer(&clock);
-  CommBootstrap bootstrap(&timer, {/*max_pending=*/4, /*remembered_formed=*/4096});
+  CommBootstrap bootstrap(&timer, {/*max_pending=*/4, /*remembered_formed=*/4096,
+                                   /*max_pending_bytes=*/16 << 10});
   PeerIdentity insecure;
   PeerIdentity certified;
   certified.authenticated = true;
@@ -263,6 +265,9 @@ void CheckCoordinator(const uint8_t* data, size_t size) {
   }
   clock.Advance(absl::Hours(24 * 50));  // past the longest timeout_ms (2^32 ms)
   timer.RunDue();
+  FUZZ_CHECK(bootstrap.pending() == 0 && bootstrap.pending_bytes() == 0,
+             absl::StrCat(bootstrap.pending(), " bootstraps holding ", bootstrap.pending_bytes(),
+                          " bytes left after every deadline"));
   for (const auto& a : accepted) {
     FUZZ_CHECK(a->calls == 1, absl::StrCat("a join answered ", a->calls, " times"));
     CheckAnswer(*a);

@@ -320,6 +320,34 @@ TEST_F(BootstrapTest, PendingBootstrapsAreBoundedAndExpire) {
   EXPECT_TRUE(bootstrap.Join(JoinOf("job", "c4", 0, 2, "a"), absl::Seconds(5), a.Done()).ok());
 }
 
+TEST_F(BootstrapTest, TheNodeBytesPendingBootstrapsHoldAreBounded) {
+  v1::JoinCommRequest big = JoinOf("job", "c0", 0, 4, "a");
+  big.mutable_node()->set_rail_addresses(0, std::string(4000, 'f'));
+  const size_t each = big.node().ByteSizeLong();
+  CommBootstrap bootstrap(&timer_, {/*max_pending=*/16, /*remembered_formed=*/16,
+                                    /*max_pending_bytes=*/3 * each});
+  Answers a;
+  for (int r = 0; r < 3; ++r) {
+    big.set_rank(r);
+    ASSERT_TRUE(bootstrap.Join(big, absl::Seconds(5), a.Done()).ok()) << r;
+  }
+  big.set_rank(3);
+  ExpectRefused(bootstrap.Join(big, absl::Seconds(5), a.Done()),
+                absl::StatusCode::kResourceExhausted,
+                absl::StrCat("hold ", 3 * each, " bytes of node information; this join's ", each,
+                             " more would pass its limit of ", 3 * each));
+  ExpectRefused(bootstrap.Join(JoinOf("job", "c1", 0, 1, "a"), absl::Seconds(5), a.Done()),
+                absl::StatusCode::kResourceExhausted, "bytes of node information");
+  EXPECT_EQ(bootstrap.pending_bytes(), 3 * each);
+  // The deadline gives them back.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(timer_.RunDue(), 1);
+  EXPECT_EQ(bootstrap.pending_bytes(), 0u);
+  ASSERT_EQ(a.got.size(), 3u);
+  EXPECT_EQ(a.got[0].status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(bootstrap.Join(big, absl::Seconds(5), a.Done()).ok());
+}
+
 TEST_F(BootstrapTest, TheLayoutCarriesAFreshSecretAndTheStrongestIntegrity) {
   CommBootstrap bootstrap(&timer_);
   std::set<uint64_t> secrets;
