@@ -57,6 +57,11 @@ struct DaemonConfig {
   absl::Duration op_timeout = absl::Seconds(300);
   // Default wait for all ranks to join a communicator.
   absl::Duration init_timeout = absl::Seconds(120);
+  // The longest any join waits for the other ranks, here and at the coordinator, whatever the
+  // request asks for (a request may ask for less): a bootstrap's state expires after it.
+  absl::Duration join_timeout = absl::Seconds(120);
+  // Communicator bootstraps this daemon coordinates that may wait for ranks at once.
+  size_t max_pending_joins = 1024;
   // Size of one step of a local plan (daemon/scheduler/local_plan.h), and the chunk size of a
   // forced algorithm's schedule (the tuner picks its own around it).
   size_t chunk_bytes = 256 * 1024;

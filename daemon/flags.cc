@@ -9,6 +9,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/util/log.h"
 
@@ -82,6 +83,11 @@ ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(300),
           "Default wait for the other ranks' matching submission of an operation");
 ABSL_FLAG(absl::Duration, init_timeout, absl::Seconds(120),
           "Default wait for all ranks to join a communicator");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
+          "Longest wait of a communicator join for its other ranks, whatever the client or peer "
+          "asks (they may ask for less); also caps --init_timeout for joins");
+ABSL_FLAG(uint64_t, max_pending_joins, 1024,
+          "Communicator bootstraps this daemon coordinates that may wait for ranks at once");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per step of a local plan");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
@@ -152,6 +158,8 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "worker_threads",
                                    "op_timeout",
                                    "init_timeout",
+                                   "join_timeout",
+                                   "max_pending_joins",
                                    "chunk_bytes",
                                    "shutdown_grace",
                                    "log_level",
@@ -212,6 +220,8 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
       c.node_name = "localhost";
     }
   }
+  // Written into comm ids (local:<node>) and every layout: peers refuse what CheckNodeName does.
+  if (absl::Status s = CheckNodeName(c.node_name, "--node_name"); !s.ok()) return s;
   c.peer_listen = absl::GetFlag(FLAGS_peer_listen);
   c.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
   c.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
@@ -269,6 +279,21 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   if (c.op_timeout <= absl::ZeroDuration() || c.init_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--op_timeout and --init_timeout must be positive");
   }
+  c.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  if (c.join_timeout <= absl::ZeroDuration() || c.join_timeout > absl::Hours(24)) {
+    return absl::InvalidArgumentError("--join_timeout must be in (0, 24h]");
+  }
+  if (c.init_timeout > c.join_timeout) {
+    Log(LogLevel::kWarning, "daemon", "--init_timeout is longer than --join_timeout",
+        {F("init_timeout", absl::FormatDuration(c.init_timeout)),
+         F("join_timeout", absl::FormatDuration(c.join_timeout)),
+         F("effect", "joins wait at most --join_timeout")});
+  }
+  const uint64_t pending = absl::GetFlag(FLAGS_max_pending_joins);
+  if (pending < 1 || pending > (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError("--max_pending_joins must be in [1, 2^20]");
+  }
+  c.max_pending_joins = static_cast<size_t>(pending);
   const int64_t chunk = absl::GetFlag(FLAGS_chunk_bytes);
   if (chunk < 4096 || chunk > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("--chunk_bytes must be in [4096, 2^30]");

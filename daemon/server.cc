@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/auth/signed_token.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/session/job_policy.h"
 #include "daemon/session/job_tokens.h"
 #include "daemon/topology/discovery.h"
@@ -102,6 +103,12 @@ absl::Status Server::Start() {
     if (!loaded.ok()) return loaded.status();
     topology = *std::move(loaded);
     if (!topology.node().empty()) config_.node_name = topology.node();
+    // This daemon's name in every layout and comm id: other daemons refuse what this refuses.
+    if (absl::Status s =
+            CheckNodeName(config_.node_name, absl::StrCat("node of ", config_.topology_file));
+        !s.ok()) {
+      return s;
+    }
   }
   if (!config_.peer_listen.empty()) {
     if (config_.peer_insecure) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/tags.h"
 
 namespace railyard {
@@ -97,6 +98,26 @@ void CommBootstrap::SetCostModel(const v1::CostModel& model) {
   cost_model_ = model;
 }
 
+size_t CommBootstrap::pending() const {
+  absl::MutexLock lock(&mu_);
+  return pending_.size();
+}
+
+size_t CommBootstrap::pending_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return pending_bytes_;
+}
+
+void CommBootstrap::RememberFormed(const std::string& comm_id, const std::string& job) {
+  if (limits_.remembered_formed == 0) return;
+  if (!formed_.emplace(comm_id, job).second) return;  // the same job formed it again
+  formed_order_.push_back(comm_id);
+  while (formed_order_.size() > limits_.remembered_formed) {
+    formed_.erase(formed_order_.front());
+    formed_order_.pop_front();
+  }
+}
+
 absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration timeout,
                                  Done done) {
   if (absl::Status s = CheckRankOf(req.rank(), req.nranks()); !s.ok()) return s;
@@ -105,24 +126,49 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
                                                    req.node().node_name(), " does not fit ",
                                                    scheduler::tags::kSlotBits, " bits"));
   }
+  // Neither job id is named: the refused caller learns only that the id is taken.
+  const auto foreign = [&req] {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "communicator ", req.comm_id().substr(0, 300), " belongs to another job: rank ", req.rank(),
+        " (node ", req.node().node_name().substr(0, 64), ") may not join it"));
+  };
+  const size_t bytes = req.node().ByteSizeLong();
   std::vector<Done> dones;
   absl::StatusOr<v1::JoinCommResponse> result;
   {
     absl::MutexLock lock(&mu_);
-    const auto key = std::make_pair(req.job_id(), req.comm_id());
-    auto [it, inserted] = pending_.try_emplace(key);
-    Pending& p = it->second;
-    if (inserted) {
+    if (pending_bytes_ + bytes > limits_.max_pending_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the coordinator's pending communicator bootstraps hold ", pending_bytes_,
+                       " bytes of node information; this join's ", bytes,
+                       " more would pass its limit of ", limits_.max_pending_bytes));
+    }
+    auto it = pending_.find(req.comm_id());
+    if (it == pending_.end()) {
+      if (auto f = formed_.find(req.comm_id()); f != formed_.end() && f->second != req.job_id()) {
+        return foreign();
+      }
+      if (pending_.size() >= limits_.max_pending) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the coordinator has ", pending_.size(),
+            " communicator bootstraps waiting for ranks, its limit (--max_pending_joins)"));
+      }
+      it = pending_.try_emplace(req.comm_id()).first;
+      Pending& p = it->second;
+      p.job = req.job_id();
       p.nranks = req.nranks();
       p.generation = next_generation_++;
       const uint64_t gen = p.generation;
-      p.timer =
-          timer_->Schedule(timer_->Now() + timeout, [this, key, gen] { OnDeadline(key, gen); });
-    } else if (p.nranks != req.nranks()) {
+      p.timer = timer_->Schedule(timer_->Now() + timeout,
+                                 [this, comm = req.comm_id(), gen] { OnDeadline(comm, gen); });
+    } else if (it->second.job != req.job_id()) {
+      return foreign();
+    } else if (it->second.nranks != req.nranks()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "communicator ", req.comm_id(), " has ", p.nranks, " ranks, rank ", req.rank(), " (node ",
-          req.node().node_name(), ") asked for ", req.nranks()));
+          "communicator ", req.comm_id(), " has ", it->second.nranks, " ranks, rank ", req.rank(),
+          " (node ", req.node().node_name(), ") asked for ", req.nranks()));
     }
+    Pending& p = it->second;
     if (p.joined.count(req.rank()) > 0) {
       return absl::AlreadyExistsError(
           absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
@@ -136,7 +182,10 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
           "rank ", req.rank(), " of communicator ", req.comm_id(), " announces tag slot ", slot,
           " for node ", req.node().node_name(), ", whose other ranks announced ", slot_it->second));
     }
+    p.integrity = StrongerIntegrity(p.integrity, req.integrity());
     p.joined[req.rank()] = {req.node(), std::move(done)};
+    p.bytes += bytes;
+    pending_bytes_ += bytes;
     if (static_cast<int>(p.joined.size()) < p.nranks) return absl::OkStatus();
     timer_->Cancel(p.timer);
     std::vector<v1::NodeInfo> nodes;  // by rank: every rank in [0, nranks) has joined
@@ -147,20 +196,26 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
     }
     result = Layout(nodes);
     if (absl::Status s = CheckLayoutFits(*result, req.comm_id()); !s.ok()) result = s;
-    if (result.ok()) *result->mutable_cost_model() = cost_model_;
+    if (result.ok()) {
+      *result->mutable_cost_model() = cost_model_;
+      // Handed only to the members, over the peer plane: their inter-node transfers carry it.
+      result->set_data_secret(RandomNonZero64());
+      result->set_integrity(p.integrity);
+    }
+    RememberFormed(req.comm_id(), p.job);  // formed or refused: still this job's id
+    pending_bytes_ -= p.bytes;
     pending_.erase(it);
   }
   for (auto& d : dones) d(result);
   return absl::OkStatus();
 }
 
-void CommBootstrap::OnDeadline(const std::pair<std::string, std::string>& key,
-                               uint64_t generation) {
+void CommBootstrap::OnDeadline(const std::string& comm_id, uint64_t generation) {
   std::vector<Done> dones;
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pending_.find(key);
+    auto it = pending_.find(comm_id);
     if (it == pending_.end() || it->second.generation != generation) return;
     // The first kListed missing ranks by number, then how many more (a bounded message).
     constexpr size_t kListed = 16;
@@ -172,12 +227,13 @@ void CommBootstrap::OnDeadline(const std::pair<std::string, std::string>& key,
     }
     const int more = missing - static_cast<int>(listed.size());
     status = absl::DeadlineExceededError(absl::StrCat(
-        "communicator ", key.second, ": rank", missing > 1 ? "s " : " ",
-        absl::StrJoin(listed, ", "), more > 0 ? absl::StrCat(" and ", more, " more") : "", " of ",
-        p.nranks, " did not join in time"));
+        "communicator ", comm_id, ": rank", missing > 1 ? "s " : " ", absl::StrJoin(listed, ", "),
+        more > 0 ? absl::StrCat(" and ", more, " more") : "", " of ", p.nranks,
+        " did not join in time"));
     for (auto& [rank, j] : it->second.joined) {
       if (j.done) dones.push_back(std::move(j.done));
     }
+    pending_bytes_ -= it->second.bytes;
     pending_.erase(it);
   }
   for (auto& d : dones) d(status);

@@ -4,6 +4,7 @@
 // coordinator itself, by a direct call.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -23,13 +24,34 @@ class CommBootstrap {
  public:
   using Done = std::function<void(const absl::StatusOr<v1::JoinCommResponse>&)>;
 
-  explicit CommBootstrap(DeadlineTimer* timer) : timer_(timer) {}
+  struct Limits {
+    // Bootstraps waiting for ranks at once (--max_pending_joins): more is RESOURCE_EXHAUSTED.
+    size_t max_pending = 1024;
+    // Comm ids of completed bootstraps remembered with their job, the oldest forgotten first:
+    // ~100 bytes each. A comm id is bound to the job that first joined it while it is pending
+    // and until this many later bootstraps completed.
+    size_t remembered_formed = 4096;
+    // Bytes of the NodeInfos all pending bootstraps hold (each join's node, up to 64 rail
+    // addresses of 4 KiB): a join past it is RESOURCE_EXHAUSTED. The count and size checks alone
+    // would let 1024 bootstraps of 65536 ranks hold terabytes.
+    size_t max_pending_bytes = size_t{256} << 20;
+  };
 
-  // Adds a rank. done runs (from some thread) once every rank has joined, or with
-  // DEADLINE_EXCEEDED naming the missing ranks. Errors found at once are returned and done is not
-  // called: INVALID_ARGUMENT for a bad rank/nranks or nranks disagreement, ALREADY_EXISTS for a
-  // rank that joined twice.
+  explicit CommBootstrap(DeadlineTimer* timer) : CommBootstrap(timer, Limits()) {}
+  CommBootstrap(DeadlineTimer* timer, Limits limits) : timer_(timer), limits_(limits) {}
+
+  // Adds a rank (the caller checked the request: CheckJoinRequest, daemon/comm/peer_input.h).
+  // done runs (from some thread) once every rank has joined, or with DEADLINE_EXCEEDED naming the
+  // missing ranks after `timeout` (counted from the first join). Errors found at once are
+  // returned and done is not called: INVALID_ARGUMENT for a bad rank/nranks or nranks
+  // disagreement, ALREADY_EXISTS for a rank that joined twice, PERMISSION_DENIED for a comm id
+  // another job is bootstrapping or formed (see Limits), RESOURCE_EXHAUSTED past
+  // Limits::max_pending or max_pending_bytes. The layout answered carries a fresh random non-zero
+  // data_secret and the strongest integrity any rank asked for.
   absl::Status Join(const v1::JoinCommRequest& req, absl::Duration timeout, Done done);
+  // Bootstraps waiting for ranks, and the bytes of node information they hold.
+  size_t pending() const;
+  size_t pending_bytes() const;
 
   // The layout for a complete set of joins (exposed for tests): node order by each node's lowest
   // rank, rails = the minimum over nodes.
@@ -57,17 +79,27 @@ class CommBootstrap {
     Done done;
   };
   struct Pending {
+    std::string job;        // the job of the first join: only it may join
+    std::string integrity;  // the strongest asked for so far
     int nranks = 0;
     std::map<int, Joined> joined;  // by rank
     DeadlineTimer::Id timer = 0;
     uint64_t generation = 0;
     std::map<std::string, int64_t> node_slots;  // by NodeId: the tag slot announced (-1: none)
+    size_t bytes = 0;                           // of the joined NodeInfos
   };
-  void OnDeadline(const std::pair<std::string, std::string>& key, uint64_t generation);
+  void OnDeadline(const std::string& comm_id, uint64_t generation);
+  void RememberFormed(const std::string& comm_id, const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   DeadlineTimer* timer_;
-  absl::Mutex mu_;
-  std::map<std::pair<std::string, std::string>, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  const Limits limits_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by comm id
+  size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;                // the sum of their bytes
+  // Completed bootstraps' comm id -> job, and the ids in the order they completed.
+  std::map<std::string, std::string> formed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> formed_order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   v1::CostModel cost_model_ ABSL_GUARDED_BY(mu_);
 };

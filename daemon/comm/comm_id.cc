@@ -2,8 +2,10 @@
 
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/comm/host_port.h"
 #include "daemon/scheduler/tags.h"
 
 namespace railyard {
@@ -11,10 +13,15 @@ namespace {
 constexpr absl::string_view kPrefix = "ry1-";
 constexpr size_t kNonceLength = 32;
 constexpr size_t kMaxCoordinatorLength = 255;
+constexpr absl::string_view kLocalScheme = "local:";
 }  // namespace
 
 std::string FormatCommId(const CommId& id) {
   return absl::StrCat(kPrefix, id.nonce, "@", id.coordinator);
+}
+
+bool IsLocalCoordinator(absl::string_view coordinator) {
+  return absl::StartsWith(coordinator, kLocalScheme);
 }
 
 absl::StatusOr<CommId> ParseCommId(absl::string_view text) {
@@ -40,6 +47,15 @@ absl::StatusOr<CommId> ParseCommId(absl::string_view text) {
       return bad("coordinator address has spaces or control characters");
     }
   }
+  // A daemon without a peer service names itself local:<node>; every other coordinator is dialled
+  // (PeerClients), so it must be host:port and nothing gRPC reads as a target scheme of its own.
+  if (absl::StartsWith(id.coordinator, kLocalScheme)) {
+    if (id.coordinator.size() == kLocalScheme.size()) return bad("local: names no node");
+    return id;
+  }
+  if (std::string why = HostPortProblem(id.coordinator); !why.empty()) {
+    return bad(absl::StrCat("coordinator is not host:port or local:<node>: ", why));
+  }
   return id;
 }
 
@@ -58,6 +74,13 @@ std::string RandomHex128() {
   // Session ids are capabilities: draw every bit from the OS (getrandom / /dev/urandom).
   static thread_local std::random_device rd;
   return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+
+uint64_t RandomNonZero64() {
+  static thread_local std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) | rd();
+  return v;
 }
 
 }  // namespace railyard

@@ -2,6 +2,7 @@
 // The coordinator is the daemon that fixes the communicator's node/rail map (multi-node).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -15,10 +16,16 @@ struct CommId {
 };
 
 std::string FormatCommId(const CommId& id);
-// INVALID_ARGUMENT saying what is wrong with a malformed id.
+// True for a coordinator "local:<node>" (a daemon without a peer service: never dialled).
+bool IsLocalCoordinator(absl::string_view coordinator);
+// INVALID_ARGUMENT saying what is wrong with a malformed id. The coordinator is host:port
+// (daemon/comm/host_port.h: a DNS name, IPv4 or [IPv6], port 1..65535; no gRPC target schemes
+// such as unix:, dns:, xds:) or local:<node>.
 absl::StatusOr<CommId> ParseCommId(absl::string_view text);
 // 128 random bits as 32 lowercase hex digits (session ids, comm id nonces).
 std::string RandomHex128();
+// 64 random bits from the OS, never 0 (a communicator's data secret).
+uint64_t RandomNonZero64();
 // INVALID_ARGUMENT unless 1 <= nranks <= the ranks a communicator may have (the tag layout's
 // limit, daemon/scheduler/tags.h) and 0 <= rank < nranks.
 absl::Status CheckRankOf(int rank, int nranks);

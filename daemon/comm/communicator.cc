@@ -69,6 +69,13 @@ std::vector<std::string> Communicator::PeerAddresses() const {
   return out;
 }
 
+bool Communicator::HasPeerNode(absl::string_view node_name) const {
+  for (int n = 0; n < static_cast<int>(net_.node_names.size()); ++n) {
+    if (n != net_.my_node && net_.node_names[n] == node_name) return true;
+  }
+  return false;
+}
+
 std::string Communicator::NodeNameOf(const std::string& address) const {
   for (size_t n = 0; n < net_.node_addresses.size(); ++n) {
     if (net_.node_addresses[n] == address && n < net_.node_names.size()) return net_.node_names[n];

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/comm/collective_queue.h"
@@ -133,6 +134,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const std::string& forced_algorithm() const { return env_.default_algo; }
   // Peer service addresses of the other daemons (empty for a single-node communicator).
   std::vector<std::string> PeerAddresses() const;
+  // True when node_name names another node of this (multi-node) communicator, not this daemon's.
+  bool HasPeerNode(absl::string_view node_name) const;
   // Name of the node whose Peer service is at address (for messages).
   std::string NodeNameOf(const std::string& address) const;
   // True when rank lives on this daemon and has joined.

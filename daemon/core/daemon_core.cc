@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/metrics/counting_endpoint.h"
 #include "daemon/services/request_decode.h"
 #include "daemon/transport/bit_flip_endpoint.h"
@@ -172,10 +173,11 @@ CommEnv DaemonCore::MakeCommEnv() {
 }
 
 absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
-  // Whoever asks (a client, or a peer daemon relaying one) waits at most an hour, or
-  // --init_timeout when that is longer: a join's state must not be held for 49 days.
-  if (timeout_ms == 0) return config_.init_timeout;
-  return std::min(absl::Milliseconds(timeout_ms), std::max(config_.init_timeout, absl::Hours(1)));
+  // Whoever asks (a client, or a peer daemon relaying one) may ask for less than --join_timeout,
+  // never more: a join's state must not be held for 49 days.
+  const absl::Duration asked =
+      timeout_ms == 0 ? config_.init_timeout : absl::Milliseconds(timeout_ms);
+  return std::min(asked, config_.join_timeout);
 }
 
 void DaemonCore::SetPeerCredentials(const std::optional<auth::PeerTlsPem>& tls) {
@@ -225,18 +227,35 @@ v1::NodeInfo DaemonCore::MyNodeInfo() {
 
 absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
                                         CommBootstrap::Done done) {
-  (void)who;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
+  }
+  if (absl::Status s = CheckJoinRequest(who, req, coordinator_); !s.ok()) {
+    Log(LogLevel::kWarning, "peer", "join refused",
+        {F("peer", who.peer), F("code", absl::StatusCodeToString(s.code())),
+         F("reason", s.message())});
+    return s;
   }
   return bootstrap_.Join(req, JoinTimeout(req.timeout_ms()), std::move(done));
 }
 
 absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req) {
-  (void)who;
+  if (absl::Status s = CheckNodeName(req.from_node(), "AbortCommRequest.from_node"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = who.MayClaimNode(req.from_node()); !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("AbortCommRequest.from_node: ", s.message()));
+  }
+  // Only another member may fail a communicator; an unknown one gets the same answer, so that
+  // comm ids cannot be probed.
   std::shared_ptr<Communicator> comm = comms_.Find({req.job_id(), req.comm_id()});
-  if (comm == nullptr) return absl::OkStatus();
+  if (comm == nullptr || !comm->HasPeerNode(req.from_node())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("AbortComm from node ", req.from_node(),
+                     " refused: it is not another member node of communicator ",
+                     req.comm_id().substr(0, 80), " here"));
+  }
   // A peer's code and words go to every local rank: only real codes, and a bounded message.
   const bool known =
       req.code() > 0 && req.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
@@ -246,10 +265,30 @@ absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortC
   return absl::OkStatus();
 }
 
+bool DaemonCore::SharesCommWith(const std::string& node) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (building_peer_nodes_.count(node) > 0) return true;
+  }
+  for (const auto& comm : comms_.Snapshot()) {
+    if (comm->multi_node() && !comm->failed() && comm->HasPeerNode(node)) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<v1::HeartbeatResponse> DaemonCore::Heartbeat(const PeerIdentity& who,
                                                             const v1::HeartbeatRequest& req) {
-  (void)who;
-  (void)req;
+  if (absl::Status s = CheckNodeName(req.from_node(), "HeartbeatRequest.from_node"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = who.MayClaimNode(req.from_node()); !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("HeartbeatRequest.from_node: ", s.message()));
+  }
+  if (!SharesCommWith(req.from_node())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "Heartbeat from node ", req.from_node(),
+        " refused: it is not another node of a multi-node communicator of this daemon (yet)"));
+  }
   v1::HeartbeatResponse resp;
   resp.set_node_name(config_.node_name);
   return resp;
@@ -265,6 +304,13 @@ absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
     if (absl::Status s = session->quota()->CheckBelow(Resource::kComms); !s.ok()) return s;
   }
   const bool local_coordinator = id->coordinator == coordinator_;
+  if (!local_coordinator && IsLocalCoordinator(id->coordinator)) {
+    // Another daemon without a peer service: nothing to dial (and never a gRPC "local:" target).
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm id names coordinator ", id->coordinator,
+                     ", a daemon without a peer service that is not this one (", coordinator_,
+                     "): create the comm id on a daemon with --peer_listen"));
+  }
   if (!local_coordinator && peer_address_.empty()) {
     return absl::UnimplementedError(absl::StrCat(
         "comm id names coordinator ", id->coordinator, " but this daemon is ", coordinator_,
@@ -330,17 +376,24 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
     done(layout.status(), handle, 0);
     return;
   }
-  int my_node = -1;
-  for (int n = 0; n < layout->nodes_size(); ++n) {
-    const v1::NodeInfo& node = layout->nodes(n);
-    const bool me = peer_address_.empty() ? node.node_name() == config_.node_name
-                                          : node.peer_address() == peer_address_;
-    if (me) my_node = n;
-  }
-  if (my_node < 0) {
-    done(absl::InternalError("the coordinator's layout does not include this daemon"), handle, 0);
+  // From another daemon (untrusted) unless this one coordinates: checked before anything is
+  // indexed, sized or dialled with it.
+  LayoutAsk ask;
+  ask.comm_id = req.comm_id();
+  ask.rank = req.rank();
+  ask.nranks = req.nranks();
+  ask.is_me = [this](const v1::NodeInfo& node) {
+    return peer_address_.empty() ? node.node_name() == config_.node_name
+                                 : node.peer_address() == peer_address_;
+  };
+  absl::StatusOr<int> checked = CheckLayoutFromCoordinator(*layout, ask);
+  if (!checked.ok()) {
+    Log(LogLevel::kWarning, "comm", "layout refused",
+        {F("comm", req.comm_id()), F("reason", checked.status().message())});
+    done(checked.status(), handle, 0);
     return;
   }
+  const int my_node = *checked;
   const int nnodes = layout->nodes_size();
   const auto key = std::make_pair(session->job(), req.comm_id());
   auto join = [this, weak_session, req, handle, nnodes,
@@ -366,17 +419,32 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
   }
   // Built outside every lock: UCX connects may take --peer_timeout per peer and rail.
   absl::StatusOr<std::shared_ptr<Communicator>> made;
+  // Multi-node: the other nodes, which may heartbeat this daemon before the communicator is
+  // registered (they built theirs first): answered while it is being built.
+  std::vector<std::string> others;
   if (nnodes == 1) {
     made = std::make_shared<Communicator>(
         req.comm_id(), session->job(), req.nranks(), MakeCommEnv(),
         MakeTuner(scheduler::CommLayout::Uniform(1, req.nranks(), 1), CostModel()));
   } else {
+    for (int n = 0; n < nnodes; ++n) {
+      if (n != my_node) others.push_back(layout->nodes(n).node_name());
+    }
+    CountBuilding(others, +1);
     made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot),
                              req.integrity());
   }
   std::vector<CommRegistry::BuiltFn> waiters = comms_.Built(key, made);
+  CountBuilding(others, -1);  // registered (or failed) from here on
   join(made);
   for (auto& w : waiters) w(made);
+}
+
+void DaemonCore::CountBuilding(const std::vector<std::string>& nodes, int delta) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& name : nodes) {
+    if ((building_peer_nodes_[name] += delta) <= 0) building_peer_nodes_.erase(name);
+  }
 }
 
 void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
@@ -431,16 +499,16 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
   if (transport_ == nullptr || slot == nullptr) {
     return absl::FailedPreconditionError("this daemon has no transport (--peer_listen unset)");
   }
-  // The coordinator is another daemon: check what it sent as it checks what it makes.
-  if (absl::Status s = CommBootstrap::CheckLayoutFits(layout, comm_id); !s.ok()) return s;
+  // OnLayout checked the layout (CheckLayoutFromCoordinator) before calling this.
   MultiNodeEnv net;
   for (const v1::NodeInfo& node : layout.nodes()) {
     net.node_slots.push_back(static_cast<uint16_t>(node.tag_slot()));
   }
   if (net.node_slots[my_node] != slot->value()) {
-    return absl::InternalError(absl::StrCat("the coordinator's layout gives this daemon tag slot ",
-                                            net.node_slots[my_node], ", it announced ",
-                                            slot->value()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout of communicator ", comm_id,
+                     " from its coordinator: JoinCommResponse.nodes[", my_node, "].tag_slot is ",
+                     net.node_slots[my_node], ", this daemon announced ", slot->value()));
   }
   net.tag_slot = std::move(slot);
   // The coordinator merges what the members asked for into the layout; a member never runs

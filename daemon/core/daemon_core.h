@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -65,12 +66,21 @@ class DaemonCore {
   v1::NodeTopology NodeGraph();
 
   // Coordinator side of communicator bootstrap (Peer.JoinComm from the daemon `who`, or a local
-  // rank's InitComm with PeerIdentity::Self()).
+  // rank's InitComm with PeerIdentity::Self()). Everything is checked before anything is stored
+  // (CheckJoinRequest: INVALID_ARGUMENT naming the field, PERMISSION_DENIED when `who` may not
+  // speak for the node), then CommBootstrap::Join (PERMISSION_DENIED for a comm id of another
+  // job, RESOURCE_EXHAUSTED past --max_pending_joins); it waits at most --join_timeout.
   absl::Status CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
                               CommBootstrap::Done done);
-  // The daemon `who` reports that a communicator failed there.
+  // The daemon `who` reports that a communicator failed there. PERMISSION_DENIED unless `who`
+  // may speak for from_node and from_node is another member node of the communicator (the same
+  // answer for a communicator this daemon does not have); INVALID_ARGUMENT for a malformed
+  // from_node.
   absl::Status AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req);
-  // The daemon `who` asks whether this one is alive.
+  // The daemon `who` asks whether this one is alive. Answered only for a from_node `who` may
+  // speak for that is another node of a live multi-node communicator of this daemon, or of one
+  // being built here (else PERMISSION_DENIED: a member that built its side first is refused
+  // until this daemon has built its own, which the sender tolerates for --peer_timeout).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const PeerIdentity& who,
                                                   const v1::HeartbeatRequest& req);
   // Name written into comm ids as coordinator.
@@ -128,8 +138,13 @@ class DaemonCore {
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
   // What every communicator of this daemon runs with.
   CommEnv MakeCommEnv();
-  // A join's wait for the other ranks: the request's, else --init_timeout.
+  // A join's wait for the other ranks: the request's, else --init_timeout; never more than
+  // --join_timeout.
   absl::Duration JoinTimeout(uint32_t timeout_ms) const;
+  // True when node is another node of a live multi-node communicator here or of one being built.
+  bool SharesCommWith(const std::string& node);
+  // Adds delta to the builds each of nodes is counted in (building_peer_nodes_).
+  void CountBuilding(const std::vector<std::string>& nodes, int delta);
   // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
   // Builds the communicator outside mu_ (UCX connects may take --peer_timeout per peer and
   // rail): the first rank to get the layout builds it, the others wait for it without blocking.
@@ -161,7 +176,7 @@ class DaemonCore {
   std::string coordinator_;
   DeadlineTimer timer_;
   scheduler::Executor executor_;
-  CommBootstrap bootstrap_{&timer_};
+  CommBootstrap bootstrap_{&timer_, {config_.max_pending_joins}};
   PeerClients peers_;
   v1::NodeTopology topology_;
   v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);
@@ -183,6 +198,9 @@ class DaemonCore {
   std::map<std::string, absl::Time> peer_last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_last_error_ ABSL_GUARDED_BY(mu_);
   DeadlineTimer::Id heartbeat_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  // The other nodes of multi-node communicators being built here (by name, how many builds),
+  // whose heartbeats are answered before the communicator is registered.
+  std::map<std::string, int> building_peer_nodes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace railyard

@@ -1,12 +1,15 @@
 // Fuzz target: comm ids as InitComm receives them from clients and JoinComm from peer daemons
 // (daemon/comm/comm_id.h). Properties: ParseCommId accepts exactly "ry1-<32 lowercase hex>@
-// <coordinator>" with a coordinator of 1..255 bytes, none a space, control character or DEL
-// (checked against an independent reading of that grammar); what it accepts formats back to the
-// same text and parses again to the same id; what it rejects is INVALID_ARGUMENT with a bounded
-// message. CheckRankOf (the first 8 bytes as two int32) accepts exactly 1 <= nranks <= kMaxRanks
-// and 0 <= rank < nranks.
+// <coordinator>" with a coordinator of 1..255 bytes, none a space, control character or DEL, that
+// is "local:<node>" or host:port (a DNS name, an IPv4 dotted quad or [IPv6], port 1..65535: no
+// gRPC target scheme such as unix:, dns:, xds:), checked against an independent reading of that
+// grammar; what it accepts formats back to the same text and parses again to the same id; what it
+// rejects is INVALID_ARGUMENT with a bounded message. CheckRankOf (the first 8 bytes as two int32)
+// accepts exactly 1 <= nranks <= kMaxRanks and 0 <= rank < nranks.
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +22,72 @@ namespace railyard {
 namespace {
 
 bool IsLowerHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+
+bool Digit(char c) { return c >= '0' && c <= '9'; }
+bool Alnum(char c) { return Digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+// Decimal 1..65535, at most 5 digits (leading zeros allowed).
+bool PortOk(absl::string_view p) {
+  if (p.empty() || p.size() > 5) return false;
+  uint32_t v = 0;
+  for (char c : p) {
+    if (!Digit(c)) return false;
+    v = v * 10 + static_cast<uint32_t>(c - '0');
+  }
+  return v >= 1 && v <= 65535;
+}
+
+// host:port read left to right: "[" v6 "]" ":" port, or labels separated by dots then ":" port.
+// All-digit last label: the host is a dotted quad, four numbers 0..255 of 1..3 digits.
+bool HostPortOk(absl::string_view t) {
+  if (t.size() > 259) return false;
+  if (!t.empty() && t[0] == '[') {
+    const size_t close = t.find(']');
+    if (close == absl::string_view::npos || close + 1 >= t.size() || t[close + 1] != ':') {
+      return false;
+    }
+    const absl::string_view inner = t.substr(1, close - 1);
+    size_t colons = 0;
+    for (char c : inner) {
+      const bool hex = Digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+      if (c == ':') ++colons;
+      if (!hex && c != ':' && c != '.') return false;
+    }
+    return inner.size() >= 2 && inner.size() <= 45 && colons >= 2 && PortOk(t.substr(close + 2));
+  }
+  std::vector<std::string> labels(1);
+  size_t i = 0;
+  for (; i < t.size() && t[i] != ':'; ++i) {
+    if (t[i] == '.') {
+      labels.emplace_back();
+    } else {
+      labels.back().push_back(t[i]);
+    }
+  }
+  if (i == t.size() || i > 253 || !PortOk(t.substr(i + 1))) return false;
+  bool numeric_last = !labels.back().empty();
+  for (char c : labels.back()) numeric_last = numeric_last && Digit(c);
+  if (numeric_last) {
+    if (labels.size() != 4) return false;
+    for (const std::string& l : labels) {
+      if (l.empty() || l.size() > 3) return false;
+      int v = 0;
+      for (char c : l) {
+        if (!Digit(c)) return false;
+        v = v * 10 + (c - '0');
+      }
+      if (v > 255) return false;
+    }
+    return true;
+  }
+  for (const std::string& l : labels) {
+    if (l.empty() || l.size() > 63 || l.front() == '-' || l.back() == '-') return false;
+    for (char c : l) {
+      if (!Alnum(c) && c != '-') return false;
+    }
+  }
+  return true;
+}
 
 // The grammar of docs/architecture.md's comm ids, read independently of ParseCommId.
 bool WellFormed(absl::string_view text) {
@@ -34,7 +103,8 @@ bool WellFormed(absl::string_view text) {
     const auto u = static_cast<unsigned char>(c);
     if (u <= 0x20 || u == 0x7f) return false;
   }
-  return true;
+  if (absl::StartsWith(coordinator, "local:")) return coordinator.size() > 6;
+  return HostPortOk(coordinator);
 }
 
 void CheckParse(absl::string_view text) {

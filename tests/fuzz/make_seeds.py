@@ -49,6 +49,12 @@ def comm_id_seeds():
     write(t, "space_in_coordinator", f"ry1-{NONCE}@host 1")
     write(t, "at_in_coordinator", f"ry1-{NONCE}@a@b")
     write(t, "empty_coordinator", f"ry1-{NONCE}@")
+    # gRPC target schemes a coordinator may not name, and the hosts it may.
+    write(t, "unix_coordinator", f"ry1-{NONCE}@unix:/run/railyard.sock")
+    write(t, "dns_coordinator", f"ry1-{NONCE}@dns:///coord.example:7411")
+    write(t, "ipv4_scheme_coordinator", f"ry1-{NONCE}@ipv4:10.0.0.1:7411")
+    write(t, "dns_name_coordinator", f"ry1-{NONCE}@node-7.cluster.example:65535")
+    write(t, "port_zero_coordinator", f"ry1-{NONCE}@host:0")
     # The first 8 bytes are also CheckRankOf's (rank, nranks).
     write(t, "rank_limits", struct.pack("<ii", 65535, 65536) + f"ry1-{NONCE}@h".encode())
     write(t, "rank_negative", struct.pack("<ii", -1, 4))
@@ -206,9 +212,20 @@ def peer_seeds(pb):
     member("member_idle_node", peer.JoinCommResponse(nodes=[node("a", 1), node("b", 2)],
                                                      node_of_rank=[1, 1], rails=1))
 
-    def join(rank, nranks, name, slot=3, comm=f"ry1-{NONCE}@a:7411", timeout_ms=0):
-        return peer.JoinCommRequest(job_id="job", comm_id=comm, rank=rank, nranks=nranks,
-                                    node=node(name, slot), timeout_ms=timeout_ms)
+    # Layouts a member (the node named "me", its last rank) accepts, and one it refuses.
+    member("member_me_two_nodes", peer.JoinCommResponse(
+        nodes=[node("a", 1), node("me", 4, 2)], node_of_rank=[0, 1], rails=1, data_secret=7,
+        integrity="crc32c"))
+    member("member_me_no_secret", peer.JoinCommResponse(
+        nodes=[node("a", 1), node("me", 4)], node_of_rank=[0, 1], rails=1))
+    member("member_me_alone", peer.JoinCommResponse(nodes=[peer.NodeInfo(node_name="me")],
+                                                    node_of_rank=[0, 0], rails=1))
+
+    def join(rank, nranks, name, slot=3, comm=f"ry1-{NONCE}@a:7411", timeout_ms=0, job="job",
+             integrity=""):
+        return peer.JoinCommRequest(job_id=job, comm_id=comm, rank=rank, nranks=nranks,
+                                    node=node(name, slot), timeout_ms=timeout_ms,
+                                    integrity=integrity)
 
     coordinator("coord_two_nodes", [join(0, 3, "a"), join(2, 3, "b", slot=9), join(1, 3, "a")])
     coordinator("coord_rank_twice", [join(0, 2, "a"), join(0, 2, "a")])
@@ -216,6 +233,18 @@ def peer_seeds(pb):
     coordinator("coord_slot_disagree", [join(0, 2, "a", slot=1), join(1, 2, "a", slot=2)])
     coordinator("coord_timeout", [join(0, 4, "a", timeout_ms=10), join(1, 4, "b")])
     coordinator("coord_wide", [join(65535, 65536, "a", comm=f"ry1-{NONCE}@w:1")])
+    # Requests alternate between an unverified peer and one certified as "a".
+    coordinator("coord_two_jobs", [join(0, 2, "a"), join(1, 2, "a", job="other"),
+                                   join(1, 2, "b")])
+    coordinator("coord_integrity", [join(0, 2, "a", integrity="crc32c"),
+                                    join(1, 2, "a", integrity="none")])
+    coordinator("coord_pending_bound", [join(0, 2, "a", comm=f"ry1-{i:032x}@a:7411")
+                                        for i in range(6)])
+    bad_rail = join(0, 2, "a")
+    bad_rail.node.rail_addresses.append("f" * 5000)
+    coordinator("coord_bad_fields", [join(0, 2, "a", comm=f"ry1-{NONCE}@unix:/tmp/s"), bad_rail,
+                                     join(0, 2, "a", integrity="sha1"),
+                                     join(0, 2, "a", job="no spaces")])
     # Regression: each join of nranks 65536 made the coordinator hold ~7 MB (these 4 KB took 2 GB)
     # until its deadline.
     wide = []

@@ -1,18 +1,31 @@
 // Fuzz target: the peer plane's communicator bootstrap (proto/railyard/v1/peer.proto,
-// daemon/comm/bootstrap.h), both sides of Peer.JoinComm. Byte 0 picks the side:
-//  even: the rest is the JoinCommResponse a member receives from a coordinator. Property: a
+// daemon/comm/bootstrap.h, daemon/comm/peer_input.h), both sides of Peer.JoinComm. Byte 0 picks
+// the side:
+//  even: the rest is the JoinCommResponse a member receives from a coordinator. Properties: a
 //        layout CheckLayoutFits accepts is one DaemonCore builds a communicator from without
 //        reading out of bounds: CommLayout::FromNodeOfRank over its node_of_rank gives exactly
 //        its nodes, each holding a rank and a distinct daemon, every rank on a node, at most
-//        kMaxRanks ranks.
+//        kMaxRanks ranks. A layout CheckLayoutFromCoordinator accepts (for the last rank of as
+//        many as it lists, this daemon being the node named "me") also lists "me" exactly once
+//        where that rank is, and every field is within the limits of peer_input.h: names,
+//        host:port addresses, rail addresses, rails, integrity, a non-zero secret on more than one
+//        node, the cost model's texts. Refusals are INVALID_ARGUMENT or FAILED_PRECONDITION with
+//        bounded messages.
 //  odd:  the rest is a sequence of JoinCommRequests (each a 2-byte little-endian length and the
-//        message) a coordinator receives from peers, run through CommBootstrap::Join on a fake
-//        clock. Properties: a join is accepted or refused at once with INVALID_ARGUMENT or
-//        ALREADY_EXISTS; once the clock passes every deadline each accepted join has had its
-//        answer exactly once; every layout answered has one node per distinct daemon, one
-//        node_of_rank entry per rank, and passes CheckLayoutFits.
+//        message) a coordinator ("a:7411") receives from peers, alternately from an unverified
+//        peer and from one whose certificate names only node "a". Each goes through
+//        CheckJoinRequest (refused: INVALID_ARGUMENT or PERMISSION_DENIED, bounded; accepted:
+//        every field within its limits, a certified peer speaking only as "a") and, whatever it
+//        said, CommBootstrap::Join on a fake clock with at most 4 bootstraps and 16 KiB of node
+//        information pending (both back to 0 after every deadline). Properties:
+//        a join is accepted or refused at once with INVALID_ARGUMENT, ALREADY_EXISTS,
+//        PERMISSION_DENIED or RESOURCE_EXHAUSTED; no comm id accepts joins of two jobs; once the
+//        clock passes every deadline each accepted join has had its answer exactly once; every
+//        layout answered has one node per distinct daemon, one node_of_rank entry per rank,
+//        passes CheckLayoutFits, and carries a non-zero secret and a known integrity mode.
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -21,6 +34,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/comm/bootstrap.h"
+#include "daemon/comm/comm_id.h"
+#include "daemon/comm/host_port.h"
+#include "daemon/comm/peer_identity.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/schedule.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/util/clock.h"
@@ -34,9 +51,65 @@ namespace {
 
 constexpr char kCommId[] = "ry1-0123456789abcdef0123456789abcdef@fuzz:1";
 
+bool NameOk(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNodeNameBytes) return false;
+  for (char c : name) {
+    if (c <= ' ' || c >= 0x7f) return false;  // char may be signed: bytes >= 0x80 are negative
+  }
+  return true;
+}
+
+// What CheckLayoutFromCoordinator promises about a layout it accepted.
+void CheckCheckedLayout(const v1::JoinCommResponse& layout) {
+  const int nranks = layout.node_of_rank_size();
+  LayoutAsk ask;
+  ask.comm_id = kCommId;
+  ask.rank = nranks > 0 ? nranks - 1 : 0;
+  ask.nranks = nranks;
+  ask.is_me = [](const v1::NodeInfo& n) { return n.node_name() == "me"; };
+  absl::StatusOr<int> me = CheckLayoutFromCoordinator(layout, ask);
+  if (!me.ok()) {
+    if (me.status().code() != absl::StatusCode::kFailedPrecondition) {
+      FUZZ_CHECK_ERROR(me.status(), absl::StatusCode::kInvalidArgument, 600);
+    }
+    return;
+  }
+  const int nodes = layout.nodes_size();
+  FUZZ_CHECK(*me >= 0 && *me < nodes, absl::StrCat("my node ", *me, " of ", nodes));
+  FUZZ_CHECK(layout.node_of_rank(ask.rank) == *me, "the asking rank is not on this daemon");
+  int mine = 0;
+  for (int n = 0; n < nodes; ++n) {
+    const v1::NodeInfo& node = layout.nodes(n);
+    mine += node.node_name() == "me";
+    FUZZ_CHECK(NameOk(node.node_name()), absl::StrCat("node ", n, " has a bad name"));
+    if (nodes > 1 || !node.peer_address().empty()) {
+      FUZZ_CHECK(HostPortProblem(node.peer_address()).empty(),
+                 absl::StrCat("node ", n, " address ", node.peer_address().substr(0, 80)));
+    }
+    FUZZ_CHECK(node.rail_addresses_size() <= kMaxRailAddresses,
+               absl::StrCat(node.rail_addresses_size(), " rail addresses"));
+    for (const std::string& a : node.rail_addresses()) {
+      FUZZ_CHECK(a.size() <= kMaxRailAddressBytes, absl::StrCat("rail address of ", a.size()));
+    }
+  }
+  FUZZ_CHECK(mine == 1, absl::StrCat("this daemon listed ", mine, " times"));
+  FUZZ_CHECK(layout.rails() >= 1 && layout.rails() <= kMaxRailAddresses,
+             absl::StrCat("rails ", layout.rails()));
+  FUZZ_CHECK(
+      layout.integrity().empty() || layout.integrity() == "none" || layout.integrity() == "crc32c",
+      "unknown integrity accepted");
+  FUZZ_CHECK(nodes <= 1 || layout.data_secret() != 0, "multi-node layout without a secret");
+  const v1::CostModel& m = layout.cost_model();
+  for (const std::string* t :
+       {&m.source(), &m.op(), &m.algorithm(), &m.placement(), &m.topology(), &m.fitted_at()}) {
+    FUZZ_CHECK(t->size() <= kMaxCostModelTextBytes, absl::StrCat("cost text of ", t->size()));
+  }
+}
+
 void CheckMemberLayout(const uint8_t* data, size_t size) {
   v1::JoinCommResponse layout;
   if (!layout.ParseFromArray(data, static_cast<int>(size))) return;
+  CheckCheckedLayout(layout);
   const absl::Status fits = CommBootstrap::CheckLayoutFits(layout, kCommId);
   if (!fits.ok()) {
     FUZZ_CHECK(fits.code() == absl::StatusCode::kInvalidArgument ||
@@ -97,6 +170,9 @@ void CheckAnswer(const Answer& a) {
   const absl::Status fits = CommBootstrap::CheckLayoutFits(a.layout, kCommId);
   FUZZ_CHECK(fits.ok(),
              absl::StrCat("the coordinator answered a layout that does not fit: ", fits.message()));
+  FUZZ_CHECK(a.layout.data_secret() != 0, "a layout without a data secret");
+  FUZZ_CHECK(a.layout.integrity().empty() || a.layout.integrity() == "crc32c",
+             absl::StrCat("integrity '", a.layout.integrity().substr(0, 32), "'"));
   std::vector<bool> used(a.layout.nodes_size(), false);
   for (int n : a.layout.node_of_rank()) {
     FUZZ_CHECK(n >= 0 && n < a.layout.nodes_size(), absl::StrCat("node_of_rank ", n));
@@ -110,11 +186,48 @@ void CheckAnswer(const Answer& a) {
   }
 }
 
+constexpr char kCoordinator[] = "a:7411";
+
+// What CheckJoinRequest promises about a request it accepted from `who`.
+void CheckCheckedJoin(const PeerIdentity& who, const v1::JoinCommRequest& req) {
+  const absl::Status s = CheckJoinRequest(who, req, kCoordinator);
+  if (!s.ok()) {
+    if (s.code() != absl::StatusCode::kPermissionDenied) {
+      FUZZ_CHECK_ERROR(s, absl::StatusCode::kInvalidArgument, 600);
+    } else {
+      FUZZ_CHECK_ERROR(s, absl::StatusCode::kPermissionDenied, 600);
+    }
+    return;
+  }
+  absl::StatusOr<CommId> id = ParseCommId(req.comm_id());
+  FUZZ_CHECK(id.ok() && id->coordinator == kCoordinator, "accepted a foreign comm id");
+  FUZZ_CHECK(req.nranks() >= 1 && req.nranks() <= scheduler::tags::kMaxRanks && req.rank() >= 0 &&
+                 req.rank() < req.nranks(),
+             absl::StrCat("rank ", req.rank(), " of ", req.nranks()));
+  FUZZ_CHECK(!req.job_id().empty() && req.job_id().size() <= 128, "job id");
+  FUZZ_CHECK(NameOk(req.node().node_name()), "node name");
+  FUZZ_CHECK(HostPortProblem(req.node().peer_address()).empty(), "peer address");
+  FUZZ_CHECK(req.node().rail_addresses_size() <= kMaxRailAddresses, "rail addresses");
+  for (const std::string& a : req.node().rail_addresses()) {
+    FUZZ_CHECK(a.size() <= kMaxRailAddressBytes, absl::StrCat("rail address of ", a.size()));
+  }
+  FUZZ_CHECK(!who.authenticated || req.node().node_name() == "a",
+             absl::StrCat("a peer certified as 'a' joined as '",
+                          req.node().node_name().substr(0, 64), "'"));
+}
+
 void CheckCoordinator(const uint8_t* data, size_t size) {
   FakeClock clock;
   DeadlineTimer timer(&clock);
-  CommBootstrap bootstrap(&timer);
+  CommBootstrap bootstrap(&timer, {/*max_pending=*/4, /*remembered_formed=*/4096,
+                                   /*max_pending_bytes=*/16 << 10});
+  PeerIdentity insecure;
+  PeerIdentity certified;
+  certified.authenticated = true;
+  certified.dns_names = {"a"};
   std::vector<std::shared_ptr<Answer>> accepted;
+  std::map<std::string, std::string> job_of_comm;  // the first job each comm id accepted
+  int index = 0;
   while (size >= 2) {
     const size_t len = std::min<size_t>(data[0] | (data[1] << 8), size - 2);
     v1::JoinCommRequest req;
@@ -122,6 +235,7 @@ void CheckCoordinator(const uint8_t* data, size_t size) {
     data += 2 + len;
     size -= 2 + len;
     if (!parsed) continue;
+    CheckCheckedJoin(index++ % 2 == 0 ? insecure : certified, req);
     auto answer = std::make_shared<Answer>();
     answer->nranks = req.nranks();
     // As DaemonCore::CoordinateJoin: the request's timeout, a default for 0.
@@ -135,9 +249,13 @@ void CheckCoordinator(const uint8_t* data, size_t size) {
         });
     if (s.ok()) {
       accepted.push_back(answer);
+      const auto [first, inserted] = job_of_comm.emplace(req.comm_id(), req.job_id());
+      FUZZ_CHECK(inserted || first->second == req.job_id(), "a comm id accepted joins of two jobs");
     } else {
       FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument ||
-                     s.code() == absl::StatusCode::kAlreadyExists,
+                     s.code() == absl::StatusCode::kAlreadyExists ||
+                     s.code() == absl::StatusCode::kPermissionDenied ||
+                     s.code() == absl::StatusCode::kResourceExhausted,
                  s.ToString());
       FUZZ_CHECK(answer->calls == 0, "a refused join was answered");
     }
@@ -147,6 +265,9 @@ void CheckCoordinator(const uint8_t* data, size_t size) {
   }
   clock.Advance(absl::Hours(24 * 50));  // past the longest timeout_ms (2^32 ms)
   timer.RunDue();
+  FUZZ_CHECK(bootstrap.pending() == 0 && bootstrap.pending_bytes() == 0,
+             absl::StrCat(bootstrap.pending(), " bootstraps holding ", bootstrap.pending_bytes(),
+                          " bytes left after every deadline"));
   for (const auto& a : accepted) {
     FUZZ_CHECK(a->calls == 1, absl::StrCat("a join answered ", a->calls, " times"));
     CheckAnswer(*a);

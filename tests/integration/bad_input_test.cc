@@ -349,6 +349,13 @@ TEST_F(BadInputTest, BadBuffersAndCommIdsAreRefused) {
   s = raw.Init(sid, "ry1-0123456789abcdef0123456789abcdef@10.1.2.3:7000", 0, 2);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_THAT(s.error_message(), HasSubstr("10.1.2.3:7000"));
+  // Coordinators gRPC would read as a target of another scheme, and another daemon's local: id
+  // (never dialled).
+  for (const char* coordinator : {"unix:/run/railyard.sock", "dns:///coord:7000", "local:other"}) {
+    s = raw.Init(sid, absl::StrCat("ry1-0123456789abcdef0123456789abcdef@", coordinator), 0, 2);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << coordinator;
+    EXPECT_THAT(s.error_message(), HasSubstr(coordinator));
+  }
   auto id = (*c)->CreateCommId();
   ASSERT_TRUE(id.ok());
   EXPECT_EQ(raw.Init(sid, *id, 2, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);

@@ -14,7 +14,9 @@
 #include <thread>
 
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "railyard/v1/peer.grpc.pb.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/peer_tls.h"
 #include "tests/integration/rank_cases.h"
@@ -305,6 +307,87 @@ TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << s0 << s1;
   // The communicator stays failed on both nodes.
   EXPECT_EQ(comms[0].Barrier().wait(std::chrono::seconds(10)).code(), absl::StatusCode::kAborted);
+}
+
+// The peer plane answers only members (daemon/comm/peer_input.h): a communicator of two daemons
+// outlives several --peer_timeout periods (their heartbeats are answered), a daemon sharing none
+// is refused a heartbeat, and only the other member may abort the communicator.
+TEST(MultiNodePeerPlaneTest, OnlyMembersHeartbeatAndAbort) {
+  VirtualCluster cluster(2, {"--peer_timeout=2s"});
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int n = 0; n < 2; ++n) {
+    auto c = Client::Connect(cluster[n].Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  std::vector<Comm> comms(2);
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < 2; ++r) {
+    joiners.emplace_back([&, r] {
+      auto m = clients[r]->InitComm(*id, r, 2);
+      ASSERT_TRUE(m.ok()) << m.status();
+      comms[r] = *std::move(m);
+    });
+  }
+  for (auto& t : joiners) t.join();
+  // Both ranks' barrier: OK while the communicator lives.
+  auto barrier = [&comms] {
+    Work w0 = comms[0].Barrier();
+    Work w1 = comms[1].Barrier();
+    absl::Status s0 = w0.wait(std::chrono::seconds(10));
+    absl::Status s1 = w1.wait(std::chrono::seconds(10));
+    return s0.ok() ? s1 : s0;
+  };
+  std::this_thread::sleep_for(std::chrono::seconds(5));  // 2.5 x --peer_timeout
+  const absl::Status alive = barrier();
+  EXPECT_TRUE(alive.ok()) << alive << cluster.Logs();
+  const v1::StatusResponse st = cluster[0].Status();
+  ASSERT_EQ(st.comms_size(), 1);
+  const std::string node0 = st.node_name();
+  const std::string node1 = cluster[1].Status().node_name();
+  auto peer =
+      v1::Peer::NewStub(grpc::CreateChannel(st.peer_address(), grpc::InsecureChannelCredentials()));
+  auto call = [](auto method) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return method(&ctx);
+  };
+  v1::HeartbeatResponse hb_resp;
+  v1::HeartbeatRequest hb;
+  hb.set_from_node("stranger");
+  grpc::Status s =
+      call([&](grpc::ClientContext* ctx) { return peer->Heartbeat(ctx, hb, &hb_resp); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("Heartbeat from node stranger refused"));
+  hb.set_from_node(node1);
+  s = call([&](grpc::ClientContext* ctx) { return peer->Heartbeat(ctx, hb, &hb_resp); });
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(hb_resp.node_name(), node0);
+
+  v1::AbortCommRequest abort;
+  abort.set_job_id("itest");
+  abort.set_comm_id(*id);
+  abort.set_code(static_cast<int>(absl::StatusCode::kInternal));
+  abort.set_message("forged");
+  v1::AbortCommResponse abort_resp;
+  for (const std::string& who : {std::string("stranger"), node0}) {
+    abort.set_from_node(who);
+    s = call([&](grpc::ClientContext* ctx) { return peer->AbortComm(ctx, abort, &abort_resp); });
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << who;
+    EXPECT_THAT(s.error_message(), HasSubstr("is not another member node of communicator"));
+  }
+  const absl::Status still = barrier();
+  EXPECT_TRUE(still.ok()) << "a refused abort failed it: " << still;
+  // The other member may.
+  abort.set_from_node(node1);
+  s = call([&](grpc::ClientContext* ctx) { return peer->AbortComm(ctx, abort, &abort_resp); });
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  const absl::Status after = comms[0].Barrier().wait(std::chrono::seconds(10));
+  EXPECT_EQ(after.code(), absl::StatusCode::kAborted) << after;
+  EXPECT_THAT(std::string(after.message()), HasSubstr("forged"));
 }
 
 // Runs fn when the scope ends, however the test leaves it.

@@ -424,6 +424,19 @@ TEST_F(TwoDaemonsTest, TwoCommunicatorsInLockstepKeepTheirOwnData) {
   }
 }
 
+// Who may fail a communicator or heartbeat this daemon for it (DaemonCore::AbortFromPeer,
+// Heartbeat): the other nodes by name, never this daemon's own, none of a one-node communicator.
+TEST_F(TwoDaemonsTest, PeerNodesAreTheOtherNodesByName) {
+  std::shared_ptr<Communicator> comm = Make(0, "members", 1, {3, 9}, "ring");
+  EXPECT_TRUE(comm->HasPeerNode("node1"));
+  EXPECT_FALSE(comm->HasPeerNode("node0"));
+  EXPECT_FALSE(comm->HasPeerNode("node2"));
+  EXPECT_FALSE(comm->HasPeerNode(""));
+  EXPECT_FALSE(Make(1, "members", 1, {3, 9}, "ring")->HasPeerNode("node1"));
+  auto single = std::make_shared<Communicator>("solo", "job", 2, Env(""));
+  EXPECT_FALSE(single->HasPeerNode("node0"));
+}
+
 TEST_F(TwoDaemonsTest, SendRecvAcrossNodes) {
   std::shared_ptr<Communicator> comm[2] = {Make(0, "p2p", 1, {1, 2}, ""),
                                            Make(1, "p2p", 1, {1, 2}, "")};
