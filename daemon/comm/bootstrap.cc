@@ -37,9 +37,9 @@ absl::Status CommBootstrap::CheckLayoutFits(const v1::JoinCommResponse& layout,
   for (int r = 0; r < layout.node_of_rank_size(); ++r) {
     const int n = layout.node_of_rank(r);
     if (n < 0 || n >= nodes) {
-      return absl::InvalidArgumentError(absl::StrCat("communicator ", comm_id, ": rank ", r,
-                                                     " is on node ", n, " but the layout has ",
-                                                     nodes, " nodes"));
+      return absl::InvalidArgumentError(absl::StrCat("communicator ", comm_id, ": node_of_rank[", r,
+                                                     "] is ", n, " but the layout has ", nodes,
+                                                     " nodes"));
     }
     holds_rank[n] = true;
   }

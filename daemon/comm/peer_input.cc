@@ -6,6 +6,7 @@
 #include "daemon/comm/host_port.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/session/job_tokens.h"
+#include "daemon/transport/integrity.h"
 
 namespace railyard {
 namespace {
@@ -17,9 +18,6 @@ absl::Status Bad(absl::string_view field, absl::string_view why) {
 std::string TooLong(size_t got, size_t limit) {
   return absl::StrCat("is ", got, " bytes, more than ", limit);
 }
-
-// The strength of a known mode: what StrongerIntegrity compares.
-int Strength(absl::string_view mode) { return mode == "crc32c" ? 1 : 0; }
 
 }  // namespace
 
@@ -68,13 +66,17 @@ absl::Status CheckNodeInfo(const v1::NodeInfo& node, absl::string_view field,
 }
 
 absl::Status CheckIntegrity(absl::string_view value, absl::string_view field) {
-  if (value.empty() || value == "none" || value == "crc32c") return absl::OkStatus();
+  if (transport::ParseIntegrity(value).ok()) return absl::OkStatus();
   return Bad(field,
              absl::StrCat("'", value.substr(0, 32), "' is not one of \"\", \"none\", \"crc32c\""));
 }
 
 std::string StrongerIntegrity(absl::string_view a, absl::string_view b) {
-  return Strength(a) > 0 || Strength(b) > 0 ? "crc32c" : "";
+  const absl::StatusOr<transport::Integrity> x = transport::ParseIntegrity(a);
+  const absl::StatusOr<transport::Integrity> y = transport::ParseIntegrity(b);
+  const transport::Integrity s = transport::Stronger(x.value_or(transport::Integrity::kNone),
+                                                     y.value_or(transport::Integrity::kNone));
+  return s == transport::Integrity::kNone ? "" : std::string(transport::IntegrityName(s));
 }
 
 absl::Status CheckJoinRequest(const PeerIdentity& who, const v1::JoinCommRequest& req,

@@ -36,17 +36,6 @@ uint32_t PayloadCrc(const Segment* segments, int count) {
 
 }  // namespace
 
-absl::StatusOr<Integrity> ParseIntegrity(absl::string_view name) {
-  if (name.empty() || name == "none") return Integrity::kNone;
-  if (name == "crc32c") return Integrity::kCrc32c;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown integrity \"", name, "\": expected none or crc32c"));
-}
-
-absl::string_view IntegrityName(Integrity integrity) {
-  return integrity == Integrity::kCrc32c ? "crc32c" : "none";
-}
-
 void WriteFrameTrailer(uint64_t secret, Integrity integrity, const Segment* segments, int count,
                        unsigned char out[kFrameTrailerSize]) {
   const bool crc = integrity == Integrity::kCrc32c;

@@ -31,18 +31,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/transport/integrity.h"
 #include "daemon/transport/transport.h"
 
 namespace railyard::transport {
-
-// The end-to-end check of a communicator's inter-node messages (--integrity, InitCommRequest
-// .integrity, JoinCommResponse.integrity). Ordered by strength.
-enum class Integrity { kNone = 0, kCrc32c = 1 };
-// "" and "none" -> kNone, "crc32c" -> kCrc32c; anything else INVALID_ARGUMENT.
-absl::StatusOr<Integrity> ParseIntegrity(absl::string_view name);
-// "none" or "crc32c".
-absl::string_view IntegrityName(Integrity integrity);
-inline Integrity Stronger(Integrity a, Integrity b) { return a < b ? b : a; }
 
 inline constexpr size_t kFrameTrailerSize = 16;
 inline constexpr uint32_t kFrameMagic = 0x52590100;  // low byte: flags

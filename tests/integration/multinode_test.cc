@@ -311,9 +311,11 @@ TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
 
 // The peer plane answers only members (daemon/comm/peer_input.h): a communicator of two daemons
 // outlives several --peer_timeout periods (their heartbeats are answered), a daemon sharing none
-// is refused a heartbeat, and only the other member may abort the communicator.
+// is refused a heartbeat, and only the other member may abort the communicator. Plaintext, so
+// that this test can claim any node name: with mutual TLS the claims are checked against the
+// caller's certificate as well (tests/integration/peer_plane_test.py).
 TEST(MultiNodePeerPlaneTest, OnlyMembersHeartbeatAndAbort) {
-  VirtualCluster cluster(2, {"--peer_timeout=2s"});
+  VirtualCluster cluster(2, {"--peer_timeout=2s"}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   std::vector<std::unique_ptr<Client>> clients;
   for (int n = 0; n < 2; ++n) {

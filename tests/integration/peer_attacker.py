@@ -1,7 +1,7 @@
 """What a hostile process that reaches the peer port runs, as its own process, for
 peer_plane_test.py to judge. Two modes:
 
-    python3 peer_attacker.py client '<json>'
+    python3 peer_attacker.py client '<json>'     (or '-': the JSON on stdin)
         dials a daemon's Peer service (TLS with the given CA / cert / key, or without a client
         certificate, or plaintext) and makes each attempt in order; prints one JSON list of
         [status code name, details] per attempt.
@@ -16,7 +16,6 @@ Every wait is bounded.
 import json
 import sys
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -139,6 +138,6 @@ def run_coordinator(args):
 
 
 if __name__ == "__main__":
-    mode, args = sys.argv[1], json.loads(sys.argv[2])
+    mode = sys.argv[1]
+    args = json.loads(sys.stdin.read() if sys.argv[2] == "-" else sys.argv[2])
     {"client": run_client, "coordinator": run_coordinator}[mode](args)
-    time.sleep(0)

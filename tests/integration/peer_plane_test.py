@@ -107,10 +107,14 @@ def victim_intact(cluster, victim):
 
 
 def attack(args, mode="client"):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "peer_attacker.py"), mode,
-                          json.dumps(args)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, os.path.join(HERE, "peer_attacker.py"), mode, "-"],
+                         input=json.dumps(args), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    for a, (code, details) in zip(args.get("attempts", []), results):  # the answers, for the log
+        print(f"  {a['rpc']} {a.get('from_node', a.get('node_name', ''))} -> {code}: "
+              f"{details[:200]}")
+    return results
 
 
 def the_three(victim, claimed_node):
@@ -187,8 +191,8 @@ def test_a_cluster_node_that_is_not_a_member_cannot_act_on_the_victims_communica
 
 
 FORGERIES = {
-    "negative_index": "node_of_rank",
-    "index_past_nodes": "node_of_rank",
+    "negative_index": "node_of_rank[0] is -1",
+    "index_past_nodes": "node_of_rank[1] is 7",
     "wrong_rank_count": "rank",
     "member_absent": "this daemon",
     "member_elsewhere": "this daemon",
@@ -211,6 +215,7 @@ def test_a_forged_layout_from_a_coordinator_is_refused_naming_what_is_wrong(clus
         with pytest.raises(railyard.RailyardError) as err:
             c.comm(comm_id, 0, 2, timeout=10)
         assert time.monotonic() - start < 20
+        print(f"  forged layout {kind} -> {err.value}"[:300])
         assert err.value.code.name == "INVALID_ARGUMENT", err.value
         assert FORGERIES[kind] in str(err.value), err.value
         c.close()
@@ -233,6 +238,8 @@ def test_a_coordinator_without_a_cluster_certificate_is_not_believed(cluster, vi
         with pytest.raises(railyard.RailyardError) as err:
             c.comm(f"ry1-{'cd' * 16}@127.0.0.1:{port}", 0, 2, timeout=3)
         assert time.monotonic() - start < 20
+        print(f"  coordinator of another CA -> {err.value} after "
+              f"{time.monotonic() - start:.1f} s"[:400])
         assert err.value.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err.value
         c.close()
     finally:

@@ -434,7 +434,7 @@ TEST(CheckLayoutTest, EveryInconsistencyIsInvalidArgumentNamingTheFieldAndTheCoo
       {"me absent", [](auto& l) { l.mutable_nodes(1)->set_peer_address("third.example:7411"); },
        "JoinCommResponse.nodes do not list this daemon"},
       {"rank past nodes", [](auto& l) { l.set_node_of_rank(0, 7); },
-       "rank 0 is on node 7 but the layout has 2 nodes"},
+       "node_of_rank[0] is 7 but the layout has 2 nodes"},
       {"bad name", [](auto& l) { l.mutable_nodes(0)->set_node_name(std::string(300, 'x')); },
        "JoinCommResponse.nodes[0].node_name is 300 bytes, more than 255"},
       {"no address", [](auto& l) { l.mutable_nodes(0)->clear_peer_address(); },

@@ -202,7 +202,7 @@ TEST(CommBootstrapTest, LayoutsMustPlaceEveryRankOnAListedNode) {
     auto s = CommBootstrap::CheckLayoutFits(past, "c");
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(s.message(),
-                HasSubstr(absl::StrCat("rank 1 is on node ", bad, " but the layout has 2 nodes")));
+                HasSubstr(absl::StrCat("node_of_rank[1] is ", bad, " but the layout has 2 nodes")));
   }
 
   v1::JoinCommResponse idle = two;
