@@ -75,6 +75,10 @@ struct DaemonConfig {
   // TEST ONLY (--test_flip_bit_every): flip one bit in every Nth message sent to another daemon
   // (daemon/transport/bit_flip_endpoint.h). 0: off, as it must be in production.
   uint64_t test_flip_bit_every = 0;
+  // BENCHMARKS ONLY (--test_frame_split_min_bytes): FramedEndpoint::Options::split_min_bytes
+  // (daemon/transport/framed_endpoint.h), part of the wire format: every daemon of a communicator
+  // must run with the same value. -1: the default.
+  int64_t test_frame_split_min_bytes = -1;
 };
 
 }  // namespace railyard

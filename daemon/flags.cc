@@ -100,6 +100,10 @@ ABSL_FLAG(uint64_t, test_flip_bit_every, 0,
           "TEST ONLY, never in production: flip one random bit in the payload of every Nth "
           "message this daemon sends to another daemon (fault injection for the integrity "
           "tests); 0: off");
+ABSL_FLAG(int64_t, test_frame_split_min_bytes, -1,
+          "BENCHMARKS ONLY: payloads of at least this many bytes travel as two messages (payload, "
+          "then the frame trailer) instead of one; 0: never, -1: the built-in threshold. Part of "
+          "the wire format: every daemon must run with the same value");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: debug, info, warn, error");
 ABSL_FLAG(std::string, state_dir, "/var/lib/railyard",
           "Directory for persistent state: calibration.json (railctl calibrate); read at start");
@@ -188,7 +192,8 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "max_completion_backlog_bytes_per_session",
                                    "max_completion_backlog_bytes_per_job",
                                    "integrity"};
-  // Not test_flip_bit_every: a test-only fault injector is never taken from the environment.
+  // Not test_flip_bit_every nor test_frame_split_min_bytes: test-only knobs are never taken from
+  // the environment.
   return *names;
 }
 
@@ -307,6 +312,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
         absl::StrCat("--integrity must be none or crc32c, not \"", c.integrity, "\""));
   }
   c.test_flip_bit_every = absl::GetFlag(FLAGS_test_flip_bit_every);
+  c.test_frame_split_min_bytes = absl::GetFlag(FLAGS_test_frame_split_min_bytes);
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     return absl::InvalidArgumentError("--log_level must be debug, info, warn or error");

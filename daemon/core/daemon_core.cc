@@ -563,6 +563,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
       frame.node = config_.node_name;
       frame.peer = node.node_name();
       frame.rail = rail_name;
+      if (config_.test_frame_split_min_bytes >= 0) {  // benchmarks only
+        frame.split_min_bytes = static_cast<size_t>(config_.test_frame_split_min_bytes);
+      }
       auto limiter = std::make_shared<LogLimiter>();
       frame.on_rejected = [link, limiter, comm_id, job](const absl::Status& why) {
         link->rejected_messages->Increment();

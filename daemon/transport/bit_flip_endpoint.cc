@@ -13,9 +13,15 @@ BitFlipEndpoint::BitFlipEndpoint(std::shared_ptr<Endpoint> inner, uint64_t every
       rng_(seed) {}
 
 void BitFlipEndpoint::SendV(Tag tag, const Segment* segments, int count, CompletionFn done) {
-  const uint64_t n = sent_.fetch_add(1) + 1;
   const size_t total = TotalSize(segments, count);
-  if (n % every_ != 0 || total <= protected_tail_ || count < 1 || count > kMaxSegments) {
+  // A message no longer than the protected tail (a split frame's separate trailer) is not
+  // counted: every Nth payload is flipped, whether its trailer travels with it or after it.
+  if (total <= protected_tail_ || count < 1 || count > kMaxSegments) {
+    inner_->SendV(tag, segments, count, std::move(done));
+    return;
+  }
+  const uint64_t n = sent_.fetch_add(1) + 1;
+  if (n % every_ != 0) {
     inner_->SendV(tag, segments, count, std::move(done));
     return;
   }

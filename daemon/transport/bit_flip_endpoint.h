@@ -6,8 +6,10 @@
 //
 // It sits under FramedEndpoint, so its messages end with the frame trailer: the bit is drawn in
 // the first size - protected_tail bytes (the payload), so a flip is corruption of the data, not
-// of the secret. The message is copied into scratch memory and flipped there, never in the
-// caller's buffer.
+// of the secret. A split frame's payload (FramedEndpoint::Options::split_min_bytes) loses the
+// same number of bytes at its end from the draw, which only narrows where the bit lands; its
+// separate 16-byte trailer is neither counted nor flipped. The message is copied into scratch
+// memory and flipped there, never in the caller's buffer.
 #pragma once
 
 #include <atomic>
@@ -23,7 +25,8 @@ namespace railyard::transport {
 
 class BitFlipEndpoint : public Endpoint {
  public:
-  // every >= 1: the every-th, 2*every-th, ... message sent (counted per endpoint) is flipped.
+  // every >= 1: the every-th, 2*every-th, ... message longer than protected_tail sent (counted
+  // per endpoint) is flipped.
   BitFlipEndpoint(std::shared_ptr<Endpoint> inner, uint64_t every, uint64_t seed,
                   size_t protected_tail);
 

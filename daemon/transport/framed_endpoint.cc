@@ -1,5 +1,6 @@
 #include "daemon/transport/framed_endpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -37,11 +38,11 @@ uint32_t PayloadCrc(const Segment* segments, int count) {
 }  // namespace
 
 void WriteFrameTrailer(uint64_t secret, Integrity integrity, const Segment* segments, int count,
-                       unsigned char out[kFrameTrailerSize]) {
+                       unsigned char out[kFrameTrailerSize], uint32_t extra_flags) {
   const bool crc = integrity == Integrity::kCrc32c;
   PutLe64(out, secret);
   PutLe32(out + 8, crc ? PayloadCrc(segments, count) : 0);
-  PutLe32(out + 12, kFrameMagic | (crc ? kFrameFlagCrc32c : 0));
+  PutLe32(out + 12, kFrameMagic | (crc ? kFrameFlagCrc32c : 0) | extra_flags);
 }
 
 struct FramedEndpoint::Shared {
@@ -93,6 +94,17 @@ struct FramedEndpoint::Receive {
   unsigned char trailer[kFrameTrailerSize] = {};
   int rejections = 0;
   RecvCompletionFn done;
+  // Split receives (Options::split_min_bytes): the payload and the trailer arrive as two
+  // messages with the tag, received by two receives posted in that order.
+  bool split = false;
+  absl::Mutex mu;
+  bool payload_done ABSL_GUARDED_BY(mu) = false;
+  bool trailer_done ABSL_GUARDED_BY(mu) = false;
+  bool finished ABSL_GUARDED_BY(mu) = false;  // done has been (or is being) called
+  absl::Status payload_status ABSL_GUARDED_BY(mu);
+  size_t payload_length ABSL_GUARDED_BY(mu) = 0;
+  absl::Status trailer_status ABSL_GUARDED_BY(mu);
+  size_t trailer_length ABSL_GUARDED_BY(mu) = 0;
 };
 
 FramedEndpoint::FramedEndpoint(std::shared_ptr<Endpoint> inner, Options options)
@@ -112,6 +124,10 @@ void FramedEndpoint::SendV(Tag tag, const Segment* segments, int count, Completi
     return;
   }
   const size_t payload = TotalSize(segments, count);
+  if (IsSplit(shared_->options, payload)) {
+    SendSplit(tag, segments, count, std::move(done));
+    return;
+  }
   const size_t min_contiguous = shared_->options.contiguous_send_min_bytes;
   if (min_contiguous > 0 && payload >= min_contiguous) {
     // One contiguous buffer: payload, then trailer (see Options::contiguous_send_min_bytes).
@@ -144,6 +160,44 @@ void FramedEndpoint::SendV(Tag tag, const Segment* segments, int count, Completi
   });
 }
 
+bool FramedEndpoint::IsSplit(const Options& options, size_t payload) {
+  return options.split_min_bytes > 0 &&
+         payload >= std::max(options.split_min_bytes, kFrameTrailerSize + 1);
+}
+
+void FramedEndpoint::SendSplit(Tag tag, const Segment* segments, int count, CompletionFn done) {
+  // The payload goes out first, as the caller's own buffer (zero-copy for one segment), then the
+  // trailer, a second message with the same tag on the same endpoint: tag matching is in order
+  // per endpoint, so the receiver's payload receive (posted first) matches the payload. Posting
+  // the payload before computing its CRC overlaps the checksum with the transfer: the payload's
+  // bytes are stable until done runs (Endpoint::SendV).
+  struct Pending {
+    absl::Mutex mu;
+    int left ABSL_GUARDED_BY(mu) = 2;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    unsigned char trailer[kFrameTrailerSize] = {};
+    CompletionFn done;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->done = std::move(done);
+  auto finish = [pending](absl::Status s) {
+    {
+      absl::MutexLock lock(&pending->mu);
+      if (pending->status.ok()) pending->status = std::move(s);
+      if (--pending->left > 0) return;
+    }
+    CompletionFn d = std::move(pending->done);
+    d(pending->status);
+  };
+  Segment copy[kMaxSegments];
+  std::memcpy(copy, segments, sizeof(Segment) * count);
+  inner_->SendV(tag, copy, count, finish);
+  WriteFrameTrailer(shared_->options.secret, shared_->options.integrity, copy, count,
+                    pending->trailer, kFrameFlagSplit);
+  const Segment trailer{pending->trailer, kFrameTrailerSize};
+  inner_->SendV(tag, &trailer, 1, finish);
+}
+
 void FramedEndpoint::RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) {
   if (count < 1 || count >= kMaxSegments) {
     done(absl::InvalidArgumentError(absl::StrCat("a framed receive takes 1 to ", kMaxSegments - 1,
@@ -160,7 +214,123 @@ void FramedEndpoint::RecvV(Tag tag, const Segment* segments, int count, RecvComp
   r->payload = TotalSize(segments, count);
   r->segments[count] = {r->trailer, kFrameTrailerSize};
   r->done = std::move(done);
+  if (IsSplit(shared_->options, r->payload)) {
+    r->split = true;
+    // In this order (see SendSplit): the first message with the tag fills the payload, the
+    // second the trailer.
+    inner_->RecvV(tag, r->segments, count, [r](absl::Status s, size_t length) {
+      OnSplitPart(r, /*trailer=*/false, std::move(s), length);
+    });
+    inner_->RecvV(tag, &r->segments[count], 1, [r](absl::Status s, size_t length) {
+      OnSplitPart(r, /*trailer=*/true, std::move(s), length);
+    });
+    return;
+  }
   Post(r);
+}
+
+void FramedEndpoint::OnSplitPart(const std::shared_ptr<Receive>& r, bool trailer,
+                                 absl::Status status, size_t length) {
+  absl::Status payload_status, trailer_status;
+  size_t payload_length = 0, trailer_length = 0;
+  {
+    absl::MutexLock lock(&r->mu);
+    if (r->finished) return;  // the payload's receive failed before: already reported
+    if (trailer) {
+      r->trailer_done = true;
+      r->trailer_status = std::move(status);
+      r->trailer_length = length;
+    } else {
+      r->payload_done = true;
+      r->payload_status = std::move(status);
+      r->payload_length = length;
+    }
+    // The payload's receive writes the destination until it completes, so nothing is reported
+    // before it has. Once it has failed, the outcome is known: report at once, whether or not the
+    // trailer's receive ever completes (it writes only r->trailer, which r owns; it ends when the
+    // next message with the tag arrives, or when the endpoint is aborted or released).
+    if (!r->payload_done) return;
+    const bool payload_ok = r->payload_status.ok() && r->payload_length == r->payload;
+    if (payload_ok && !r->trailer_done) return;
+    r->finished = true;
+    payload_status = r->payload_status;
+    payload_length = r->payload_length;
+    trailer_status = r->trailer_status;
+    trailer_length = r->trailer_length;
+  }
+  // Both receives have completed, or the payload's has failed.
+  const size_t payload = r->payload;
+  if (absl::IsOutOfRange(payload_status)) {
+    Fail(r, absl::StrCat("its payload's receive got a message longer than the ", payload,
+                         "-byte payload"));
+    return;
+  }
+  if (!payload_status.ok()) {
+    RecvCompletionFn done = std::move(r->done);
+    done(std::move(payload_status), 0);
+    return;
+  }
+  if (payload_length != payload) {
+    Fail(r, absl::StrCat("its payload's receive got a ", payload_length,
+                         "-byte message, the payload has ", payload));
+    return;
+  }
+  if (absl::IsOutOfRange(trailer_status)) {
+    // Also what a member's payload looks like here when a foreign message took its place.
+    Fail(r, absl::StrCat("its trailer's receive got a message longer than the ", kFrameTrailerSize,
+                         "-byte trailer"));
+    return;
+  }
+  if (!trailer_status.ok()) {
+    RecvCompletionFn done = std::move(r->done);
+    done(std::move(trailer_status), 0);
+    return;
+  }
+  if (trailer_length != kFrameTrailerSize) {
+    Fail(r, absl::StrCat("its trailer's receive got a ", trailer_length, "-byte message, the ",
+                         "trailer has ", kFrameTrailerSize));
+    return;
+  }
+  if (std::string why = CheckTrailer(r); !why.empty()) {
+    Fail(r, why);
+    return;
+  }
+  Accept(r);
+}
+
+void FramedEndpoint::Fail(const std::shared_ptr<Receive>& r, const std::string& why) {
+  const Options& o = r->shared->options;
+  absl::Status status = absl::PermissionDeniedError(absl::StrCat(
+      "receive tagged 0x", absl::Hex(r->tag), " on link ", r->shared->link,
+      " got a message that is not from a member of the communicator (", why, "); giving up"));
+  if (o.on_rejected) o.on_rejected(status);
+  RecvCompletionFn done = std::move(r->done);
+  done(std::move(status), 0);
+}
+
+std::string FramedEndpoint::CheckTrailer(const std::shared_ptr<Receive>& r) {
+  const uint32_t magic = GetLe32(r->trailer + 12);
+  if ((magic & kFrameMagicMask) != kFrameMagic) {
+    return absl::StrCat("no frame trailer (magic 0x", absl::Hex(magic), ")");
+  }
+  if (GetLe64(r->trailer) != r->shared->options.secret) return "wrong data secret";
+  // A trailer sent apart from its payload never ends a one-message frame, nor the reverse, so
+  // that neither can stand in for the other.
+  if (((magic & kFrameFlagSplit) != 0) != r->split) {
+    return r->split ? "a one-message frame's trailer where a separate trailer belongs"
+                    : "a separate trailer where a one-message frame belongs";
+  }
+  return "";
+}
+
+void FramedEndpoint::Accept(const std::shared_ptr<Receive>& r) {
+  const Options& o = r->shared->options;
+  const bool has_crc = (GetLe32(r->trailer + 12) & kFrameFlagCrc32c) != 0;
+  if (has_crc && o.offload && r->payload >= o.offload_min_bytes) {
+    o.offload([r, has_crc] { Verify(r, has_crc); });
+    return;
+  }
+  Verify(r, has_crc);
 }
 
 void FramedEndpoint::Post(const std::shared_ptr<Receive>& r) {
@@ -203,22 +373,11 @@ void FramedEndpoint::OnReceived(const std::shared_ptr<Receive>& r, absl::Status 
     Reject(r, absl::StrCat(length, " bytes, the frame has ", want));
     return;
   }
-  const uint32_t magic = GetLe32(r->trailer + 12);
-  if ((magic & kFrameMagicMask) != kFrameMagic) {
-    Reject(r, absl::StrCat("no frame trailer (magic 0x", absl::Hex(magic), ")"));
+  if (std::string why = CheckTrailer(r); !why.empty()) {
+    Reject(r, why);
     return;
   }
-  if (GetLe64(r->trailer) != r->shared->options.secret) {
-    Reject(r, "wrong data secret");
-    return;
-  }
-  const Options& o = r->shared->options;
-  const bool has_crc = (magic & kFrameFlagCrc32c) != 0;
-  if (has_crc && o.offload && r->payload >= o.offload_min_bytes) {
-    o.offload([r, has_crc] { Verify(r, has_crc); });
-    return;
-  }
-  Verify(r, has_crc);
+  Accept(r);
 }
 
 void FramedEndpoint::Verify(const std::shared_ptr<Receive>& r, bool has_crc) {

@@ -3,23 +3,40 @@
 //   offset 0   u64  data secret   the communicator's (JoinCommResponse.data_secret)
 //   offset 8   u32  crc           CRC-32C of the payload (daemon/kernels/crc32c.h), 0 without
 //   offset 12  u32  magic | flags kFrameMagic (0x5259_01_00: "RY", version 1) | kFrameFlagCrc32c
+//                                 | kFrameFlagSplit
 //
-// all little-endian, sent as one transport message: a 2-segment iov below
-// Options::contiguous_send_min_bytes, one contiguous bounce buffer from there (UCX 1.13 cannot
-// zero-copy an iov rendezvous send); always received as a 2-segment iov, payload straight into
-// the destination. docs/data-plane.md says what it defends against, what it does not, and what it
-// costs.
+// all little-endian. Below Options::split_min_bytes (64 KiB) payload and trailer are one
+// transport message, sent as a 2-segment iov and received as one, payload straight into the
+// destination. From there they are two messages with the same tag on the same endpoint, the
+// payload (sent and received contiguous: zero-copy, as UCX 1.13's rendezvous is only for
+// contiguous sends) and then the trailer (flag split), received by two receives posted in that
+// order; UCX matches one endpoint's messages with a tag in the order they were sent. (Options::
+// contiguous_send_min_bytes, the older way for large payloads, copies them next to the trailer
+// into one bounce buffer; it applies only where splitting is off.) docs/data-plane.md says what
+// the frame defends against, what it does not, and what it costs.
 //
-// Receiving, FramedEndpoint accepts a message only when it is exactly payload + 16 bytes long,
-// has the magic and carries the secret. Anything else was not sent by a member of this
-// communicator (UCX matches tags worker-wide, so whoever reaches the worker can aim at a posted
-// receive): it is counted (on_rejected) and the receive is posted again with the same tag, so the
-// member's message still lands; the destination is written only by the receive and read only
-// after its completion, so a dropped message's bytes never reach anyone. After max_rejections
-// such messages for one receive, it fails with PERMISSION_DENIED naming the link. A message that
-// has the secret but whose CRC does not match (or that lacks a CRC where the communicator
-// requires one) fails the receive with DATA_LOSS "integrity check failed on link <node> <- <peer>
-// rail <rail>: ..." (on_integrity_error).
+// Receiving a one-message frame, FramedEndpoint accepts a message only when it is exactly
+// payload + 16 bytes long, has the magic, carries the secret and has no split flag. Anything
+// else was not sent by a member of this communicator (UCX matches tags worker-wide, so whoever
+// reaches the worker can aim at a posted receive): it is counted (on_rejected) and the receive is
+// posted again with the same tag, so the member's message still lands; the destination is
+// written only by the receive and read only after its completion, so a dropped message's bytes
+// never reach anyone. After max_rejections such messages for one receive, it fails with
+// PERMISSION_DENIED naming the link.
+//
+// Receiving a split frame, it accepts only when the first message with the tag is exactly the
+// payload's length and the second exactly 16 bytes with the magic, the secret and the split flag.
+// The member sends its payload (longer than 16 bytes) before its trailer, so a foreign message
+// matched by either receive pushes the member's payload into the trailer's receive or leaves its
+// payload's receive with a wrong length or its trailer's with a wrong trailer: the receive fails
+// with PERMISSION_DENIED naming the link (counted by on_rejected), without re-posting (the
+// member's payload may have been consumed by the trailer's receive). A foreign message after
+// the trailer stays unmatched. Failure is reported as soon as the payload's receive has failed,
+// else once both have completed, never while the destination may still be written.
+//
+// Either way, a message that has the secret but whose CRC does not match (or that lacks a CRC
+// where the communicator requires one) fails the receive with DATA_LOSS "integrity check failed on
+// link <node> <- <peer> rail <rail>: ..." (on_integrity_error).
 #pragma once
 
 #include <cstddef>
@@ -40,6 +57,8 @@ inline constexpr size_t kFrameTrailerSize = 16;
 inline constexpr uint32_t kFrameMagic = 0x52590100;  // low byte: flags
 inline constexpr uint32_t kFrameMagicMask = 0xFFFFFF00;
 inline constexpr uint32_t kFrameFlagCrc32c = 0x01;
+// The trailer was sent as a message of its own after its payload (Options::split_min_bytes).
+inline constexpr uint32_t kFrameFlagSplit = 0x02;
 
 class FramedEndpoint : public Endpoint {
  public:
@@ -68,8 +87,14 @@ class FramedEndpoint : public Endpoint {
     // to the trailer in a pooled bounce buffer) instead of a 2-entry iov: UCX 1.13's rendezvous
     // cannot zero-copy an iov send and packs it in small fragments, which measured 2x slower at
     // 1 MiB on tcp than a memcpy plus a contiguous send (docs/data-plane.md "Cost"). Receives are
-    // always an iov (measured as fast as contiguous). 0: always iov.
+    // always an iov (measured as fast as contiguous). 0: always iov. Payloads that are split
+    // (split_min_bytes) are never copied, so with the defaults this applies to none.
     size_t contiguous_send_min_bytes = 64 * 1024;
+    // Payloads of at least this many bytes (and more than kFrameTrailerSize) travel as two
+    // messages with the tag, in order on this endpoint: the payload, straight from and into the
+    // caller's buffer (zero-copy), then the trailer (flag kFrameFlagSplit). Part of the wire
+    // format: both ends of a link must use the same value. 0: never.
+    size_t split_min_bytes = 64 * 1024;
   };
 
   FramedEndpoint(std::shared_ptr<Endpoint> inner, Options options);
@@ -91,13 +116,24 @@ class FramedEndpoint : public Endpoint {
   static void OnReceived(const std::shared_ptr<Receive>& r, absl::Status status, size_t length);
   static void Reject(const std::shared_ptr<Receive>& r, const std::string& why);
   static void Verify(const std::shared_ptr<Receive>& r, bool has_crc);
+  static bool IsSplit(const Options& options, size_t payload);
+  void SendSplit(Tag tag, const Segment* segments, int count, CompletionFn done);
+  static void OnSplitPart(const std::shared_ptr<Receive>& r, bool trailer, absl::Status status,
+                          size_t length);
+  // A split receive's failure on a foreign message: PERMISSION_DENIED, no re-posting.
+  static void Fail(const std::shared_ptr<Receive>& r, const std::string& why);
+  // Why the trailer is not a member's for r, or "".
+  static std::string CheckTrailer(const std::shared_ptr<Receive>& r);
+  // The trailer is a member's: checks the CRC (offloaded if so configured) and completes.
+  static void Accept(const std::shared_ptr<Receive>& r);
 
   const std::shared_ptr<Endpoint> inner_;
   const std::shared_ptr<Shared> shared_;
 };
 
 // Writes the trailer of a message whose payload is segments[0, count) (tests, and the sender).
+// extra_flags: kFrameFlagSplit for a trailer sent apart from its payload.
 void WriteFrameTrailer(uint64_t secret, Integrity integrity, const Segment* segments, int count,
-                       unsigned char out[kFrameTrailerSize]);
+                       unsigned char out[kFrameTrailerSize], uint32_t extra_flags = 0);
 
 }  // namespace railyard::transport

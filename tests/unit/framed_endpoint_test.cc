@@ -113,8 +113,11 @@ void PostRecv(Endpoint& ep, Tag tag, void* data, size_t size, Result* r) {
 
 TEST(FramedEndpointTest, WireFormatIsPayloadThenSecretCrcMagic) {
   Link l;
-  FramedEndpoint sender(l.ab_raw, l.Options(Integrity::kCrc32c, "a", "b"));
-  // 1000 B go out as a 2-entry iov, 100000 B as one contiguous bounce buffer: the same bytes.
+  FramedEndpoint::Options copy = l.Options(Integrity::kCrc32c, "a", "b");
+  copy.split_min_bytes = 0;
+  FramedEndpoint sender(l.ab_raw, std::move(copy));
+  // 1000 B go out as a 2-entry iov, 100000 B (without splitting) as one contiguous bounce
+  // buffer: the same bytes.
   for (size_t size : {size_t{1000}, size_t{100000}}) {
     const std::vector<uint8_t> payload = Random(size, size);
     std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);
@@ -149,13 +152,47 @@ TEST(FramedEndpointTest, WireFormatIsPayloadThenSecretCrcMagic) {
   EXPECT_EQ(wire[payload.size() + 13], 0x01);
 }
 
+// From split_min_bytes: the payload as a message of its own, then the trailer (flag split).
+TEST(FramedEndpointTest, LargePayloadsTravelAsPayloadThenTrailer) {
+  Link l;
+  for (Integrity integrity : {Integrity::kNone, Integrity::kCrc32c}) {
+    FramedEndpoint sender(l.ab_raw, l.Options(integrity, "a", "b"));
+    const size_t size = 100000;
+    const Tag tag = 17 + static_cast<int>(integrity);
+    const std::vector<uint8_t> payload = Random(size, 2);
+    std::vector<uint8_t> got(size), trailer(kFrameTrailerSize + 8);
+    Result rp, rt;
+    PostRecv(*l.ba_raw, tag, got.data(), got.size(), &rp);
+    // The trailer's receive takes more than 16 bytes so that its length shows.
+    const Segment in{trailer.data(), trailer.size()};
+    l.ba_raw->RecvV(tag, &in, 1, [&](absl::Status s, size_t length) {
+      rt.status = std::move(s);
+      rt.length = length;
+      rt.done.Notify();
+    });
+    ASSERT_TRUE(SendAndWait(sender, tag, payload.data(), payload.size()));
+    ASSERT_TRUE(rp.done.WaitForNotificationWithTimeout(kWait));
+    ASSERT_TRUE(rt.done.WaitForNotificationWithTimeout(kWait));
+    ASSERT_TRUE(rp.status.ok()) << rp.status;
+    ASSERT_TRUE(rt.status.ok()) << rt.status;
+    EXPECT_EQ(got, payload);
+    EXPECT_EQ(rt.length, kFrameTrailerSize);
+    unsigned char want[kFrameTrailerSize];
+    const Segment seg{const_cast<uint8_t*>(payload.data()), payload.size()};
+    WriteFrameTrailer(kSecret, integrity, &seg, 1, want, kFrameFlagSplit);
+    EXPECT_EQ(0, std::memcmp(trailer.data(), want, kFrameTrailerSize));
+    EXPECT_EQ(trailer[12], integrity == Integrity::kCrc32c ? 0x03 : 0x02);
+  }
+}
+
 TEST(FramedEndpointTest, RoundTripsEverySizeWithAndWithoutCrc) {
   for (Integrity integrity : {Integrity::kNone, Integrity::kCrc32c}) {
     Link l;
     FramedEndpoint sender(l.ab_raw, l.Options(integrity, "a", "b"));
     FramedEndpoint receiver(l.ba_raw, l.Options(integrity, "b", "a"));
     Tag tag = 1;
-    for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{1} << 20}) {
+    for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{65535}, size_t{65536},
+                        size_t{65537}, size_t{1} << 20, (size_t{3} << 20) + 7}) {
       const std::vector<uint8_t> payload = Random(size, size);
       std::vector<uint8_t> got(size, 0);
       Result r;
@@ -342,6 +379,189 @@ TEST(FramedEndpointTest, LargeMessagesAreVerifiedOnTheOffloadThread) {
   EXPECT_EQ(l.integrity_errors.load(), 4);
   absl::MutexLock lock(&threads_mu);
   for (auto& t : threads) t.join();
+}
+
+// The split path (payload, then trailer) under one flipped bit per second message: every flip is
+// a DATA_LOSS, every clean message exact.
+TEST(FramedEndpointTest, SplitFramesCatchEveryFlippedBit) {
+  Link l;
+  auto flipper =
+      std::make_shared<BitFlipEndpoint>(l.ab_raw, /*every=*/2, /*seed=*/11, kFrameTrailerSize);
+  FramedEndpoint sender(flipper, l.Options(Integrity::kCrc32c, "a", "b"));
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kCrc32c, "b", "a"));
+  std::mt19937_64 rng(12);
+  constexpr int kMessages = 400;
+  int data_loss = 0, ok = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    const size_t size = 65536 + rng() % 300000;
+    const std::vector<uint8_t> payload = Random(size, 500 + i);
+    std::vector<uint8_t> got(size, 0);
+    Result r;
+    PostRecv(receiver, 1000 + i, got.data(), got.size(), &r);
+    ASSERT_TRUE(SendAndWait(sender, 1000 + i, payload.data(), payload.size()));
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+    if ((i + 1) % 2 == 0) {
+      ASSERT_TRUE(absl::IsDataLoss(r.status)) << "message " << i << ": " << r.status;
+      EXPECT_TRUE(absl::StartsWith(r.status.message(),
+                                   "integrity check failed on link b <- a rail rail0: CRC-32C"))
+          << r.status;
+      ++data_loss;
+    } else {
+      ASSERT_TRUE(r.status.ok()) << "message " << i << ": " << r.status;
+      ASSERT_EQ(got, payload) << "message " << i;
+      ++ok;
+    }
+  }
+  EXPECT_EQ(data_loss, kMessages / 2);
+  EXPECT_EQ(ok, kMessages / 2);
+  EXPECT_EQ(flipper->flipped(), static_cast<uint64_t>(kMessages / 2));
+  EXPECT_EQ(l.rejected.load(), 0);
+}
+
+// One foreign message with the tag among a split frame's two, in every order, of every kind: it
+// is never accepted. Either it stays unmatched (after the trailer) or the receive fails with
+// PERMISSION_DENIED naming the link and why, promptly (no receive waits for a message that will
+// not come). The member's two messages are sent on the raw endpoint, byte for byte as
+// FramedEndpoint sends them, so that the foreign one can go between them.
+TEST(FramedEndpointTest, AForeignMessageAmongASplitFramesTwoIsNeverAccepted) {
+  constexpr size_t kSize = 100000;
+  enum class Order { kBeforePayload, kBetween, kAfterTrailer };
+  struct Case {
+    const char* name;
+    Order order;
+    size_t foreign_size;  // 0: a trailer-like 16 bytes with the magic and a wrong secret
+    const char* want;     // in the status message; "" for OK
+  };
+  const Case cases[] = {
+      {"forged trailer first", Order::kBeforePayload, 0,
+       "its payload's receive got a 16-byte message"},
+      {"short first", Order::kBeforePayload, 10, "its payload's receive got a 10-byte message"},
+      {"payload-sized first", Order::kBeforePayload, kSize,
+       "its trailer's receive got a message longer than the 16-byte trailer"},
+      {"one short of payload first", Order::kBeforePayload, kSize - 1,
+       "its payload's receive got a 99999-byte message"},
+      {"longer than payload first", Order::kBeforePayload, kSize + 1,
+       "its payload's receive got a message longer than the 100000-byte payload"},
+      {"forged trailer between", Order::kBetween, 0, "wrong data secret"},
+      {"short between", Order::kBetween, 10, "its trailer's receive got a 10-byte message"},
+      {"16 zero bytes between", Order::kBetween, 16, "no frame trailer"},
+      {"payload-sized between", Order::kBetween, kSize,
+       "its trailer's receive got a message longer than the 16-byte trailer"},
+      {"forged trailer after", Order::kAfterTrailer, 0, ""},
+      {"payload-sized after", Order::kAfterTrailer, kSize, ""},
+  };
+  for (Integrity integrity : {Integrity::kNone, Integrity::kCrc32c}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(c.name, ", integrity ", IntegrityName(integrity)));
+      Link l;
+      FramedEndpoint receiver(l.ba_raw, l.Options(integrity, "b", "a"));
+      static constexpr Tag tag = 77;
+      std::vector<uint8_t> payload = Random(kSize, 1);
+      unsigned char trailer[kFrameTrailerSize];
+      const Segment seg{payload.data(), payload.size()};
+      WriteFrameTrailer(kSecret, integrity, &seg, 1, trailer, kFrameFlagSplit);
+      std::vector<uint8_t> foreign;
+      if (c.foreign_size == 0) {
+        foreign.resize(kFrameTrailerSize);
+        WriteFrameTrailer(kSecret ^ 0x40, integrity, &seg, 1, foreign.data(), kFrameFlagSplit);
+      } else if (c.foreign_size == 16) {
+        foreign.assign(16, 0);
+      } else {
+        foreign = Random(c.foreign_size, 99);
+      }
+      std::vector<uint8_t> got(kSize, 0);
+      Result r;
+      PostRecv(receiver, tag, got.data(), got.size(), &r);
+      // An in-process send completes once matched and copied, so waiting for one fixes the
+      // order. A message that may find no receive left (the trailer when its slot took the
+      // payload, a foreign message after the trailer) is sent without waiting; it stays
+      // unmatched until the fabric goes down with l.
+      auto send_unwaited = [&l](const void* data, size_t size) {
+        auto done = std::make_shared<Result>();
+        l.spoofer->Send(tag, data, size, [done](absl::Status s) { done->status = std::move(s); });
+      };
+      if (c.order == Order::kBeforePayload) {
+        ASSERT_TRUE(SendAndWait(*l.spoofer, tag, foreign.data(), foreign.size()));
+      }
+      ASSERT_TRUE(SendAndWait(*l.ab_raw, tag, payload.data(), payload.size()));
+      if (c.order == Order::kBetween) {
+        ASSERT_TRUE(SendAndWait(*l.spoofer, tag, foreign.data(), foreign.size()));
+      }
+      if (c.order == Order::kAfterTrailer) {
+        ASSERT_TRUE(SendAndWait(*l.ab_raw, tag, trailer, kFrameTrailerSize));
+        send_unwaited(foreign.data(), foreign.size());
+      } else {
+        auto done = std::make_shared<Result>();
+        l.ab_raw->Send(tag, trailer, kFrameTrailerSize,
+                       [done](absl::Status s) { done->status = std::move(s); });
+      }
+      ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait)) << "the receive never completed";
+      if (*c.want == '\0') {
+        EXPECT_TRUE(r.status.ok()) << r.status;
+        EXPECT_EQ(got, payload);
+        EXPECT_EQ(l.rejected.load(), 0);
+      } else {
+        EXPECT_TRUE(absl::IsPermissionDenied(r.status)) << r.status;
+        EXPECT_TRUE(absl::StrContains(r.status.message(), "on link b <- a rail rail0")) << r.status;
+        EXPECT_TRUE(absl::StrContains(r.status.message(), c.want)) << r.status;
+        EXPECT_EQ(l.rejected.load(), 1);
+      }
+      EXPECT_EQ(l.integrity_errors.load(), 0);
+      // The fabric goes down with l, failing whatever is still pending (a leftover trailer).
+    }
+  }
+}
+
+// A frame sent whole (a sender with splitting off) to a receiver that splits fails promptly
+// instead of waiting forever: its payload's receive is too short for it.
+TEST(FramedEndpointTest, AOneMessageFrameWhereASplitOneBelongsFailsPromptly) {
+  Link l;
+  FramedEndpoint::Options whole = l.Options(Integrity::kNone, "a", "b");
+  whole.split_min_bytes = 0;
+  FramedEndpoint sender(l.ab_raw, std::move(whole));
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));
+  const std::vector<uint8_t> payload = Random(200000, 5);
+  std::vector<uint8_t> got(payload.size());
+  Result r;
+  PostRecv(receiver, 5, got.data(), got.size(), &r);
+  ASSERT_TRUE(SendAndWait(sender, 5, payload.data(), payload.size()));
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status)) << r.status;
+  EXPECT_TRUE(absl::StrContains(r.status.message(), "longer than the 200000-byte payload"))
+      << r.status;
+}
+
+// A one-message frame's trailer never ends a split frame and a split frame's never ends a
+// one-message frame, even with the secret (flag split).
+TEST(FramedEndpointTest, SplitAndWholeTrailersAreNotInterchangeable) {
+  Link l;
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));
+  // A 0-byte receive: a split frame's 16-byte trailer alone has its exact length.
+  Result r;
+  PostRecv(receiver, 6, nullptr, 0, &r);
+  unsigned char t[kFrameTrailerSize];
+  WriteFrameTrailer(kSecret, Integrity::kNone, nullptr, 0, t, kFrameFlagSplit);
+  ASSERT_TRUE(SendAndWait(*l.ab_raw, 6, t, sizeof(t)));
+  EXPECT_TRUE(l.WaitRejected(1));
+  EXPECT_TRUE(absl::StrContains(l.LastRejection(), "a separate trailer")) << l.LastRejection();
+  EXPECT_FALSE(r.done.HasBeenNotified());
+  WriteFrameTrailer(kSecret, Integrity::kNone, nullptr, 0, t);
+  ASSERT_TRUE(SendAndWait(*l.ab_raw, 6, t, sizeof(t)));
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(r.status.ok()) << r.status;
+
+  // And the reverse: a split receive whose trailer lacks the flag.
+  const std::vector<uint8_t> payload = Random(70000, 8);
+  std::vector<uint8_t> got(payload.size());
+  Result r2;
+  PostRecv(receiver, 7, got.data(), got.size(), &r2);
+  ASSERT_TRUE(SendAndWait(*l.ab_raw, 7, payload.data(), payload.size()));
+  const Segment seg{const_cast<uint8_t*>(payload.data()), payload.size()};
+  WriteFrameTrailer(kSecret, Integrity::kNone, &seg, 1, t);
+  ASSERT_TRUE(SendAndWait(*l.ab_raw, 7, t, sizeof(t)));
+  ASSERT_TRUE(r2.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(absl::IsPermissionDenied(r2.status)) << r2.status;
+  EXPECT_TRUE(absl::StrContains(r2.status.message(), "a one-message frame's trailer")) << r2.status;
 }
 
 TEST(FramedEndpointTest, IntegrityNames) {

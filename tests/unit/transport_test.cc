@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -290,6 +291,65 @@ TYPED_TEST(TransportTest, VectoredReceiveReportsShortAndLongMessages) {
       EXPECT_EQ(in[100], 0);
     } else {
       EXPECT_TRUE(absl::IsOutOfRange(status)) << status;
+    }
+  }
+}
+
+// Two messages with one tag on one endpoint match the receives in the order they were sent, also a
+// rendezvous message followed by an eager one (and the reverse), whether the receives were posted
+// before (expected) or after (unexpected) the messages arrived. FramedEndpoint's split frames (a
+// payload, then its trailer) depend on it.
+TYPED_TEST(TransportTest, SameTagMessagesMatchInSendOrder) {
+  Pair p = this->Connect(1);
+  ASSERT_TRUE(p.a && p.b);
+  const std::pair<size_t, size_t> pairs[] = {
+      {size_t{1} << 20, 16}, {size_t{64} << 10, 16}, {size_t{16} << 20, 16}, {16, size_t{1} << 20}};
+  Tag tag = 9000;
+  for (const auto& [first, second] : pairs) {
+    for (bool recv_first : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(first, " then ", second, recv_first ? ", recv first" : ""));
+      std::vector<uint8_t> a(first), b(second);
+      Fill(a, first + 1);
+      Fill(b, second + 2);
+      // Each receive has room for either message, so that a mismatch shows as a length.
+      const size_t room = std::max(first, second) + 64;
+      std::vector<uint8_t> in0(room, 0), in1(room, 0);
+      struct Got {
+        absl::Notification done;
+        absl::Status status;
+        size_t length = 0;
+      } g0, g1;
+      auto post = [&] {
+        const Segment s0{in0.data(), room}, s1{in1.data(), room};
+        p.ba[0]->RecvV(tag, &s0, 1, [&g0](absl::Status s, size_t l) {
+          g0.status = std::move(s);
+          g0.length = l;
+          g0.done.Notify();
+        });
+        p.ba[0]->RecvV(tag, &s1, 1, [&g1](absl::Status s, size_t l) {
+          g1.status = std::move(s);
+          g1.length = l;
+          g1.done.Notify();
+        });
+      };
+      Completions c;
+      if (recv_first) post();
+      p.ab[0]->Send(tag, a.data(), a.size(), c.Add());
+      p.ab[0]->Send(tag, b.data(), b.size(), c.Add());
+      if (!recv_first) {
+        absl::SleepFor(absl::Milliseconds(50));  // let both arrive unexpected
+        post();
+      }
+      ASSERT_TRUE(c.Wait());
+      ASSERT_TRUE(g0.done.WaitForNotificationWithTimeout(kWait));
+      ASSERT_TRUE(g1.done.WaitForNotificationWithTimeout(kWait));
+      ASSERT_TRUE(g0.status.ok()) << g0.status;
+      ASSERT_TRUE(g1.status.ok()) << g1.status;
+      EXPECT_EQ(g0.length, first);
+      EXPECT_EQ(g1.length, second);
+      EXPECT_TRUE(std::equal(a.begin(), a.end(), in0.begin()));
+      EXPECT_TRUE(std::equal(b.begin(), b.end(), in1.begin()));
+      ++tag;
     }
   }
 }
