@@ -32,6 +32,10 @@ bin() {  # build_dir name
 run() {  # label build_dir integrity trial [daemon flags...]
   local label=$1 dir=$2 integrity=$3 t=$4 socks=() flags=("${@:5}")
   [ -n "$integrity" ] && flags+=(--integrity="$integrity")
+  # Plaintext peer plane (what is measured is the data plane): builds with mutual TLS must be told.
+  local help
+  help=$("$(bin "$dir" railyardd)" --helpfull 2>&1 || true)
+  if [[ $help == *--peer_insecure* ]]; then flags+=(--peer_insecure); fi
   pids=()
   for n in 0 1; do
     echo "{\"node\": \"vnode$n\", \"rails\": [{\"name\": \"rail0\", \"device\": \"lo\"}]}" >"$out/n$n.json"
