@@ -80,6 +80,57 @@ class VirtualCluster {
   std::vector<std::unique_ptr<DaemonProcess>> daemons_;
 };
 
+// One rank on each daemon of the cluster, joined in one communicator of cluster.size() ranks;
+// with buffer_bytes, a buffer of that size per rank. A step that fails is reported (EXPECT) and
+// what was made so far is returned: check ok.
+struct RankPerNode {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Buffer> bufs;
+  std::vector<Comm> comms;
+  std::string comm_id;
+  bool ok = false;
+};
+RankPerNode JoinRankPerNode(VirtualCluster& cluster, size_t buffer_bytes = 0,
+                            const std::string& job = "itest", const std::string& integrity = "") {
+  RankPerNode out;
+  const int n = cluster.size();
+  for (int i = 0; i < n; ++i) {
+    ClientOptions o = cluster[i].Options(job);
+    o.integrity = integrity;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return out;
+    if (buffer_bytes > 0) {
+      auto b = (*c)->Allocate(buffer_bytes);
+      EXPECT_TRUE(b.ok()) << b.status();
+      if (!b.ok()) return out;
+      out.bufs.push_back(*std::move(b));
+    }
+    out.clients.push_back(*std::move(c));
+  }
+  auto id = out.clients[0]->CreateCommId();
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return out;
+  out.comm_id = *id;
+  out.comms.resize(n);
+  std::vector<absl::Status> joined(n);
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < n; ++r) {
+    joiners.emplace_back([&, r] {
+      auto m = out.clients[r]->InitComm(out.comm_id, r, n);
+      joined[r] = m.status();
+      if (m.ok()) out.comms[r] = *std::move(m);
+    });
+  }
+  for (auto& t : joiners) t.join();
+  out.ok = true;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(joined[r].ok()) << "rank " << r << ": " << joined[r];
+    out.ok = out.ok && joined[r].ok();
+  }
+  return out;
+}
+
 // ranks_per_node ranks on each daemon run the collective matrix (rank_cases.h) together.
 void RunMatrix(VirtualCluster& cluster, int ranks_per_node, const std::string& algo) {
   auto c = Client::Connect(cluster[0].Options());
@@ -272,28 +323,10 @@ namespace {
 TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
   VirtualCluster cluster(2);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
-  std::vector<std::unique_ptr<Client>> clients;
-  std::vector<Buffer> bufs;
-  for (int n = 0; n < 2; ++n) {
-    auto c = Client::Connect(cluster[n].Options());
-    ASSERT_TRUE(c.ok()) << c.status();
-    auto b = (*c)->Allocate(1 << 20);
-    ASSERT_TRUE(b.ok());
-    bufs.push_back(*std::move(b));
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok());
-  std::vector<Comm> comms(2);
-  std::vector<std::thread> joiners;
-  for (int r = 0; r < 2; ++r) {
-    joiners.emplace_back([&, r] {
-      auto m = clients[r]->InitComm(*id, r, 2);
-      ASSERT_TRUE(m.ok()) << m.status();
-      comms[r] = *std::move(m);
-    });
-  }
-  for (auto& t : joiners) t.join();
+  RankPerNode ranks = JoinRankPerNode(cluster, 1 << 20);
+  ASSERT_TRUE(ranks.ok);
+  std::vector<Buffer>& bufs = ranks.bufs;
+  std::vector<Comm>& comms = ranks.comms;
   CollectiveOptions o;
   o.timeout = std::chrono::milliseconds(1500);
   const auto start = std::chrono::steady_clock::now();
@@ -317,24 +350,9 @@ TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
 TEST(MultiNodePeerPlaneTest, OnlyMembersHeartbeatAndAbort) {
   VirtualCluster cluster(2, {"--peer_timeout=2s"}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int n = 0; n < 2; ++n) {
-    auto c = Client::Connect(cluster[n].Options());
-    ASSERT_TRUE(c.ok()) << c.status();
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok());
-  std::vector<Comm> comms(2);
-  std::vector<std::thread> joiners;
-  for (int r = 0; r < 2; ++r) {
-    joiners.emplace_back([&, r] {
-      auto m = clients[r]->InitComm(*id, r, 2);
-      ASSERT_TRUE(m.ok()) << m.status();
-      comms[r] = *std::move(m);
-    });
-  }
-  for (auto& t : joiners) t.join();
+  RankPerNode ranks = JoinRankPerNode(cluster);
+  ASSERT_TRUE(ranks.ok);
+  std::vector<Comm>& comms = ranks.comms;
   // Both ranks' barrier: OK while the communicator lives.
   auto barrier = [&comms] {
     Work w0 = comms[0].Barrier();
@@ -371,7 +389,7 @@ TEST(MultiNodePeerPlaneTest, OnlyMembersHeartbeatAndAbort) {
 
   v1::AbortCommRequest abort;
   abort.set_job_id("itest");
-  abort.set_comm_id(*id);
+  abort.set_comm_id(ranks.comm_id);
   abort.set_code(static_cast<int>(absl::StatusCode::kInternal));
   abort.set_message("forged");
   v1::AbortCommResponse abort_resp;
@@ -544,32 +562,11 @@ struct AllReduceRun {
 AllReduceRun RunAllReduce(VirtualCluster& cluster, const std::string& client_integrity,
                           size_t count, int iters) {
   AllReduceRun run;
-  std::vector<std::unique_ptr<Client>> clients;
-  std::vector<Buffer> bufs;
-  for (int n = 0; n < 2; ++n) {
-    ClientOptions o = cluster[n].Options("integrity");
-    o.integrity = client_integrity;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) return run;
-    auto b = (*c)->Allocate(count * sizeof(float));
-    EXPECT_TRUE(b.ok()) << b.status();
-    if (!b.ok()) return run;
-    bufs.push_back(*std::move(b));
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  EXPECT_TRUE(id.ok()) << id.status();
-  std::vector<Comm> comms(2);
-  std::vector<std::thread> joiners;
-  for (int r = 0; r < 2; ++r) {
-    joiners.emplace_back([&, r] {
-      auto m = clients[r]->InitComm(*id, r, 2);
-      EXPECT_TRUE(m.ok()) << m.status();
-      if (m.ok()) comms[r] = *std::move(m);
-    });
-  }
-  for (auto& t : joiners) t.join();
+  RankPerNode ranks =
+      JoinRankPerNode(cluster, count * sizeof(float), "integrity", client_integrity);
+  if (!ranks.ok) return run;
+  std::vector<Buffer>& bufs = ranks.bufs;
+  std::vector<Comm>& comms = ranks.comms;
   CollectiveOptions o;
   o.timeout = std::chrono::milliseconds(20000);
   for (int it = 0; it < iters; ++it) {

@@ -224,39 +224,27 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
 }
 
 void UcxRail::SendV(uint64_t peer, Tag tag, const Segment* segments, int count, CompletionFn done) {
-  RecvCompletionFn fn = [done = std::move(done)](absl::Status s, size_t) { done(std::move(s)); };
-  auto* op = new Op(this, peer, /*is_send=*/true, tag);
-  op->done = std::move(fn);
-  if (count < 1 || count > kMaxSegments) {
-    RecvCompletionFn d = std::move(op->done);
-    delete op;
-    d(absl::InvalidArgumentError(
-          absl::StrCat("a send takes 1 to ", kMaxSegments, " segments, not ", count)),
-      0);
-    return;
-  }
-  for (int i = 0; i < count; ++i) {
-    if (segments[i].size == 0) continue;  // UCX needs no empty iov entries
-    op->iov[op->count++] = {segments[i].data, segments[i].size};
-    op->size += segments[i].size;
-  }
-  Submit(op);
+  SubmitV(new Op(this, peer, /*is_send=*/true, tag), segments, count,
+          [done = std::move(done)](absl::Status s, size_t) { done(std::move(s)); });
 }
 
 void UcxRail::RecvV(uint64_t peer, Tag tag, const Segment* segments, int count,
                     RecvCompletionFn done) {
-  auto* op = new Op(this, peer, /*is_send=*/false, tag);
-  op->done = std::move(done);
+  SubmitV(new Op(this, peer, /*is_send=*/false, tag), segments, count, std::move(done));
+}
+
+void UcxRail::SubmitV(Op* op, const Segment* segments, int count, RecvCompletionFn done) {
   if (count < 1 || count > kMaxSegments) {
-    RecvCompletionFn d = std::move(op->done);
+    const char* what = op->is_send ? "send" : "receive";
     delete op;
-    d(absl::InvalidArgumentError(
-          absl::StrCat("a receive takes 1 to ", kMaxSegments, " segments, not ", count)),
-      0);
+    done(absl::InvalidArgumentError(
+             absl::StrCat("a ", what, " takes 1 to ", kMaxSegments, " segments, not ", count)),
+         0);
     return;
   }
+  op->done = std::move(done);
   for (int i = 0; i < count; ++i) {
-    if (segments[i].size == 0) continue;
+    if (segments[i].size == 0) continue;  // UCX needs no empty iov entries
     op->iov[op->count++] = {segments[i].data, segments[i].size};
     op->size += segments[i].size;
   }

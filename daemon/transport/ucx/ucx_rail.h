@@ -71,6 +71,9 @@ class UcxRail {
 
   // Runs fn on the progress thread. False (fn dropped) once stopping.
   bool Post(std::function<void()> fn);
+  // Checks and copies the segments into op and submits it; done gets INVALID_ARGUMENT (and op is
+  // deleted) for a count out of [1, kMaxSegments].
+  void SubmitV(Op* op, const Segment* segments, int count, RecvCompletionFn done);
   void Submit(Op* op);  // posts Start(op), or fails op at once when stopping
   void Wake();
   void Run();
