@@ -2,7 +2,7 @@
 // anything is stored, sized or dialled from it: the JoinComm requests a coordinator receives, the
 // layouts members receive back, and the node names Heartbeat and AbortComm speak for. Every
 // refusal names the field ("JoinCommRequest.node.rail_addresses[3] is 70000 bytes, more than
-// 4096"). Shared by the coordinator (DaemonCore::CoordinateJoin) and the members
+// 16384"). Shared by the coordinator (DaemonCore::CoordinateJoin) and the members
 // (DaemonCore::OnLayout), and fuzzed by tests/fuzz/peer_join_fuzz.
 #pragma once
 
@@ -21,10 +21,11 @@ namespace railyard {
 // A daemon's name (NodeInfo.node_name, HeartbeatRequest.from_node, AbortCommRequest.from_node):
 // 1..255 printable ASCII bytes, no space (it is written into local:<node> comm ids).
 inline constexpr size_t kMaxNodeNameBytes = 255;
-// Rails one node may announce, and the bytes of one rail's UCX worker address (hex text; UCX's
-// are a few hundred bytes).
+// Rails one node may announce, and the bytes of one rail's UCX worker address (hex text, twice
+// the raw address: tcp's are a few hundred bytes; a worker with rc, dc and ud lanes on one NIC a
+// few KiB, hence the room).
 inline constexpr int kMaxRailAddresses = 64;
-inline constexpr size_t kMaxRailAddressBytes = 4096;
+inline constexpr size_t kMaxRailAddressBytes = 16384;
 // Each descriptive text field of a coordinator's CostModel (source, op, fitted_at, ...).
 inline constexpr size_t kMaxCostModelTextBytes = 256;
 

@@ -194,7 +194,7 @@ TEST(CheckJoinRequestTest, EveryBadFieldIsInvalidArgumentNamingIt) {
          r.mutable_node()->add_rail_addresses("a");
          r.mutable_node()->add_rail_addresses(std::string(70000, 'f'));
        },
-       "JoinCommRequest.node.rail_addresses[3] is 70000 bytes, more than 4096"},
+       "JoinCommRequest.node.rail_addresses[3] is 70000 bytes, more than 16384"},
       {"wide tag slot", [](auto& r) { r.mutable_node()->set_tag_slot(1u << 16); },
        "JoinCommRequest.node.tag_slot 65536 does not fit 16 bits"},
       {"unknown integrity", [](auto& r) { r.set_integrity("sha256"); },
@@ -447,8 +447,8 @@ TEST(CheckLayoutTest, EveryInconsistencyIsInvalidArgumentNamingTheFieldAndTheCoo
        },
        "JoinCommResponse.nodes[0].rail_addresses has 65 entries, more than 64"},
       {"huge rail",
-       [](auto& l) { l.mutable_nodes(1)->set_rail_addresses(1, std::string(5000, 'e')); },
-       "JoinCommResponse.nodes[1].rail_addresses[1] is 5000 bytes, more than 4096"},
+       [](auto& l) { l.mutable_nodes(1)->set_rail_addresses(1, std::string(20000, 'e')); },
+       "JoinCommResponse.nodes[1].rail_addresses[1] is 20000 bytes, more than 16384"},
       {"no rails", [](auto& l) { l.set_rails(0); }, "JoinCommResponse.rails 0 is not in [1, 64]"},
       {"too many rails", [](auto& l) { l.set_rails(65); }, "JoinCommResponse.rails 65"},
       {"unknown integrity", [](auto& l) { l.set_integrity("rot13"); },
