@@ -202,7 +202,7 @@ absl::StatusOr<PeerTlsPem> LoadPeerTls(const std::string& cert_file, const std::
                      X509_verify_cert_error_string(err)));
   }
   for (const auto& dns : names.dns) {
-    if (DnsNameMatches(dns, node_name)) return pem;
+    if (CertNamesNode(dns, node_name)) return pem;
   }
   return absl::FailedPreconditionError(
       absl::StrCat(what,

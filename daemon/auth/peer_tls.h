@@ -36,7 +36,7 @@ struct PeerTlsPem {
 
 // Reads the three files and checks that they can serve this daemon as node `node_name`: each
 // is readable PEM of its kind, the key is the certificate's, the certificate chains to the CA and
-// is valid at `now`, and one of its DNS subjectAltNames names node_name (DnsNameMatches).
+// is valid at `now`, and one of its DNS subjectAltNames names node_name (CertNamesNode).
 // INVALID_ARGUMENT naming the flag and file for unreadable or malformed input;
 // FAILED_PRECONDITION naming the certificate, the node and the SANs when it does not fit.
 absl::StatusOr<PeerTlsPem> LoadPeerTls(const std::string& cert_file, const std::string& key_file,

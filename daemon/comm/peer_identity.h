@@ -32,12 +32,12 @@ struct PeerIdentity {
   bool verified() const { return authenticated || self; }
 
   // OK when this peer may speak as the daemon named node_name: its certificate names it
-  // (auth::DnsNameMatches: exactly, or by a "*.example.com" wildcard). An
+  // (auth::CertNamesNode: exactly, case included, or by a "*.example.com" wildcard). An
   // unauthenticated peer (--peer_insecure) may claim anything; this daemon may claim anything.
   absl::Status MayClaimNode(absl::string_view node_name) const {
     if (!authenticated) return absl::OkStatus();
     for (const std::string& dns : dns_names) {
-      if (auth::DnsNameMatches(dns, node_name)) return absl::OkStatus();  // wildcards too
+      if (auth::CertNamesNode(dns, node_name)) return absl::OkStatus();  // wildcards too
     }
     return absl::PermissionDeniedError(
         absl::StrCat("peer ", peer, " claims node '", node_name.substr(0, 64),

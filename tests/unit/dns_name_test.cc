@@ -1,5 +1,5 @@
-// auth::DnsNameMatches: the one rule for "this certificate DNS name covers this node name", used
-// by the daemon's start-up check of its own certificate and by PeerIdentity::MayClaimNode.
+// auth::DnsNameMatches (hostnames) and auth::CertNamesNode (node names: the daemon's start-up
+// check of its own certificate and PeerIdentity::MayClaimNode).
 #include "daemon/auth/dns_name.h"
 
 #include "daemon/comm/peer_identity.h"
@@ -31,6 +31,18 @@ TEST(DnsNameMatchesTest, WildcardIsOneWholeLeftMostLabel) {
   EXPECT_FALSE(DnsNameMatches("*.*.example.com", "a.b.example.com"));
   EXPECT_FALSE(DnsNameMatches("a.*.example.com", "a.b.example.com"));
   EXPECT_FALSE(DnsNameMatches("*.example.com", "*.example.com"));  // a claim is no pattern
+}
+
+TEST(DnsNameMatchesTest, NodeNamesAreExactStringsCaseAndDotIncluded) {
+  // Found by peer_join_fuzz: a certificate for "a" let its holder join as "A". Node names are
+  // compared as exact strings in layouts, membership checks and metrics.
+  EXPECT_TRUE(CertNamesNode("node-a", "node-a"));
+  EXPECT_TRUE(CertNamesNode("*.rack1.example.com", "gpu7.rack1.example.com"));
+  EXPECT_FALSE(CertNamesNode("a", "A"));
+  EXPECT_FALSE(CertNamesNode("node-a", "NODE-A"));
+  EXPECT_FALSE(CertNamesNode("node-a", "node-a."));
+  EXPECT_FALSE(CertNamesNode("*.rack1.example.com", "gpu7.RACK1.example.com"));
+  EXPECT_TRUE(DnsNameMatches("node-a", "NODE-A"));  // as a hostname it is the same host
 }
 
 TEST(PeerIdentityTest, MayClaimNodeUsesTheSameRule) {
