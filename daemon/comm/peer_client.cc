@@ -40,6 +40,7 @@ void PeerClients::SetTls(const std::string& ca_pem, const std::string& cert_chai
   credentials_ = grpc::SslCredentials(opts);
   tls_ = true;
   channels_.clear();
+  insertion_order_.clear();
 }
 
 void PeerClients::SetInsecure() {
@@ -47,27 +48,36 @@ void PeerClients::SetInsecure() {
   credentials_ = grpc::InsecureChannelCredentials();
   tls_ = false;
   channels_.clear();
+  insertion_order_.clear();
 }
 
-PeerClients::Channel* PeerClients::Get(const std::string& address,
-                                       const std::string& expected_node) {
+std::shared_ptr<PeerClients::Channel> PeerClients::Get(const std::string& address,
+                                                       const std::string& expected_node) {
   absl::MutexLock lock(&mu_);
   if (credentials_ == nullptr) return nullptr;
   // Without TLS there is nothing to check a name against: one channel per address.
-  const std::string name = tls_ ? expected_node : std::string();
-  Channel& ch = channels_[{address, name}];
-  if (ch.stub == nullptr) {
+  Key key(address, tls_ ? expected_node : std::string());
+  std::shared_ptr<Channel>& ch = channels_[key];
+  if (ch == nullptr) {
+    ch = std::make_shared<Channel>();
     grpc::ChannelArguments args;
-    if (!name.empty()) args.SetSslTargetNameOverride(name);
-    ch.channel = grpc::CreateCustomChannel(address, credentials_, args);
-    ch.stub = v1::Peer::NewStub(ch.channel);
+    if (!key.second.empty()) args.SetSslTargetNameOverride(key.second);
+    ch->channel = grpc::CreateCustomChannel(address, credentials_, args);
+    ch->stub = v1::Peer::NewStub(ch->channel);
+    std::shared_ptr<Channel> made = ch;  // the map may drop its reference below
+    insertion_order_.push_back(std::move(key));
+    while (channels_.size() > kMaxChannels) {
+      channels_.erase(insertion_order_.front());
+      insertion_order_.pop_front();
+    }
+    return made;
   }
-  return &ch;
+  return ch;
 }
 
 void PeerClients::JoinComm(const std::string& address, const v1::JoinCommRequest& req,
                            absl::Duration timeout, JoinDone done) {
-  Channel* ch = Get(address, "");
+  std::shared_ptr<Channel> ch = Get(address, "");
   if (ch == nullptr) {
     done(NoCredentials(address));
     return;
@@ -79,7 +89,7 @@ void PeerClients::JoinComm(const std::string& address, const v1::JoinCommRequest
   std::shared_ptr<grpc::Channel> channel = ch->channel;
   ch->stub->async()->JoinComm(
       &call->ctx, &call->req, &call->resp,
-      [call, address, channel, done = std::move(done)](const grpc::Status& s) {
+      [call, address, ch, channel, done = std::move(done)](const grpc::Status& s) {
         if (s.ok()) {
           done(call->resp);
           return;
@@ -102,18 +112,19 @@ void PeerClients::JoinComm(const std::string& address, const v1::JoinCommRequest
 
 void PeerClients::AbortComm(const std::string& address, const std::string& expected_node,
                             const v1::AbortCommRequest& req) {
-  Channel* ch = Get(address, expected_node);
+  std::shared_ptr<Channel> ch = Get(address, expected_node);
   if (ch == nullptr) return;
   auto call = std::make_shared<Call<v1::AbortCommRequest, v1::AbortCommResponse>>();
   call->req = req;
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  ch->stub->async()->AbortComm(&call->ctx, &call->req, &call->resp, [call](const grpc::Status&) {});
+  ch->stub->async()->AbortComm(&call->ctx, &call->req, &call->resp,
+                               [call, ch](const grpc::Status&) {});
 }
 
 void PeerClients::Heartbeat(const std::string& address, const std::string& expected_node,
                             const std::string& from_node, absl::Duration timeout,
                             std::function<void(const absl::Status&)> done) {
-  Channel* ch = Get(address, expected_node);
+  std::shared_ptr<Channel> ch = Get(address, expected_node);
   if (ch == nullptr) {
     done(NoCredentials(address));
     return;
@@ -122,7 +133,7 @@ void PeerClients::Heartbeat(const std::string& address, const std::string& expec
   call->req.set_from_node(from_node);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   ch->stub->async()->Heartbeat(&call->ctx, &call->req, &call->resp,
-                               [call, address, done = std::move(done)](const grpc::Status& s) {
+                               [call, ch, address, done = std::move(done)](const grpc::Status& s) {
                                  done(FromGrpc(s, address));
                                });
 }

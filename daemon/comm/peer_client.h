@@ -7,8 +7,12 @@
 // a coordinator named in a comm id, "10.0.0.2:7470" or "node-a:7470", needs that IP or DNS
 // subjectAltName), or, when the caller passes expected_node, that node name (the daemons of a
 // layout, whose names the coordinator vouched for).
+//
+// The cache holds at most kMaxChannels channels (a local client can name any host:port as a
+// coordinator in a comm id): past that the oldest is dropped; calls in flight keep theirs.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -26,6 +30,7 @@ namespace railyard {
 
 class PeerClients {
  public:
+  static constexpr size_t kMaxChannels = 1024;
   using JoinDone = std::function<void(const absl::StatusOr<v1::JoinCommResponse>&)>;
 
   // Mutual TLS with PEM text: the CA peers' certificates must chain to, this daemon's
@@ -50,19 +55,26 @@ class PeerClients {
                  const std::string& from_node, absl::Duration timeout,
                  std::function<void(const absl::Status&)> done);
 
+  // Channels cached now (tests).
+  size_t cached_channels() {
+    absl::MutexLock lock(&mu_);
+    return channels_.size();
+  }
+
  private:
   struct Channel {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Peer::Stub> stub;
   };
+  using Key = std::pair<std::string, std::string>;  // (address, expected node name)
   // Null until SetTls or SetInsecure. expected_node empty: gRPC's check of the dialled host.
-  Channel* Get(const std::string& address, const std::string& expected_node);
+  std::shared_ptr<Channel> Get(const std::string& address, const std::string& expected_node);
 
   absl::Mutex mu_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_ ABSL_GUARDED_BY(mu_);
   bool tls_ ABSL_GUARDED_BY(mu_) = false;
-  // By (address, expected node name).
-  std::map<std::pair<std::string, std::string>, Channel> channels_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  std::deque<Key> insertion_order_ ABSL_GUARDED_BY(mu_);  // oldest first
 };
 
 }  // namespace railyard
