@@ -35,8 +35,8 @@ TEST(PeerClientsTest, TheChannelCacheIsBoundedAndEveryCallStillFinishes) {
   for (int i = 0; i < calls; ++i) {
     // Distinct targets nobody serves (port 1 on loopback addresses): each call fails fast or at
     // its deadline, after its channel may already have been dropped from the cache.
-    const std::string address = "127.0." + std::to_string(i / 250) + "." +
-                                std::to_string(i % 250 + 1) + ":1";
+    const std::string address =
+        "127.0." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1) + ":1";
     peers.Heartbeat(address, "node", "me", absl::Milliseconds(300), [&](const absl::Status& s) {
       if (s.ok()) ok.fetch_add(1);
       if (finished.fetch_add(1) + 1 == calls) all.Notify();
