@@ -258,37 +258,31 @@ void FramedEndpoint::OnSplitPart(const std::shared_ptr<Receive>& r, bool trailer
     trailer_status = r->trailer_status;
     trailer_length = r->trailer_length;
   }
-  // Both receives have completed, or the payload's has failed.
-  const size_t payload = r->payload;
-  if (absl::IsOutOfRange(payload_status)) {
-    Fail(r, absl::StrCat("its payload's receive got a message longer than the ", payload,
-                         "-byte payload"));
-    return;
-  }
-  if (!payload_status.ok()) {
-    RecvCompletionFn done = std::move(r->done);
-    done(std::move(payload_status), 0);
-    return;
-  }
-  if (payload_length != payload) {
-    Fail(r, absl::StrCat("its payload's receive got a ", payload_length,
-                         "-byte message, the payload has ", payload));
-    return;
-  }
-  if (absl::IsOutOfRange(trailer_status)) {
-    // Also what a member's payload looks like here when a foreign message took its place.
-    Fail(r, absl::StrCat("its trailer's receive got a message longer than the ", kFrameTrailerSize,
-                         "-byte trailer"));
-    return;
-  }
-  if (!trailer_status.ok()) {
-    RecvCompletionFn done = std::move(r->done);
-    done(std::move(trailer_status), 0);
-    return;
-  }
-  if (trailer_length != kFrameTrailerSize) {
-    Fail(r, absl::StrCat("its trailer's receive got a ", trailer_length, "-byte message, the ",
-                         "trailer has ", kFrameTrailerSize));
+  // Both receives have completed, or the payload's has failed. Each part in turn: a message
+  // longer than the part (OUT_OF_RANGE, also what a member's payload looks like in the trailer's
+  // receive when a foreign message took its place) or of another length is foreign; any other
+  // failure is the transport's and passes through.
+  auto part_failed = [&r](absl::string_view part, absl::Status& status, size_t length,
+                          size_t expected) {
+    if (absl::IsOutOfRange(status)) {
+      Fail(r, absl::StrCat("its ", part, "'s receive got a message longer than the ", expected,
+                           "-byte ", part));
+      return true;
+    }
+    if (!status.ok()) {
+      RecvCompletionFn done = std::move(r->done);
+      done(std::move(status), 0);
+      return true;
+    }
+    if (length != expected) {
+      Fail(r, absl::StrCat("its ", part, "'s receive got a ", length, "-byte message, the ", part,
+                           " has ", expected));
+      return true;
+    }
+    return false;
+  };
+  if (part_failed("payload", payload_status, payload_length, r->payload) ||
+      part_failed("trailer", trailer_status, trailer_length, kFrameTrailerSize)) {
     return;
   }
   if (std::string why = CheckTrailer(r); !why.empty()) {
