@@ -34,6 +34,15 @@ absl::Status CheckNodeName(absl::string_view name, absl::string_view field) {
   return absl::OkStatus();
 }
 
+absl::Status CheckClaimedNode(const PeerIdentity& who, absl::string_view name,
+                              absl::string_view field) {
+  if (absl::Status s = CheckNodeName(name, field); !s.ok()) return s;
+  if (absl::Status s = who.MayClaimNode(name); !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat(field, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckNodeInfo(const v1::NodeInfo& node, absl::string_view field,
                            bool address_required) {
   if (absl::Status s = CheckNodeName(node.node_name(), absl::StrCat(field, ".node_name"));
@@ -100,9 +109,10 @@ absl::Status CheckJoinRequest(const PeerIdentity& who, const v1::JoinCommRequest
   if (absl::Status s = CheckNodeInfo(req.node(), "JoinCommRequest.node", !who.self); !s.ok()) {
     return s;
   }
-  if (absl::Status s = who.MayClaimNode(req.node().node_name()); !s.ok()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("JoinCommRequest.node.node_name: ", s.message()));
+  if (absl::Status s =
+          CheckClaimedNode(who, req.node().node_name(), "JoinCommRequest.node.node_name");
+      !s.ok()) {
+    return s;
   }
   return CheckIntegrity(req.integrity(), "JoinCommRequest.integrity");
 }

@@ -31,6 +31,11 @@ inline constexpr size_t kMaxCostModelTextBytes = 256;
 
 // INVALID_ARGUMENT "<field> ..." unless name is a node name as above.
 absl::Status CheckNodeName(absl::string_view name, absl::string_view field);
+// A node name the caller speaks as (a join's node, a heartbeat's or abort's from_node): valid
+// (CheckNodeName, INVALID_ARGUMENT) and claimable by the caller's certificate
+// (PeerIdentity::MayClaimNode, PERMISSION_DENIED), both naming field.
+absl::Status CheckClaimedNode(const PeerIdentity& who, absl::string_view name,
+                              absl::string_view field);
 // A NodeInfo's name, peer address (host:port, daemon/comm/host_port.h; may be empty only when
 // !address_required), rail addresses (count and size) and tag slot (fits the tag layout).
 absl::Status CheckNodeInfo(const v1::NodeInfo& node, absl::string_view field,

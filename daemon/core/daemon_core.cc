@@ -241,11 +241,9 @@ absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinC
 }
 
 absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req) {
-  if (absl::Status s = CheckNodeName(req.from_node(), "AbortCommRequest.from_node"); !s.ok()) {
+  if (absl::Status s = CheckClaimedNode(who, req.from_node(), "AbortCommRequest.from_node");
+      !s.ok()) {
     return s;
-  }
-  if (absl::Status s = who.MayClaimNode(req.from_node()); !s.ok()) {
-    return absl::PermissionDeniedError(absl::StrCat("AbortCommRequest.from_node: ", s.message()));
   }
   // Only another member may fail a communicator; an unknown one gets the same answer, so that
   // comm ids cannot be probed.
@@ -278,11 +276,9 @@ bool DaemonCore::SharesCommWith(const std::string& node) {
 
 absl::StatusOr<v1::HeartbeatResponse> DaemonCore::Heartbeat(const PeerIdentity& who,
                                                             const v1::HeartbeatRequest& req) {
-  if (absl::Status s = CheckNodeName(req.from_node(), "HeartbeatRequest.from_node"); !s.ok()) {
+  if (absl::Status s = CheckClaimedNode(who, req.from_node(), "HeartbeatRequest.from_node");
+      !s.ok()) {
     return s;
-  }
-  if (absl::Status s = who.MayClaimNode(req.from_node()); !s.ok()) {
-    return absl::PermissionDeniedError(absl::StrCat("HeartbeatRequest.from_node: ", s.message()));
   }
   if (!SharesCommWith(req.from_node())) {
     return absl::PermissionDeniedError(absl::StrCat(
