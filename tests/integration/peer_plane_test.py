@@ -246,3 +246,23 @@ def test_a_coordinator_without_a_cluster_certificate_is_not_believed(cluster, vi
         forger.kill()
         forger.wait(10)
     victim_intact(cluster, victim)
+
+
+def test_a_bystander_job_gets_checked_results_after_every_attack(cluster, victim):
+    # Runs last: railyard-perf with result checking (-c 1) across both mTLS daemons, as a job
+    # that saw none of the attacks.
+    d = cluster["daemons"]
+    out = subprocess.run(
+        [os.environ["RAILYARD_PERF"], "--op", "allreduce", "-b", "8", "-e", "1M", "-f", "8",
+         "-n", "3", "-w", "1", "-c", "1", "--daemons",
+         f"{d['vnode0']['socket']},{d['vnode1']['socket']}", "--ranks-per-daemon", "1"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "RAILYARD_JOB": "bystander", "RAILYARD_TOKEN": "bystander-token"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line.strip() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [8, 64, 512, 4096, 32768, 262144], out.stdout
+    # The #wrong columns (out-of-place, in-place) of every size: no element differs.
+    assert all(r[8] == "0" and r[12] == "0" for r in rows), out.stdout
+    assert "Out of bounds values : 0 OK" in out.stdout, out.stdout
+    victim_intact(cluster, victim)
