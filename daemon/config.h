@@ -65,6 +65,12 @@ struct DaemonConfig {
   // Size of one step of a local plan (daemon/scheduler/local_plan.h), and the chunk size of a
   // forced algorithm's schedule (the tuner picks its own around it).
   size_t chunk_bytes = 256 * 1024;
+  // How long a session's ring thread spins after its last submission before it sleeps on the
+  // doorbell (--spin_us): the price of a fast next operation is this much CPU after each one.
+  absl::Duration spin = absl::Microseconds(50);
+  // Collectives on one node moving at most this many bytes run on the thread that made them
+  // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).
+  size_t inline_max_bytes = 64 * 1024;
   // How long shutdown waits for RPCs in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
   // Persistent state: calibration.json (the cost model's fitted link classes).

@@ -89,6 +89,12 @@ ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
 ABSL_FLAG(uint64_t, max_pending_joins, 1024,
           "Communicator bootstraps this daemon coordinates that may wait for ranks at once");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per step of a local plan");
+ABSL_FLAG(int64_t, spin_us, 50,
+          "Microseconds a session's ring thread spins after its last submission before it sleeps "
+          "on the doorbell (0: sleep at once)");
+ABSL_FLAG(int64_t, inline_max_bytes, 64 * 1024,
+          "One-node collectives moving at most this many bytes run on the thread of the last "
+          "submission, without waking the worker pool (0: always the pool)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
 ABSL_FLAG(std::string, integrity, "none",
@@ -165,6 +171,8 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "join_timeout",
                                    "max_pending_joins",
                                    "chunk_bytes",
+                                   "spin_us",
+                                   "inline_max_bytes",
                                    "shutdown_grace",
                                    "log_level",
                                    "topology",
@@ -304,6 +312,16 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--chunk_bytes must be in [4096, 2^30]");
   }
   c.chunk_bytes = static_cast<size_t>(chunk);
+  const int64_t spin_us = absl::GetFlag(FLAGS_spin_us);
+  if (spin_us < 0 || spin_us > 1000000) {
+    return absl::InvalidArgumentError("--spin_us must be in [0, 1000000]");
+  }
+  c.spin = absl::Microseconds(spin_us);
+  const int64_t inline_max = absl::GetFlag(FLAGS_inline_max_bytes);
+  if (inline_max < 0 || inline_max > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("--inline_max_bytes must be in [0, 2^30]");
+  }
+  c.inline_max_bytes = static_cast<size_t>(inline_max);
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   c.state_dir = absl::GetFlag(FLAGS_state_dir);
   c.integrity = absl::GetFlag(FLAGS_integrity);

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "memfd_buffer.h"
+#include "proto/railyard/v1/ring.h"
 
 namespace railyard {
 namespace internal {
@@ -86,6 +87,13 @@ void PendingRequest::SetSeq(uint64_t seq) {
 }
 
 absl::Status PendingRequest::Wait(std::chrono::milliseconds timeout) {
+  if (rings_ != nullptr && !done()) {
+    const auto deadline = timeout >= kForever ? std::chrono::steady_clock::time_point::max()
+                                              : std::chrono::steady_clock::now() +
+                                                    std::max(timeout, std::chrono::milliseconds(0));
+    // The rings end with the session, whose end completes this request: no wait is unbounded.
+    rings_->WaitUntil([this] { return done(); }, deadline);
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout >= kForever) {
     cv_.wait(lock, [this] { return done_; });
@@ -174,7 +182,32 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
     answered = core->connected_cv_.wait_for(
         lock, std::max(options.connect_timeout, std::chrono::milliseconds(0)), answered_pred);
   }
-  if (core->connected_) return core;
+  if (core->connected_) {
+    lock.unlock();
+    // The fast path: on unless RAILYARD_FASTPATH=0; "1" makes a failure to set it up an error.
+    const std::string fastpath = internal::EnvOr("RAILYARD_FASTPATH", "");
+    if (fastpath != "0") {
+      const std::string spin_env = internal::EnvOr("RAILYARD_SPIN_US", "");
+      long spin_us = 50;
+      if (!spin_env.empty()) {
+        char* end = nullptr;
+        spin_us = std::strtol(spin_env.c_str(), &end, 10);
+        if (end == spin_env.c_str() || *end != '\0' || spin_us < 0 || spin_us > 1000000) {
+          core->Shutdown();
+          return absl::InvalidArgumentError(absl::StrCat(
+              "RAILYARD_SPIN_US=", spin_env, ": expected microseconds in [0, 1000000]"));
+        }
+      }
+      if (absl::Status st = core->OpenRings(std::chrono::microseconds(spin_us));
+          !st.ok() && fastpath == "1") {
+        core->Shutdown();
+        return absl::Status(st.code(), absl::StrCat("RAILYARD_FASTPATH=1: the session rings "
+                                                    "could not be opened: ",
+                                                    st.message()));
+      }
+    }
+    return core;
+  }
   absl::Status error;
   if (!answered) {
     error = absl::UnavailableError(absl::StrCat("railyardd not reachable at ", core->socket_,
@@ -194,6 +227,44 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
 }
 
 ClientCore::~ClientCore() { Shutdown(); }
+
+absl::Status ClientCore::OpenRings(std::chrono::microseconds spin) {
+  int memfd = -1;
+  absl::StatusOr<std::unique_ptr<internal::ClientRings>> rings = internal::ClientRings::Create(
+      job_, ringproto::kDefaultSqEntries, ringproto::kDefaultCqEntries, spin, &memfd);
+  if (!rings.ok()) return rings.status();
+  absl::StatusOr<uint64_t> handle = fd_channel_->Put(memfd, internal::kRpcTimeout);
+  close(memfd);
+  if (!handle.ok()) return handle.status();
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  v1::OpenRingsRequest request;
+  request.set_session_id(session_id_);
+  request.set_fd_handle(*handle);
+  request.set_sq_entries((*rings)->sq_entries());
+  request.set_cq_entries((*rings)->cq_entries());
+  v1::OpenRingsResponse response;
+  grpc::Status status = stub_->OpenRings(&ctx, request, &response);
+  if (!status.ok()) return RpcError("OpenRings", status);
+  std::shared_ptr<internal::ClientRings> shared = *std::move(rings);
+  shared->SetOnCompletion([this](uint64_t request_id, absl::Status st, uint64_t seq) {
+    OnRingCompletion(request_id, std::move(st), seq);
+  });
+  rings_ = std::move(shared);
+  return absl::OkStatus();
+}
+
+void ClientCore::OnRingCompletion(uint64_t request_id, absl::Status status, uint64_t seq) {
+  std::shared_ptr<internal::PendingRequest> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(request_id);
+    if (it == pending_.end()) return;  // not ours (or a refusal the daemon could not attribute)
+    pending = std::move(it->second);
+    pending_.erase(it);
+  }
+  pending->Complete(std::move(status), seq);
+}
 
 void ClientCore::ReadEvents() {
   v1::SessionEvent event;
@@ -242,6 +313,7 @@ void ClientCore::ReadEvents() {
     orphans.swap(pending_);
   }
   connected_cv_.notify_all();
+  if (rings_ != nullptr) rings_->Close();
   for (auto& [id, pending] : orphans) pending->Complete(end, 0);
 }
 
@@ -263,6 +335,7 @@ void ClientCore::Shutdown() {
     }
     stream_ctx_.TryCancel();
     if (reader_.joinable()) reader_.join();
+    if (rings_ != nullptr) rings_->Close();
   });
 }
 
@@ -375,23 +448,65 @@ absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
   return absl::OkStatus();
 }
 
+bool ClientCore::Register(uint64_t request_id,
+                          const std::shared_ptr<internal::PendingRequest>& pending) {
+  // Registered before it is submitted, so that the completion can never arrive unknown.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_ || stream_ended_) {
+    absl::Status closed =
+        shutting_down_ ? absl::FailedPreconditionError("the client is disconnected") : end_status_;
+    pending->Complete(closed, 0);
+    return false;
+  }
+  pending_.emplace(request_id, pending);
+  return true;
+}
+
+void ClientCore::SubmitGroup(
+    std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> requests) {
+  if (rings_ == nullptr) {
+    for (auto& [request, pending] : requests) Submit(std::move(request), pending);
+    return;
+  }
+  std::vector<std::byte> entries;
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto& [request, pending] = requests[i];
+    const uint64_t request_id = next_request_id_.fetch_add(1);
+    request.set_request_id(request_id);
+    const size_t before = entries.size();
+    if (absl::Status st = internal::ClientRings::Encode(request, i + 1 < requests.size(), &entries);
+        !st.ok()) {
+      entries.resize(before);
+      pending->Complete(st, 0);
+      continue;
+    }
+    pending->SetRings(rings_);
+    if (!Register(request_id, pending)) {
+      entries.resize(before);
+      continue;
+    }
+    ids.push_back(request_id);
+  }
+  if (entries.empty()) return;
+  if (absl::Status st = rings_->Publish(entries); !st.ok()) {
+    if (absl::Status session = SessionError(); !session.ok()) st = session;
+    for (uint64_t id : ids) OnRingCompletion(id, st, 0);
+  }
+}
+
 void ClientCore::Submit(v1::SubmitRequest request,
                         const std::shared_ptr<internal::PendingRequest>& pending) {
+  if (rings_ != nullptr) {
+    std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> one;
+    one.emplace_back(std::move(request), pending);
+    SubmitGroup(std::move(one));
+    return;
+  }
   const uint64_t request_id = next_request_id_.fetch_add(1);
   request.set_session_id(session_id_);
   request.set_request_id(request_id);
-  {
-    // Registered before the RPC, so that the completion can never arrive unknown.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (shutting_down_ || stream_ended_) {
-      absl::Status closed = shutting_down_
-                                ? absl::FailedPreconditionError("the client is disconnected")
-                                : end_status_;
-      pending->Complete(closed, 0);
-      return;
-    }
-    pending_.emplace(request_id, pending);
-  }
+  if (!Register(request_id, pending)) return;
   grpc::ClientContext ctx;
   SetDeadline(&ctx, internal::kRpcTimeout);
   v1::SubmitResponse response;

@@ -13,9 +13,12 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client_rings.h"
 #include "fd_channel_client.h"
 #include "railyard/client.h"
 #include "railyard/v1/local.grpc.pb.h"
@@ -32,12 +35,16 @@ class PendingRequest {
   void Complete(absl::Status status, uint64_t seq);
   // Sets the sequence number from the Submit reply (unless the completion already set it).
   void SetSeq(uint64_t seq);
-  // Waits until completed or timeout; DEADLINE_EXCEEDED on timeout.
+  // Waits until completed or timeout; DEADLINE_EXCEEDED on timeout. A request submitted on the
+  // rings is waited for by reading the completion ring on this thread.
   absl::Status Wait(std::chrono::milliseconds timeout);
+  // The rings its completion arrives on (before it is submitted); null: the Connect stream.
+  void SetRings(std::shared_ptr<ClientRings> rings) { rings_ = std::move(rings); }
   bool done() const;
   uint64_t seq() const;
 
  private:
+  std::shared_ptr<ClientRings> rings_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -83,9 +90,22 @@ class ClientCore {
   // Fills in session_id and request_id, registers `pending` and submits. A Submit error, or a
   // session already closed, completes `pending` with that status.
   void Submit(v1::SubmitRequest request, const std::shared_ptr<internal::PendingRequest>& pending);
+  // Submits several requests as one group (GroupStart/GroupEnd): on the rings, published at once
+  // and marked as a group the daemon may fuse; on gRPC, one after the other.
+  void SubmitGroup(
+      std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>>
+          requests);
+  // True when submissions go over the session rings (RAILYARD_FASTPATH, Local.OpenRings).
+  bool fastpath() const { return rings_ != nullptr; }
 
  private:
   ClientCore() = default;
+  // Opens the session rings (after Connected); errors leave the session on gRPC Submit.
+  absl::Status OpenRings(std::chrono::microseconds spin);
+  // Registers a request in pending_ (false, with it completed, when the session has ended).
+  bool Register(uint64_t request_id, const std::shared_ptr<internal::PendingRequest>& pending);
+  // A completion read off the rings.
+  void OnRingCompletion(uint64_t request_id, absl::Status status, uint64_t seq);
   // Runs on reader_: reads the Connect stream until it ends.
   void ReadEvents();
   // Sets a deadline of `timeout` from now on ctx.
@@ -104,6 +124,7 @@ class ClientCore {
   std::unique_ptr<internal::FdChannelClient> fd_channel_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Local::Stub> stub_;
+  std::shared_ptr<internal::ClientRings> rings_;  // set once, right after Connected
 
   grpc::ClientContext stream_ctx_;
   std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> stream_;

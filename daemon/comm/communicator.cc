@@ -703,8 +703,10 @@ void Communicator::Deliver(Outcomes& out) {
     p.pool = env_.executor;
     node_run_.Start(p, [this](absl::Status s) { OnCollectiveDone(s); });
   }
-  if (out.collective != nullptr) env_.executor->Run(out.collective);
-  for (P2PRun* run : out.p2p) env_.executor->Run(&run->exec);
+  if (out.collective != nullptr) {
+    env_.executor->RunInlineOrQueue(out.collective, env_.inline_max_bytes);
+  }
+  for (P2PRun* run : out.p2p) env_.executor->RunInlineOrQueue(&run->exec, env_.inline_max_bytes);
 }
 
 void Communicator::AbortTransfers(const absl::Status& status) {

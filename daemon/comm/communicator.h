@@ -44,6 +44,9 @@ struct CommEnv {
   absl::Duration init_timeout = absl::Seconds(120);
   // Algorithm for requests that force none (--algo); empty: the tuner's choice.
   std::string default_algo;
+  // One-node operations moving at most this many bytes run on the thread that completed them
+  // (Executor::RunInlineOrQueue); 0: always on the workers.
+  size_t inline_max_bytes = 0;
   // Where finished collectives and failures are counted; null: not measured (unit tests).
   metrics::DaemonMetrics* metrics = nullptr;
 };

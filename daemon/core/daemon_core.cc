@@ -12,6 +12,7 @@
 #include "daemon/transport/framed_endpoint.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
+#include "proto/railyard/v1/ring.h"
 
 namespace railyard {
 namespace {
@@ -110,6 +111,7 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
                               const grpc::Status& stream_status) {
   if (!sessions_.Remove(session)) return;
   session->Close(stream_status);
+  if (std::shared_ptr<SessionRings> rings = session->rings()) rings->Stop();
   if (std::shared_ptr<FdChannel> channel = session->fd_channel()) channel->Close();
   const auto buffers = session->TakeBuffers();  // unmapped when the last operation lets go
   for (auto& [handle, m] : session->TakeMemberships()) {
@@ -169,6 +171,7 @@ CommEnv DaemonCore::MakeCommEnv() {
   CommEnv env{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
               config_.init_timeout, config_.algo};
   env.metrics = metrics_.get();
+  env.inline_max_bytes = config_.inline_max_bytes;
   return env;
 }
 
@@ -654,7 +657,8 @@ void DaemonCore::HeartbeatTick() {
 }
 
 absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& session,
-                                            const v1::SubmitRequest& req) {
+                                            const v1::SubmitRequest& req,
+                                            std::shared_ptr<CompletionSink> sink) {
   absl::StatusOr<Membership> m = session->FindMembership(req.comm_handle());
   if (!m.ok()) return m.status();
   // A client that does not read its completions gets no new work (the ones it is owed still go).
@@ -668,9 +672,54 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
   absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
       DecodeSubmit(req, *session, m->rank, m->comm->nranks());
   if (!pending.ok()) return pending.status();
-  (*pending)->session = session;
+  if (sink != nullptr) {
+    (*pending)->session = sink;
+  } else {
+    (*pending)->session = session;
+  }
   (*pending)->quota = session->quota();  // charged while it waits (communicator.cc)
   return m->comm->Submit(*std::move(pending));
+}
+
+absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
+                                   uint32_t sq_entries, uint32_t cq_entries) {
+  std::shared_ptr<FdChannel> channel = session->fd_channel();
+  if (channel == nullptr) {
+    return absl::FailedPreconditionError("this session has no buffer side channel");
+  }
+  absl::StatusOr<UniqueFd> fd = channel->Take(fd_handle);
+  if (!fd.ok()) return fd.status();
+  if (session->rings() != nullptr) {
+    return absl::AlreadyExistsError("this session's rings are open already (one per session)");
+  }
+  if (!ringproto::ValidEntries(sq_entries) || !ringproto::ValidEntries(cq_entries)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring entries must be powers of two in [", ringproto::kMinEntries, ", ",
+        ringproto::kMaxEntries, "], not sq_entries ", sq_entries, " cq_entries ", cq_entries));
+  }
+  absl::StatusOr<std::shared_ptr<MappedSegment>> seg =
+      MappedSegment::MapMemfd(*std::move(fd), ringproto::RingBytes(sq_entries, cq_entries));
+  if (!seg.ok()) {
+    return absl::Status(seg.status().code(),
+                        absl::StrCat("rings memfd refused: ", seg.status().message()));
+  }
+  absl::StatusOr<std::shared_ptr<SessionRings>> rings =
+      SessionRings::Create(*std::move(seg), sq_entries, cq_entries, config_.spin);
+  if (!rings.ok()) return rings.status();
+  if (absl::Status s = session->AttachRings(*rings); !s.ok()) return s;
+  std::weak_ptr<Session> weak = session;
+  (*rings)->Start(
+      [this, weak](const RingSubmission& entry,
+                   const std::shared_ptr<CompletionSink>& sink) -> absl::StatusOr<uint64_t> {
+        std::shared_ptr<Session> s = weak.lock();
+        if (s == nullptr || s->closed()) return absl::CancelledError("the session has ended");
+        return Submit(s, entry.request, sink);
+      },
+      session->id().substr(0, 8));
+  Log(LogLevel::kInfo, "session", "rings open",
+      {F("session", session->id().substr(0, 8)), F("job", session->job()),
+       F("sq_entries", sq_entries), F("cq_entries", cq_entries)});
+  return absl::OkStatus();
 }
 
 absl::Status DaemonCore::DestroyComm(Session& session, uint64_t handle) {

@@ -31,6 +31,7 @@
 #include "daemon/session/fd_channel.h"
 #include "daemon/session/session.h"
 #include "daemon/session/session_registry.h"
+#include "daemon/session/session_rings.h"
 #include "daemon/transport/transport.h"
 #include "daemon/util/deadline_timer.h"
 #include "railyard/v1/admin.pb.h"
@@ -116,8 +117,14 @@ class DaemonCore {
   // at once are returned and done is not called.
   absl::Status InitComm(const std::shared_ptr<Session>& session, const v1::InitCommRequest& req,
                         InitDone done);
+  // sink: where the request's completion goes (null: the session's Connect stream).
   absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
-                                  const v1::SubmitRequest& req);
+                                  const v1::SubmitRequest& req,
+                                  std::shared_ptr<CompletionSink> sink = nullptr);
+  // Maps the rings memfd the session's side channel holds under fd_handle and starts serving
+  // them (Local.OpenRings).
+  absl::Status OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
+                         uint32_t sq_entries, uint32_t cq_entries);
   absl::Status DestroyComm(Session& session, uint64_t handle);
 
   v1::StatusResponse Status();

@@ -34,6 +34,22 @@ void Executor::Run(Execution* exec) {
   }
 }
 
+namespace {
+thread_local int inline_depth = 0;
+}  // namespace
+
+void Executor::RunInlineOrQueue(Execution* exec, size_t max_bytes) {
+  if (inline_depth > 0 || exec->plan.bytes_moved > max_bytes) {
+    Run(exec);
+    return;
+  }
+  ++inline_depth;
+  const size_t nsteps = exec->plan.steps.size();
+  for (size_t i = 0; i < nsteps; ++i) RunStep(exec->plan, i);
+  exec->on_done();
+  --inline_depth;
+}
+
 void Executor::Post(std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
   tasks_.push_back(std::move(fn));

@@ -39,6 +39,11 @@ class Executor {
   // inline, on the calling thread. exec must stay alive and untouched until on_done runs.
   void Run(Execution* exec);
 
+  // Runs exec like Run, but on the calling thread when the plan moves at most max_bytes and the
+  // thread is not already inside an inline run (which bounds the recursion of an on_done that
+  // starts the next operation): a small operation costs no wake-up of a worker.
+  void RunInlineOrQueue(Execution* exec, size_t max_bytes);
+
   // Runs fn once on a worker (the multi-node executor's local steps).
   void Post(std::function<void()> fn);
 

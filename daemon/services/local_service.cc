@@ -94,6 +94,20 @@ grpc::ServerUnaryReactor* LocalService::Submit(grpc::CallbackServerContext* ctx,
   return Done(ctx, seq.status());
 }
 
+grpc::ServerUnaryReactor* LocalService::OpenRings(grpc::CallbackServerContext* ctx,
+                                                  const v1::OpenRingsRequest* req,
+                                                  v1::OpenRingsResponse* resp) {
+  auto session = core_->FindSession(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  absl::Status s =
+      core_->OpenRings(*session, req->fd_handle(), req->sq_entries(), req->cq_entries());
+  if (s.ok()) {
+    resp->set_daemon_spin_us(
+        static_cast<uint32_t>(absl::ToInt64Microseconds(core_->config().spin)));
+  }
+  return Done(ctx, s);
+}
+
 grpc::ServerUnaryReactor* LocalService::DestroyComm(grpc::CallbackServerContext* ctx,
                                                     const v1::DestroyCommRequest* req,
                                                     v1::DestroyCommResponse*) {

@@ -28,6 +28,9 @@ class LocalService final : public v1::Local::CallbackService {
                                      v1::InitCommResponse* resp) override;
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const v1::SubmitRequest* req,
                                    v1::SubmitResponse* resp) override;
+  grpc::ServerUnaryReactor* OpenRings(grpc::CallbackServerContext* ctx,
+                                      const v1::OpenRingsRequest* req,
+                                      v1::OpenRingsResponse* resp) override;
   grpc::ServerUnaryReactor* DestroyComm(grpc::CallbackServerContext* ctx,
                                         const v1::DestroyCommRequest* req,
                                         v1::DestroyCommResponse* resp) override;

@@ -176,6 +176,21 @@ std::shared_ptr<FdChannel> Session::fd_channel() const {
   return fd_channel_;
 }
 
+absl::Status Session::AttachRings(std::shared_ptr<SessionRings> rings) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("the session has ended");
+  if (rings_ != nullptr) {
+    return absl::AlreadyExistsError("this session's rings are open already (one per session)");
+  }
+  rings_ = std::move(rings);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<SessionRings> Session::rings() const {
+  absl::MutexLock lock(&mu_);
+  return rings_;
+}
+
 int64_t Session::reported_pid() const {
   absl::MutexLock lock(&mu_);
   return reported_pid_;

@@ -24,6 +24,7 @@ namespace railyard {
 
 class Communicator;
 class FdChannel;
+class SessionRings;
 
 // The Connect server stream of one session. Writes queued events one at a time. An event queued
 // with a quota account holds its serialized size of Resource::kCompletionBytes until it is
@@ -106,6 +107,11 @@ class Session : public CompletionSink {
   std::shared_ptr<FdChannel> fd_channel() const;
   int64_t reported_pid() const;
 
+  // The fast path's rings (Local.OpenRings), at most one set; null until opened.
+  // ALREADY_EXISTS when it has them already, FAILED_PRECONDITION once closed.
+  absl::Status AttachRings(std::shared_ptr<SessionRings> rings);
+  std::shared_ptr<SessionRings> rings() const;
+
   // Communicator memberships, by comm handle. Each holds one of the session's communicator quota
   // (RESOURCE_EXHAUSTED naming --max_comms_per_session/_per_job beyond it).
   absl::Status AddMembership(uint64_t handle, Membership m);
@@ -128,6 +134,7 @@ class Session : public CompletionSink {
   std::map<uint64_t, std::shared_ptr<MappedSegment>> buffers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Membership> memberships_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<FdChannel> fd_channel_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SessionRings> rings_ ABSL_GUARDED_BY(mu_);
   int64_t reported_pid_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

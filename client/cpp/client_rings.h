@@ -1,0 +1,83 @@
+// The client's end of the session rings (proto/railyard/v1/ring.h): publishes submissions as ring
+// entries and reads completions off the completion ring, on the threads that submit and wait (no
+// reader thread in between). Thread-safe: any number of threads may submit and wait at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "railyard/v1/local.pb.h"
+
+namespace railyard::internal {
+
+class ClientRings {
+ public:
+  // Called for every completion read, with the ring's lock held (it must not submit).
+  using OnCompletion = std::function<void(uint64_t request_id, absl::Status status, uint64_t seq)>;
+
+  // Creates the rings memfd (sealed like a buffer) and writes its header. *memfd is the
+  // descriptor to PUT on the side channel (the caller closes it afterwards).
+  static absl::StatusOr<std::unique_ptr<ClientRings>> Create(const std::string& job,
+                                                             uint32_t sq_entries,
+                                                             uint32_t cq_entries,
+                                                             std::chrono::microseconds spin,
+                                                             int* memfd);
+  ~ClientRings();
+  ClientRings(const ClientRings&) = delete;
+  ClientRings& operator=(const ClientRings&) = delete;
+
+  void SetOnCompletion(OnCompletion fn) { on_completion_ = std::move(fn); }
+
+  // One entry of a SubmitRequest (request_id and all fields but session_id). group_next: the
+  // next entry published belongs to the same group.
+  static absl::Status Encode(const v1::SubmitRequest& req, bool group_next,
+                             std::vector<std::byte>* out);
+  // Publishes encoded entries (whole groups at once), waiting for room while reading completions.
+  // FAILED_PRECONDITION once closed; INVALID_ARGUMENT when they could never fit the ring.
+  absl::Status Publish(const std::vector<std::byte>& entries);
+
+  // Reads the completions there are; returns how many.
+  size_t Drain();
+  // Waits until done() (checked after every completion read) or until deadline: spins for the
+  // spin time, then sleeps on the completion doorbell. Returns done().
+  bool WaitUntil(const std::function<bool()>& done,
+                 std::chrono::steady_clock::time_point deadline);
+  // Wakes every waiter and makes later Publish calls fail (the session has ended).
+  void Close();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+
+  uint32_t sq_entries() const { return sq_entries_; }
+  uint32_t cq_entries() const { return cq_entries_; }
+
+ private:
+  ClientRings(std::byte* base, size_t bytes, uint32_t sq, uint32_t cq,
+              std::chrono::microseconds spin)
+      : base_(base), bytes_(bytes), sq_entries_(sq), cq_entries_(cq), spin_(spin) {}
+  size_t DrainLocked();
+  void WakeDaemonIfWaiting();
+  uint64_t* Word64(size_t off) const { return reinterpret_cast<uint64_t*>(base_ + off); }
+  uint32_t* Word32(size_t off) const { return reinterpret_cast<uint32_t*>(base_ + off); }
+
+  std::byte* const base_;
+  const size_t bytes_;
+  const uint32_t sq_entries_;
+  const uint32_t cq_entries_;
+  const std::chrono::microseconds spin_;
+  OnCompletion on_completion_;
+  std::atomic<bool> closed_{false};
+
+  std::mutex sq_mu_;
+  uint64_t sq_tail_ = 0;  // guarded by sq_mu_
+  std::mutex cq_mu_;
+  uint64_t cq_head_ = 0;  // guarded by cq_mu_
+};
+
+}  // namespace railyard::internal

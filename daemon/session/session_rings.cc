@@ -1,0 +1,294 @@
+#include "daemon/session/session_rings.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/util/log.h"
+#include "proto/railyard/v1/ring.h"
+
+namespace railyard {
+
+namespace rp = ringproto;
+
+namespace {
+
+// The longest the thread sleeps without looking (a lost wake-up, or a client that rewrote a
+// doorbell, costs at most this).
+constexpr absl::Duration kMaxSleep = absl::Seconds(1);
+
+void FutexWait(uint32_t* word, uint32_t expected, absl::Duration limit) {
+  timespec ts = absl::ToTimespec(limit);
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWake(uint32_t* word, int n) { syscall(SYS_futex, word, FUTEX_WAKE, n, nullptr, nullptr, 0); }
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+template <typename T>
+T LoadRelaxed(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+}  // namespace
+
+uint64_t* SessionRings::Word64(size_t offset) const {
+  return reinterpret_cast<uint64_t*>(base_ + offset);
+}
+uint32_t* SessionRings::Word32(size_t offset) const {
+  return reinterpret_cast<uint32_t*>(base_ + offset);
+}
+
+absl::StatusOr<std::shared_ptr<SessionRings>> SessionRings::Create(
+    std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
+    absl::Duration spin) {
+  if (!rp::ValidEntries(sq_entries) || !rp::ValidEntries(cq_entries)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring entries must be powers of two in [", rp::kMinEntries, ", ", rp::kMaxEntries,
+        "], not sq_entries ", sq_entries, " cq_entries ", cq_entries));
+  }
+  const uint64_t need = rp::RingBytes(sq_entries, cq_entries);
+  if (segment == nullptr || segment->size() != need) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rings of ", sq_entries, " submission and ", cq_entries, " completion entries take ", need,
+        " bytes, the memfd maps ", segment == nullptr ? 0 : segment->size()));
+  }
+  const std::byte* h = segment->data();
+  uint32_t magic, version, sq, cq;
+  std::memcpy(&magic, h + rp::kOffMagic, 4);
+  std::memcpy(&version, h + rp::kOffVersion, 4);
+  std::memcpy(&sq, h + rp::kOffSqEntries, 4);
+  std::memcpy(&cq, h + rp::kOffCqEntries, 4);
+  if (magic != rp::kMagic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring header magic 0x", absl::Hex(magic), " is not 0x", absl::Hex(rp::kMagic), " (RYRG)"));
+  }
+  if (version != rp::kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring layout version ", version, " is not supported (this daemon speaks ",
+                     rp::kVersion, ")"));
+  }
+  if (sq != sq_entries || cq != cq_entries) {
+    return absl::InvalidArgumentError(absl::StrCat("ring header says ", sq, " submission and ", cq,
+                                                   " completion entries, the request ", sq_entries,
+                                                   " and ", cq_entries));
+  }
+  std::shared_ptr<SessionRings> rings(
+      new SessionRings(std::move(segment), sq_entries, cq_entries, spin));
+  return rings;
+}
+
+SessionRings::SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_entries,
+                           uint32_t cq_entries, absl::Duration spin)
+    : segment_(std::move(segment)),
+      base_(segment_->data()),
+      sq_entries_(sq_entries),
+      cq_entries_(cq_entries),
+      spin_(spin),
+      entry_copy_(rp::kSqEntryBytes) {
+  __atomic_store_n(Word64(rp::kOffSqHead), 0, __ATOMIC_RELEASE);
+  __atomic_store_n(Word64(rp::kOffCqTail), 0, __ATOMIC_RELEASE);
+  __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELEASE);
+}
+
+SessionRings::~SessionRings() {
+  Stop();
+  if (thread_.joinable()) thread_.detach();  // only when the thread itself let go last
+}
+
+void SessionRings::Start(SubmitFn submit, std::string name) {
+  submit_ = std::move(submit);
+  // The thread keeps the rings (and their mapping) alive until it has stopped.
+  thread_ = std::thread([self = shared_from_this(), name = std::move(name)] {
+    Log(LogLevel::kDebug, "rings", "serving", {F("session", name)});
+    self->Loop();
+  });
+}
+
+void SessionRings::Stop() {
+  {
+    absl::MutexLock lock(&cq_mu_);
+    stopped_ = true;
+  }
+  if (stop_.exchange(true)) {
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+    return;
+  }
+  __atomic_fetch_add(Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
+  FutexWake(Word32(rp::kOffSqDoorbell), INT_MAX);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+RingStats SessionRings::stats() const {
+  absl::MutexLock lock(&cq_mu_);
+  return stats_;
+}
+
+void SessionRings::Loop() {
+  absl::Time last = absl::Now();
+  uint32_t spins = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool blocked = false;
+    if (Drain(&blocked) > 0) {
+      last = absl::Now();
+      spins = 0;
+      continue;
+    }
+    // Nothing to take (or no room for its completion): spin a while, yielding the CPU to the
+    // client threads we wait for, then sleep.
+    if (!blocked && (++spins & 63) != 0) {
+      CpuRelax();
+      continue;
+    }
+    if (!blocked && absl::Now() - last < spin_) {
+      sched_yield();
+      continue;
+    }
+    uint32_t* doorbell = Word32(rp::kOffSqDoorbell);
+    __atomic_store_n(Word32(rp::kOffDaemonSleeping), 1, __ATOMIC_SEQ_CST);
+    const uint32_t ring = __atomic_load_n(doorbell, __ATOMIC_SEQ_CST);
+    blocked = false;
+    if (stop_.load(std::memory_order_acquire)) break;
+    if (Drain(&blocked) > 0) {
+      __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
+      last = absl::Now();
+      continue;
+    }
+    FutexWait(doorbell, ring, kMaxSleep);
+    __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
+    {
+      absl::MutexLock lock(&cq_mu_);
+      ++stats_.wakeups;
+    }
+    spins = 0;
+  }
+}
+
+bool SessionRings::HasCqRoom() {
+  absl::MutexLock lock(&cq_mu_);
+  // The client's head, bounded to what can be true: unread completions are in [0, cq_entries].
+  uint64_t head = LoadRelaxed(Word64(rp::kOffCqHead));
+  if (head > cq_tail_) head = cq_tail_;
+  const uint64_t unread = cq_tail_ - head > cq_entries_ ? cq_entries_ : cq_tail_ - head;
+  return reserved_ + unread < cq_entries_;
+}
+
+size_t SessionRings::Drain(bool* blocked) {
+  size_t taken = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    const uint64_t tail = __atomic_load_n(Word64(rp::kOffSqTail), __ATOMIC_ACQUIRE);
+    const uint64_t avail = tail - head_;
+    if (avail == 0) return taken;
+    if (avail > sq_entries_) {
+      // Not a tail the client can have written honestly: nothing is taken until it is sane.
+      if (!bad_tail_reported_ && HasCqRoom()) {
+        bad_tail_reported_ = true;
+        absl::MutexLock lock(&cq_mu_);
+        ++reserved_;
+        ++stats_.refused;
+        PostLocked(0,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       "submission ring tail ", tail, " is ", avail, " slots ahead of head ",
+                       head_, " (the ring holds ", sq_entries_,
+                       "): the client corrupted its ring; no entry is taken until the tail is "
+                       "within the ring")),
+                   0);
+      }
+      return taken;
+    }
+    bad_tail_reported_ = false;
+    if (!HasCqRoom()) {
+      *blocked = true;
+      return taken;
+    }
+    TakeOne(avail);
+    ++taken;
+  }
+  return taken;
+}
+
+void SessionRings::TakeOne(uint64_t avail) {
+  const std::byte* sq = base_ + rp::SqOffset();
+  auto slot = [&](uint64_t i) { return sq + (i & (sq_entries_ - 1)) * rp::kSqEntryBytes; };
+  std::memcpy(entry_copy_.data(), slot(head_), rp::kSqEntryBytes);
+  const uint64_t request_id = RingEntryRequestId(entry_copy_);
+  const uint32_t ext_slots = RingEntryExtSlots(entry_copy_);
+  absl::StatusOr<RingSubmission> decoded;
+  uint64_t used = 1;
+  if (ext_slots >= avail) {
+    decoded = absl::InvalidArgumentError(absl::StrCat(
+        "ring entry at slot ", head_, " says ", ext_slots, " extension slots follow, but only ",
+        avail - 1, " are published"));
+  } else {
+    ext_copy_.resize(static_cast<size_t>(ext_slots) * rp::kSqEntryBytes);
+    for (uint32_t i = 0; i < ext_slots; ++i) {
+      std::memcpy(ext_copy_.data() + static_cast<size_t>(i) * rp::kSqEntryBytes,
+                  slot(head_ + 1 + i), rp::kSqEntryBytes);
+    }
+    used += ext_slots;
+    decoded = DecodeRingEntry(entry_copy_, ext_copy_);
+  }
+  {
+    absl::MutexLock lock(&cq_mu_);
+    ++reserved_;  // promised before anything can complete it
+    ++stats_.submitted;
+  }
+  // The slots are ours now (copied): the client may reuse them.
+  head_ += used;
+  __atomic_store_n(Word64(rp::kOffSqHead), head_, __ATOMIC_RELEASE);
+  absl::Status refusal;
+  if (!decoded.ok()) {
+    refusal = decoded.status();
+  } else if (absl::StatusOr<uint64_t> seq = submit_(*decoded, shared_from_this()); !seq.ok()) {
+    refusal = seq.status();
+  }
+  if (!refusal.ok()) {
+    absl::MutexLock lock(&cq_mu_);
+    ++stats_.refused;
+    PostLocked(request_id, refusal, 0);
+  }
+}
+
+void SessionRings::PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) {
+  absl::MutexLock lock(&cq_mu_);
+  PostLocked(request_id, status, seq);
+}
+
+void SessionRings::PostLocked(uint64_t request_id, const absl::Status& status, uint64_t seq) {
+  if (stopped_) return;
+  if (reserved_ > 0) --reserved_;
+  std::byte* e = base_ + rp::CqOffset(sq_entries_) +
+                 (cq_tail_ & (cq_entries_ - 1)) * rp::kCqEntryBytes;
+  const int32_t code = static_cast<int32_t>(status.code());
+  const absl::string_view msg = status.message();
+  const uint32_t len =
+      static_cast<uint32_t>(msg.size() < rp::kCqMessageBytes ? msg.size() : rp::kCqMessageBytes);
+  std::memcpy(e + rp::kCqRequestId, &request_id, 8);
+  std::memcpy(e + rp::kCqSeq, &seq, 8);
+  std::memcpy(e + rp::kCqCode, &code, 4);
+  std::memcpy(e + rp::kCqMessageLen, &len, 4);
+  if (len > 0) std::memcpy(e + rp::kCqMessageOffset, msg.data(), len);
+  ++cq_tail_;
+  ++stats_.completed;
+  __atomic_store_n(Word64(rp::kOffCqTail), cq_tail_, __ATOMIC_RELEASE);
+  uint32_t* doorbell = Word32(rp::kOffCqDoorbell);
+  __atomic_fetch_add(doorbell, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(Word32(rp::kOffClientWaiters), __ATOMIC_SEQ_CST) != 0) {
+    FutexWake(doorbell, INT_MAX);
+  }
+}
+
+}  // namespace railyard

@@ -1,0 +1,108 @@
+// The daemon's end of a session's rings (proto/railyard/v1/ring.h): one thread per session takes
+// entries off the submission ring, validates each exactly as a gRPC Submit (it calls the same
+// DaemonCore::Submit) and writes every outcome to the completion ring, from whichever thread
+// completes the operation.
+//
+// The thread spins for `spin` after its last entry, then sleeps on the submission doorbell (a
+// futex): an idle session costs no CPU. Everything in the shared memory is the client's to
+// scribble on: indices are bounded, entries are copied before they are read, and a client that
+// writes garbage gets error completions (or, for a garbage tail, one error completion naming it
+// and nothing taken until it is sane again), never a crash or another session's data.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/comm/completion_sink.h"
+#include "daemon/session/ring_entry.h"
+#include "daemon/session/shm_segment.h"
+
+namespace railyard {
+
+struct RingStats {
+  uint64_t submitted = 0;  // entries taken off the submission ring
+  uint64_t refused = 0;    // of them, failed at once (malformed or refused by Submit)
+  uint64_t completed = 0;  // completions written
+  uint64_t wakeups = 0;    // times the thread slept and woke
+};
+
+class SessionRings : public CompletionSink, public std::enable_shared_from_this<SessionRings> {
+ public:
+  // Accepts one decoded entry: its sequence number, or the error its completion carries. Runs on
+  // the ring thread; `sink` is where the request's completion must go (this).
+  using SubmitFn = std::function<absl::StatusOr<uint64_t>(
+      const RingSubmission& entry, const std::shared_ptr<CompletionSink>& sink)>;
+
+  // Checks that the segment is big enough for the geometry and that its header says so (magic,
+  // version, sq_entries, cq_entries: the client wrote them): INVALID_ARGUMENT saying what
+  // differs. Resets the daemon-written indices to 0.
+  static absl::StatusOr<std::shared_ptr<SessionRings>> Create(
+      std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
+      absl::Duration spin);
+  ~SessionRings() override;
+  SessionRings(const SessionRings&) = delete;
+  SessionRings& operator=(const SessionRings&) = delete;
+
+  // Starts the thread. `name` is for logs.
+  void Start(SubmitFn submit, std::string name);
+  // Stops and joins the thread (from any thread but its own, where it only stops it); later
+  // completions are dropped. Idempotent.
+  void Stop();
+
+  // CompletionSink: writes the completion to the completion ring and wakes waiting client
+  // threads. Each accepted request holds a slot promised to it when it was taken.
+  void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) override;
+
+  uint32_t sq_entries() const { return sq_entries_; }
+  uint32_t cq_entries() const { return cq_entries_; }
+  RingStats stats() const;
+
+ private:
+  SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
+               absl::Duration spin);
+  void Loop();
+  // Takes what the client published, while the completion ring has room; returns the entries
+  // taken. Sets *blocked when entries wait but completions would not fit.
+  size_t Drain(bool* blocked);
+  // Takes one entry at head_ of which `avail` slots are published.
+  void TakeOne(uint64_t avail);
+  bool HasCqRoom();
+  void PostLocked(uint64_t request_id, const absl::Status& status, uint64_t seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cq_mu_);
+  // Shared-memory words.
+  uint64_t* Word64(size_t offset) const;
+  uint32_t* Word32(size_t offset) const;
+
+  const std::shared_ptr<MappedSegment> segment_;
+  std::byte* const base_;
+  const uint32_t sq_entries_;
+  const uint32_t cq_entries_;
+  const absl::Duration spin_;
+  SubmitFn submit_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  // Ring thread only.
+  uint64_t head_ = 0;  // next submission slot to take
+  bool bad_tail_reported_ = false;
+  std::vector<std::byte> entry_copy_;
+  std::vector<std::byte> ext_copy_;
+
+  mutable absl::Mutex cq_mu_;
+  bool stopped_ ABSL_GUARDED_BY(cq_mu_) = false;
+  uint64_t cq_tail_ ABSL_GUARDED_BY(cq_mu_) = 0;
+  // Completions promised a slot: accepted requests (and refusals) not yet written.
+  uint64_t reserved_ ABSL_GUARDED_BY(cq_mu_) = 0;
+  RingStats stats_ ABSL_GUARDED_BY(cq_mu_);
+};
+
+}  // namespace railyard
