@@ -31,7 +31,9 @@ void FutexWait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds limit
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-void FutexWake(uint32_t* word, int n) { syscall(SYS_futex, word, FUTEX_WAKE, n, nullptr, nullptr, 0); }
+void FutexWake(uint32_t* word, int n) {
+  syscall(SYS_futex, word, FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -86,9 +88,8 @@ absl::Status ClientRings::Encode(const v1::SubmitRequest& req, bool group_next,
         "per rank each");
   }
   if (req.algo().size() >= rp::kAlgoBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("algorithm name \"", req.algo(), "\" is longer than ", rp::kAlgoBytes - 1,
-                     " characters"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "algorithm name \"", req.algo(), "\" is longer than ", rp::kAlgoBytes - 1, " characters"));
   }
   const uint64_t ext = vectors ? rp::ExtSlotsFor(vec_len) : 0;
   out->resize(at + (1 + ext) * rp::kSqEntryBytes, std::byte{0});
@@ -196,9 +197,9 @@ size_t ClientRings::DrainLocked() {
     if (len > rp::kCqMessageBytes) len = rp::kCqMessageBytes;
     absl::Status status =
         code == 0 ? absl::OkStatus()
-                  : absl::Status(CodeOf(code),
-                                 std::string(reinterpret_cast<const char*>(e + rp::kCqMessageOffset),
-                                             len));
+                  : absl::Status(
+                        CodeOf(code),
+                        std::string(reinterpret_cast<const char*>(e + rp::kCqMessageOffset), len));
     ++cq_head_;
     ++n;
     if (on_completion_) on_completion_(request_id, std::move(status), seq);
@@ -241,8 +242,9 @@ bool ClientRings::WaitUntil(const std::function<bool()>& done,
     const uint32_t ring = __atomic_load_n(doorbell, __ATOMIC_SEQ_CST);
     const bool drained = Drain() > 0;
     if (!drained && !done() && !closed()) {
-      FutexWait(doorbell, ring,
-                std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::nanoseconds(kMaxSleep)));
+      FutexWait(
+          doorbell, ring,
+          std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::nanoseconds(kMaxSleep)));
     }
     __atomic_fetch_sub(Word32(rp::kOffClientWaiters), 1, __ATOMIC_SEQ_CST);
     Drain();

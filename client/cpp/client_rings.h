@@ -48,8 +48,7 @@ class ClientRings {
   size_t Drain();
   // Waits until done() (checked after every completion read) or until deadline: spins for the
   // spin time, then sleeps on the completion doorbell. Returns done().
-  bool WaitUntil(const std::function<bool()>& done,
-                 std::chrono::steady_clock::time_point deadline);
+  bool WaitUntil(const std::function<bool()>& done, std::chrono::steady_clock::time_point deadline);
   // Wakes every waiter and makes later Publish calls fail (the session has ended).
   void Close();
   bool closed() const { return closed_.load(std::memory_order_acquire); }

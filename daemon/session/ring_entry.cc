@@ -39,9 +39,9 @@ absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry
   }
   const uint32_t flags = Load<uint32_t>(entry, rp::kSqFlags);
   if ((flags & ~rp::kKnownFlags) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ring entry flags 0x", absl::Hex(flags), " has unknown bits 0x",
-                     absl::Hex(flags & ~rp::kKnownFlags)));
+    return absl::InvalidArgumentError(absl::StrCat("ring entry flags 0x", absl::Hex(flags),
+                                                   " has unknown bits 0x",
+                                                   absl::Hex(flags & ~rp::kKnownFlags)));
   }
   if (Load<uint64_t>(entry, rp::kSqReserved) != 0) {
     return absl::InvalidArgumentError("ring entry's reserved field (byte 120) is not 0");
@@ -100,16 +100,16 @@ absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry
   }
   if (r.op() != v1::COLLECTIVE_OP_ALL_TO_ALL_V) {
     if (ext_slots != 0 || vec_len != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ring entry carries vectors (ext_slots ", ext_slots, ", vec_len ", vec_len,
-                       ") but only AllToAllv takes them"));
+      return absl::InvalidArgumentError(absl::StrCat("ring entry carries vectors (ext_slots ",
+                                                     ext_slots, ", vec_len ", vec_len,
+                                                     ") but only AllToAllv takes them"));
     }
     return out;
   }
   if (ext_slots != rp::ExtSlotsFor(vec_len)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AllToAllv ring entry: vectors of ", vec_len, " entries need ",
-                     rp::ExtSlotsFor(vec_len), " extension slots, the entry says ", ext_slots));
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllv ring entry: vectors of ", vec_len,
+                                                   " entries need ", rp::ExtSlotsFor(vec_len),
+                                                   " extension slots, the entry says ", ext_slots));
   }
   google::protobuf::RepeatedField<uint64_t>* vecs[4] = {
       r.mutable_send_counts(), r.mutable_send_displs(), r.mutable_recv_counts(),

@@ -30,7 +30,9 @@ void FutexWait(uint32_t* word, uint32_t expected, absl::Duration limit) {
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-void FutexWake(uint32_t* word, int n) { syscall(SYS_futex, word, FUTEX_WAKE, n, nullptr, nullptr, 0); }
+void FutexWake(uint32_t* word, int n) {
+  syscall(SYS_futex, word, FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -73,13 +75,13 @@ absl::StatusOr<std::shared_ptr<SessionRings>> SessionRings::Create(
   std::memcpy(&sq, h + rp::kOffSqEntries, 4);
   std::memcpy(&cq, h + rp::kOffCqEntries, 4);
   if (magic != rp::kMagic) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring header magic 0x", absl::Hex(magic), " is not 0x", absl::Hex(rp::kMagic), " (RYRG)"));
+    return absl::InvalidArgumentError(absl::StrCat("ring header magic 0x", absl::Hex(magic),
+                                                   " is not 0x", absl::Hex(rp::kMagic), " (RYRG)"));
   }
   if (version != rp::kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ring layout version ", version, " is not supported (this daemon speaks ",
-                     rp::kVersion, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("ring layout version ", version,
+                                                   " is not supported (this daemon speaks ",
+                                                   rp::kVersion, ")"));
   }
   if (sq != sq_entries || cq != cq_entries) {
     return absl::InvalidArgumentError(absl::StrCat("ring header says ", sq, " submission and ", cq,
@@ -201,8 +203,8 @@ size_t SessionRings::Drain(bool* blocked) {
         ++stats_.refused;
         PostLocked(0,
                    absl::InvalidArgumentError(absl::StrCat(
-                       "submission ring tail ", tail, " is ", avail, " slots ahead of head ",
-                       head_, " (the ring holds ", sq_entries_,
+                       "submission ring tail ", tail, " is ", avail, " slots ahead of head ", head_,
+                       " (the ring holds ", sq_entries_,
                        "): the client corrupted its ring; no entry is taken until the tail is "
                        "within the ring")),
                    0);
@@ -229,9 +231,9 @@ void SessionRings::TakeOne(uint64_t avail) {
   absl::StatusOr<RingSubmission> decoded;
   uint64_t used = 1;
   if (ext_slots >= avail) {
-    decoded = absl::InvalidArgumentError(absl::StrCat(
-        "ring entry at slot ", head_, " says ", ext_slots, " extension slots follow, but only ",
-        avail - 1, " are published"));
+    decoded = absl::InvalidArgumentError(
+        absl::StrCat("ring entry at slot ", head_, " says ", ext_slots,
+                     " extension slots follow, but only ", avail - 1, " are published"));
   } else {
     ext_copy_.resize(static_cast<size_t>(ext_slots) * rp::kSqEntryBytes);
     for (uint32_t i = 0; i < ext_slots; ++i) {
@@ -270,8 +272,8 @@ void SessionRings::PostCompletion(uint64_t request_id, const absl::Status& statu
 void SessionRings::PostLocked(uint64_t request_id, const absl::Status& status, uint64_t seq) {
   if (stopped_) return;
   if (reserved_ > 0) --reserved_;
-  std::byte* e = base_ + rp::CqOffset(sq_entries_) +
-                 (cq_tail_ & (cq_entries_ - 1)) * rp::kCqEntryBytes;
+  std::byte* e =
+      base_ + rp::CqOffset(sq_entries_) + (cq_tail_ & (cq_entries_ - 1)) * rp::kCqEntryBytes;
   const int32_t code = static_cast<int32_t>(status.code());
   const absl::string_view msg = status.message();
   const uint32_t len =

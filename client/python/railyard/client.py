@@ -16,6 +16,7 @@ import math
 import os
 import stat
 import threading
+import time
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
@@ -23,7 +24,7 @@ import grpc
 import grpc.experimental
 import numpy as np
 
-from . import _fd_channel, _memfd
+from . import _fd_channel, _memfd, _ring
 from ._types import RedOpLike, ReduceOp, dtype_number, red_op_number
 from .errors import (
     CancelledError,
@@ -123,7 +124,7 @@ class Work:
     """
 
     __slots__ = ("_event", "_lock", "_error", "_result", "_finish", "_callbacks", "_seq",
-                 "__weakref__")
+                 "_rings", "__weakref__")
 
     def __init__(self, result: Any = None,
                  finish: Optional[Callable[[bool], None]] = None) -> None:
@@ -134,6 +135,14 @@ class Work:
         self._finish = finish
         self._callbacks: List[Callable[["Work"], None]] = []
         self._seq: Optional[int] = None
+        self._rings: Optional[_ring.Rings] = None  # set when submitted on the session rings
+
+    def _drive(self, deadline: Optional[float]) -> None:
+        """Reads the session's completion ring on this thread until done or the deadline
+        (``time.monotonic()``)."""
+        rings = self._rings
+        if rings is not None and not self._event.is_set():
+            rings.wait_until(self._event.is_set, deadline)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits until the operation completes and returns its result (the output array).
@@ -147,7 +156,10 @@ class Work:
                 the daemon and can be waited on again.
             RailyardError: the operation failed (the subclass matches the daemon's code).
         """
-        if not self._event.wait(timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._drive(deadline)
+        if not self._event.wait(None if deadline is None
+                                else max(0.0, deadline - time.monotonic())):
             raise DeadlineExceededError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"operation not complete after {timeout} s (it keeps running in the daemon; "
@@ -231,9 +243,40 @@ _live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
 def _close_all() -> None:  # pragma: no cover - exit path
     for client in list(_live_clients):
         try:
-            client.close()
+            if client._pid == os.getpid():
+                client.close()
         except Exception:
             pass
+
+
+#: The process whose clients opened gRPC channels (None: none yet). gRPC's channels, threads and
+#: polling state do not survive fork(): a child forked after it must not use them, nor (unless
+#: GRPC_ENABLE_FORK_SUPPORT is on) open new ones, which would hang.
+_grpc_pid: Optional[int] = None
+
+_SPAWN_HINT = ("gRPC does not survive fork(): start worker processes with the \"spawn\" start "
+               "method (multiprocessing.set_start_method(\"spawn\") or "
+               "torch.multiprocessing.spawn) and connect in the worker")
+
+
+def _after_fork_in_child() -> None:  # pragma: no cover - runs in forked children
+    # The parent's sessions are the parent's: the child must never disconnect them at exit.
+    _live_clients.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_forked_grpc() -> None:
+    global _grpc_pid
+    pid = os.getpid()
+    if _grpc_pid is not None and _grpc_pid != pid and \
+            os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() not in ("1", "true"):
+        raise FailedPreconditionError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"railyard.connect in process {pid}, forked from process {_grpc_pid} after that "
+            f"process connected to railyardd: {_SPAWN_HINT}")
+    _grpc_pid = pid
 
 
 class Client:
@@ -270,7 +313,10 @@ class Client:
         self._to_release: collections.deque = collections.deque()
         self._staging_free: dict = {}
         self._stream = None
+        self._rings: Optional[_ring.Rings] = None
+        self._pid = os.getpid()
 
+        _check_forked_grpc()
         _check_socket(self.socket)
         # The side channel first: its ticket names, in Connect, the connection whose peer
         # credentials the daemon records and over which this session's buffers travel.
@@ -310,6 +356,53 @@ class Client:
             self._shutdown(disconnect=False)
             raise error
         _live_clients.add(self)
+        # The fast path: on unless RAILYARD_FASTPATH=0; "1" makes a failure to set it up an error.
+        fastpath = _env("RAILYARD_FASTPATH", "") or ""
+        if fastpath != "0" and (_ring.supported() or fastpath == "1"):
+            try:
+                self._open_rings()
+            except (RailyardError, OSError, ValueError) as e:
+                if fastpath == "1":
+                    self._shutdown(disconnect=True)
+                    raise error_from_code(getattr(e, "code", grpc.StatusCode.INTERNAL),
+                                          f"RAILYARD_FASTPATH=1: the session rings could not "
+                                          f"be opened: {e}") from None
+
+    def _open_rings(self) -> None:
+        spin = _env("RAILYARD_SPIN_US", "") or "50"
+        try:
+            spin_us = int(spin)
+            if not 0 <= spin_us <= 1000000:
+                raise ValueError
+        except ValueError:
+            raise _invalid(f"RAILYARD_SPIN_US={spin}: expected microseconds in [0, 1000000]") \
+                from None
+        if not _ring.supported():
+            raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
+                                          "the ring fast path needs x86-64 Linux")
+        rings = _ring.Rings(self.job, self._on_ring_completion, spin_us)
+        try:
+            try:
+                handle = self._fds.put(rings.fd, _RPC_TIMEOUT)
+            except _fd_channel.ChannelError as e:
+                raise error_from_code(e.code, f"OpenRings: {e.message}") from None
+            self._call("OpenRings", local_pb2.OpenRingsRequest(
+                fd_handle=handle, sq_entries=rings.sq_entries, cq_entries=rings.cq_entries))
+        finally:
+            rings.close_fd()
+        rings.start_reader()
+        self._rings = rings
+
+    @property
+    def fastpath(self) -> bool:
+        """True when operations go over the session rings (``RAILYARD_FASTPATH``)."""
+        return self._rings is not None
+
+    def _on_ring_completion(self, request_id: int, code: int, message: str, seq: int) -> None:
+        with self._lock:
+            work = self._pending.pop(request_id, None)
+        if work is not None:
+            work._complete(None if code == 0 else error_from_code(code, message), seq)
 
     # -- session -------------------------------------------------------------------------------
 
@@ -361,10 +454,17 @@ class Client:
             orphans, self._pending = self._pending, {}
         self._ended.set()
         self._connected.set()  # wakes a connect() still waiting
+        if self._rings is not None:
+            self._rings.close()
         for work in orphans.values():
             work._complete(end)
 
     def _session_error(self) -> Optional[RailyardError]:
+        if self._pid != os.getpid():
+            return FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this railyard.Client was connected by process {self._pid}; process "
+                f"{os.getpid()} is a fork of it and cannot use its session: {_SPAWN_HINT}")
         if self._closing:
             return FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
                                            "the client is closed")
@@ -407,6 +507,8 @@ class Client:
         self._shutdown(disconnect=True)
 
     def _shutdown(self, disconnect: bool) -> None:
+        if self._pid != os.getpid():
+            return  # a forked child: the session (and its threads) are the parent's
         with self._lock:
             if self._closing:
                 return
@@ -422,6 +524,8 @@ class Client:
             self._stream.cancel()
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(10.0)
+        if self._rings is not None:
+            self._rings.close()
         self._channel.close()
         self._fds.close()
         with self._lock:
@@ -577,15 +681,69 @@ class Client:
         return Comm(self, comm_id, response.comm_handle, rank, nranks, response.nnodes)
 
     def _submit(self, request: Any, work: Work) -> None:
-        request_id = next(self._request_ids)
-        request.session_id = self.session_id
-        request.request_id = request_id
+        self._submit_group([(request, work)])
+
+    def _submit_group(self, items: List[Tuple[Any, Work]]) -> None:
+        """Submits requests; on the rings as one group (published at once, marked so that the
+        daemon may fuse them), on gRPC one after the other."""
+        rings = self._rings
+        if rings is None:
+            for request, work in items:
+                self._submit_rpc(request, work)
+            return
+        entries = bytearray()
+        ids = []
+        for i, (request, work) in enumerate(items):
+            request_id = next(self._request_ids)
+            request.request_id = request_id
+            try:
+                vectors = None
+                if request.op == _ring.ALL_TO_ALL_V:
+                    vectors = (request.send_counts, request.send_displs, request.recv_counts,
+                               request.recv_displs)
+                    if len({len(v) for v in vectors}) != 1:
+                        raise ValueError("AllToAllv: the four vectors need one entry per rank")
+                _ring.Rings.encode(
+                    entries, request_id, request.comm_handle, request.op, request.dtype,
+                    request.red_op, request.count, request.root,
+                    (request.send.buffer_id, request.send.offset),
+                    (request.recv.buffer_id, request.recv.offset), request.timeout_ms,
+                    request.algo, i + 1 < len(items), vectors)
+            except ValueError as e:
+                work._complete(_invalid(str(e)))
+                continue
+            work._rings = rings
+            if not self._register(request_id, work):
+                continue
+            ids.append(request_id)
+        if not entries:
+            return
+        try:
+            rings.publish(bytes(entries))
+        except _ring.RingError as e:
+            error = self._session_error() or FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            for request_id in ids:
+                with self._lock:
+                    work = self._pending.pop(request_id, None)
+                if work is not None:
+                    work._complete(error)
+
+    def _register(self, request_id: int, work: Work) -> bool:
         with self._lock:
             error = self._session_error()
             if error is None:
                 self._pending[request_id] = work  # before Submit: never an unknown completion
         if error is not None:
             work._complete(error)
+            return False
+        return True
+
+    def _submit_rpc(self, request: Any, work: Work) -> None:
+        request_id = next(self._request_ids)
+        request.session_id = self.session_id
+        request.request_id = request_id
+        if not self._register(request_id, work):
             return
         try:
             response = self._stub.Submit(request, timeout=_RPC_TIMEOUT)

@@ -66,18 +66,18 @@ inline constexpr uint32_t kDefaultSqEntries = 1024;
 inline constexpr uint32_t kDefaultCqEntries = 1024;
 
 // Header field offsets (each written by one side; hot ones on their own cache line).
-inline constexpr size_t kOffMagic = 0;       // u32
-inline constexpr size_t kOffVersion = 4;     // u32
-inline constexpr size_t kOffSqEntries = 8;   // u32
-inline constexpr size_t kOffCqEntries = 12;  // u32
-inline constexpr size_t kOffSqTail = 64;     // u64, client
-inline constexpr size_t kOffSqHead = 128;    // u64, daemon
-inline constexpr size_t kOffSqDoorbell = 192;     // u32 futex, client adds
+inline constexpr size_t kOffMagic = 0;             // u32
+inline constexpr size_t kOffVersion = 4;           // u32
+inline constexpr size_t kOffSqEntries = 8;         // u32
+inline constexpr size_t kOffCqEntries = 12;        // u32
+inline constexpr size_t kOffSqTail = 64;           // u64, client
+inline constexpr size_t kOffSqHead = 128;          // u64, daemon
+inline constexpr size_t kOffSqDoorbell = 192;      // u32 futex, client adds
 inline constexpr size_t kOffDaemonSleeping = 196;  // u32, daemon
-inline constexpr size_t kOffCqTail = 256;         // u64, daemon
-inline constexpr size_t kOffCqHead = 320;         // u64, client
-inline constexpr size_t kOffCqDoorbell = 384;     // u32 futex, daemon adds
-inline constexpr size_t kOffClientWaiters = 388;  // u32, client
+inline constexpr size_t kOffCqTail = 256;          // u64, daemon
+inline constexpr size_t kOffCqHead = 320;          // u64, client
+inline constexpr size_t kOffCqDoorbell = 384;      // u32 futex, daemon adds
+inline constexpr size_t kOffClientWaiters = 388;   // u32, client
 
 // Submission entry field offsets.
 inline constexpr size_t kSqRequestId = 0;

@@ -41,6 +41,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -203,6 +205,9 @@ class Work(_Work):
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
         self._consumed = False
+        # The railyard work behind it: wait() reads the session rings for it on the waiting
+        # thread (no hop through the client's reader thread).
+        self._rw: Optional["railyard.Work"] = None
         _keep_alive(self)
 
     # Called once by the railyard work's completion (client event thread).
@@ -240,7 +245,12 @@ class Work(_Work):
             timeout = timeout.total_seconds()
         if timeout is not None and timeout <= 0:
             timeout = None
-        if not self._event.wait(timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        rw = self._rw
+        if rw is not None and not self._event.is_set():
+            rw._drive(deadline)
+        if not self._event.wait(None if deadline is None
+                                else max(0.0, deadline - time.monotonic())):
             raise _errors.DeadlineExceededError(
                 _errors.status_code(4),
                 f"railyard operation not complete after {timeout} s")
@@ -331,6 +341,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         else:
             comm_id = store.get(key).decode()
         self.comm = self.client.comm(comm_id, rank, world_size, timeout=self._op_timeout)
+        _groups.add(self)
 
     def getBackendName(self) -> str:  # noqa: N802 - the name C++ calls
         return BACKEND
@@ -339,7 +350,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         return f"<ProcessGroupRailyard rank {self.rank()} of {self.size()} {self.comm.comm_id}>"
 
     def shutdown(self) -> None:
-        """Leaves the communicator (``dist.destroy_process_group`` does not tell Python groups)."""
+        """Leaves the communicator: the daemon releases it. ``dist.destroy_process_group`` calls
+        it (this module wraps that function: PyTorch 1.13 does not tell Python groups)."""
         try:
             self.comm.close()
         except railyard.RailyardError:
@@ -362,6 +374,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
             with _live_lock:
                 _live_works.pop(id(work), None)
             raise
+        work._rw = rw
         rw.add_done_callback(work._on_done)
         return work
 
@@ -652,9 +665,30 @@ def create_process_group(store: Any, rank: int, world_size: int,
     return ProcessGroupRailyard(store, rank, world_size, timeout)
 
 
+_groups: "weakref.WeakSet[ProcessGroupRailyard]" = weakref.WeakSet()
+
+
+def _destroy_process_group(group: Any = None) -> None:
+    """``torch.distributed.destroy_process_group``, then the daemon-side communicators of the
+    railyard groups it destroyed are released (every group when ``group`` is None)."""
+    if group is None or group is dist.GroupMember.WORLD:
+        doomed = list(_groups)  # every group goes, the default one included
+    else:
+        doomed = [group] if isinstance(group, ProcessGroupRailyard) else []
+    _torch_destroy_process_group(group)
+    for g in doomed:
+        g.shutdown()
+
+
+_torch_destroy_process_group = dist.distributed_c10d.destroy_process_group
+
+
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, create_process_group)
+    if dist.distributed_c10d.destroy_process_group is not _destroy_process_group:
+        dist.distributed_c10d.destroy_process_group = _destroy_process_group
+        dist.destroy_process_group = _destroy_process_group
 
 
 _register()

@@ -1,0 +1,297 @@
+"""The session rings: the shared-memory fast path (docs/local-api.md, "Rings").
+
+Speaks the bytes of ``proto/railyard/v1/ring.h``: a submission ring this process writes and the
+daemon reads, a completion ring the daemon writes and this process reads, futex doorbells on
+both. Stores from Python reach memory in program order only on a TSO machine (x86-64), which is
+where :func:`supported` says the fast path may be used; elsewhere the client stays on gRPC.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+import threading
+import time
+from typing import Callable, Optional
+
+from . import _memfd
+
+MAGIC = 0x47525952
+VERSION = 1
+HEADER_BYTES = 4096
+SQ_ENTRY = 128
+CQ_ENTRY = 512
+CQ_MESSAGE_OFFSET = 32
+CQ_MESSAGE_BYTES = CQ_ENTRY - CQ_MESSAGE_OFFSET
+ALGO_BYTES = 32
+FLAG_GROUP_NEXT = 1
+DEFAULT_ENTRIES = 1024
+
+OFF_SQ_TAIL = 64
+OFF_SQ_HEAD = 128
+OFF_SQ_DOORBELL = 192
+OFF_DAEMON_SLEEPING = 196
+OFF_CQ_TAIL = 256
+OFF_CQ_HEAD = 320
+OFF_CQ_DOORBELL = 384
+OFF_CLIENT_WAITERS = 388
+
+ALL_TO_ALL_V = 7
+
+# request_id, comm_handle, count, send buffer, send offset, recv buffer, recv offset, op, dtype,
+# red_op, root, timeout_ms, flags, ext_slots, vec_len, algo (32 bytes), reserved.
+_ENTRY = struct.Struct("<QQQQQQQIIIiIIII32sQ")
+_CQ_HEAD = struct.Struct("<QQiI")
+assert _ENTRY.size == SQ_ENTRY
+
+_SYS_FUTEX = 202  # x86-64
+_FUTEX_WAIT = 0
+_FUTEX_WAKE = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc = None
+
+
+def supported() -> bool:
+    """The fast path needs x86-64 Linux (TSO store order, the futex syscall number above)."""
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+def _syscall():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    return _libc.syscall
+
+
+def ring_bytes(sq_entries: int, cq_entries: int) -> int:
+    return HEADER_BYTES + sq_entries * SQ_ENTRY + cq_entries * CQ_ENTRY
+
+
+def ext_slots_for(vec_len: int) -> int:
+    return (32 * vec_len + SQ_ENTRY - 1) // SQ_ENTRY
+
+
+class RingError(Exception):
+    pass
+
+
+class Rings:
+    """This process's end of one session's rings. Thread-safe.
+
+    ``on_completion(request_id, code, message, seq)`` runs for every completion read, on the
+    thread that read it, with no lock of this class held.
+    """
+
+    def __init__(self, job: str, on_completion: Callable[[int, int, str, int], None],
+                 spin_us: int, sq_entries: int = DEFAULT_ENTRIES,
+                 cq_entries: int = DEFAULT_ENTRIES) -> None:
+        self.sq_entries = sq_entries
+        self.cq_entries = cq_entries
+        self.spin_s = spin_us / 1e6
+        self._on_completion = on_completion
+        self.mapping, self.fd = _memfd.create(job, ring_bytes(sq_entries, cq_entries))
+        struct.pack_into("<IIII", self.mapping, 0, MAGIC, VERSION, sq_entries, cq_entries)
+        m = self.mapping
+        self._sq_tail = ctypes.c_uint64.from_buffer(m, OFF_SQ_TAIL)
+        self._sq_head = ctypes.c_uint64.from_buffer(m, OFF_SQ_HEAD)
+        self._sq_doorbell = ctypes.c_uint32.from_buffer(m, OFF_SQ_DOORBELL)
+        self._daemon_sleeping = ctypes.c_uint32.from_buffer(m, OFF_DAEMON_SLEEPING)
+        self._cq_tail = ctypes.c_uint64.from_buffer(m, OFF_CQ_TAIL)
+        self._cq_head = ctypes.c_uint64.from_buffer(m, OFF_CQ_HEAD)
+        self._cq_doorbell = ctypes.c_uint32.from_buffer(m, OFF_CQ_DOORBELL)
+        self._client_waiters = ctypes.c_uint32.from_buffer(m, OFF_CLIENT_WAITERS)
+        self._sq_doorbell_addr = ctypes.addressof(self._sq_doorbell)
+        self._cq_doorbell_addr = ctypes.addressof(self._cq_doorbell)
+        self._futex = _syscall()
+        self._sq_lock = threading.Lock()
+        self._cq_lock = threading.Lock()
+        self._waiters_lock = threading.Lock()
+        self._tail = 0  # our sq_tail
+        self._head = 0  # our cq_head
+        self._cq_base = HEADER_BYTES + sq_entries * SQ_ENTRY
+        self._closed = False
+        # Threads waiting in the foreground (Work.wait): the background reader stays out of
+        # their way (it does not ask the daemon to wake it while they read the ring).
+        self._foreground = 0
+        self._reader: Optional[threading.Thread] = None
+
+    # -- the futex --------------------------------------------------------------------------
+
+    def _wait(self, addr: int, expected: int, seconds: float) -> None:
+        ts = _Timespec(int(seconds), int((seconds - int(seconds)) * 1e9))
+        self._futex(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_uint32(expected),
+                    ctypes.byref(ts), None, 0)
+
+    def _wake(self, addr: int, n: int) -> None:
+        self._futex(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, n, None, None, 0)
+
+    def _add_waiter(self, delta: int) -> None:
+        with self._waiters_lock:
+            self._client_waiters.value = (self._client_waiters.value + delta) & 0xFFFFFFFF
+
+    # -- submissions ------------------------------------------------------------------------
+
+    @staticmethod
+    def encode(out: bytearray, request_id: int, comm_handle: int, op: int, dtype: int,
+               red_op: int, count: int, root: int, send: tuple, recv: tuple, timeout_ms: int,
+               algo: str, group_next: bool, vectors: Optional[tuple] = None) -> None:
+        """Appends one entry (and its AllToAllv vector slots) to ``out``."""
+        algo_b = algo.encode()
+        if len(algo_b) >= ALGO_BYTES:
+            raise ValueError(f"algorithm name {algo!r} is longer than {ALGO_BYTES - 1} "
+                             "characters")
+        vec_len = len(vectors[0]) if vectors else 0
+        ext = ext_slots_for(vec_len) if op == ALL_TO_ALL_V else 0
+        out += _ENTRY.pack(request_id, comm_handle, count, send[0], send[1] if send[0] else 0,
+                           recv[0], recv[1] if recv[0] else 0, op, dtype, red_op, root,
+                           timeout_ms, FLAG_GROUP_NEXT if group_next else 0, ext,
+                           vec_len if op == ALL_TO_ALL_V else 0, algo_b, 0)
+        if ext:
+            flat = b"".join(struct.pack(f"<{vec_len}Q", *v) for v in vectors)
+            out += flat + bytes(ext * SQ_ENTRY - len(flat))
+
+    def publish(self, entries: bytes) -> None:
+        """Publishes whole entries at once (a group), waiting for room while reading
+        completions. Raises :class:`RingError` once closed or when they can never fit."""
+        need = len(entries) // SQ_ENTRY
+        if need > self.sq_entries:
+            raise RingError(f"submission of {need} ring slots does not fit the ring's "
+                            f"{self.sq_entries}")
+        started = time.monotonic()
+        with self._sq_lock:
+            while self._tail + need - self._sq_head.value > self.sq_entries:
+                if self._closed:
+                    raise RingError("the session has ended")
+                # Full: the daemon takes entries only while their completions fit.
+                self._sq_lock.release()
+                try:
+                    if self.drain() == 0:
+                        self._poke_daemon()
+                        time.sleep(0 if time.monotonic() - started < self.spin_s else 50e-6)
+                finally:
+                    self._sq_lock.acquire()
+            if self._closed:
+                raise RingError("the session has ended")
+            m = self.mapping
+            base = HEADER_BYTES
+            for i in range(need):
+                slot = (self._tail + i) & (self.sq_entries - 1)
+                m[base + slot * SQ_ENTRY:base + (slot + 1) * SQ_ENTRY] = \
+                    entries[i * SQ_ENTRY:(i + 1) * SQ_ENTRY]
+            self._tail += need
+            self._sq_tail.value = self._tail  # after the entries: TSO keeps the order
+            self._sq_doorbell.value = (self._sq_doorbell.value + 1) & 0xFFFFFFFF
+        # No store-load fence in Python: always ring (a futex wake nobody waits for is cheap).
+        self._wake(self._sq_doorbell_addr, 1)
+
+    def _poke_daemon(self) -> None:
+        """Wakes the daemon if it waits for completion-ring room (entries wait for it)."""
+        if self._sq_head.value != self._sq_tail.value:
+            self._sq_doorbell.value = (self._sq_doorbell.value + 1) & 0xFFFFFFFF
+            self._wake(self._sq_doorbell_addr, 1)
+
+    # -- completions ------------------------------------------------------------------------
+
+    def drain(self, blocking: bool = True) -> int:
+        """Reads the completions there are and hands each to ``on_completion``."""
+        if not self._cq_lock.acquire(blocking):
+            return 0
+        got = []
+        try:
+            if self._closed:
+                return 0
+            tail = self._cq_tail.value
+            m = self.mapping
+            while self._head != tail:
+                off = self._cq_base + (self._head & (self.cq_entries - 1)) * CQ_ENTRY
+                request_id, seq, code, length = _CQ_HEAD.unpack_from(m, off)
+                message = ""
+                if code != 0:
+                    length = min(length, CQ_MESSAGE_BYTES)
+                    start = off + CQ_MESSAGE_OFFSET
+                    message = bytes(m[start:start + length]).decode("utf-8", "replace")
+                got.append((request_id, code, message, seq))
+                self._head += 1
+            if got:
+                self._cq_head.value = self._head
+        finally:
+            self._cq_lock.release()
+        if got:
+            self._poke_daemon()
+            for c in got:
+                self._on_completion(*c)
+        return len(got)
+
+    def wait_until(self, done: Callable[[], bool], deadline: Optional[float]) -> bool:
+        """Reads completions on this thread until ``done()`` or the deadline (monotonic):
+        spins for the spin time, then sleeps on the completion doorbell."""
+        with self._waiters_lock:
+            self._foreground += 1
+        try:
+            spin_end = time.monotonic() + self.spin_s
+            while not done():
+                if self._closed:
+                    return done()
+                if self.drain(blocking=False):
+                    continue
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return done()
+                if now < spin_end:
+                    continue
+                self._add_waiter(1)
+                try:
+                    ring = self._cq_doorbell.value
+                    if self.drain() == 0 and not done() and not self._closed:
+                        left = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
+                        self._wait(self._cq_doorbell_addr, ring, left)
+                finally:
+                    self._add_waiter(-1)
+            return True
+        finally:
+            with self._waiters_lock:
+                self._foreground -= 1
+
+    def start_reader(self) -> None:
+        """A background thread that reads completions nobody waits for in the foreground (for
+        callbacks: ``Work.add_done_callback``, torch futures)."""
+        self._reader = threading.Thread(target=self._read, name="railyard-ring", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closed:
+            if self._foreground:
+                # A foreground waiter reads the ring: look again later without asking the daemon
+                # to wake us for every completion.
+                self._wait(self._cq_doorbell_addr, self._cq_doorbell.value, 0.01)
+                continue
+            self._add_waiter(1)
+            try:
+                ring = self._cq_doorbell.value
+                if self.drain() == 0 and not self._closed and not self._foreground:
+                    self._wait(self._cq_doorbell_addr, ring, 1.0)
+            finally:
+                self._add_waiter(-1)
+
+    def close(self) -> None:
+        """Wakes every waiter; later :meth:`publish` calls fail (the session has ended)."""
+        self._closed = True
+        with self._cq_lock:
+            pass  # a drain in progress has finished
+        self._cq_doorbell.value = (self._cq_doorbell.value + 1) & 0xFFFFFFFF
+        self._wake(self._cq_doorbell_addr, 1 << 30)
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(5.0)
+
+    def close_fd(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
