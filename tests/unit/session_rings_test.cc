@@ -1,0 +1,450 @@
+// The session rings end to end in one process: the client's end (client/cpp/client_rings.h) and
+// the daemon's (daemon/session/session_rings.h) over one real sealed memfd, with a fake in place
+// of DaemonCore::Submit. Wrap-around, back-pressure of a full completion ring, garbage a client
+// can write (entries, tails, extension slots), concurrent submitters, sleeping when idle, and
+// stopping with operations in flight.
+#include "daemon/session/session_rings.h"
+
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "client/cpp/client_rings.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/railyard/v1/ring.h"
+
+namespace railyard {
+namespace {
+
+namespace rp = ringproto;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// Stands in for DaemonCore::Submit: records what it was given, and completes it at once, later
+// (Complete) or refuses it.
+class FakeSubmit {
+ public:
+  enum class Mode { kCompleteNow, kHold, kRefuse };
+  explicit FakeSubmit(Mode mode) : mode_(mode) {}
+
+  absl::StatusOr<uint64_t> operator()(const RingSubmission& entry,
+                                      const std::shared_ptr<CompletionSink>& sink) {
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seq = next_seq_++;
+      seen_.push_back(entry);
+      if (mode_ == Mode::kHold) held_.push_back({entry.request.request_id(), seq, sink});
+    }
+    if (mode_ == Mode::kRefuse) return absl::InvalidArgumentError("refused by the fake");
+    if (mode_ == Mode::kCompleteNow) sink->PostCompletion(entry.request.request_id(), {}, seq);
+    return seq;
+  }
+  // Completes every held request.
+  void CompleteHeld() {
+    std::vector<Held> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held.swap(held_);
+    }
+    for (auto& h : held) {
+      if (auto s = h.sink.lock()) s->PostCompletion(h.request_id, absl::OkStatus(), h.seq);
+    }
+  }
+  size_t seen() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_.size();
+  }
+  RingSubmission seen_at(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_.at(i);
+  }
+
+ private:
+  struct Held {
+    uint64_t request_id;
+    uint64_t seq;
+    std::weak_ptr<CompletionSink> sink;
+  };
+  const Mode mode_;
+  std::mutex mu_;
+  uint64_t next_seq_ = 0;
+  std::vector<RingSubmission> seen_;
+  std::vector<Held> held_;
+};
+
+struct Outcome {
+  absl::Status status;
+  uint64_t seq = 0;
+  int times = 0;
+};
+
+// Both ends of one set of rings.
+class RingPair {
+ public:
+  RingPair(uint32_t sq, uint32_t cq, std::shared_ptr<FakeSubmit> fake,
+           std::chrono::microseconds spin = std::chrono::microseconds(50))
+      : fake_(std::move(fake)) {
+    int fd = -1;
+    auto client = internal::ClientRings::Create("unit", sq, cq, spin, &fd);
+    EXPECT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    client_->SetOnCompletion([this](uint64_t id, absl::Status st, uint64_t seq) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Outcome& o = outcomes_[id];
+      o.status = std::move(st);
+      o.seq = seq;
+      ++o.times;
+    });
+    auto seg = MappedSegment::MapMemfd(UniqueFd(fd), rp::RingBytes(sq, cq));
+    EXPECT_TRUE(seg.ok()) << seg.status();
+    segment_ = *seg;
+    auto rings =
+        SessionRings::Create(segment_, sq, cq, absl::FromChrono(std::chrono::microseconds(spin)));
+    EXPECT_TRUE(rings.ok()) << rings.status();
+    daemon_ = *std::move(rings);
+    daemon_->Start([f = fake_](const RingSubmission& e,
+                               const std::shared_ptr<CompletionSink>& sink) { return (*f)(e, sink); },
+                   "unit");
+  }
+  ~RingPair() {
+    daemon_->Stop();
+    client_->Close();
+  }
+
+  // Publishes one AllReduce entry with request_id id.
+  absl::Status Submit(uint64_t id, bool group_next = false) {
+    std::vector<std::byte> bytes;
+    v1::SubmitRequest r;
+    r.set_request_id(id);
+    r.set_comm_handle(7);
+    r.set_op(v1::COLLECTIVE_OP_ALL_REDUCE);
+    r.set_dtype(v1::DATA_TYPE_FLOAT32);
+    r.set_red_op(v1::RED_OP_SUM);
+    r.set_count(id);
+    if (absl::Status s = internal::ClientRings::Encode(r, group_next, &bytes); !s.ok()) return s;
+    return client_->Publish(bytes);
+  }
+  bool WaitFor(uint64_t id, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+    return client_->WaitUntil([&] { return Has(id); }, Clock::now() + limit);
+  }
+  bool Has(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return outcomes_.count(id) > 0;
+  }
+  Outcome Get(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return outcomes_[id];
+  }
+  size_t CompletionCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return outcomes_.size();
+  }
+  // The shared memory as the client sees it (to write what a hostile client would).
+  std::byte* base() const { return segment_->data(); }
+  uint64_t& Word64(size_t off) const { return *reinterpret_cast<uint64_t*>(base() + off); }
+  uint32_t& Word32(size_t off) const { return *reinterpret_cast<uint32_t*>(base() + off); }
+  // Publishes raw slots at the tail, bypassing the client library (it is not told).
+  void PublishRaw(const std::vector<std::byte>& slots, uint32_t sq) {
+    uint64_t tail = __atomic_load_n(&Word64(rp::kOffSqTail), __ATOMIC_ACQUIRE);
+    for (size_t i = 0; i < slots.size() / rp::kSqEntryBytes; ++i) {
+      std::memcpy(base() + rp::SqOffset() + ((tail + i) & (sq - 1)) * rp::kSqEntryBytes,
+                  slots.data() + i * rp::kSqEntryBytes, rp::kSqEntryBytes);
+    }
+    __atomic_store_n(&Word64(rp::kOffSqTail), tail + slots.size() / rp::kSqEntryBytes,
+                     __ATOMIC_RELEASE);
+    __atomic_fetch_add(&Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &Word32(rp::kOffSqDoorbell), 1 /*FUTEX_WAKE*/, 1, nullptr, nullptr, 0);
+  }
+
+  std::shared_ptr<FakeSubmit> fake_;
+  std::unique_ptr<internal::ClientRings> client_;
+  std::shared_ptr<MappedSegment> segment_;
+  std::shared_ptr<SessionRings> daemon_;
+  std::mutex mu_;
+  std::map<uint64_t, Outcome> outcomes_;
+};
+
+bool Eventually(const std::function<bool()>& pred,
+                std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+TEST(SessionRingsTest, EntriesWrapAroundBothRingsInOrderWithTheirSequenceNumbers) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(8, 8, fake);
+  for (uint64_t id = 1; id <= 100; ++id) {  // 12 laps of each ring
+    ASSERT_TRUE(rings.Submit(id).ok());
+    ASSERT_TRUE(rings.WaitFor(id)) << id;
+    const Outcome o = rings.Get(id);
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.seq, id - 1);
+    EXPECT_EQ(o.times, 1);
+  }
+  ASSERT_EQ(fake->seen(), 100u);
+  for (size_t i = 0; i < 100; ++i) {
+    const v1::SubmitRequest& r = fake->seen_at(i).request;
+    EXPECT_EQ(r.request_id(), i + 1);
+    EXPECT_EQ(r.count(), i + 1);
+    EXPECT_EQ(r.comm_handle(), 7u);
+    EXPECT_EQ(r.op(), v1::COLLECTIVE_OP_ALL_REDUCE);
+    EXPECT_EQ(r.dtype(), v1::DATA_TYPE_FLOAT32);
+  }
+  const RingStats st = rings.daemon_->stats();
+  EXPECT_EQ(st.submitted, 100u);
+  EXPECT_EQ(st.completed, 100u);
+  EXPECT_EQ(st.refused, 0u);
+}
+
+TEST(SessionRingsTest, AFullCompletionRingStopsTheDaemonTakingEntriesUntilTheClientReads) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kHold);
+  RingPair rings(8, 8, fake);
+  for (uint64_t id = 1; id <= 8; ++id) ASSERT_TRUE(rings.Submit(id).ok());
+  ASSERT_TRUE(Eventually([&] { return fake->seen() == 8; }));
+  // Eight accepted requests hold every completion slot: these eight wait in the submission ring.
+  for (uint64_t id = 9; id <= 16; ++id) ASSERT_TRUE(rings.Submit(id).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(fake->seen(), 8u);
+  EXPECT_EQ(__atomic_load_n(&rings.Word64(rp::kOffSqHead), __ATOMIC_ACQUIRE), 8u);
+  // Completed but unread, they still hold the slots.
+  fake->CompleteHeld();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(fake->seen(), 8u);
+  // Reading them frees the slots and wakes the daemon.
+  EXPECT_EQ(rings.client_->Drain(), 8u);
+  ASSERT_TRUE(Eventually([&] { return fake->seen() == 16; }));
+  fake->CompleteHeld();
+  ASSERT_TRUE(rings.WaitFor(16));
+  EXPECT_EQ(rings.CompletionCount(), 16u);
+}
+
+TEST(SessionRingsTest, GarbageEntriesGetOneErrorCompletionEachAndNothingElse) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kRefuse);
+  RingPair rings(64, 64, fake);
+  std::mt19937_64 rng(1234);
+  constexpr int kEntries = 500;
+  int published = 0;
+  std::map<uint64_t, int> expected;
+  while (published < kEntries) {
+    std::vector<std::byte> slot(rp::kSqEntryBytes);
+    for (auto& b : slot) b = static_cast<std::byte>(rng());
+    uint64_t id = 1000000 + published;
+    std::memcpy(slot.data() + rp::kSqRequestId, &id, 8);
+    // Small extension counts some of the time, so that both paths are taken.
+    uint32_t ext = static_cast<uint32_t>(rng() % 3 == 0 ? rng() % 4 : rng());
+    std::memcpy(slot.data() + rp::kSqExtSlots, &ext, 4);
+    ext = 0;  // publish one slot: any extension it claims is missing or another entry's
+    ++expected[id];
+    while (__atomic_load_n(&rings.Word64(rp::kOffSqTail), __ATOMIC_ACQUIRE) -
+               __atomic_load_n(&rings.Word64(rp::kOffSqHead), __ATOMIC_ACQUIRE) >=
+           64) {
+      rings.client_->Drain();
+      std::this_thread::yield();
+    }
+    rings.PublishRaw(slot, 64);
+    ++published;
+    rings.client_->Drain();
+  }
+  // Every entry taken produced exactly one completion, every one an error; none crashed the
+  // daemon. An entry that claimed extension slots swallowed the entries after it (as many as
+  // published), so there may be fewer completions than entries, never more.
+  ASSERT_TRUE(Eventually([&] {
+    rings.client_->Drain();
+    return __atomic_load_n(&rings.Word64(rp::kOffSqHead), __ATOMIC_ACQUIRE) ==
+           __atomic_load_n(&rings.Word64(rp::kOffSqTail), __ATOMIC_ACQUIRE);
+  }));
+  rings.client_->Drain();
+  const size_t n = rings.CompletionCount();
+  EXPECT_GT(n, 100u);
+  EXPECT_LE(n, static_cast<size_t>(kEntries));
+  for (const auto& [id, count] : expected) {
+    if (!rings.Has(id)) continue;
+    const Outcome o = rings.Get(id);
+    EXPECT_EQ(o.times, 1);
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kInvalidArgument) << o.status;
+  }
+  EXPECT_EQ(rings.daemon_->stats().refused, n);
+}
+
+TEST(SessionRingsTest, ATailBeyondTheRingIsReportedOnceAndNothingIsTakenUntilItIsSane) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(8, 8, fake);
+  __atomic_store_n(&rings.Word64(rp::kOffSqTail), 1000, __ATOMIC_RELEASE);
+  rings.PublishRaw({}, 8);
+  ASSERT_TRUE(rings.WaitFor(0));
+  const Outcome o = rings.Get(0);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(o.status.message()), HasSubstr("1000 slots ahead of head 0"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  rings.client_->Drain();
+  EXPECT_EQ(fake->seen(), 0u);
+  EXPECT_EQ(rings.Get(0).times, 1);  // reported once, not once per look
+  // The client puts its tail back: the ring works again.
+  __atomic_store_n(&rings.Word64(rp::kOffSqTail), 0, __ATOMIC_RELEASE);
+  ASSERT_TRUE(rings.Submit(5).ok());
+  ASSERT_TRUE(rings.WaitFor(5));
+  EXPECT_TRUE(rings.Get(5).status.ok());
+  EXPECT_EQ(fake->seen(), 1u);
+}
+
+TEST(SessionRingsTest, ExtensionSlotsThatWereNeverPublishedAreRefusedNamingThem) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(16, 16, fake);
+  std::vector<std::byte> slot(rp::kSqEntryBytes);
+  const uint64_t id = 42;
+  const uint32_t op = v1::COLLECTIVE_OP_ALL_TO_ALL_V, ext = 5, vec_len = 20;
+  std::memcpy(slot.data() + rp::kSqRequestId, &id, 8);
+  std::memcpy(slot.data() + rp::kSqOp, &op, 4);
+  std::memcpy(slot.data() + rp::kSqExtSlots, &ext, 4);
+  std::memcpy(slot.data() + rp::kSqVecLen, &vec_len, 4);
+  rings.PublishRaw(slot, 16);
+  ASSERT_TRUE(rings.WaitFor(42));
+  const Outcome o = rings.Get(42);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(o.status.message()),
+              HasSubstr("says 5 extension slots follow, but only 0 are published"));
+  EXPECT_EQ(fake->seen(), 0u);
+}
+
+TEST(SessionRingsTest, AllToAllvVectorsTravelInExtensionSlotsAcrossTheWrap) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(16, 16, fake);
+  // Move the tail near the end of the ring first, so that the vectors wrap.
+  for (uint64_t id = 1; id <= 13; ++id) {
+    ASSERT_TRUE(rings.Submit(id).ok());
+    ASSERT_TRUE(rings.WaitFor(id));
+  }
+  v1::SubmitRequest r;
+  r.set_request_id(99);
+  r.set_comm_handle(3);
+  r.set_op(v1::COLLECTIVE_OP_ALL_TO_ALL_V);
+  r.set_dtype(v1::DATA_TYPE_INT32);
+  r.set_algo("direct");
+  constexpr int kRanks = 9;  // 9 * 32 bytes: 3 extension slots
+  for (int i = 0; i < kRanks; ++i) {
+    r.add_send_counts(i);
+    r.add_send_displs(100 + i);
+    r.add_recv_counts(200 + i);
+    r.add_recv_displs(300 + i);
+  }
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(internal::ClientRings::Encode(r, false, &bytes).ok());
+  EXPECT_EQ(bytes.size(), 4 * rp::kSqEntryBytes);
+  ASSERT_TRUE(rings.client_->Publish(bytes).ok());
+  ASSERT_TRUE(rings.WaitFor(99));
+  EXPECT_TRUE(rings.Get(99).status.ok());
+  const v1::SubmitRequest got = fake->seen_at(13).request;
+  EXPECT_EQ(got.algo(), "direct");
+  ASSERT_EQ(got.send_counts_size(), kRanks);
+  for (int i = 0; i < kRanks; ++i) {
+    EXPECT_EQ(got.send_counts(i), static_cast<uint64_t>(i));
+    EXPECT_EQ(got.send_displs(i), static_cast<uint64_t>(100 + i));
+    EXPECT_EQ(got.recv_counts(i), static_cast<uint64_t>(200 + i));
+    EXPECT_EQ(got.recv_displs(i), static_cast<uint64_t>(300 + i));
+  }
+}
+
+TEST(SessionRingsTest, GroupedEntriesArePublishedAtOnceAndMarked) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(16, 16, fake);
+  ASSERT_TRUE(rings.Submit(1, /*group_next=*/true).ok());
+  ASSERT_TRUE(rings.Submit(2, /*group_next=*/false).ok());
+  ASSERT_TRUE(rings.WaitFor(2));
+  ASSERT_TRUE(rings.WaitFor(1));
+  EXPECT_TRUE(fake->seen_at(0).group_next);
+  EXPECT_FALSE(fake->seen_at(1).group_next);
+}
+
+TEST(SessionRingsTest, ConcurrentSubmittersInOneProcessEachGetTheirCompletionsOnce) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(64, 64, fake);
+  constexpr int kThreads = 4, kPerThread = 3000;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const uint64_t id = static_cast<uint64_t>(t) * 1000000 + i + 1;
+        if (!rings.Submit(id).ok() || !rings.WaitFor(id)) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(rings.CompletionCount(), static_cast<size_t>(kThreads * kPerThread));
+  EXPECT_EQ(fake->seen(), static_cast<size_t>(kThreads * kPerThread));
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kPerThread; ++i) {
+      const Outcome o = rings.Get(static_cast<uint64_t>(t) * 1000000 + i + 1);
+      ASSERT_EQ(o.times, 1);
+      ASSERT_TRUE(o.status.ok());
+    }
+  }
+}
+
+TEST(SessionRingsTest, AnIdleRingThreadSleepsOnItsDoorbellAndWakesForTheNextEntry) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(8, 8, fake);
+  ASSERT_TRUE(rings.Submit(1).ok());
+  ASSERT_TRUE(rings.WaitFor(1));
+  ASSERT_TRUE(Eventually(
+      [&] { return __atomic_load_n(&rings.Word32(rp::kOffDaemonSleeping), __ATOMIC_ACQUIRE) == 1; },
+      std::chrono::seconds(2)));
+  const uint64_t wakeups = rings.daemon_->stats().wakeups;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Asleep: no polling in between (a 1 s backstop timeout at most).
+  EXPECT_LE(rings.daemon_->stats().wakeups, wakeups + 1);
+  ASSERT_TRUE(rings.Submit(2).ok());
+  ASSERT_TRUE(rings.WaitFor(2, std::chrono::milliseconds(500)));
+  EXPECT_TRUE(rings.Get(2).status.ok());
+}
+
+TEST(SessionRingsTest, StoppingWithOperationsInFlightIsPromptAndLaterCompletionsAreDropped) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kHold);
+  RingPair rings(8, 8, fake);
+  for (uint64_t id = 1; id <= 5; ++id) ASSERT_TRUE(rings.Submit(id).ok());
+  ASSERT_TRUE(Eventually([&] { return fake->seen() == 5; }));
+  const auto start = Clock::now();
+  rings.daemon_->Stop();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+  fake->CompleteHeld();  // the operations end after the session did: nothing is written
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(rings.client_->Drain(), 0u);
+  EXPECT_EQ(rings.daemon_->stats().completed, 0u);
+}
+
+TEST(SessionRingsTest, RingsWhoseHeaderOrSizeDisagreeWithTheRequestAreRefused) {
+  int fd = -1;
+  auto client = internal::ClientRings::Create("unit", 8, 8, std::chrono::microseconds(0), &fd);
+  ASSERT_TRUE(client.ok());
+  auto seg = MappedSegment::MapMemfd(UniqueFd(fd), rp::RingBytes(8, 8));
+  ASSERT_TRUE(seg.ok());
+  auto wrong_geometry = SessionRings::Create(*seg, 16, 8, absl::ZeroDuration());
+  EXPECT_EQ(wrong_geometry.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong_geometry.status().message()), HasSubstr("take"));
+  auto not_power = SessionRings::Create(*seg, 12, 8, absl::ZeroDuration());
+  EXPECT_EQ(not_power.status().code(), absl::StatusCode::kInvalidArgument);
+  std::memset((*seg)->data(), 0xab, 4);  // the magic
+  auto bad_magic = SessionRings::Create(*seg, 8, 8, absl::ZeroDuration());
+  EXPECT_EQ(bad_magic.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_magic.status().message()), HasSubstr("magic"));
+}
+
+}  // namespace
+}  // namespace railyard
