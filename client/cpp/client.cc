@@ -15,6 +15,41 @@ struct Work::State : internal::PendingRequest {};
 
 namespace {
 
+// This thread's open group (GroupStart/GroupEnd): its depth and what it holds, in order.
+struct Deferred {
+  std::shared_ptr<ClientCore> core;
+  v1::SubmitRequest request;
+  std::shared_ptr<internal::PendingRequest> pending;
+};
+thread_local int group_depth = 0;
+thread_local std::vector<Deferred> group_ops;
+
+}  // namespace
+
+void GroupStart() { ++group_depth; }
+
+absl::Status GroupEnd() {
+  if (group_depth == 0) return absl::FailedPreconditionError("GroupEnd() without GroupStart()");
+  if (--group_depth > 0) return absl::OkStatus();
+  std::vector<Deferred> ops;
+  ops.swap(group_ops);
+  // One group per session, each in the order its operations were made.
+  std::vector<bool> sent(ops.size(), false);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (sent[i]) continue;
+    std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> group;
+    for (size_t j = i; j < ops.size(); ++j) {
+      if (sent[j] || ops[j].core != ops[i].core) continue;
+      sent[j] = true;
+      group.emplace_back(std::move(ops[j].request), std::move(ops[j].pending));
+    }
+    ops[i].core->SubmitGroup(std::move(group));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 v1::DataType ToProto(DataType dtype) {
   switch (dtype) {
     case DataType::kFloat32:
@@ -169,6 +204,10 @@ Work Comm::Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
   request->set_comm_handle(handle_);
   request->set_timeout_ms(static_cast<uint32_t>(timeout_ms));
   request->set_algo(opts.algo.empty() ? core_->default_algo() : opts.algo);
+  if (group_depth > 0) {
+    group_ops.push_back({core_, std::move(*request), work.state_});
+    return work;
+  }
   core_->Submit(std::move(*request), work.state_);
   return work;
 }

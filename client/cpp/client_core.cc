@@ -465,7 +465,10 @@ bool ClientCore::Register(uint64_t request_id,
 void ClientCore::SubmitGroup(
     std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> requests) {
   if (rings_ == nullptr) {
-    for (auto& [request, pending] : requests) Submit(std::move(request), pending);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      requests[i].first.set_group_next(i + 1 < requests.size());
+      Submit(std::move(requests[i].first), requests[i].second);
+    }
     return;
   }
   std::vector<std::byte> entries;

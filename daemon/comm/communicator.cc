@@ -280,7 +280,9 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
       return;
     }
     scheduler::BuildLocalPlan(slot.merge.requests(), plan->chunk_bytes, &collective_exec_.plan);
-    if (!collective_exec_.plan.steps.empty()) {
+    fused_ = 1 + FuseGroupLocked(plan->chunk_bytes);
+    collective_exec_.sequential = fused_ > 1;
+    if (!collective_exec_.plan.steps.empty() || fused_ > 1) {
       collective_running_ = true;
       running_self_ = shared_from_this();
       out->collective = &collective_exec_;
@@ -293,6 +295,50 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     ++ops_completed_;
     collectives_.PopFront();
   }
+}
+
+bool Communicator::GroupContinuesLocked(const CollectiveQueue::Entry& e) const {
+  for (const auto& r : e.requests) {
+    if (r == nullptr || !r->group_next) return false;
+  }
+  return !e.requests.empty();
+}
+
+size_t Communicator::FuseGroupLocked(size_t chunk_bytes) {
+  if (multi_node_ || env_.inline_max_bytes == 0) return 0;
+  const CollectiveQueue::Entry& front = collectives_.front();
+  const scheduler::RankRequest& r0 = front.requests[0]->req;
+  size_t fused = 0;
+  const CollectiveQueue::Entry* prev = &front;
+  // The rest of the front's group, while complete, alike (dtype, red_op) and small: they run in
+  // the same execution, in order, on one thread.
+  while (GroupContinuesLocked(*prev)) {
+    CollectiveQueue::Entry* next = collectives_.Find(collectives_.front_seq() + fused + 1);
+    if (next == nullptr || !next->merge.complete() || next->merge.CheckComplete() != absl::OkStatus()) {
+      break;
+    }
+    const scheduler::RankRequest& rn = next->requests[0]->req;
+    if (rn.dtype != r0.dtype || rn.red_op != r0.red_op || scheduler::IsPointToPoint(rn.op)) break;
+    absl::StatusOr<PlannedOp> plan = planner_.Plan(next->merge.requests());
+    if (!plan.ok() || !plan->local()) break;
+    scheduler::LocalPlan& lp = collective_exec_.plan;
+    const uint64_t bytes_before = lp.bytes_moved;
+    const size_t steps_before = lp.steps.size();
+    const size_t ptrs_before = lp.ptrs.size();
+    scheduler::AppendLocalPlan(next->merge.requests(), chunk_bytes, &lp);
+    if (lp.bytes_moved > env_.inline_max_bytes) {
+      // Too big to run in order on one thread with the others: it runs on its own, after.
+      lp.steps.resize(steps_before);
+      lp.ptrs.resize(ptrs_before);
+      lp.bytes_moved = bytes_before;
+      break;
+    }
+    env_.timer->Cancel(next->timer);
+    for (auto& r : next->requests) r->waiting.Reset();
+    ++fused;
+    prev = next;
+  }
+  return fused;
 }
 
 void Communicator::OnRunDeadline(uint64_t seq, absl::Duration limit) {
@@ -316,17 +362,22 @@ void Communicator::OnCollectiveDone(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     keep = std::move(running_self_);
     env_.timer->Cancel(run_timer_);
-    CollectiveQueue::Entry& slot = collectives_.front();
-    const uint64_t seq = collectives_.front_seq();
-    RecordCollectiveLocked(status);
-    for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, seq});
-    if (status.ok()) {
-      ++ops_completed_;
-      bytes_moved_ += collective_exec_.plan.bytes_moved;
-    } else {
-      ++ops_failed_;
+    // A fused group completes each of its operations.
+    const size_t ran = std::max<size_t>(fused_, 1);
+    fused_ = 1;
+    for (size_t i = 0; i < ran && !collectives_.empty(); ++i) {
+      CollectiveQueue::Entry& slot = collectives_.front();
+      const uint64_t seq = collectives_.front_seq();
+      RecordCollectiveLocked(status);
+      for (auto& r : slot.requests) out.completions.push_back({std::move(r), status, seq});
+      if (status.ok()) {
+        ++ops_completed_;
+      } else {
+        ++ops_failed_;
+      }
+      collectives_.PopFront();
     }
-    collectives_.PopFront();
+    if (status.ok()) bytes_moved_ += collective_exec_.plan.bytes_moved;
     collective_running_ = false;
     // A failed transfer leaves the daemons out of step: the communicator cannot go on.
     if (!status.ok()) AbortLocked(status, &out, /*transfers_now=*/true);

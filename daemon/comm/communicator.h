@@ -205,6 +205,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void NextPointToPointLocked(P2PChannels::Key key, Outcomes* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCollectiveDone(const absl::Status& status);
+  // True when every local rank said its next submission after e's belongs to the same group.
+  bool GroupContinuesLocked(const CollectiveQueue::Entry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends to collective_exec_ the rest of the front entry's group that can run with it (one
+  // node, complete, same dtype and red_op, small in all); returns how many entries it took.
+  size_t FuseGroupLocked(size_t chunk_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRunDeadline(uint64_t seq, absl::Duration limit);
   // Local index of a global rank of this node, or -1.
   int LocalIndex(int rank) const;
@@ -249,6 +255,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   CollectiveQueue collectives_ ABSL_GUARDED_BY(mu_);
   bool collective_running_ ABSL_GUARDED_BY(mu_) = false;
   scheduler::Execution collective_exec_;  // owned by the running collective while it runs
+  size_t fused_ = 1;                      // front entries the running execution completes
   std::shared_ptr<Communicator> running_self_ ABSL_GUARDED_BY(mu_);
   // Collectives run by schedule: the front slot's schedule (cached by the planner), memory and
   // run (reused).

@@ -24,6 +24,8 @@ struct PendingRequest {
   std::shared_ptr<MappedSegment> send_segment;
   std::shared_ptr<MappedSegment> recv_segment;
   absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
+  // The rank's next submission belongs to the same group (SubmitRequest.group_next).
+  bool group_next = false;
   absl::Time deadline = absl::InfiniteFuture();   // set when the communicator accepts it
   // The submitting session's quota (null: not accounted). While the request waits (a collective
   // for the other ranks, a send/recv for its peer) it holds one unit of Resource::kQueuedOps or

@@ -39,15 +39,20 @@ thread_local int inline_depth = 0;
 }  // namespace
 
 void Executor::RunInlineOrQueue(Execution* exec, size_t max_bytes) {
-  if (inline_depth > 0 || exec->plan.bytes_moved > max_bytes) {
+  auto run_in_order = [](Execution* e) {
+    ++inline_depth;
+    const size_t nsteps = e->plan.steps.size();
+    for (size_t i = 0; i < nsteps; ++i) RunStep(e->plan, i);
+    e->on_done();
+    --inline_depth;
+  };
+  if (inline_depth == 0 && exec->plan.bytes_moved <= max_bytes) {
+    run_in_order(exec);
+  } else if (exec->sequential) {
+    Post([exec, run_in_order] { run_in_order(exec); });
+  } else {
     Run(exec);
-    return;
   }
-  ++inline_depth;
-  const size_t nsteps = exec->plan.steps.size();
-  for (size_t i = 0; i < nsteps; ++i) RunStep(exec->plan, i);
-  exec->on_done();
-  --inline_depth;
 }
 
 void Executor::Post(std::function<void()> fn) {

@@ -22,6 +22,10 @@ struct Execution {
   // Called once, from the thread that finished the last step, after every step has run.
   std::function<void()> on_done;
 
+  // Run its steps one after the other on one thread (a fused group: its operations keep their
+  // order), not spread over the workers.
+  bool sequential = false;
+
   // Executor state.
   size_t next_step = 0;
   std::atomic<size_t> remaining{0};

@@ -138,6 +138,11 @@ void PlanAllToAll(const std::vector<const RankRequest*>& reqs, size_t esize, Pla
 void BuildLocalPlan(const std::vector<const RankRequest*>& reqs, size_t chunk_bytes,
                     LocalPlan* plan) {
   plan->Clear();
+  AppendLocalPlan(reqs, chunk_bytes, plan);
+}
+
+void AppendLocalPlan(const std::vector<const RankRequest*>& reqs, size_t chunk_bytes,
+                     LocalPlan* plan) {
   const RankRequest& r0 = *reqs[0];
   const auto n = static_cast<uint32_t>(reqs.size());
   plan->dtype = r0.dtype;

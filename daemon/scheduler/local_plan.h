@@ -53,6 +53,11 @@ inline constexpr size_t kDefaultChunkBytes = 256 * 1024;
 void BuildLocalPlan(const std::vector<const RankRequest*>& requests, size_t chunk_bytes,
                     LocalPlan* plan);
 
+// Adds the steps of another complete merged collective to plan (a fused group): it must have the
+// dtype, red_op and rank count of what plan holds.
+void AppendLocalPlan(const std::vector<const RankRequest*>& requests, size_t chunk_bytes,
+                     LocalPlan* plan);
+
 // Plans a matched Send/Recv pair: bytes from send to recv.
 void BuildCopyPlan(std::byte* src, std::byte* dst, uint64_t bytes, size_t chunk_bytes,
                    LocalPlan* plan);

@@ -200,6 +200,7 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
   }
   if (auto s = scheduler::CheckInPlaceLayout(r, rank, *extents); !s.ok()) return s;
   out->timeout = absl::Milliseconds(in.timeout_ms());
+  out->group_next = in.group_next();
   return out;
 }
 

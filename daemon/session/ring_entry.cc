@@ -68,6 +68,7 @@ absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry
   RingSubmission out;
   out.group_next = (flags & rp::kFlagGroupNext) != 0;
   v1::SubmitRequest& r = out.request;
+  r.set_group_next(out.group_next);
   r.set_request_id(Load<uint64_t>(entry, rp::kSqRequestId));
   r.set_comm_handle(Load<uint64_t>(entry, rp::kSqCommHandle));
   r.set_count(Load<uint64_t>(entry, rp::kSqCount));

@@ -303,6 +303,25 @@ def signed_token_seeds():
     write(t, "policy_file", "job uids=1000,1001\n* gids=5\n")
 
 
+def ring_entry_seeds():
+    t = "ring_entry_fuzz"
+    # proto/railyard/v1/ring.h: request_id, comm_handle, count, send buffer/offset, recv
+    # buffer/offset, op, dtype, red_op, root, timeout_ms, flags, ext_slots, vec_len, algo[32],
+    # reserved; AllToAllv vectors in the slots after it.
+    def entry(op=1, flags=0, ext=0, vec_len=0, algo=b"", send=(1, 0), recv=(2, 0)):
+        return struct.pack("<QQQQQQQIIIiIIII32sQ", 9, 3, 256, send[0], send[1], recv[0],
+                           recv[1], op, 1, 1, 0, 0, flags, ext, vec_len, algo, 0)
+    write(t, "allreduce", entry())
+    write(t, "grouped_ring_algo", entry(flags=1, algo=b"ring"))
+    vec = struct.pack("<16Q", *range(16))
+    write(t, "alltoallv_4", entry(op=7, ext=1, vec_len=4) + vec + bytes(0))
+    write(t, "alltoallv_short", entry(op=7, ext=2, vec_len=4) + vec)
+    write(t, "vectors_on_allreduce", entry(ext=1, vec_len=4) + vec)
+    write(t, "unknown_flag", entry(flags=6))
+    write(t, "algo_unterminated", entry(algo=b"x" * 32))
+    write(t, "offset_without_buffer", entry(send=(0, 64)))
+
+
 def main():
     if CORPUS.exists():
         shutil.rmtree(CORPUS)
@@ -317,6 +336,7 @@ def main():
         peer_seeds(pb)
         fd_channel_seeds()
         signed_token_seeds()
+        ring_entry_seeds()
     total = sum(f.stat().st_size for f in CORPUS.rglob("*") if f.is_file())
     count = sum(1 for f in CORPUS.rglob("*") if f.is_file())
     print(f"make_seeds: {count} files, {total} bytes under {CORPUS.relative_to(ROOT)}")

@@ -150,6 +150,17 @@ class Comm {
   int nnodes_ = 1;
 };
 
+// Operations submitted on this thread between GroupStart() and GroupEnd() go to the daemon
+// together, as one group (like ncclGroupStart/ncclGroupEnd): over the session rings they are
+// published at once, and the daemon runs small one-node collectives of a group that agree on
+// dtype and reduction as one operation, in order. Each returns its own Work, which completes
+// after GroupEnd(); do not wait on one before GroupEnd() (it has not been submitted). Calls nest:
+// the outermost GroupEnd() submits. Like NCCL's groups, a group never changes what the operations
+// do, and every rank of a communicator must issue its collectives in the same order.
+void GroupStart();
+// Submits the thread's group; FAILED_PRECONDITION without a matching GroupStart().
+absl::Status GroupEnd();
+
 class Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options = {});
