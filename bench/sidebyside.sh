@@ -10,12 +10,17 @@
 #      the veth addresses) vs OpenMPI --mca btl tcp,self on the veth subnet, np 2 across the
 #      same namespaces. Needs root and `ip netns`; skipped with the reason otherwise.
 # Launches interleave: for each repetition, each case launches railyard then OpenMPI (fresh
-# daemons / fresh mpirun every launch). Each launch is three sweeps: 8 B (-n 2000), 128 KiB and
-# 512 KiB (-n 200), 2 MiB to 32 MiB (-n 20). A cell is the ratio of the medians over the launches.
+# daemons / fresh mpirun every launch). Each launch is three sweeps: 8 B (-n 5000), 128 KiB and
+# 512 KiB (-n 500), 2 MiB to 32 MiB (-n 40). A cell is the ratio of the medians over the launches.
 #   bench/sidebyside.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); CASES (default "1 2 3 4"); RAILYARD_* is
 # passed through to railyard-perf's ranks (the clients) untouched; MPIRUN (default
-# mpirun.openmpi), MPICC (default mpicc.openmpi).
+# mpirun.openmpi), MPICC (default mpicc.openmpi); OMPI_YIELD (default 1): OpenMPI's
+# mpi_yield_when_idle. Its ranks busy-poll by default, and on a host whose cores other work
+# shares (2 cores, load 4-7 where this was written) a spinning rank whose peer is descheduled
+# turns a 0.3 us 8 B AllReduce into milliseconds in some launches and not others (seen: 0.3 ->
+# 2200 us, 512 KiB 0.1 -> 8.8 ms); yielding while idle keeps its medians stable, at about 1-3 us
+# of 8 B latency. OMPI_YIELD=0 gives OpenMPI's own default. Other OMPI_MCA_* reach mpirun as usual.
 # Not a test: numbers depend on the machine and its load (medians of interleaved launches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +31,7 @@ mpirun=${MPIRUN:-mpirun.openmpi}
 mpicc=${MPICC:-mpicc.openmpi}
 # OpenMPI's temporary reduction buffers stay faulted in: no mmap for large mallocs, no trimming.
 tunables="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+yield=${OMPI_YIELD:-1}
 if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ]; then scripts/build.sh; fi
 daemon_bin=$build/daemon/railyardd
 perf_bin=$build/tools/railyard-perf
@@ -53,9 +59,9 @@ trap 'exit 130' INT TERM
 sweeps=(lat mid big)
 sweep_args() {  # name -> "min max factor iters warmup"
   case $1 in
-    lat) echo "8 8 2 2000 200" ;;
-    mid) echo "128K 512K 4 200 20" ;;
-    big) echo "2M 32M 4 20 5" ;;
+    lat) echo "8 8 2 5000 500" ;;
+    mid) echo "128K 512K 4 500 50" ;;
+    big) echo "2M 32M 4 40 5" ;;
   esac
 }
 
@@ -146,10 +152,20 @@ run_railyard() {  # case file
       --daemons "$daemons" --ranks-per-daemon "$rpd" >>"$f" 2>"$out/perf.err" ||
       { cat "$out/perf.err" "$out"/d*.log >&2; echo "sidebyside: railyard-perf failed (case $c)" >&2; exit 1; }
   done
+  # The communicator's coordinator is the first daemon's peer address: proof of the path taken.
+  local want=""
+  [ "$c" = 3 ] && want="@127.0.0.1:"
+  [ "$c" = 4 ] && want="@$veth_net.1:"
+  if [ -n "$want" ] && ! grep -q "$want" "$f"; then
+    echo "sidebyside: case $c's communicator is not coordinated at $want:" >&2
+    grep '# *Comm' "$f" >&2
+    exit 1
+  fi
   stop_daemons
 }
 
-ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables" --mca pml ob1)
+ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables" --mca pml ob1
+  --mca mpi_yield_when_idle "$yield")
 run_openmpi() {  # case file
   local c=$1 f=$2 s
   : >"$f"
@@ -184,9 +200,11 @@ run_openmpi() {  # case file
 
 echo "# railyard vs OpenMPI $("$mpirun" --version 2>/dev/null | head -1 | awk '{print $NF}'): AllReduce float32 sum, out-of-place; $reps interleaved launches per tool and case, medians"
 echo "# host $(hostname), $(nproc) CPUs, $(uname -r); railyard $(git describe --always --dirty 2>/dev/null) ($build)"
-echo "# railyard env: $(env | grep '^RAILYARD_' | grep -v '^RAILYARD_BUILD_DIR=' | sort | tr '\n' ' ' || true)"
-echo "# OpenMPI: pml ob1, --bind-to none, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
-echo "# sweeps per launch: 8 B -n 2000 -w 200; 128K, 512K -n 200 -w 20; 2M..32M -n 20 -w 5 (railyard-perf -c 0)"
+ry_env=$(env | grep '^RAILYARD_' | grep -v '^RAILYARD_BUILD_DIR=' | sort | tr '\n' ' ' || true)
+echo "# railyard env (passed to railyard-perf's ranks): ${ry_env:-(none)}"
+echo "# OpenMPI: pml ob1, --bind-to none, mpi_yield_when_idle $yield, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
+echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# sweeps per launch: 8 B -n 5000 -w 500; 128K, 512K -n 500 -w 50; 2M..32M -n 40 -w 5 (railyard-perf -c 0)"
 start=$(date +%s)
 for ((r = 1; r <= reps; r++)); do
   for c in $cases; do
@@ -218,6 +236,7 @@ def load(path, ry):
         rows[int(f[0])] = float(f[5] if ry else f[1])
     return rows
 sizes = [8, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20]
+us = lambda t: f"{t:.2f}" if t < 10 else f"{t:.1f}"
 def samples(c, tool):
     return [load(f"{out}/c{c}-{tool}-{r}.txt", tool == "ry") for r in range(1, reps + 1)]
 print()
@@ -226,8 +245,8 @@ for c in cases:
     if c == "4" and skip4:
         continue
     for r, (ry, om) in enumerate(zip(samples(c, "ry"), samples(c, "om")), 1):
-        print(f"#   case {c} launch {r}: " + " ".join(f"{ry[s]:.1f}" for s in sizes) + " | "
-              + " ".join(f"{om[s]:.1f}" for s in sizes))
+        print(f"#   case {c} launch {r}: " + " ".join(us(ry[s]) for s in sizes) + " | "
+              + " ".join(us(om[s]) for s in sizes))
 print()
 print("| case | 8 B railyard / OpenMPI (µs) | 128 KiB busbw ratio | 512 KiB | 2 MiB | 8 MiB | 32 MiB |")
 print("|---|---|---|---|---|---|---|")
@@ -238,10 +257,10 @@ for c in cases:
     ry, om = samples(c, "ry"), samples(c, "om")
     med = lambda runs, s: statistics.median(run[s] for run in runs)
     # Same bytes and ranks on both sides, so the busbw ratio is OpenMPI's time / railyard's.
-    cells = [f"{med(ry, 8):.1f} / {med(om, 8):.1f}"]
+    cells = [f"{us(med(ry, 8))} / {us(med(om, 8))}"]
     cells += [f"{med(om, s) / med(ry, s):.2f}" for s in sizes[1:]]
     print(f"| {names[c]} | " + " | ".join(cells) + " |")
 print()
 print("busbw ratio = railyard / OpenMPI (>1: railyard faster), from the median times of the launches.")
 PY
-echo "# total $(($(date +%s) - start)) s"
+echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
