@@ -23,6 +23,7 @@ fi
 export RAILYARD_BUILD_DIR=$build
 export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 echo "# railyard $(git describe --always --dirty 2>/dev/null) ($build), host $(hostname), $(nproc) CPUs"
+echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 start=$(date +%s)
 for n in $worlds; do
   echo
@@ -30,4 +31,4 @@ for n in $worlds; do
   /usr/bin/python3 bench/torch_allreduce_vs_gloo.py --nproc "$n" --sizes "$sizes" \
     --variants "$variants" --repeats "$reps" --railyardd "$build/daemon/railyardd"
 done
-echo "# total $(($(date +%s) - start)) s"
+echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
