@@ -4,16 +4,20 @@
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_allreduce_vs_gloo.py --nproc 4
 
 Runs --nproc processes on this machine. Each size is all_reduced (sum, float32) --iters times
-after --warmup iterations, with each backend in turn, in the same processes:
+(--small-iters for sizes up to 64 KiB, a tenth of --iters, at least 3, from 16 MiB) after
+--warmup iterations, with each backend in turn, in the same processes, --repeats times
+interleaved (railyard, railyard-shared, gloo, railyard, ...; a fresh process group each time):
 
   railyard         ordinary CPU tensors (copied into shared memory and back by the backend)
   railyard-shared  tensors from railyard.torch.empty (shared with the daemon: zero copy)
   gloo             torch's gloo backend over loopback TCP
 
-Time per op is the slowest rank's mean; algbw = bytes / time and busbw = algbw * 2(n-1)/n (the
-nccl-tests convention: the traffic of a ring all-reduce). A daemon is needed: --socket (or
-$RAILYARD_SOCKET), or --railyardd PATH to start one for the run (default: build/daemon/railyardd
-when no socket is given). Not a test: numbers depend on the machine and its load.
+Time per op is the slowest rank's mean, and the median of that over the repeats; algbw =
+bytes / time and busbw = algbw * 2(n-1)/n (the nccl-tests convention: the traffic of a ring
+all-reduce). A daemon is needed: --socket (or $RAILYARD_SOCKET), or --railyardd PATH to start
+one for the run (default: $RAILYARD_BUILD_DIR/daemon/railyardd, build/ when unset, when no
+socket is given). RAILYARD_* variables reach the backend's clients unchanged. Not a test:
+numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import os
 import signal
 import socket as socketlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +37,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 try:
     import railyard  # noqa: F401
 except ImportError:  # fall back to the build tree's package copy
-    sys.path.append(os.path.join(REPO, "build", "python"))
+    sys.path.append(os.path.join(REPO, os.environ.get("RAILYARD_BUILD_DIR", "build"), "python"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -48,8 +53,8 @@ def human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def measure(rank: int, n: int, variant: str, sizes: List[int], iters: int, warmup: int,
-            store_path: str) -> Dict[int, float]:
+def measure(rank: int, n: int, variant: str, sizes: List[int], iters: int, small_iters: int,
+            warmup: int, store_path: str) -> Dict[int, float]:
     import railyard.torch
     backend = "gloo" if variant == "gloo" else "railyard"
     dist.init_process_group(backend, rank=rank, world_size=n,
@@ -63,7 +68,12 @@ def measure(rank: int, n: int, variant: str, sizes: List[int], iters: int, warmu
             else:
                 t = torch.empty(count, dtype=torch.float32)
             t.fill_(1.0)
-            reps = iters if nbytes < (16 << 20) else max(3, iters // 10)
+            if nbytes <= (64 << 10):
+                reps = small_iters
+            elif nbytes < (16 << 20):
+                reps = iters
+            else:
+                reps = max(3, iters // 10)
             for _ in range(warmup):
                 dist.all_reduce(t)
             dist.barrier()
@@ -81,10 +91,12 @@ def measure(rank: int, n: int, variant: str, sizes: List[int], iters: int, warmu
 def worker(rank: int, n: int, args: argparse.Namespace, tmp: str, queue) -> None:
     os.environ["RAILYARD_SOCKET"] = args.socket
     os.environ.setdefault("RAILYARD_JOB", f"bench-{os.getppid()}")
-    results = {}
-    for i, variant in enumerate(args.variants):
-        results[variant] = measure(rank, n, variant, args.sizes, args.iters, args.warmup,
-                                   os.path.join(tmp, f"store{i}"))
+    results: Dict[str, List[Dict[int, float]]] = {v: [] for v in args.variants}
+    for r in range(args.repeats):
+        for i, variant in enumerate(args.variants):
+            results[variant].append(
+                measure(rank, n, variant, args.sizes, args.iters, args.small_iters, args.warmup,
+                        os.path.join(tmp, f"store{r}-{i}")))
     if rank == 0:
         queue.put(results)
 
@@ -113,11 +125,16 @@ def main() -> int:
     parser.add_argument("--sizes", default="4,4096,65536,1048576,16777216,67108864",
                         help="comma-separated message sizes in bytes")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--small-iters", type=int, default=500,
+                        help="timed iterations for sizes up to 64 KiB")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved measurements of every variant; the median is shown")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--socket", default=os.environ.get("RAILYARD_SOCKET", ""))
     parser.add_argument("--railyardd", default=os.environ.get(
-        "RAILYARDD", os.path.join(REPO, "build", "daemon", "railyardd")))
+        "RAILYARDD", os.path.join(REPO, os.environ.get("RAILYARD_BUILD_DIR", "build"), "daemon",
+                                  "railyardd")))
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     args.variants = [v for v in args.variants.split(",") if v]
@@ -134,7 +151,7 @@ def main() -> int:
             queue = ctx.Queue()
             mp.start_processes(worker, args=(args.nproc, args, tmp, queue), nprocs=args.nproc,
                                start_method="spawn")
-            results = queue.get(timeout=60)
+            results = queue.get(timeout=600)
         finally:
             if daemon is not None:
                 daemon.send_signal(signal.SIGTERM)
@@ -143,7 +160,14 @@ def main() -> int:
     n = args.nproc
     factor = 2 * (n - 1) / n if n > 1 else 1.0
     print(f"all_reduce float32 sum, {n} processes on one machine "
-          f"(torch {torch.__version__}); time = slowest rank's mean")
+          f"(torch {torch.__version__}); time = slowest rank's mean, median of "
+          f"{args.repeats} interleaved repeats")
+    env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                   if k.startswith("RAILYARD_")
+                   and k not in ("RAILYARD_SOCKET", "RAILYARD_JOB", "RAILYARD_BUILD_DIR"))
+    print(f"railyard env: {env or '(none)'}")
+    med = {v: {s: statistics.median(run[s] for run in results[v]) for s in args.sizes}
+           for v in args.variants}
     width = 23
     print(f"{'':>10} |" + "|".join(f"{v:^{width}}" for v in args.variants))
     print(f"{'size':>10} |" + "|".join(f"{'time us':>11} {'busbw GB/s':>10} "
@@ -152,10 +176,27 @@ def main() -> int:
     for nbytes in args.sizes:
         cells = []
         for v in args.variants:
-            t = results[v][nbytes]
+            t = med[v][nbytes]
             busbw = max(nbytes, 4) / t * factor / 1e9
             cells.append(f"{t * 1e6:>11.1f} {busbw:>10.3f} ")
         print(f"{human(nbytes):>10} |" + "|".join(cells))
+    if "gloo" in args.variants and len(args.variants) > 1:
+        ours = [v for v in args.variants if v != "gloo"]
+        print()
+        print("| size | " + " | ".join(f"{v} us" for v in args.variants) + " | "
+              + " | ".join(f"{v} / gloo time" for v in ours) + " |")
+        print("|---" * (1 + len(args.variants) + len(ours)) + "|")
+        for nbytes in args.sizes:
+            cells = [f"{med[v][nbytes] * 1e6:.1f}" for v in args.variants]
+            cells += [f"{med[v][nbytes] / med['gloo'][nbytes]:.2f}" for v in ours]
+            print(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
+        print("(time ratio < 1: railyard faster)")
+        print()
+        print("samples (us per call, one per repeat):")
+        for v in args.variants:
+            for nbytes in args.sizes:
+                print(f"  {v:>15} {human(nbytes):>8}: "
+                      + ", ".join(f"{run[nbytes] * 1e6:.1f}" for run in results[v]))
     return 0
 
 

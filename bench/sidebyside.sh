@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# railyard vs OpenMPI, AllReduce float32 sum, out-of-place, in one run and one table (issue #13).
+# Cases (railyard-perf through railyardd vs bench/mpi_allreduce.c under OpenMPI's ob1 PML):
+#   1  one railyardd, 2 ranks          vs OpenMPI --mca btl vader,self, np 2 (shared memory)
+#   2  one railyardd, 4 ranks          vs OpenMPI --mca btl vader,self, np 4
+#   3  2 railyardd x 1 rank, UCX tcp on lo (peer plane mutual TLS on 127.0.0.1)
+#                                      vs OpenMPI --mca btl tcp,self on lo, np 2
+#   4  2 railyardd x 1 rank in two network namespaces joined by an unshaped veth pair (one
+#      daemon and one OpenMPI rank per namespace, data over the veth; peer plane mutual TLS on
+#      the veth addresses) vs OpenMPI --mca btl tcp,self on the veth subnet, np 2 across the
+#      same namespaces. Needs root and `ip netns`; skipped with the reason otherwise.
+# Launches interleave: for each repetition, each case launches railyard then OpenMPI (fresh
+# daemons / fresh mpirun every launch). Each launch is three sweeps: 8 B (-n 5000), 128 KiB and
+# 512 KiB (-n 500), 2 MiB to 32 MiB (-n 40). A cell is the ratio of the medians over the launches.
+#   bench/sidebyside.sh [REPS=3]
+# Environment: RAILYARD_BUILD_DIR (default build); CASES (default "1 2 3 4"); RAILYARD_* is
+# passed through to railyard-perf's ranks (the clients) untouched; MPIRUN (default
+# mpirun.openmpi), MPICC (default mpicc.openmpi); OMPI_YIELD (default 1): OpenMPI's
+# mpi_yield_when_idle. Its ranks busy-poll by default, and on a host whose cores other work
+# shares (2 cores, load 4-7 where this was written) a spinning rank whose peer is descheduled
+# turns a 0.3 us 8 B AllReduce into milliseconds in some launches and not others (seen: 0.3 ->
+# 2200 us, 512 KiB 0.1 -> 8.8 ms); yielding while idle keeps its medians stable, at about 1-3 us
+# of 8 B latency. OMPI_YIELD=0 gives OpenMPI's own default. Other OMPI_MCA_* reach mpirun as usual.
+# Not a test: numbers depend on the machine and its load (medians of interleaved launches).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+reps=${1:-3}
+cases=${CASES:-1 2 3 4}
+build=${RAILYARD_BUILD_DIR:-build}
+mpirun=${MPIRUN:-mpirun.openmpi}
+mpicc=${MPICC:-mpicc.openmpi}
+# OpenMPI's temporary reduction buffers stay faulted in: no mmap for large mallocs, no trimming.
+tunables="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+yield=${OMPI_YIELD:-1}
+if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ]; then scripts/build.sh; fi
+daemon_bin=$build/daemon/railyardd
+perf_bin=$build/tools/railyard-perf
+out=$(mktemp -d /tmp/railyard-sidebyside.XXXXXX)
+chmod 755 "$out"  # ranks in other namespaces run as root too, but keep the dir traversable
+pids=()
+ns_a="" ns_b=""
+stop_daemons() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  pids=()
+}
+cleanup() {
+  stop_daemons
+  [ -n "$ns_a" ] && ip netns del "$ns_a" 2>/dev/null
+  [ -n "$ns_b" ] && ip netns del "$ns_b" 2>/dev/null
+  rm -rf "$out"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$mpicc" -O2 -o "$out/ar_openmpi" bench/mpi_allreduce.c
+
+# Sweeps: name, then railyard-perf and mpi_allreduce arguments (min max factor iters warmup).
+sweeps=(lat mid big)
+sweep_args() {  # name -> "min max factor iters warmup"
+  case $1 in
+    lat) echo "8 8 2 5000 500" ;;
+    mid) echo "128K 512K 4 500 50" ;;
+    big) echo "2M 32M 4 40 5" ;;
+  esac
+}
+
+# ---- case 4's namespaces (made once; skipped with a reason when impossible) ----
+veth_net=10.253.77
+skip4=""
+setup_netns() {
+  if [ "$(id -u)" != 0 ]; then skip4="not root (ip netns needs CAP_SYS_ADMIN)"; return; fi
+  command -v ip >/dev/null || { skip4="no ip command (iproute2)"; return; }
+  local a=sbsA$$ b=sbsB$$
+  if ! ip netns add "$a" 2>"$out/netns.err"; then
+    skip4="ip netns add failed: $(head -1 "$out/netns.err")"
+    return
+  fi
+  ns_a=$a
+  ip netns add "$b" && ns_b=$b
+  ip link add "va$$" netns "$ns_a" type veth peer name "vb$$" netns "$ns_b" 2>"$out/netns.err" ||
+    { skip4="cannot make a veth pair: $(head -1 "$out/netns.err")"; return; }
+  ip -n "$ns_a" addr add "$veth_net.1/24" dev "va$$"
+  ip -n "$ns_b" addr add "$veth_net.2/24" dev "vb$$"
+  for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+  ip -n "$ns_a" link set "va$$" up
+  ip -n "$ns_b" link set "vb$$" up
+  # UCX offers only devices that are up with a carrier.
+  for _ in $(seq 300); do
+    ip -n "$ns_a" link show dev "va$$" | grep -q 'state UP' &&
+      ip -n "$ns_b" link show dev "vb$$" | grep -q 'state UP' && return
+    sleep 0.01
+  done
+  skip4="the veth pair did not come up"
+}
+[[ " $cases " == *" 4 "* ]] && setup_netns
+
+scripts/peer-certs.sh "$out/certs" vnode0 vnode1 "nsnode0=$veth_net.1" "nsnode1=$veth_net.2"
+tls() {  # node -> mutual TLS flags
+  echo "--peer_tls_cert=$out/certs/$1.pem --peer_tls_key=$out/certs/$1-key.pem --peer_tls_ca=$out/certs/ca.pem"
+}
+
+wait_sockets() {
+  for s in "$@"; do
+    for _ in $(seq 300); do [ -S "$s" ] && break; sleep 0.05; done
+    [ -S "$s" ] || { cat "$out"/*.log >&2; echo "sidebyside: a railyardd did not start ($s)" >&2; exit 1; }
+  done
+}
+
+# start_daemons CASE: fresh railyardd for the case; sets $daemons and $rpd.
+start_daemons() {
+  local c=$1 socks=() n
+  rm -f "$out"/d*.sock
+  case $c in
+    1 | 2)
+      "$daemon_bin" --socket="$out/d0.sock" --insecure_first_session_token >"$out/d0.log" 2>&1 &
+      pids+=($!)
+      socks=("$out/d0.sock")
+      rpd=$((c == 1 ? 2 : 4))
+      ;;
+    3 | 4)
+      for n in 0 1; do
+        local ns=() node=vnode$n dev=lo listen=127.0.0.1:0
+        if [ "$c" = 4 ]; then
+          node=nsnode$n listen=$veth_net.$((n + 1)):0
+          if [ "$n" = 0 ]; then ns=(ip netns exec "$ns_a") dev=va$$; else ns=(ip netns exec "$ns_b") dev=vb$$; fi
+        fi
+        echo "{\"node\": \"$node\", \"rails\": [{\"name\": \"rail0\", \"device\": \"$dev\"}]}" >"$out/d$n.json"
+        # shellcheck disable=SC2046 # tls prints a list of flags
+        "${ns[@]}" "$daemon_bin" --socket="$out/d$n.sock" --insecure_first_session_token \
+          --peer_listen="$listen" $(tls "$node") --topology="$out/d$n.json" >"$out/d$n.log" 2>&1 &
+        pids+=($!)
+        socks+=("$out/d$n.sock")
+      done
+      rpd=1
+      ;;
+  esac
+  wait_sockets "${socks[@]}"
+  daemons=$(IFS=,; echo "${socks[*]}")
+}
+
+# The ranks of railyard-perf run in this (root) namespace in every case: they reach their daemon
+# over its Unix socket and shared memory, which namespaces do not separate; what crosses the
+# veth in case 4 is daemon-to-daemon traffic (peer plane and UCX), as between two hosts.
+run_railyard() {  # case file
+  local c=$1 f=$2 s
+  start_daemons "$c"
+  : >"$f"
+  for s in "${sweeps[@]}"; do
+    read -r lo hi fac it wu <<<"$(sweep_args "$s")"
+    timeout 300 "$perf_bin" --op allreduce -b "$lo" -e "$hi" -f "$fac" -n "$it" -w "$wu" -c 0 \
+      --daemons "$daemons" --ranks-per-daemon "$rpd" >>"$f" 2>"$out/perf.err" ||
+      { cat "$out/perf.err" "$out"/d*.log >&2; echo "sidebyside: railyard-perf failed (case $c)" >&2; exit 1; }
+  done
+  # The communicator's coordinator is the first daemon's peer address: proof of the path taken.
+  local want=""
+  [ "$c" = 3 ] && want="@127.0.0.1:"
+  [ "$c" = 4 ] && want="@$veth_net.1:"
+  if [ -n "$want" ] && ! grep -q "$want" "$f"; then
+    echo "sidebyside: case $c's communicator is not coordinated at $want:" >&2
+    grep '# *Comm' "$f" >&2
+    exit 1
+  fi
+  stop_daemons
+}
+
+ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables" --mca pml ob1
+  --mca mpi_yield_when_idle "$yield")
+run_openmpi() {  # case file
+  local c=$1 f=$2 s
+  : >"$f"
+  for s in "${sweeps[@]}"; do
+    read -r lo hi fac it wu <<<"$(sweep_args "$s")"
+    local args=("$lo" "$hi" "$fac" "$it" "$wu")
+    local ok=0
+    case $c in
+      1 | 2)
+        GLIBC_TUNABLES=$tunables timeout 300 "$mpirun" "${ompi_common[@]}" --mca btl vader,self \
+          -np $((c == 1 ? 2 : 4)) "$out/ar_openmpi" "${args[@]}" >>"$f" 2>"$out/mpi.err" || ok=$?
+        ;;
+      3)
+        GLIBC_TUNABLES=$tunables timeout 300 "$mpirun" "${ompi_common[@]}" --mca btl tcp,self \
+          --mca btl_tcp_if_include lo -np 2 "$out/ar_openmpi" "${args[@]}" >>"$f" 2>"$out/mpi.err" || ok=$?
+        ;;
+      4)
+        # mpirun runs in namespace A with rank 0; rank 1 is exec'd into namespace B. The ranks
+        # reach mpirun's PMIx server over TCP, by default on 127.0.0.1 -- rank 1's loopback is
+        # another namespace's, so the server listens on the veth (remote connections) instead.
+        # Only start-up and MPI_Finalize use that channel; MPI traffic is btl tcp on the veth.
+        ip netns exec "$ns_a" env GLIBC_TUNABLES="$tunables" PMIX_MCA_ptl_tcp_remote_connections=1 \
+          PMIX_MCA_ptl_tcp_if_include="$veth_net.0/24" timeout 300 "$mpirun" "${ompi_common[@]}" \
+          --mca btl tcp,self --mca btl_tcp_if_include "$veth_net.0/24" \
+          -np 1 "$out/ar_openmpi" "${args[@]}" : \
+          -np 1 ip netns exec "$ns_b" "$out/ar_openmpi" "${args[@]}" >>"$f" 2>"$out/mpi.err" || ok=$?
+        ;;
+    esac
+    [ "$ok" = 0 ] || { cat "$out/mpi.err" >&2; echo "sidebyside: OpenMPI failed (case $c, rc $ok)" >&2; exit 1; }
+  done
+}
+
+echo "# railyard vs OpenMPI $("$mpirun" --version 2>/dev/null | head -1 | awk '{print $NF}'): AllReduce float32 sum, out-of-place; $reps interleaved launches per tool and case, medians"
+echo "# host $(hostname), $(nproc) CPUs, $(uname -r); railyard $(git describe --always --dirty 2>/dev/null) ($build)"
+ry_env=$(env | grep '^RAILYARD_' | grep -v '^RAILYARD_BUILD_DIR=' | sort | tr '\n' ' ' || true)
+echo "# railyard env (passed to railyard-perf's ranks): ${ry_env:-(none)}"
+echo "# OpenMPI: pml ob1, --bind-to none, mpi_yield_when_idle $yield, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
+echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# sweeps per launch: 8 B -n 5000 -w 500; 128K, 512K -n 500 -w 50; 2M..32M -n 40 -w 5 (railyard-perf -c 0)"
+start=$(date +%s)
+for ((r = 1; r <= reps; r++)); do
+  for c in $cases; do
+    if [ "$c" = 4 ] && [ -n "$skip4" ]; then continue; fi
+    run_railyard "$c" "$out/c$c-ry-$r.txt"
+    run_openmpi "$c" "$out/c$c-om-$r.txt"
+    echo "# launch $r case $c done ($(($(date +%s) - start)) s)"
+  done
+done
+
+# shellcheck disable=SC2086 # cases is a list
+/usr/bin/python3 - "$out" "$reps" "$skip4" $cases <<'PY'
+import statistics, sys
+out, reps, skip4, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+names = {
+    "1": "1 daemon, 2 ranks vs vader np2",
+    "2": "1 daemon, 4 ranks vs vader np4",
+    "3": "2 daemons x 1 rank, tcp on lo vs btl tcp np2",
+    "4": "2 daemons x 1 rank, netns + veth vs btl tcp np2",
+}
+def load(path, ry):
+    rows = {}
+    for line in open(path):
+        f = line.split()
+        if not f or not f[0].isdigit():
+            continue
+        # railyard-perf: size count type redop root time algbw busbw ... (out-of-place first);
+        # mpi_allreduce: size time algbw busbw.
+        rows[int(f[0])] = float(f[5] if ry else f[1])
+    return rows
+sizes = [8, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20]
+us = lambda t: f"{t:.2f}" if t < 10 else f"{t:.1f}"
+def samples(c, tool):
+    return [load(f"{out}/c{c}-{tool}-{r}.txt", tool == "ry") for r in range(1, reps + 1)]
+print()
+print("# each launch, time per op in us (railyard | OpenMPI) at 8 B, 128K, 512K, 2M, 8M, 32M:")
+for c in cases:
+    if c == "4" and skip4:
+        continue
+    for r, (ry, om) in enumerate(zip(samples(c, "ry"), samples(c, "om")), 1):
+        print(f"#   case {c} launch {r}: " + " ".join(us(ry[s]) for s in sizes) + " | "
+              + " ".join(us(om[s]) for s in sizes))
+print()
+print("| case | 8 B railyard / OpenMPI (µs) | 128 KiB busbw ratio | 512 KiB | 2 MiB | 8 MiB | 32 MiB |")
+print("|---|---|---|---|---|---|---|")
+for c in cases:
+    if c == "4" and skip4:
+        print(f"| {names[c]} | skipped: {skip4} | | | | | |")
+        continue
+    ry, om = samples(c, "ry"), samples(c, "om")
+    med = lambda runs, s: statistics.median(run[s] for run in runs)
+    # Same bytes and ranks on both sides, so the busbw ratio is OpenMPI's time / railyard's.
+    cells = [f"{us(med(ry, 8))} / {us(med(om, 8))}"]
+    cells += [f"{med(om, s) / med(ry, s):.2f}" for s in sizes[1:]]
+    print(f"| {names[c]} | " + " | ".join(cells) + " |")
+print()
+print("busbw ratio = railyard / OpenMPI (>1: railyard faster), from the median times of the launches.")
+PY
+echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
