@@ -15,7 +15,7 @@
 #   bench/sidebyside.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); CASES (default "1 2 3 4"); RAILYARD_* is
 # passed through to railyard-perf's ranks (the clients) untouched; MPIRUN (default
-# mpirun.openmpi), MPICC (default mpicc.openmpi); OMPI_YIELD (default 1): OpenMPI's
+# mpirun.openmpi), MPICC (default mpicc.openmpi); OMPI_YIELD (default 0: OpenMPI's own busy polling): OpenMPI's
 # mpi_yield_when_idle. Its ranks busy-poll by default, and on a host whose cores other work
 # shares (2 cores, load 4-7 where this was written) a spinning rank whose peer is descheduled
 # turns a 0.3 us 8 B AllReduce into milliseconds in some launches and not others (seen: 0.3 ->
@@ -31,7 +31,7 @@ mpirun=${MPIRUN:-mpirun.openmpi}
 mpicc=${MPICC:-mpicc.openmpi}
 # OpenMPI's temporary reduction buffers stay faulted in: no mmap for large mallocs, no trimming.
 tunables="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
-yield=${OMPI_YIELD:-1}
+yield=${OMPI_YIELD:-0}
 if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ]; then scripts/build.sh; fi
 daemon_bin=$build/daemon/railyardd
 perf_bin=$build/tools/railyard-perf

@@ -314,7 +314,8 @@ size_t Communicator::FuseGroupLocked(size_t chunk_bytes) {
   // the same execution, in order, on one thread.
   while (GroupContinuesLocked(*prev)) {
     CollectiveQueue::Entry* next = collectives_.Find(collectives_.front_seq() + fused + 1);
-    if (next == nullptr || !next->merge.complete() || next->merge.CheckComplete() != absl::OkStatus()) {
+    if (next == nullptr || !next->merge.complete() ||
+        next->merge.CheckComplete() != absl::OkStatus()) {
       break;
     }
     const scheduler::RankRequest& rn = next->requests[0]->req;

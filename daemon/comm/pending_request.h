@@ -26,7 +26,7 @@ struct PendingRequest {
   absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
   // The rank's next submission belongs to the same group (SubmitRequest.group_next).
   bool group_next = false;
-  absl::Time deadline = absl::InfiniteFuture();   // set when the communicator accepts it
+  absl::Time deadline = absl::InfiniteFuture();  // set when the communicator accepts it
   // The submitting session's quota (null: not accounted). While the request waits (a collective
   // for the other ranks, a send/recv for its peer) it holds one unit of Resource::kQueuedOps or
   // kQueuedP2p in `waiting`, taken by the communicator when it accepts the request and given

@@ -787,6 +787,13 @@ v1::StatusResponse DaemonCore::Status() {
     ss->set_client(s->client());
     ss->set_buffers(s->buffer_count());
     ss->set_buffer_bytes(s->buffer_bytes());
+    if (std::shared_ptr<SessionRings> rings = s->rings()) {
+      const RingStats rs = rings->stats();
+      ss->set_rings(true);
+      ss->set_ring_submitted(rs.submitted);
+      ss->set_ring_refused(rs.refused);
+      ss->set_ring_completed(rs.completed);
+    }
     ss->set_connected_seconds(absl::ToDoubleSeconds(absl::Now() - s->connected_at()));
     v1::JobStatus& j = jobs[s->job()];
     j.set_job_id(s->job());

@@ -48,8 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint32_t vec_len;
   std::memcpy(&vec_len, data + rp::kSqVecLen, 4);
   FUZZ_CHECK(ext_bytes == rp::ExtSlotsFor(vec_len) * rp::kSqEntryBytes, "extension size");
-  const google::protobuf::RepeatedField<uint64_t>* vecs[4] = {
-      &r.send_counts(), &r.send_displs(), &r.recv_counts(), &r.recv_displs()};
+  const google::protobuf::RepeatedField<uint64_t>* vecs[4] = {&r.send_counts(), &r.send_displs(),
+                                                              &r.recv_counts(), &r.recv_displs()};
   for (int v = 0; v < 4; ++v) {
     FUZZ_CHECK(vecs[v]->size() == static_cast<int>(vec_len), absl::StrCat("vector ", v));
     if (vec_len > 0) {

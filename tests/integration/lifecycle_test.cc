@@ -1,4 +1,10 @@
 // Processes that die, daemons that stop: nothing hangs, nothing leaks, survivors get a status.
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
@@ -119,6 +125,53 @@ TEST(LifecycleTest, FlagsComeFromTheEnvironmentAndBadValuesAreRefused) {
   EXPECT_EQ(bad.Wait(std::chrono::seconds(10)).value_or(-1), 2);
   EXPECT_THAT(bad.Output(), HasSubstr("RAILYARD_OP_TIMEOUT=soon"));
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace railyard::testing
+
+namespace railyard::testing {
+namespace {
+
+// utime + stime of a process, in clock ticks (/proc/<pid>/stat fields 14 and 15).
+long CpuTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+// The rings' threads spin only for --spin_us after their last entry, then sleep on a futex: a
+// daemon whose sessions are connected but idle, right after a burst of work, uses no CPU.
+TEST(LifecycleTest, AnIdleDaemonWithRingSessionsUsesNoCpu) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  auto client = Client::Connect(daemon.Options());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto buf = (*client)->Allocate(4096);
+  ASSERT_TRUE(buf.ok());
+  auto id = (*client)->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  auto comm = (*client)->InitComm(*id, 0, 1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_TRUE(comm->AllReduce(*buf, *buf, 4, DataType::kFloat32, RedOp::kSum).wait().ok());
+  }
+  ASSERT_TRUE(daemon.Status().sessions(0).rings());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // past every spin
+  const long before = CpuTicks(daemon.process().pid());
+  std::this_thread::sleep_for(std::chrono::seconds(20));
+  const long used = CpuTicks(daemon.process().pid()) - before;
+  // 0 when nothing wakes it; a tick of slack for the machine's own timer noise.
+  EXPECT_LE(used, 1) << used << " ticks in 20 s idle";
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
 }  // namespace

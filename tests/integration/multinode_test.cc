@@ -666,3 +666,40 @@ TEST(MultiNodeIntegrityTest, AJobAsksForCrcThroughItsClients) {
 
 }  // namespace
 }  // namespace railyard::testing
+
+namespace railyard::testing {
+namespace {
+
+// 10^5 small AllReduces per rank, 4 ranks on 2 daemons, every result checked: the rings, the
+// inline small-operation path and the transport between the daemons under a long run.
+TEST(MultiNodeStressTest, HundredThousandSmallAllReducesPerRankAcrossTwoDaemonsAreExact) {
+  VirtualCluster cluster(2);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  auto c = Client::Connect(cluster[0].Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto id = (*c)->CreateCommId();
+  ASSERT_TRUE(id.ok()) << id.status();
+#if defined(__SANITIZE_ADDRESS__)
+  const int iters = 20000;  // the same path, in the time a sanitized build allows
+#else
+  const int iters = 100000;
+#endif
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<Process>(
+        std::vector<std::string>{RANK_PATH, "--mode=lockstep",
+                                 "--socket=" + cluster[r / 2].socket(), "--comm_id=" + *id,
+                                 "--rank=" + std::to_string(r), "--nranks=4", "--count=2",
+                                 "--iters=" + std::to_string(iters)},
+        cluster.dir() + "/stress-rank" + std::to_string(r) + ".log"));
+  }
+  for (int r = 0; r < 4; ++r) {
+    auto code = ranks[r]->Wait(std::chrono::seconds(500));
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " did not finish";
+    EXPECT_EQ(*code, 0) << "rank " << r << ":\n" << ranks[r]->Output();
+    EXPECT_THAT(ranks[r]->Output(), HasSubstr("LOCKSTEP " + std::to_string(iters) + " nodes 2"));
+  }
+}
+
+}  // namespace
+}  // namespace railyard::testing

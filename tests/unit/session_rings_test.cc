@@ -114,9 +114,11 @@ class RingPair {
         SessionRings::Create(segment_, sq, cq, absl::FromChrono(std::chrono::microseconds(spin)));
     EXPECT_TRUE(rings.ok()) << rings.status();
     daemon_ = *std::move(rings);
-    daemon_->Start([f = fake_](const RingSubmission& e,
-                               const std::shared_ptr<CompletionSink>& sink) { return (*f)(e, sink); },
-                   "unit");
+    daemon_->Start(
+        [f = fake_](const RingSubmission& e, const std::shared_ptr<CompletionSink>& sink) {
+          return (*f)(e, sink);
+        },
+        "unit");
   }
   ~RingPair() {
     daemon_->Stop();

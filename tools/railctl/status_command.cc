@@ -38,12 +38,12 @@ std::string FormatStatus(const v1::StatusResponse& s) {
                   FormatBytes(c.bytes_reduced()), c.error().empty() ? "-" : c.error()});
   }
   TextTable sessions(
-      {"SESSION", "JOB", "PID", "UID", "GID", "CLIENT", "BUFFERS", "BYTES", "CONNECTED"});
+      {"SESSION", "JOB", "PID", "UID", "GID", "CLIENT", "PATH", "BUFFERS", "BYTES", "CONNECTED"});
   for (const v1::SessionStatus& x : s.sessions()) {
     sessions.AddRow({x.session_id_prefix(), x.job_id(), absl::StrCat(x.pid()),
                      absl::StrCat(x.uid()), absl::StrCat(x.gid()), x.client(),
-                     absl::StrCat(x.buffers()), FormatBytes(x.buffer_bytes()),
-                     FormatDuration(x.connected_seconds())});
+                     x.rings() ? "rings" : "grpc", absl::StrCat(x.buffers()),
+                     FormatBytes(x.buffer_bytes()), FormatDuration(x.connected_seconds())});
   }
   if (jobs.empty() && comms.empty() && sessions.empty()) {
     out += "no sessions\n";
