@@ -359,8 +359,17 @@ class Client:
         # The fast path: on unless RAILYARD_FASTPATH=0; "1" makes a failure to set it up an error.
         fastpath = _env("RAILYARD_FASTPATH", "") or ""
         if fastpath != "0" and (_ring.supported() or fastpath == "1"):
+            spin = _env("RAILYARD_SPIN_US", "") or "50"
             try:
-                self._open_rings()
+                spin_us = int(spin)
+                if not 0 <= spin_us <= 1000000:
+                    raise ValueError
+            except ValueError:
+                self._shutdown(disconnect=True)
+                raise _invalid(f"RAILYARD_SPIN_US={spin}: expected microseconds in "
+                               "[0, 1000000]") from None
+            try:
+                self._open_rings(spin_us)
             except (RailyardError, OSError, ValueError) as e:
                 if fastpath == "1":
                     self._shutdown(disconnect=True)
@@ -368,15 +377,7 @@ class Client:
                                           f"RAILYARD_FASTPATH=1: the session rings could not "
                                           f"be opened: {e}") from None
 
-    def _open_rings(self) -> None:
-        spin = _env("RAILYARD_SPIN_US", "") or "50"
-        try:
-            spin_us = int(spin)
-            if not 0 <= spin_us <= 1000000:
-                raise ValueError
-        except ValueError:
-            raise _invalid(f"RAILYARD_SPIN_US={spin}: expected microseconds in [0, 1000000]") \
-                from None
+    def _open_rings(self, spin_us: int) -> None:
         if not _ring.supported():
             raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
                                           "the ring fast path needs x86-64 Linux")

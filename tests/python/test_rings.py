@@ -1,0 +1,263 @@
+"""The session rings from Python (railyard/_ring.py) against a real railyardd: the default path
+and the gRPC fallback, garbage a client writes into its own ring, a client killed with
+operations in flight, a forked child, and torch's destroy_process_group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import railyard
+from railyard import _ring
+
+
+def _session(daemon, client):
+    for s in daemon.status().sessions:
+        if client.session_id.startswith(s.session_id_prefix):
+            return s
+    raise AssertionError(f"no session {client.session_id[:8]} in the daemon's status")
+
+
+def test_rings_are_the_default_and_fastpath_0_is_grpc(daemon, monkeypatch):
+    with railyard.connect(daemon.socket, job="rings-default") as c:
+        assert c.fastpath
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        x = c.zeros(5, np.int32)
+        x[:] = [1, 2, 3, 4, 5]
+        for _ in range(50):
+            comm.all_reduce(x)
+        assert list(x) == [1, 2, 3, 4, 5]  # one rank: the sum is itself
+        s = _session(daemon, c)
+        assert s.rings and s.ring_submitted >= 50 and s.ring_completed >= 50
+    monkeypatch.setenv("RAILYARD_FASTPATH", "0")
+    with railyard.connect(daemon.socket, job="rings-default") as c:
+        assert not c.fastpath
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        x = c.zeros(3, np.float32)
+        x[:] = 2.5
+        comm.all_reduce(x)
+        assert list(x) == [2.5, 2.5, 2.5]
+        s = _session(daemon, c)
+        assert not s.rings and s.ring_submitted == 0
+
+
+def test_bad_spin_setting_is_refused(daemon, monkeypatch):
+    monkeypatch.setenv("RAILYARD_SPIN_US", "soon")
+    with pytest.raises(railyard.InvalidArgumentError, match="RAILYARD_SPIN_US=soon"):
+        railyard.connect(daemon.socket, job="rings-spin")
+
+
+@pytest.fixture
+def pair(daemon):
+    clients = [railyard.connect(daemon.socket, job="rings-pair") for _ in range(2)]
+    yield clients
+    for c in clients:
+        c.close()
+
+
+def test_two_ring_sessions_allreduce_and_alltoallv(pair):
+    a, b = pair
+    assert a.fastpath and b.fastpath
+    comm_id = a.new_comm_id()
+    comms = [None, None]
+
+    def join(i, c):
+        comms[i] = c.comm(comm_id, i, 2)
+    threads = [threading.Thread(target=join, args=(i, c)) for i, c in enumerate(pair)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    xs = [a.zeros(6, np.float64), b.zeros(6, np.float64)]
+    xs[0][:] = np.arange(6)
+    xs[1][:] = 10 * np.arange(6)
+    works = [comms[i].all_reduce(xs[i], async_op=True) for i in range(2)]
+    for w in works:
+        w.wait(30)
+    for x in xs:
+        assert list(x) == [11.0 * k for k in range(6)]
+    # All-to-all-v: its vectors travel in the ring's extension slots.
+    send = [np.array([1, 2, 3], np.int32), np.array([4, 5], np.int32)]
+    counts = [[1, 2], [1, 1]]  # rank r sends counts[r][p] to p
+    displs = [[0, 1], [0, 1]]
+    out = [np.zeros(2, np.int32), np.zeros(3, np.int32)]
+    rc = [[counts[0][0], counts[1][0]], [counts[0][1], counts[1][1]]]
+    rd = [[0, 1], [0, 2]]
+    works = [comms[r].all_to_all_v(send[r], counts[r], rc[r], out=out[r],
+                                   send_displs=displs[r], recv_displs=rd[r], async_op=True)
+             for r in range(2)]
+    for w in works:
+        w.wait(30)
+    assert list(out[0]) == [1, 4]
+    assert list(out[1]) == [2, 3, 5]
+
+
+def test_garbage_in_a_clients_own_ring_gets_errors_and_nobody_else_notices(fresh_daemon):
+    vandal = railyard.connect(fresh_daemon.socket, job="vandal")
+    bystander = railyard.connect(fresh_daemon.socket, job="bystander")
+    try:
+        comm = bystander.comm(bystander.new_comm_id(), 0, 1)
+        x = bystander.zeros(4, np.float32)
+        rings = vandal._rings
+        m = rings.mapping
+        rng = np.random.default_rng(7)
+        # Random entries, then a tail far beyond the ring, written behind the client library's
+        # back.
+        for i in range(200):
+            slot = bytearray(rng.integers(0, 256, _ring.SQ_ENTRY, dtype=np.uint8).tobytes())
+            struct.pack_into("<Q", slot, 0, 10_000_000 + i)
+            struct.pack_into("<I", slot, 80, 0)  # no extension slots: one entry each
+            tail = rings._sq_tail.value
+            while tail - rings._sq_head.value >= rings.sq_entries:
+                rings.drain()
+            base = _ring.HEADER_BYTES + (tail & (rings.sq_entries - 1)) * _ring.SQ_ENTRY
+            m[base:base + _ring.SQ_ENTRY] = bytes(slot)
+            rings._sq_tail.value = tail + 1
+            rings._wake(rings._sq_doorbell_addr, 1)
+            x[:] = i
+            comm.all_reduce(x)  # the bystander's work goes on, exact
+            assert list(x) == [float(i)] * 4
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _session(fresh_daemon, vandal).ring_refused < 200:
+            time.sleep(0.01)
+        s = _session(fresh_daemon, vandal)
+        assert s.ring_submitted == 200 and s.ring_refused == 200
+        rings._sq_tail.value = rings._sq_tail.value + 10 ** 12
+        rings._wake(rings._sq_doorbell_addr, 1)
+        time.sleep(0.1)
+        assert _session(fresh_daemon, vandal).ring_refused == 201  # reported once
+        x[:] = 3
+        comm.all_reduce(x)
+        assert list(x) == [3.0] * 4
+        assert fresh_daemon.proc.poll() is None
+    finally:
+        vandal.close()
+        bystander.close()
+
+
+_VICTIM = textwrap.dedent("""
+    import sys, numpy as np, railyard
+    c = railyard.connect(sys.argv[1], job="killed")
+    comm = c.comm(sys.argv[2], 0, 2)
+    x = c.zeros(1024, np.float32)
+    works = [comm.all_reduce(x, async_op=True) for _ in range(8)]
+    print("SUBMITTED", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_a_client_killed_with_operations_in_flight_fails_its_peer_promptly(fresh_daemon):
+    peer = railyard.connect(fresh_daemon.socket, job="killed")
+    try:
+        comm_id = peer.new_comm_id()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        victim = subprocess.Popen([sys.executable, "-c", _VICTIM, fresh_daemon.socket, comm_id],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        comm = peer.comm(comm_id, 1, 2)
+        assert victim.stdout.readline().strip() == b"SUBMITTED"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        x = peer.zeros(1024, np.float32)
+        start = time.monotonic()
+        # Its 8 entries were taken and matched by nobody: the peer learns of the death at once.
+        with pytest.raises((railyard.UnavailableError, railyard.AbortedError)) as e:
+            for _ in range(9):
+                comm.all_reduce(x, timeout=30)
+        assert time.monotonic() - start < 10
+        assert "rank 0" in str(e.value)
+        assert fresh_daemon.proc.poll() is None
+        assert len(fresh_daemon.status().sessions) == 1
+    finally:
+        peer.close()
+
+
+def test_a_forked_child_fails_at_once_and_leaves_its_parents_session_alone(daemon):
+    c = railyard.connect(daemon.socket, job="forker")
+    try:
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.close(read_end)
+            out = []
+            start = time.monotonic()
+            try:
+                comm.all_reduce(np.zeros(2, np.float32))
+                out.append("inherited client: no error")
+            except railyard.FailedPreconditionError as e:
+                out.append("inherited: " + str(e))
+            try:
+                railyard.connect(daemon.socket, job="forker")
+                out.append("new client: no error")
+            except railyard.FailedPreconditionError as e:
+                out.append("new: " + str(e))
+            out.append(f"{time.monotonic() - start:.3f}")
+            os.write(write_end, "\n".join(out).encode())
+            os._exit(0)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read_end) as f:
+            lines = f.read().splitlines()
+        assert os.WEXITSTATUS(status) == 0
+        assert lines[0].startswith("inherited: ") and "spawn" in lines[0], lines
+        assert lines[1].startswith("new: ") and "spawn" in lines[1], lines
+        assert float(lines[2]) < 2.0  # at once, not after a connect timeout
+        # The parent's session survived the child's exit.
+        x = c.zeros(2, np.float32)
+        x[:] = 4
+        comm.all_reduce(x)
+        assert list(x) == [4.0, 4.0]
+    finally:
+        c.close()
+
+
+_DESTROY = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist, railyard.torch
+    store = dist.FileStore(sys.argv[1], 1)
+    dist.init_process_group("railyard", rank=0, world_size=1, store=store)
+    sub = dist.new_group([0])
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=sub)
+    print("COMMS", flush=True)
+    sys.stdin.readline()
+    dist.destroy_process_group(sub)
+    print("DESTROYED SUB", flush=True)
+    sys.stdin.readline()
+    dist.destroy_process_group()
+    print("DESTROYED ALL", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_destroy_process_group_releases_the_daemon_side_communicators(fresh_daemon, tmp_path):
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               RAILYARD_SOCKET=fresh_daemon.socket, RAILYARD_JOB="destroy")
+    p = subprocess.Popen([sys.executable, "-c", _DESTROY, str(tmp_path / "store")],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        def step(expect):
+            line = p.stdout.readline().strip()
+            assert line == expect, line
+            return len([c for c in fresh_daemon.status().comms if c.job_id == "destroy"])
+        assert step(b"COMMS") == 2
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert step(b"DESTROYED SUB") == 1
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert step(b"DESTROYED ALL") == 0
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
