@@ -7,8 +7,9 @@
 #   bench/internode_bw.sh [TRIALS=3] [WHERE=both|lo|veth]
 # Environment:
 #   MINBYTES (256K), MAXBYTES (32M), FACTOR (2), ITERS (20), WARMUP (5): the sweep.
-#   RY_FLAGS: extra railyardd flags (e.g. "--ucx_busy_poll=0"); RY_FLAGS_B: when set, a second
-#     railyard configuration measured in the same trials ("ry_b"), for A/B comparisons.
+#   RY_FLAGS, RY_ENV: extra railyardd flags (e.g. "--chunk_bytes=1048576") and environment
+#     (e.g. "UCX_TCP_SNDBUF=4M"); RY_FLAGS_B, RY_ENV_B: when either is set, a second railyard
+#     configuration measured in the same trials ("ry_b"), for A/B comparisons.
 #   MPI=0: leave OpenMPI out.
 # Needs root for the namespaces (ip netns); they, the veth pair and every process started here are
 # removed on exit. OpenMPI across namespaces: mpirun runs in the first namespace and the second
@@ -30,8 +31,10 @@ build=${RAILYARD_BUILD_DIR:-build}
 [ -x "$build/tools/railyard-perf" ] || scripts/build.sh
 read -r -a ry_flags <<<"${RY_FLAGS:-}"
 read -r -a ry_flags_b <<<"${RY_FLAGS_B:-}"
+read -r -a ry_env <<<"${RY_ENV:-}"
+read -r -a ry_env_b <<<"${RY_ENV_B:-}"
 ab=0
-[ -n "${RY_FLAGS_B+x}" ] && ab=1
+[ -n "${RY_FLAGS_B+x}${RY_ENV_B+x}" ] && ab=1
 
 out=$(mktemp -d /tmp/railyard-internode.XXXXXX)
 ns=(ry-bw-a-$$ ry-bw-b-$$)
@@ -69,9 +72,10 @@ setup_netns() {
   done
 }
 
-# run_railyard LABEL WHERE TRIAL [flags...]
+# run_railyard LABEL WHERE TRIAL ENV_ARRAY_NAME [flags...]
 run_railyard() {
-  local label=$1 w=$2 t=$3 socks=() flags=("${@:4}")
+  local label=$1 w=$2 t=$3 socks=() flags=("${@:5}")
+  local -n envs=$4
   for n in 0 1; do
     local device=lo listen=127.0.0.1:0 prefix=()
     if [ "$w" = veth ]; then
@@ -82,7 +86,7 @@ run_railyard() {
     echo "{\"node\": \"vnode$n\", \"rails\": [{\"name\": \"rail0\", \"device\": \"$device\"}]}" \
       >"$out/n$n.json"
     rm -f "$out/n$n.sock"
-    "${prefix[@]}" "$build/daemon/railyardd" --socket="$out/n$n.sock" \
+    "${prefix[@]}" env "${envs[@]}" "$build/daemon/railyardd" --socket="$out/n$n.sock" \
       --insecure_first_session_token --peer_insecure --node_name="vnode$n" \
       --peer_listen="$listen" --topology="$out/n$n.json" "${flags[@]}" >"$out/n$n.log" 2>&1 &
     pids+=($!)
@@ -124,8 +128,8 @@ labels=(ry)
 for w in "${places[@]}"; do
   [ "$w" = veth ] && [ "$netns_up" = 0 ] && setup_netns
   for ((t = 0; t < trials; t++)); do
-    run_railyard ry "$w" "$t" "${ry_flags[@]}"
-    [ "$ab" = 1 ] && run_railyard ry_b "$w" "$t" "${ry_flags_b[@]}"
+    run_railyard ry "$w" "$t" ry_env "${ry_flags[@]}"
+    [ "$ab" = 1 ] && run_railyard ry_b "$w" "$t" ry_env_b "${ry_flags_b[@]}"
     [ "$mpi" = 1 ] && run_openmpi "$w" "$t"
   done
 done
