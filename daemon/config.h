@@ -65,6 +65,9 @@ struct DaemonConfig {
   // Size of one step of a local plan (daemon/scheduler/local_plan.h), and the chunk size of a
   // forced algorithm's schedule (the tuner picks its own around it).
   size_t chunk_bytes = 256 * 1024;
+  // After each burst of inter-node traffic a UCX rail's progress thread keeps polling this long
+  // before it sleeps (transport::UcxTransport::Options::busy_poll). 0: sleep at once.
+  absl::Duration ucx_busy_poll = absl::ZeroDuration();
   // How long shutdown waits for RPCs in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
   // Persistent state: calibration.json (the cost model's fitted link classes).

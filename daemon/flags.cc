@@ -89,6 +89,10 @@ ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
 ABSL_FLAG(uint64_t, max_pending_joins, 1024,
           "Communicator bootstraps this daemon coordinates that may wait for ranks at once");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per step of a local plan");
+ABSL_FLAG(absl::Duration, ucx_busy_poll, absl::ZeroDuration(),
+          "After each burst of inter-node traffic, how long a UCX rail's progress thread keeps "
+          "polling before it sleeps on its event fd (CPU only right after traffic, none idle); "
+          "0: sleep at once");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
 ABSL_FLAG(std::string, integrity, "none",
@@ -165,6 +169,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "join_timeout",
                                    "max_pending_joins",
                                    "chunk_bytes",
+                                   "ucx_busy_poll",
                                    "shutdown_grace",
                                    "log_level",
                                    "topology",
@@ -306,6 +311,10 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.chunk_bytes = static_cast<size_t>(chunk);
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   c.state_dir = absl::GetFlag(FLAGS_state_dir);
+  c.ucx_busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll);
+  if (c.ucx_busy_poll < absl::ZeroDuration() || c.ucx_busy_poll > absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--ucx_busy_poll must be in [0, 1s]");
+  }
   c.integrity = absl::GetFlag(FLAGS_integrity);
   if (c.integrity != "none" && c.integrity != "crc32c") {
     return absl::InvalidArgumentError(
