@@ -31,7 +31,9 @@ build=${RAILYARD_BUILD_DIR:-build}
 [ -x "$build/tools/railyard-perf" ] || scripts/build.sh
 read -r -a ry_flags <<<"${RY_FLAGS:-}"
 read -r -a ry_flags_b <<<"${RY_FLAGS_B:-}"
+# shellcheck disable=SC2034  # read through the nameref in run_railyard
 read -r -a ry_env <<<"${RY_ENV:-}"
+# shellcheck disable=SC2034
 read -r -a ry_env_b <<<"${RY_ENV_B:-}"
 ab=0
 [ -n "${RY_FLAGS_B+x}${RY_ENV_B+x}" ] && ab=1
