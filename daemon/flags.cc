@@ -95,6 +95,10 @@ ABSL_FLAG(int64_t, spin_us, 50,
 ABSL_FLAG(int64_t, inline_max_bytes, 64 * 1024,
           "One-node collectives moving at most this many bytes run on the thread of the last "
           "submission, without waking the worker pool (0: always the pool)");
+ABSL_FLAG(absl::Duration, ucx_busy_poll, absl::ZeroDuration(),
+          "After each burst of inter-node traffic, how long a UCX rail's progress thread keeps "
+          "polling before it sleeps on its event fd (CPU only right after traffic, none idle); "
+          "0: sleep at once");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
 ABSL_FLAG(std::string, integrity, "none",
@@ -173,6 +177,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "chunk_bytes",
                                    "spin_us",
                                    "inline_max_bytes",
+                                   "ucx_busy_poll",
                                    "shutdown_grace",
                                    "log_level",
                                    "topology",
@@ -324,6 +329,10 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.inline_max_bytes = static_cast<size_t>(inline_max);
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   c.state_dir = absl::GetFlag(FLAGS_state_dir);
+  c.ucx_busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll);
+  if (c.ucx_busy_poll < absl::ZeroDuration() || c.ucx_busy_poll > absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--ucx_busy_poll must be in [0, 1s]");
+  }
   c.integrity = absl::GetFlag(FLAGS_integrity);
   if (c.integrity != "none" && c.integrity != "crc32c") {
     return absl::InvalidArgumentError(

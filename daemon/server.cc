@@ -268,6 +268,7 @@ absl::Status Server::StartAdmin() {
 absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
   transport::UcxTransport::Options opts;
   opts.node_name = config_.node_name;
+  opts.busy_poll = config_.ucx_busy_poll;
   for (const v1::Rail& rail : topology.rails()) {
     transport::UcxTransport::Rail r;
     r.device = rail.device();

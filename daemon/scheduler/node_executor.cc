@@ -1,6 +1,8 @@
 #include "daemon/scheduler/node_executor.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce.h"
@@ -75,6 +77,10 @@ void NodeRun::Ready(uint32_t i) {
   switch (s.kind) {
     case NodeStep::Kind::kCopy:
     case NodeStep::Kind::kReduce:
+      if (s.bytes <= p_.inline_local_max_bytes) {
+        RunInline(i);
+        return;
+      }
       p_.pool->Post([this, i] {
         RunLocal(i);
         Finished(i, absl::OkStatus());
@@ -106,6 +112,32 @@ void NodeRun::Ready(uint32_t i) {
       return;
     }
   }
+}
+
+namespace {
+// The local steps waiting to run inline on this thread (see NodeRun::RunInline); null when this
+// thread is not running any.
+thread_local std::vector<std::pair<NodeRun*, uint32_t>>* inline_queue = nullptr;
+}  // namespace
+
+void NodeRun::RunInline(uint32_t i) {
+  if (inline_queue != nullptr) {
+    // Already inside a step's Finished on this thread: run it once that returns. The step counts
+    // as in flight, so the run (and this object) stays alive until it has finished.
+    inline_queue->emplace_back(this, i);
+    return;
+  }
+  std::vector<std::pair<NodeRun*, uint32_t>> queue;
+  inline_queue = &queue;
+  RunLocal(i);
+  Finished(i, absl::OkStatus());
+  while (!queue.empty()) {
+    const auto [run, step] = queue.back();
+    queue.pop_back();
+    run->RunLocal(step);
+    run->Finished(step, absl::OkStatus());
+  }
+  inline_queue = nullptr;
 }
 
 void NodeRun::RunLocal(uint32_t i) {

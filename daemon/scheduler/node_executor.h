@@ -48,7 +48,14 @@ class NodeRun {
     const std::vector<uint16_t>* node_slots = nullptr;
     uint64_t seq = 0;
     Executor* pool = nullptr;
+    // Local steps (copies, reductions) of at most this many bytes run on the thread whose
+    // completion made them ready (often a rail's progress thread) instead of on the pool: a
+    // chunk's reduction then costs no hand-off to a worker and back (two thread wake-ups, which
+    // cost more than a small reduction). Larger ones go to the pool so that a transport thread
+    // never stops progressing its rail for long. 0: every local step on the pool.
+    size_t inline_local_max_bytes = kDefaultInlineLocalMaxBytes;
   };
+  static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
 
   // Starts the run; done is called exactly once, after every step has finished or, on the first
   // error, after every transport operation already issued has completed (so no buffer is still
@@ -58,6 +65,9 @@ class NodeRun {
  private:
   void Ready(uint32_t step);
   void RunLocal(uint32_t step);
+  // RunLocal + Finished on this thread; steps that become ready meanwhile and run inline too are
+  // queued (per thread) rather than recursed into.
+  void RunInline(uint32_t step);
   void Finished(uint32_t step, const absl::Status& status);
   std::byte* Resolve(const RankRef& ref) const;
 
