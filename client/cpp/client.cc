@@ -134,7 +134,7 @@ absl::Status Work::wait(std::chrono::milliseconds timeout) {
   return state_->Wait(timeout);
 }
 
-bool Work::test() const { return state_ != nullptr && state_->done(); }
+bool Work::test() const { return state_ != nullptr && state_->Test(); }
 
 uint64_t Work::seq() const { return state_ == nullptr ? 0 : state_->seq(); }
 

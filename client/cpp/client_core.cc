@@ -106,6 +106,11 @@ absl::Status PendingRequest::Wait(std::chrono::milliseconds timeout) {
   return status_;
 }
 
+bool PendingRequest::Test() {
+  if (!done() && rings_ != nullptr) rings_->Drain();
+  return done();
+}
+
 bool PendingRequest::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;

@@ -41,6 +41,8 @@ class PendingRequest {
   // The rings its completion arrives on (before it is submitted); null: the Connect stream.
   void SetRings(std::shared_ptr<ClientRings> rings) { rings_ = std::move(rings); }
   bool done() const;
+  // done(), after reading the completions the rings hold (nothing else may be reading them).
+  bool Test();
   uint64_t seq() const;
 
  private:

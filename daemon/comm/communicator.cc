@@ -157,6 +157,32 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
   absl::StatusOr<uint64_t> result;
   {
     absl::MutexLock lock(&mu_);
+    result = SubmitLocked(std::move(request), &out);
+  }
+  Deliver(out);
+  return result;
+}
+
+std::vector<absl::StatusOr<uint64_t>> Communicator::SubmitBatch(
+    std::vector<std::unique_ptr<PendingRequest>> requests) {
+  Outcomes out;
+  std::vector<absl::StatusOr<uint64_t>> results;
+  results.reserve(requests.size());
+  {
+    absl::MutexLock lock(&mu_);
+    // Queued first, started after: a group whose last rank submits it all at once runs fused.
+    batching_ = true;
+    for (auto& r : requests) results.push_back(SubmitLocked(std::move(r), &out));
+    batching_ = false;
+    NextCollectiveLocked(&out);
+  }
+  Deliver(out);
+  return results;
+}
+
+absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingRequest> request,
+                                                    Outcomes* out) {
+  {
     if (state_ == State::kFailed) {
       return absl::AbortedError(
           absl::StrCat("communicator ", comm_id_, " was aborted: ", error_.message()));
@@ -180,13 +206,10 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
     }
     request->deadline = env_.timer->Now() + TimeoutOf(*request);
     if (scheduler::IsPointToPoint(request->req.op)) {
-      result = SubmitPointToPointLocked(std::move(request), &out);
-    } else {
-      result = SubmitCollectiveLocked(std::move(request), &out);
+      return SubmitPointToPointLocked(std::move(request), out);
     }
+    return SubmitCollectiveLocked(std::move(request), out);
   }
-  Deliver(out);
-  return result;
 }
 
 absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
@@ -228,7 +251,7 @@ absl::StatusOr<uint64_t> Communicator::SubmitCollectiveLocked(
                   out);
       return seq;
     }
-    NextCollectiveLocked(out);
+    if (!batching_) NextCollectiveLocked(out);
   }
   return seq;
 }
@@ -337,6 +360,7 @@ size_t Communicator::FuseGroupLocked(size_t chunk_bytes) {
     env_.timer->Cancel(next->timer);
     for (auto& r : next->requests) r->waiting.Reset();
     ++fused;
+    ++ops_fused_;
     prev = next;
   }
   return fused;
@@ -799,6 +823,7 @@ CommStats Communicator::Stats() const {
   s.ops_completed = ops_completed_;
   s.ops_failed = ops_failed_;
   s.bytes_moved = bytes_moved_;
+  s.ops_fused = ops_fused_;
   s.in_flight_ops = (collective_running_ ? 1 : 0) + static_cast<uint64_t>(remote_p2p_in_flight_);
   s.queued_ops = collectives_.size() - (collective_running_ ? 1 : 0);
   s.in_flight_ops += channels_.busy();

@@ -80,6 +80,7 @@ struct CommStats {
   uint64_t ops_completed = 0;
   uint64_t ops_failed = 0;
   uint64_t bytes_moved = 0;
+  uint64_t ops_fused = 0;      // ran fused into an earlier collective of their group
   uint64_t queued_ops = 0;     // collectives and sends/receives accepted, not started
   uint64_t in_flight_ops = 0;  // executing now
 };
@@ -115,6 +116,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // (not started: Resource::kQueuedOps) or sends/receives waiting for their peer (kQueuedP2p) as
   // its quota allows; the rank's sequence does not advance and the communicator goes on.
   absl::StatusOr<uint64_t> Submit(std::unique_ptr<PendingRequest> request);
+
+  // Submits one session's consecutive requests (a group) under one lock, as Submit each, and
+  // only then starts what became runnable: the results, in order.
+  std::vector<absl::StatusOr<uint64_t>> SubmitBatch(
+      std::vector<std::unique_ptr<PendingRequest>> requests);
 
   // The rank's process left (destroyed the communicator, disconnected or died). Aborts the
   // communicator for the other ranks with `why` when they are still members.
@@ -193,6 +199,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::vector<std::function<void()>> transport_posts;  // Send/Recv to issue, outside the lock
   };
 
+  absl::StatusOr<uint64_t> SubmitLocked(std::unique_ptr<PendingRequest> request, Outcomes* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> SubmitCollectiveLocked(std::unique_ptr<PendingRequest> request,
                                                   Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> SubmitPointToPointLocked(std::unique_ptr<PendingRequest> request,
@@ -254,8 +262,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Collectives by sequence number, merged across the local ranks.
   CollectiveQueue collectives_ ABSL_GUARDED_BY(mu_);
   bool collective_running_ ABSL_GUARDED_BY(mu_) = false;
-  scheduler::Execution collective_exec_;  // owned by the running collective while it runs
-  size_t fused_ = 1;                      // front entries the running execution completes
+  bool batching_ ABSL_GUARDED_BY(mu_) = false;  // SubmitBatch: start nothing until all are in
+  scheduler::Execution collective_exec_;        // owned by the running collective while it runs
+  size_t fused_ = 1;                            // front entries the running execution completes
   std::shared_ptr<Communicator> running_self_ ABSL_GUARDED_BY(mu_);
   // Collectives run by schedule: the front slot's schedule (cached by the planner), memory and
   // run (reused).
@@ -282,6 +291,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_moved_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ops_fused_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace railyard

@@ -661,6 +661,49 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
                                             std::shared_ptr<CompletionSink> sink) {
   absl::StatusOr<Membership> m = session->FindMembership(req.comm_handle());
   if (!m.ok()) return m.status();
+  absl::StatusOr<std::unique_ptr<PendingRequest>> pending = PrepareSubmit(session, req, *m, sink);
+  if (!pending.ok()) return pending.status();
+  return m->comm->Submit(*std::move(pending));
+}
+
+std::vector<absl::StatusOr<uint64_t>> DaemonCore::SubmitBatch(
+    const std::shared_ptr<Session>& session, const std::vector<const v1::SubmitRequest*>& reqs,
+    std::shared_ptr<CompletionSink> sink) {
+  std::vector<absl::StatusOr<uint64_t>> results(reqs.size(), absl::UnknownError("not submitted"));
+  size_t i = 0;
+  while (i < reqs.size()) {
+    absl::StatusOr<Membership> m = session->FindMembership(reqs[i]->comm_handle());
+    if (!m.ok()) {
+      results[i++] = m.status();
+      continue;
+    }
+    // The run of requests on this communicator goes in under one lock of it.
+    std::vector<std::unique_ptr<PendingRequest>> run;
+    std::vector<size_t> where;
+    size_t j = i;
+    for (; j < reqs.size() && reqs[j]->comm_handle() == reqs[i]->comm_handle(); ++j) {
+      absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
+          PrepareSubmit(session, *reqs[j], *m, sink);
+      if (!pending.ok()) {
+        results[j] = pending.status();
+        continue;
+      }
+      run.push_back(*std::move(pending));
+      where.push_back(j);
+    }
+    std::vector<absl::StatusOr<uint64_t>> got =
+        run.size() == 1 ? std::vector<absl::StatusOr<uint64_t>>{m->comm->Submit(std::move(run[0]))}
+                        : m->comm->SubmitBatch(std::move(run));
+    for (size_t k = 0; k < where.size() && k < got.size(); ++k) results[where[k]] = got[k];
+    i = j;
+  }
+  return results;
+}
+
+absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::PrepareSubmit(
+    const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& mm,
+    const std::shared_ptr<CompletionSink>& sink) {
+  const Membership* m = &mm;
   // A client that does not read its completions gets no new work (the ones it is owed still go).
   if (const std::shared_ptr<QuotaAccount>& q = session->quota(); q != nullptr) {
     if (absl::Status s = q->CheckBelow(Resource::kCompletionBytes); !s.ok()) {
@@ -678,7 +721,7 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
     (*pending)->session = session;
   }
   (*pending)->quota = session->quota();  // charged while it waits (communicator.cc)
-  return m->comm->Submit(*std::move(pending));
+  return pending;
 }
 
 absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
@@ -709,11 +752,17 @@ absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint
   if (absl::Status s = session->AttachRings(*rings); !s.ok()) return s;
   std::weak_ptr<Session> weak = session;
   (*rings)->Start(
-      [this, weak](const RingSubmission& entry,
-                   const std::shared_ptr<CompletionSink>& sink) -> absl::StatusOr<uint64_t> {
+      [this, weak](const std::vector<RingSubmission>& entries,
+                   const std::shared_ptr<CompletionSink>& sink) {
         std::shared_ptr<Session> s = weak.lock();
-        if (s == nullptr || s->closed()) return absl::CancelledError("the session has ended");
-        return Submit(s, entry.request, sink);
+        if (s == nullptr || s->closed()) {
+          return std::vector<absl::StatusOr<uint64_t>>(
+              entries.size(), absl::CancelledError("the session has ended"));
+        }
+        std::vector<const v1::SubmitRequest*> reqs;
+        reqs.reserve(entries.size());
+        for (const RingSubmission& e : entries) reqs.push_back(&e.request);
+        return SubmitBatch(s, reqs, sink);
       },
       session->id().substr(0, 8));
   Log(LogLevel::kInfo, "session", "rings open",
@@ -815,6 +864,7 @@ v1::StatusResponse DaemonCore::Status() {
     cs->set_ops_completed(st.ops_completed);
     cs->set_ops_failed(st.ops_failed);
     cs->set_bytes_reduced(st.bytes_moved);
+    cs->set_ops_fused(st.ops_fused);
     cs->set_nnodes(st.nnodes);
     ops_completed += st.ops_completed;
     ops_failed += st.ops_failed;

@@ -121,6 +121,11 @@ class DaemonCore {
   absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
                                   const v1::SubmitRequest& req,
                                   std::shared_ptr<CompletionSink> sink = nullptr);
+  // Submits a session's consecutive requests (a group off its rings) as Submit each, the runs on
+  // one communicator under one lock of it (Communicator::SubmitBatch): results in order.
+  std::vector<absl::StatusOr<uint64_t>> SubmitBatch(
+      const std::shared_ptr<Session>& session, const std::vector<const v1::SubmitRequest*>& reqs,
+      std::shared_ptr<CompletionSink> sink);
   // Maps the rings memfd the session's side channel holds under fd_handle and starts serving
   // them (Local.OpenRings).
   absl::Status OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
@@ -143,6 +148,10 @@ class DaemonCore {
 
  private:
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
+  // Everything Submit checks before the communicator sees the request (quota, decoding).
+  absl::StatusOr<std::unique_ptr<PendingRequest>> PrepareSubmit(
+      const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& m,
+      const std::shared_ptr<CompletionSink>& sink);
   // What every communicator of this daemon runs with.
   CommEnv MakeCommEnv();
   // A join's wait for the other ranks: the request's, else --init_timeout; never more than

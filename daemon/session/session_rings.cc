@@ -212,17 +212,40 @@ size_t SessionRings::Drain(bool* blocked) {
       return taken;
     }
     bad_tail_reported_ = false;
-    if (!HasCqRoom()) {
-      *blocked = true;
-      return taken;
+    // One entry, or a whole group as far as it is published (its last rank's entries then run
+    // fused): each with a completion slot promised.
+    constexpr size_t kMaxBatch = 64;
+    bool more = true;
+    while (more && batch_.size() < kMaxBatch && !stop_.load(std::memory_order_acquire)) {
+      const uint64_t now_avail = __atomic_load_n(Word64(rp::kOffSqTail), __ATOMIC_ACQUIRE) - head_;
+      if (now_avail == 0 || now_avail > sq_entries_) break;
+      if (!HasCqRoom()) {
+        *blocked = batch_.empty();
+        break;
+      }
+      more = TakeOne(now_avail);
+      ++taken;
     }
-    TakeOne(avail);
-    ++taken;
+    if (!batch_.empty()) SubmitBatch();
+    if (*blocked) return taken;
   }
   return taken;
 }
 
-void SessionRings::TakeOne(uint64_t avail) {
+void SessionRings::SubmitBatch() {
+  std::vector<absl::StatusOr<uint64_t>> results = submit_(batch_, shared_from_this());
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    const absl::Status s =
+        i < results.size() ? results[i].status() : absl::InternalError("no outcome for the entry");
+    if (s.ok()) continue;
+    absl::MutexLock lock(&cq_mu_);
+    ++stats_.refused;
+    PostLocked(batch_[i].request.request_id(), s, 0);
+  }
+  batch_.clear();
+}
+
+bool SessionRings::TakeOne(uint64_t avail) {
   const std::byte* sq = base_ + rp::SqOffset();
   auto slot = [&](uint64_t i) { return sq + (i & (sq_entries_ - 1)) * rp::kSqEntryBytes; };
   std::memcpy(entry_copy_.data(), slot(head_), rp::kSqEntryBytes);
@@ -251,17 +274,15 @@ void SessionRings::TakeOne(uint64_t avail) {
   // The slots are ours now (copied): the client may reuse them.
   head_ += used;
   __atomic_store_n(Word64(rp::kOffSqHead), head_, __ATOMIC_RELEASE);
-  absl::Status refusal;
   if (!decoded.ok()) {
-    refusal = decoded.status();
-  } else if (absl::StatusOr<uint64_t> seq = submit_(*decoded, shared_from_this()); !seq.ok()) {
-    refusal = seq.status();
-  }
-  if (!refusal.ok()) {
     absl::MutexLock lock(&cq_mu_);
     ++stats_.refused;
-    PostLocked(request_id, refusal, 0);
+    PostLocked(request_id, decoded.status(), 0);
+    return false;
   }
+  const bool group_next = decoded->group_next;
+  batch_.push_back(*std::move(decoded));
+  return group_next;
 }
 
 void SessionRings::PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) {

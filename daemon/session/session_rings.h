@@ -37,10 +37,11 @@ struct RingStats {
 
 class SessionRings : public CompletionSink, public std::enable_shared_from_this<SessionRings> {
  public:
-  // Accepts one decoded entry: its sequence number, or the error its completion carries. Runs on
-  // the ring thread; `sink` is where the request's completion must go (this).
-  using SubmitFn = std::function<absl::StatusOr<uint64_t>(
-      const RingSubmission& entry, const std::shared_ptr<CompletionSink>& sink)>;
+  // Accepts decoded entries (one, or the consecutive entries of a group, in order): for each, its
+  // sequence number or the error its completion carries. Runs on the ring thread; `sink` is where
+  // the requests' completions must go (this).
+  using SubmitFn = std::function<std::vector<absl::StatusOr<uint64_t>>(
+      const std::vector<RingSubmission>& entries, const std::shared_ptr<CompletionSink>& sink)>;
 
   // Checks that the segment is big enough for the geometry and that its header says so (magic,
   // version, sq_entries, cq_entries: the client wrote them): INVALID_ARGUMENT saying what
@@ -73,8 +74,11 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   // Takes what the client published, while the completion ring has room; returns the entries
   // taken. Sets *blocked when entries wait but completions would not fit.
   size_t Drain(bool* blocked);
-  // Takes one entry at head_ of which `avail` slots are published.
-  void TakeOne(uint64_t avail);
+  // Takes one entry at head_ of which `avail` slots are published: into batch_ when it decodes,
+  // else its refusal is written at once. Returns whether it said the group goes on.
+  bool TakeOne(uint64_t avail);
+  // Hands batch_ to submit_ and writes the refusals it returns.
+  void SubmitBatch();
   bool HasCqRoom();
   void PostLocked(uint64_t request_id, const absl::Status& status, uint64_t seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(cq_mu_);
@@ -96,6 +100,7 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   bool bad_tail_reported_ = false;
   std::vector<std::byte> entry_copy_;
   std::vector<std::byte> ext_copy_;
+  std::vector<RingSubmission> batch_;
 
   mutable absl::Mutex cq_mu_;
   bool stopped_ ABSL_GUARDED_BY(cq_mu_) = false;

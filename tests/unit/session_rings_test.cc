@@ -90,6 +90,9 @@ struct Outcome {
   int times = 0;
 };
 
+// Sizes of the batches the ring thread handed over, in order (one ring pair at a time).
+std::vector<size_t> batches_seen;
+
 // Both ends of one set of rings.
 class RingPair {
  public:
@@ -115,8 +118,12 @@ class RingPair {
     EXPECT_TRUE(rings.ok()) << rings.status();
     daemon_ = *std::move(rings);
     daemon_->Start(
-        [f = fake_](const RingSubmission& e, const std::shared_ptr<CompletionSink>& sink) {
-          return (*f)(e, sink);
+        [f = fake_](const std::vector<RingSubmission>& entries,
+                    const std::shared_ptr<CompletionSink>& sink) {
+          std::vector<absl::StatusOr<uint64_t>> out;
+          for (const RingSubmission& e : entries) out.push_back((*f)(e, sink));
+          batches_seen.push_back(entries.size());
+          return out;
         },
         "unit");
   }
@@ -362,15 +369,25 @@ TEST(SessionRingsTest, AllToAllvVectorsTravelInExtensionSlotsAcrossTheWrap) {
   }
 }
 
-TEST(SessionRingsTest, GroupedEntriesArePublishedAtOnceAndMarked) {
+TEST(SessionRingsTest, AGroupPublishedAtOnceIsHandedOverAsOneBatch) {
   auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
   RingPair rings(16, 16, fake);
-  ASSERT_TRUE(rings.Submit(1, /*group_next=*/true).ok());
-  ASSERT_TRUE(rings.Submit(2, /*group_next=*/false).ok());
-  ASSERT_TRUE(rings.WaitFor(2));
+  batches_seen.clear();
+  std::vector<std::byte> bytes;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    v1::SubmitRequest r;
+    r.set_request_id(id);
+    r.set_op(v1::COLLECTIVE_OP_BARRIER);
+    ASSERT_TRUE(internal::ClientRings::Encode(r, /*group_next=*/id < 3, &bytes).ok());
+  }
+  ASSERT_TRUE(rings.client_->Publish(bytes).ok());
+  ASSERT_TRUE(rings.WaitFor(3));
   ASSERT_TRUE(rings.WaitFor(1));
   EXPECT_TRUE(fake->seen_at(0).group_next);
-  EXPECT_FALSE(fake->seen_at(1).group_next);
+  EXPECT_TRUE(fake->seen_at(1).group_next);
+  EXPECT_FALSE(fake->seen_at(2).group_next);
+  rings.daemon_->Stop();
+  EXPECT_EQ(batches_seen, std::vector<size_t>({3}));
 }
 
 TEST(SessionRingsTest, ConcurrentSubmittersInOneProcessEachGetTheirCompletionsOnce) {
