@@ -1,9 +1,6 @@
 #include "client_rings.h"
 
-#include <linux/futex.h>
 #include <sched.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <climits>
@@ -13,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "memfd_buffer.h"
 #include "proto/railyard/v1/ring.h"
+#include "proto/railyard/v1/ring_futex.h"
 
 namespace railyard::internal {
 
@@ -23,22 +21,11 @@ namespace {
 // The longest one sleep lasts before the waiter looks again (and at its deadline).
 constexpr auto kMaxSleep = std::chrono::milliseconds(100);
 
+using ringproto::CpuRelax;
+using ringproto::FutexWake;
+
 void FutexWait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds limit) {
-  if (limit <= std::chrono::nanoseconds(0)) return;
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(limit.count() / 1000000000);
-  ts.tv_nsec = static_cast<long>(limit.count() % 1000000000);
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWake(uint32_t* word, int n) {
-  syscall(SYS_futex, word, FUTEX_WAKE, n, nullptr, nullptr, 0);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
+  ringproto::FutexWait(word, expected, limit.count());
 }
 
 template <typename T>

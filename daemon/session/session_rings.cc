@@ -1,9 +1,6 @@
 #include "daemon/session/session_rings.h"
 
-#include <linux/futex.h>
 #include <sched.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <climits>
@@ -14,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "daemon/util/log.h"
 #include "proto/railyard/v1/ring.h"
+#include "proto/railyard/v1/ring_futex.h"
 
 namespace railyard {
 
@@ -25,19 +23,11 @@ namespace {
 // doorbell, costs at most this).
 constexpr absl::Duration kMaxSleep = absl::Seconds(1);
 
+using ringproto::CpuRelax;
+using ringproto::FutexWake;
+
 void FutexWait(uint32_t* word, uint32_t expected, absl::Duration limit) {
-  timespec ts = absl::ToTimespec(limit);
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWake(uint32_t* word, int n) {
-  syscall(SYS_futex, word, FUTEX_WAKE, n, nullptr, nullptr, 0);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
+  ringproto::FutexWait(word, expected, absl::ToInt64Nanoseconds(limit));
 }
 
 template <typename T>
