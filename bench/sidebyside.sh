@@ -15,7 +15,7 @@
 #   bench/sidebyside.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); CASES (default "1 2 3 4"); RAILYARD_* is
 # passed through to railyard-perf's ranks (the clients) untouched; MPIRUN (default
-# mpirun.openmpi), MPICC (default mpicc.openmpi); OMPI_YIELD (default 0: OpenMPI's own busy polling): OpenMPI's
+# mpirun.openmpi), MPICC (default mpicc.openmpi); OMPI_YIELD (default unset: OpenMPI's own choice, which busy-polls unless oversubscribed): OpenMPI's
 # mpi_yield_when_idle. Its ranks busy-poll by default, and on a host whose cores other work
 # shares (2 cores, load 4-7 where this was written) a spinning rank whose peer is descheduled
 # turns a 0.3 us 8 B AllReduce into milliseconds in some launches and not others (seen: 0.3 ->
@@ -31,7 +31,7 @@ mpirun=${MPIRUN:-mpirun.openmpi}
 mpicc=${MPICC:-mpicc.openmpi}
 # OpenMPI's temporary reduction buffers stay faulted in: no mmap for large mallocs, no trimming.
 tunables="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
-yield=${OMPI_YIELD:-0}
+yield=${OMPI_YIELD:-}
 if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ]; then scripts/build.sh; fi
 daemon_bin=$build/daemon/railyardd
 perf_bin=$build/tools/railyard-perf
@@ -165,7 +165,7 @@ run_railyard() {  # case file
 }
 
 ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables" --mca pml ob1
-  --mca mpi_yield_when_idle "$yield")
+  ${yield:+--mca mpi_yield_when_idle "$yield"})
 run_openmpi() {  # case file
   local c=$1 f=$2 s
   : >"$f"
@@ -202,7 +202,7 @@ echo "# railyard vs OpenMPI $("$mpirun" --version 2>/dev/null | head -1 | awk '{
 echo "# host $(hostname), $(nproc) CPUs, $(uname -r); railyard $(git describe --always --dirty 2>/dev/null) ($build)"
 ry_env=$(env | grep '^RAILYARD_' | grep -v '^RAILYARD_BUILD_DIR=' | sort | tr '\n' ' ' || true)
 echo "# railyard env (passed to railyard-perf's ranks): ${ry_env:-(none)}"
-echo "# OpenMPI: pml ob1, --bind-to none, mpi_yield_when_idle $yield, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
+echo "# OpenMPI: pml ob1, --bind-to none, mpi_yield_when_idle ${yield:-"OpenMPI's default (yields when oversubscribed)"}, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# sweeps per launch: 8 B -n 5000 -w 500; 128K, 512K -n 500 -w 50; 2M..32M -n 40 -w 5 (railyard-perf -c 0)"
 start=$(date +%s)

@@ -442,6 +442,9 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
   node_dtype_ = slot.requests[0]->req.dtype;
   node_red_op_ = slot.requests[0]->req.red_op;
   node_run_seq_ = collectives_.front_seq();
+  const scheduler::RankRequest& r0 = slot.requests[0]->req;
+  node_run_small_ =
+      scheduler::MessageBytes(r0.op, r0.dtype, r0.count, nranks_) <= env_.inline_max_bytes;
 }
 
 void Communicator::OnOpDeadline(uint64_t seq) {
@@ -777,6 +780,7 @@ void Communicator::Deliver(Outcomes& out) {
     p.node_slots = &net_.node_slots;
     p.seq = node_run_seq_;
     p.pool = env_.executor;
+    p.complete_inline = node_run_small_;
     node_run_.Start(p, [this](absl::Status s) { OnCollectiveDone(s); });
   }
   if (out.collective != nullptr) {

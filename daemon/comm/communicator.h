@@ -273,6 +273,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<std::byte> scratch_;  // per-rank scratch, grown when a schedule needs more
   scheduler::NodeRun node_run_;
   uint64_t node_run_seq_ = 0;
+  bool node_run_small_ = false;  // completes on the thread of its last step (NodeRun::Params)
   DeadlineTimer::Id run_timer_ ABSL_GUARDED_BY(mu_) = 0;
   kernels::DataType node_dtype_ = kernels::DataType::kFloat32;
   kernels::RedOp node_red_op_ = kernels::RedOp::kSum;

@@ -199,9 +199,19 @@ void NodeRun::Finished(uint32_t i, const absl::Status& status) {
       result = error_;
     }
   }
-  // Transport callbacks run on a rail's progress thread, which must not block: hand the
-  // completion (which plans the next operation) to the pool. Last touch of this run.
-  if (call) p_.pool->Post([done = done_, result] { done(result); });
+  // Transport callbacks run on a rail's progress thread, which must not block for long: the
+  // completion of a large operation (which plans the next) goes to the pool; a small one's runs
+  // here. Last touch of this run either way.
+  if (!call) return;
+  static thread_local int completing_inline = 0;
+  if (p_.complete_inline && completing_inline == 0) {
+    std::function<void(absl::Status)> done = done_;  // done may start this run again
+    ++completing_inline;
+    done(result);
+    --completing_inline;
+    return;
+  }
+  p_.pool->Post([done = done_, result] { done(result); });
 }
 
 }  // namespace railyard::scheduler

@@ -54,6 +54,11 @@ class NodeRun {
     // cost more than a small reduction). Larger ones go to the pool so that a transport thread
     // never stops progressing its rail for long. 0: every local step on the pool.
     size_t inline_local_max_bytes = kDefaultInlineLocalMaxBytes;
+    // done runs on the thread that finished the last step (for a small operation: what done
+    // does, completing it and starting the next, is cheap, and the hand-off to a worker costs
+    // more than the whole transfer) unless that thread is already inside such a call; false:
+    // always on the pool.
+    bool complete_inline = false;
   };
   static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
 
