@@ -73,7 +73,7 @@ struct DaemonConfig {
   size_t inline_max_bytes = 64 * 1024;
   // After each burst of inter-node traffic a UCX rail's progress thread keeps polling this long
   // before it sleeps (transport::UcxTransport::Options::busy_poll). 0: sleep at once.
-  absl::Duration ucx_busy_poll = absl::Microseconds(200);
+  absl::Duration ucx_busy_poll = absl::ZeroDuration();
   // How long shutdown waits for RPCs in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
   // Persistent state: calibration.json (the cost model's fitted link classes).

@@ -95,7 +95,7 @@ ABSL_FLAG(int64_t, spin_us, 50,
 ABSL_FLAG(int64_t, inline_max_bytes, 64 * 1024,
           "One-node collectives moving at most this many bytes run on the thread of the last "
           "submission, without waking the worker pool (0: always the pool)");
-ABSL_FLAG(absl::Duration, ucx_busy_poll, absl::Microseconds(200),
+ABSL_FLAG(absl::Duration, ucx_busy_poll, absl::ZeroDuration(),
           "After each burst of inter-node traffic, how long a UCX rail's progress thread keeps "
           "polling before it sleeps on its event fd (CPU only right after traffic, none idle); "
           "0: sleep at once");

@@ -443,8 +443,11 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
   node_red_op_ = slot.requests[0]->req.red_op;
   node_run_seq_ = collectives_.front_seq();
   const scheduler::RankRequest& r0 = slot.requests[0]->req;
-  node_run_small_ =
-      scheduler::MessageBytes(r0.op, r0.dtype, r0.count, nranks_) <= env_.inline_max_bytes;
+  // Latency-bound: the hand-off to a worker is a large part of such an operation's time (at
+  // 16 KiB over tcp on lo, a third); beyond, it is noise and the rail thread had better go on.
+  constexpr double kCompleteInlineMaxBytes = 16 * 1024;
+  node_run_small_ = scheduler::MessageBytes(r0.op, r0.dtype, r0.count, nranks_) <=
+                    std::min<double>(kCompleteInlineMaxBytes, env_.inline_max_bytes);
 }
 
 void Communicator::OnOpDeadline(uint64_t seq) {
