@@ -120,25 +120,6 @@ TEST(Tuner, OverBudgetFallsBackToClosedForms) {
   }
 }
 
-TEST(Tuner, EqualPredictionsGoToTheLargerChunk) {
-  // 2 nodes x 1 rank with the default calibration: from 2 MiB on the simulator predicts the same
-  // time for 64 KiB, 256 KiB and 1 MiB chunks (per-message costs overlap), so the largest wins;
-  // at 512 KiB 64 KiB chunks are predicted faster (more pipelining) and stay.
-  const CommLayout layout = CommLayout::Uniform(2, 1, 1);
-  const FabricSpec f = FabricForLayout(layout, {5e-6, 4e9}, {60e-6, 1e9}, 5e-6);
-  TunerOptions o;
-  o.chunk_sizes = {64 << 10, 256 << 10, 1 << 20};
-  o.max_ir_transfers = 20000;
-  absl::StatusOr<Choice> large = Tune(Shape(OpKind::kAllReduce, 8 << 20), layout, f, o);
-  ASSERT_TRUE(large.ok()) << large.status();
-  EXPECT_EQ(large->chunk_bytes, 1u << 20) << large->reason;
-  ExpectArgmin(*large);
-  absl::StatusOr<Choice> small = Tune(Shape(OpKind::kAllReduce, 512 << 10), layout, f, o);
-  ASSERT_TRUE(small.ok()) << small.status();
-  EXPECT_EQ(small->chunk_bytes, 64u << 10) << small->reason;
-  ExpectArgmin(*small);
-}
-
 TEST(Tuner, BadInput) {
   const CommLayout layout = CommLayout::Uniform(2, 1, 1);
   const FabricSpec f = FabricForLayout(layout, {1e-6, 1e9}, {1e-6, 1e9}, 0);

@@ -18,23 +18,6 @@ struct ModelAlgo {
   const char* generator;  // nullptr: modelled only
 };
 
-// The simulator overlaps a message's per-message cost with other messages' transfers, so once a
-// message is a few times alpha * beta long it predicts the same time for every chunk size, while
-// each message really costs CPU at both ends (over UCX tcp on the project's 2-vCPU VM, 64 KiB
-// instead of 1 MiB chunks doubled the daemons' CPU per 2 MiB AllReduce and cost ~1.6x in
-// bandwidth). Chunk sizes predicted the same time as the best one (within rounding) are
-// therefore a tie, and a tie goes to the largest chunk (0, unchunked, is the largest): fewest
-// messages. Only equal predictions: a chunk the model finds slower (less pipelining) stays out.
-constexpr double kChunkTieTolerance = 1e-6;
-
-// Whether chunk a sends fewer (larger) messages than chunk b; 0 is unchunked.
-bool LargerChunk(size_t a, size_t b) {
-  if (a == b) return false;
-  if (a == 0) return true;
-  if (b == 0) return false;
-  return a > b;
-}
-
 // Fixed order: ties go to the earlier one (latency-optimal trees before rings).
 constexpr ModelAlgo kModelAlgos[] = {
     {"dbtree", kAlgoTree}, {"tree", nullptr},       {"rhd", kAlgoRhd},  {"ring", kAlgoRing},
@@ -116,13 +99,8 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
       c.note = "one node: closed form only (local is chosen)";
       if (!c.has_closed_form) continue;
     } else if (executable) {
-      // Best chunk size by IR prediction, within the transfer budget; near ties to the largest.
-      struct Tried {
-        size_t chunk;
-        double time_s;
-        uint64_t transfers;
-      };
-      std::vector<Tried> results;
+      // Best chunk size by IR prediction, within the transfer budget.
+      bool any = false;
       std::string why;
       std::vector<size_t> tried;
       for (size_t requested : options.chunk_sizes) {
@@ -146,20 +124,12 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
           why = std::string(r.status().message());
           break;
         }
-        results.push_back({chunk, r->time_s, r->transfers});
-      }
-      const bool any = !results.empty();
-      if (any) {
-        double fastest = results[0].time_s;
-        for (const Tried& t : results) fastest = std::min(fastest, t.time_s);
-        const Tried* pick = nullptr;
-        for (const Tried& t : results) {
-          if (t.time_s > fastest * (1 + kChunkTieTolerance)) continue;
-          if (pick == nullptr || LargerChunk(t.chunk, pick->chunk)) pick = &t;
+        if (!any || r->time_s < c.ir_time_s) {
+          c.ir_time_s = r->time_s;
+          c.ir_transfers = r->transfers;
+          c.chunk_bytes = chunk;
+          any = true;
         }
-        c.ir_time_s = pick->time_s;
-        c.ir_transfers = pick->transfers;
-        c.chunk_bytes = pick->chunk;
       }
       c.has_ir = any;
       if (!any) {
