@@ -67,7 +67,7 @@ struct DaemonConfig {
   size_t chunk_bytes = 256 * 1024;
   // How long a session's ring thread spins after its last submission before it sleeps on the
   // doorbell (--spin_us): the price of a fast next operation is this much CPU after each one.
-  absl::Duration spin = absl::Microseconds(50);
+  absl::Duration spin = absl::Microseconds(10);
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).
   size_t inline_max_bytes = 64 * 1024;

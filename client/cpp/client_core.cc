@@ -193,7 +193,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
     const std::string fastpath = internal::EnvOr("RAILYARD_FASTPATH", "");
     if (fastpath != "0") {
       const std::string spin_env = internal::EnvOr("RAILYARD_SPIN_US", "");
-      long spin_us = 50;
+      long spin_us = 10;
       if (!spin_env.empty()) {
         char* end = nullptr;
         spin_us = std::strtol(spin_env.c_str(), &end, 10);

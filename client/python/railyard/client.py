@@ -359,7 +359,7 @@ class Client:
         # The fast path: on unless RAILYARD_FASTPATH=0; "1" makes a failure to set it up an error.
         fastpath = _env("RAILYARD_FASTPATH", "") or ""
         if fastpath != "0" and (_ring.supported() or fastpath == "1"):
-            spin = _env("RAILYARD_SPIN_US", "") or "50"
+            spin = _env("RAILYARD_SPIN_US", "") or "10"
             try:
                 spin_us = int(spin)
                 if not 0 <= spin_us <= 1000000:
