@@ -115,6 +115,7 @@ absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry
   google::protobuf::RepeatedField<uint64_t>* vecs[4] = {
       r.mutable_send_counts(), r.mutable_send_displs(), r.mutable_recv_counts(),
       r.mutable_recv_displs()};
+  if (vec_len == 0) return out;  // no ranks' worth of vectors (and no bytes to copy)
   for (int v = 0; v < 4; ++v) {
     vecs[v]->Resize(static_cast<int>(vec_len), 0);
     std::memcpy(vecs[v]->mutable_data(), ext.data() + static_cast<size_t>(v) * vec_len * 8,

@@ -320,6 +320,9 @@ def ring_entry_seeds():
     write(t, "unknown_flag", entry(flags=6))
     write(t, "algo_unterminated", entry(algo=b"x" * 32))
     write(t, "offset_without_buffer", entry(send=(0, 64)))
+    # Found by the target: AllToAllv with vec_len 0 (no extension slots) memcpy'd from a null
+    # pointer (undefined behaviour, even for 0 bytes).
+    write(t, "regress_alltoallv_no_vectors", entry(op=7, ext=0, vec_len=0))
 
 
 def main():
