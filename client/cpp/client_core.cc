@@ -299,6 +299,9 @@ void ClientCore::ReadEvents() {
     }
   }
   grpc::Status finish = stream_->Finish();
+  // Completions the daemon wrote before the session ended are outcomes, not orphans (a
+  // shutdown fails the operations first, then ends the sessions).
+  if (rings_ != nullptr) rings_->Drain();
 
   std::unordered_map<uint64_t, std::shared_ptr<internal::PendingRequest>> orphans;
   absl::Status end;

@@ -430,6 +430,13 @@ class Client:
         except Exception as e:  # pragma: no cover - defensive: never die silently
             final = None
             self._end_error = RailyardError(grpc.StatusCode.INTERNAL, f"event reader: {e!r}")
+        # Completions the daemon wrote before the session ended are outcomes, not orphans (a
+        # shutdown fails the operations first, then ends the sessions).
+        if self._rings is not None:
+            try:
+                self._rings.drain()
+            except Exception:  # pragma: no cover - the mapping is ours; defensive only
+                pass
         with self._lock:
             if self._closing:
                 end: RailyardError = CancelledError(grpc.StatusCode.CANCELLED,
