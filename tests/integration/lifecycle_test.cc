@@ -169,8 +169,11 @@ TEST(LifecycleTest, AnIdleDaemonWithRingSessionsUsesNoCpu) {
   const long before = CpuTicks(daemon.process().pid());
   std::this_thread::sleep_for(std::chrono::seconds(20));
   const long used = CpuTicks(daemon.process().pid()) - before;
-  // 0 when nothing wakes it; a tick of slack for the machine's own timer noise.
-  EXPECT_LE(used, 1) << used << " ticks in 20 s idle";
+  // 0 when nothing else runs (as in CI's runs). The kernel charges CPU by sampling at each tick,
+  // so on a machine busy with other tests a brief wake-up (the 1 s backstop of each futex sleep,
+  // gRPC's own timers) that meets a tick costs a whole 10 ms tick: a few of those are slack. A
+  // thread that kept spinning would show ~2000.
+  EXPECT_LE(used, 5) << used << " ticks in 20 s idle";
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
