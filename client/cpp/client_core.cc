@@ -255,7 +255,11 @@ absl::Status ClientCore::OpenRings(std::chrono::microseconds spin) {
   shared->SetOnCompletion([this](uint64_t request_id, absl::Status st, uint64_t seq) {
     OnRingCompletion(request_id, std::move(st), seq);
   });
-  rings_ = std::move(shared);
+  {
+    // The reader thread looks at rings_ when the session ends, which may be now.
+    std::lock_guard<std::mutex> lock(mu_);
+    rings_ = std::move(shared);
+  }
   return absl::OkStatus();
 }
 
@@ -301,7 +305,12 @@ void ClientCore::ReadEvents() {
   grpc::Status finish = stream_->Finish();
   // Completions the daemon wrote before the session ended are outcomes, not orphans (a
   // shutdown fails the operations first, then ends the sessions).
-  if (rings_ != nullptr) rings_->Drain();
+  std::shared_ptr<internal::ClientRings> rings;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rings = rings_;
+  }
+  if (rings != nullptr) rings->Drain();
 
   std::unordered_map<uint64_t, std::shared_ptr<internal::PendingRequest>> orphans;
   absl::Status end;
@@ -321,7 +330,7 @@ void ClientCore::ReadEvents() {
     orphans.swap(pending_);
   }
   connected_cv_.notify_all();
-  if (rings_ != nullptr) rings_->Close();
+  if (rings != nullptr) rings->Close();
   for (auto& [id, pending] : orphans) pending->Complete(end, 0);
 }
 
