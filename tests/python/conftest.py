@@ -293,3 +293,13 @@ def client(daemon):
 def store_path(tmp_path):
     """A fresh c10d FileStore path."""
     return str(tmp_path / "store")
+
+
+@pytest.fixture
+def pair(daemon):
+    """Two sessions of one job on the shared daemon (test_client.py, test_rings.py)."""
+    import railyard
+    clients = [railyard.connect(daemon.socket, job="pair") for _ in range(2)]
+    yield clients
+    for c in clients:
+        c.close()

@@ -38,14 +38,6 @@ def join_all(clients, comm_id=None, timeout=10.0):
     return comms
 
 
-@pytest.fixture
-def pair(daemon):
-    clients = [railyard.connect(daemon.socket, job="pair") for _ in range(2)]
-    yield clients
-    for c in clients:
-        c.close()
-
-
 def test_connect_basics(daemon):
     with railyard.connect(daemon.socket, job="basics") as c:
         assert len(c.session_id) == 32 and c.node_name == "pytest"

@@ -56,14 +56,6 @@ def test_bad_spin_setting_is_refused(daemon, monkeypatch):
         railyard.connect(daemon.socket, job="rings-spin")
 
 
-@pytest.fixture
-def pair(daemon):
-    clients = [railyard.connect(daemon.socket, job="rings-pair") for _ in range(2)]
-    yield clients
-    for c in clients:
-        c.close()
-
-
 def test_two_ring_sessions_allreduce_and_alltoallv(pair):
     a, b = pair
     assert a.fastpath and b.fastpath
