@@ -5,7 +5,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -20,13 +23,24 @@ namespace {
 absl::StatusOr<fdproto::Message> Receive(int sock, const std::string& path,
                                          std::chrono::milliseconds timeout) {
   pollfd p{sock, POLLIN, 0};
-  const int ready = poll(&p, 1, static_cast<int>(timeout.count()));
+  // A signal (a profiler's SIGPROF, a Python handler) interrupts poll: wait out the rest.
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  int ready;
+  do {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    ready = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+  } while (ready < 0 && errno == EINTR);
   if (ready == 0) {
     return absl::DeadlineExceededError(absl::StrCat(
         "railyardd's fd side channel ", path, " did not answer within ", timeout.count(), " ms"));
   }
   char data[fdproto::kMaxMessage];
-  const ssize_t n = ready < 0 ? -1 : recv(sock, data, sizeof(data), 0);
+  ssize_t n = -1;
+  if (ready > 0) {
+    do n = recv(sock, data, sizeof(data), 0);
+    while (n < 0 && errno == EINTR);
+  }
   if (n <= 0) {
     return absl::UnavailableError(absl::StrCat("railyardd's fd side channel ", path, " closed",
                                                n < 0 ? ": " + ErrnoText(errno) : ""));

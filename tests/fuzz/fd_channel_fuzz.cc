@@ -65,7 +65,10 @@ World& TheWorld() {
 // The next message, or nullopt at end of stream. A second of silence is a failure.
 std::optional<fdproto::Message> Receive(int sock, bool* eof) {
   char data[fdproto::kMaxMessage + 1];
-  const ssize_t n = ::recv(sock, data, sizeof(data), 0);
+  // libFuzzer's alarm timer interrupts a recv that has SO_RCVTIMEO (never restarted): retry.
+  ssize_t n;
+  do n = ::recv(sock, data, sizeof(data), 0);
+  while (n < 0 && errno == EINTR);
   *eof = n == 0;
   FUZZ_CHECK(n >= 0, absl::StrCat("no answer within 1 s: ", std::strerror(errno)));
   if (n == 0) return std::nullopt;
