@@ -67,6 +67,10 @@ absl::Status ValidateNode(const v1::NodeTopology& topo) {
       return Invalid(absl::StrCat("rails[", i, "].speed_gbps"),
                      absl::StrCat(topo.rails(i).speed_gbps(), " is not a finite number >= 0"));
     }
+    if (!topo.rails(i).pace().empty()) {
+      absl::StatusOr<double> pace = ParseBandwidth(topo.rails(i).pace());
+      if (!pace.ok()) return Invalid(absl::StrCat("rails[", i, "].pace"), pace.status().message());
+    }
   }
   if (topo.has_fabric()) {
     absl::StatusOr<FabricSpec> fabric = FabricFromTopology(topo);
