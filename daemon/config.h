@@ -49,6 +49,9 @@ struct DaemonConfig {
   bool insecure_first_session_token = false;
   // File of per-job peer credential policies ("<job|*> uids=A,B gids=C"); empty: any uid.
   std::string job_policy_file;
+  // File of "job_id weight" lines: jobs' weights on the paced rails' fair queues (reloaded on
+  // SIGHUP); empty: every job weighs 1 unless set through Admin.
+  std::string job_weights_file;
   // What one session, one job and the whole daemon may hold (--max_* flags).
   QuotaLimits quotas = QuotaLimits::Defaults();
   // Threads executing collectives. 0: one per CPU.

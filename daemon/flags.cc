@@ -53,6 +53,9 @@ ABSL_FLAG(bool, insecure_first_session_token, false,
           "(any local process can claim any job id first: demos only)");
 ABSL_FLAG(std::string, job_policy, "",
           "File of '<job|*> uids=A,B gids=C' lines: which peer uids/gids may connect as a job");
+ABSL_FLAG(std::string, job_weights, "",
+          "File of 'job_id weight' lines: each job's weight on the paced rails' fair queues "
+          "(0.01..1000, default 1), reloaded on SIGHUP (docs/fair-share.md)");
 ABSL_FLAG(uint64_t, max_sessions, 1024, "Sessions the daemon serves at once (0: no limit)");
 ABSL_FLAG(uint64_t, max_sessions_per_job, 256, "Sessions of one job at once (0: no limit)");
 ABSL_FLAG(
@@ -189,6 +192,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "token_key_file",
                                    "insecure_first_session_token",
                                    "job_policy",
+                                   "job_weights",
                                    "max_sessions",
                                    "max_sessions_per_job",
                                    "max_metric_jobs",
@@ -251,6 +255,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.token_key_file = absl::GetFlag(FLAGS_token_key_file);
   c.insecure_first_session_token = absl::GetFlag(FLAGS_insecure_first_session_token);
   c.job_policy_file = absl::GetFlag(FLAGS_job_policy);
+  c.job_weights_file = absl::GetFlag(FLAGS_job_weights);
   c.admin_socket = absl::GetFlag(FLAGS_admin_socket);
   if (c.admin_socket.empty()) c.admin_socket = c.socket + ".admin";
   if (c.admin_socket == c.socket || c.admin_socket == c.socket + ".fd") {

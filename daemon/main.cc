@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -45,7 +46,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   int sig = 0;
-  sigwait(&signals, &sig);
+  // SIGHUP reloads what can be reloaded (--job_weights); SIGTERM and SIGINT stop.
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) server.Reload();
   railyard::Log(railyard::LogLevel::kInfo, "daemon", "signal received",
                 {railyard::F("signal", sig)});
   server.Shutdown();

@@ -141,6 +141,7 @@ absl::Status Server::Start() {
     if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
   }
   core_ = std::make_unique<DaemonCore>(config_, *std::move(auth));
+  if (absl::Status s = core_->LoadJobWeights(); !s.ok()) return s;
   FdChannelServer::Options fd_options;
   fd_options.path = fd_socket;
   if (config_.quotas.max_sessions != 0) {
@@ -365,6 +366,10 @@ void Server::Shutdown() {
   peer_.reset();
   core_.reset();
   Log(LogLevel::kInfo, "daemon", "stopped", {});
+}
+
+void Server::Reload() {
+  if (core_ != nullptr) core_->ReloadJobWeights();
 }
 
 }  // namespace railyard

@@ -37,6 +37,8 @@ class Server {
   // Fails in-flight collectives with CANCELLED, finishes sessions, stops the gRPC server (RPCs
   // still running after the grace period are cancelled) and removes the socket file. Idempotent.
   void Shutdown();
+  // SIGHUP: reloads --job_weights (an error keeps the weights in use, and is logged).
+  void Reload();
 
  private:
   DaemonConfig config_;

@@ -10,6 +10,7 @@
 #include "daemon/services/request_decode.h"
 #include "daemon/transport/bit_flip_endpoint.h"
 #include "daemon/transport/framed_endpoint.h"
+#include "daemon/transport/paced_endpoint.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
 #include "proto/railyard/v1/ring.h"
@@ -198,6 +199,7 @@ void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
   transport_ = std::move(transport);
   peer_address_ = std::move(peer_address);
   coordinator_ = peer_address_;
+  StartRailQueues();
   absl::MutexLock lock(&mu_);
   heartbeat_timer_ =
       timer_.Schedule(absl::Now() + config_.heartbeat_interval, [this] { HeartbeatTick(); });
@@ -579,9 +581,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
       // Large messages' CRCs are verified on the executor, not on the rail's progress thread
       // (which would stop progressing the rail meanwhile); docs/data-plane.md "Cost".
       frame.offload = [this](std::function<void()> task) { executor_.Post(std::move(task)); };
-      net.endpoints[n][r] = std::make_shared<metrics::CountingEndpoint>(
+      std::shared_ptr<transport::Endpoint> ep_out = std::make_shared<metrics::CountingEndpoint>(
           std::make_shared<transport::FramedEndpoint>(std::move(wire), std::move(frame)), link,
           metrics_->JobFabricBytes(job), metrics_->ucx_endpoints());
+      // A paced rail: every job's sends wait their turn in the rail's fair queue.
+      if (r < static_cast<int>(rail_queues_.size()) && rail_queues_[r] != nullptr) {
+        ep_out = std::make_shared<transport::PacedEndpoint>(std::move(ep_out), rail_queues_[r], job,
+                                                            comm_id);
+      }
+      net.endpoints[n][r] = std::move(ep_out);
     }
   }
   // (address, node name): with TLS each peer's certificate must name the node the layout says.
@@ -803,6 +811,7 @@ metrics::DaemonSample DaemonCore::SampleMetrics() {
     j.queued_ops += static_cast<int>(st.queued_ops);
     j.in_flight_ops += static_cast<int>(st.in_flight_ops);
   }
+  for (auto& [job, j] : out.jobs) j.weight = job_weights_.Get(job);
   return out;
 }
 
@@ -872,7 +881,10 @@ v1::StatusResponse DaemonCore::Status() {
     j.set_job_id(st.job);
     j.set_comms(j.comms() + 1);
   }
-  for (auto& [name, j] : jobs) *out.add_jobs() = j;
+  for (auto& [name, j] : jobs) {
+    j.set_weight(job_weights_.Get(name));
+    *out.add_jobs() = j;
+  }
   out.set_buffers(static_cast<uint32_t>(buffers));
   out.set_buffer_bytes(buffer_bytes);
   out.set_ops_completed(ops_completed);
@@ -893,6 +905,10 @@ void DaemonCore::Shutdown() {
   for (auto& s : sessions_.Close()) {
     CloseSession(s, "railyardd is shutting down",
                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "railyardd is shutting down"));
+  }
+  // Sends still queued on a paced rail go out now (and fail: their communicators are aborted).
+  for (auto& q : rail_queues_) {
+    if (q != nullptr) q->Shutdown();
   }
   if (transport_ != nullptr) transport_->Shutdown();
 }

@@ -29,9 +29,11 @@
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/session/fd_channel.h"
+#include "daemon/session/job_weights.h"
 #include "daemon/session/session.h"
 #include "daemon/session/session_registry.h"
 #include "daemon/session/session_rings.h"
+#include "daemon/transport/fair_queue.h"
 #include "daemon/transport/transport.h"
 #include "daemon/util/deadline_timer.h"
 #include "railyard/v1/admin.pb.h"
@@ -143,10 +145,23 @@ class DaemonCore {
   // railctl explain: the candidates a multi-node communicator weighs for an operation.
   absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& req);
 
+  // Fair share on the paced rails (daemon_core_jobs.cc, docs/fair-share.md): the weights of
+  // --job_weights, loaded at start (an error stops the daemon) and on SIGHUP (an error keeps the
+  // weights it had, and is logged); railctl jobs.
+  absl::Status LoadJobWeights();
+  void ReloadJobWeights();
+  v1::ListJobsResponse ListJobs();
+  absl::StatusOr<double> SetJobWeight(const std::string& job, double weight);
+  double JobWeight(const std::string& job) const { return job_weights_.Get(job); }
+
   // Fails every communicator with CANCELLED and closes every session. Idempotent.
   void Shutdown();
 
  private:
+  // One FairQueue per rail with a `pace` (EnableMultiNode, before any communicator exists).
+  void StartRailQueues();
+  // A send leaving rail's fair queue (on the thread that issues it).
+  void RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s);
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
   // Everything Submit checks before the communicator sees the request (quota, decoding).
   absl::StatusOr<std::unique_ptr<PendingRequest>> PrepareSubmit(
@@ -189,6 +204,16 @@ class DaemonCore {
   // Before everything that updates it (executor threads, communicators, transport callbacks),
   // so that it is destroyed after them.
   const std::unique_ptr<metrics::DaemonMetrics> metrics_;
+  // Read by the rail queues' threads (weights, per-job send totals): declared before them.
+  JobWeights job_weights_;
+  struct RailShare {
+    uint64_t bytes = 0;
+    uint64_t sends = 0;
+    double delay_total_s = 0;
+    double delay_max_s = 0;
+  };
+  absl::Mutex shares_mu_;
+  std::map<std::pair<std::string, int>, RailShare> shares_ ABSL_GUARDED_BY(shares_mu_);
   std::string coordinator_;
   DeadlineTimer timer_;
   scheduler::Executor executor_;
@@ -197,6 +222,10 @@ class DaemonCore {
   v1::NodeTopology topology_;
   v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_;
+  // By rail; null for an unpaced rail. Set once by EnableMultiNode, before communicators exist;
+  // destroyed before the transport (Shutdown stops them first).
+  std::vector<std::shared_ptr<transport::FairQueue>> rail_queues_;
+  std::vector<std::string> rail_names_;
   std::string peer_address_;
   FdChannelServer* fd_channels_ = nullptr;
   std::atomic<uint64_t> next_buffer_id_{1};

@@ -108,8 +108,15 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
           "Bytes the job's communicators sent and received over the inter-node fabric")),
       job_weight_(registry_.AddGauge(
           "railyard_job_fair_share_weight",
-          "The job's weight in fabric arbitration; 1 for every job until per-rail fair queues "
-          "exist")),
+          "The job's weight on the paced rails' fair queues (--job_weights, railctl jobs "
+          "set-weight); 1 unless set")),
+      job_rail_bytes_(registry_.AddCounter(
+          "railyard_job_rail_bytes_total",
+          "Bytes the job sent on a paced rail, counted as each send leaves the rail's fair queue")),
+      job_queue_delay_(registry_.AddHistogram(
+          "railyard_job_queue_delay_seconds",
+          "How long the job's sends waited in a paced rail's fair queue (0 when sent at once)",
+          Histogram::ExponentialBuckets(1e-5, 4, 10))),
       sessions_(
           &registry_.AddGauge("railyard_sessions", "Connected client sessions").Add(kNoLabels)),
       buffer_bytes_(&registry_
@@ -197,8 +204,12 @@ void DaemonMetrics::RemoveJobSeriesLocked(const std::string& label) {
   for (auto it = collectives_.begin(); it != collectives_.end();) {
     it = std::get<3>(it->first) == label ? collectives_.erase(it) : std::next(it);
   }
-  for (Family<Counter>* f : {&coll_ops_, &coll_bytes_, &job_fabric_bytes_}) {
+  for (Family<Counter>* f : {&coll_ops_, &coll_bytes_, &job_fabric_bytes_, &job_rail_bytes_}) {
     f->RemoveWhere("job", label);
+  }
+  job_queue_delay_.RemoveWhere("job", label);
+  for (auto it = rail_series_.begin(); it != rail_series_.end();) {
+    it = it->first.first == label ? rail_series_.erase(it) : std::next(it);
   }
   for (Family<Gauge>* f :
        {&coll_algbw_, &coll_busbw_, &coll_algbw_ewma_, &coll_busbw_ewma_, &coll_model_, &job_comms_,
@@ -211,6 +222,20 @@ void DaemonMetrics::RemoveJobSeriesLocked(const std::string& label) {
 std::shared_ptr<Counter> DaemonMetrics::JobFabricBytes(const std::string& job) {
   absl::MutexLock lock(&mu_);
   return job_fabric_bytes_.Hold({{"job", TouchJobLocked(job)}});
+}
+
+void DaemonMetrics::RecordRailSend(const std::string& job, const std::string& rail, size_t bytes,
+                                   double waited_s) {
+  absl::MutexLock lock(&mu_);
+  const std::string& label = TouchJobLocked(job);
+  RailSeries& s = rail_series_[{label, rail}];
+  if (s.bytes == nullptr) {
+    const Labels labels{{"job", label}, {"rail", rail}};
+    s.bytes = &job_rail_bytes_.Add(labels);
+    s.delay = &job_queue_delay_.Add(labels);
+  }
+  s.bytes->Increment(static_cast<double>(bytes));
+  s.delay->Observe(waited_s);
 }
 
 void DaemonMetrics::RecordCollective(const CollectiveRecord& r) {
@@ -311,6 +336,7 @@ void DaemonMetrics::Scrape() {
     sum.comms += j.comms;
     sum.queued_ops += j.queued_ops;
     sum.in_flight_ops += j.in_flight_ops;
+    sum.weight = j.weight;  // "other" shows the weight of one of its jobs
   }
   // A job gone for gone_grace_, and shown gone (at 0) by an earlier scrape, loses its series,
   // unless a communicator still counts its fabric bytes.
@@ -352,7 +378,7 @@ void DaemonMetrics::Scrape() {
     job_comms_.Add(labels).Set(j.comms);
     job_queued_.Add(labels).Set(j.queued_ops);
     job_in_flight_.Add(labels).Set(j.in_flight_ops);
-    job_weight_.Add(labels).Set(1);
+    job_weight_.Add(labels).Set(j.weight);
     job_fabric_bytes_.Add(labels);
   }
 

@@ -66,6 +66,7 @@ struct JobSample {
   int comms = 0;
   int queued_ops = 0;
   int in_flight_ops = 0;
+  double weight = 1;  // on the paced rails' fair queues (daemon/session/job_weights.h)
 };
 struct DaemonSample {
   int sessions = 0;
@@ -95,6 +96,11 @@ class DaemonMetrics {
   // Bytes a job's communicators moved over the fabric (sent plus received). Held by the caller:
   // valid however long it keeps it; while some caller keeps it the job's series stay.
   std::shared_ptr<Counter> JobFabricBytes(const std::string& job);
+  // One send of job's leaving a paced rail's fair queue after waiting waited_s: counts its bytes
+  // (railyard_job_rail_bytes_total) and its queueing delay (railyard_job_queue_delay_seconds).
+  // On the data path (once per message on a paced rail): one map lookup under the lock.
+  void RecordRailSend(const std::string& job, const std::string& rail, size_t bytes,
+                      double waited_s);
   // The job label the series of job carry: job itself, or kOtherJob.
   std::string JobLabel(const std::string& job);
   // Endpoints to other daemons in use by communicators.
@@ -168,6 +174,8 @@ class DaemonMetrics {
   Family<Gauge>& job_in_flight_;
   Family<Counter>& job_fabric_bytes_;
   Family<Gauge>& job_weight_;
+  Family<Counter>& job_rail_bytes_;
+  Family<Histogram>& job_queue_delay_;
   Gauge* sessions_;
   Gauge* buffer_bytes_;
   Gauge* communicators_;
@@ -185,9 +193,15 @@ class DaemonMetrics {
       collectives_ ABSL_GUARDED_BY(mu_);
   std::function<DaemonSample()> sampler_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);  // by job id
-  uint64_t own_jobs_ ABSL_GUARDED_BY(mu_) = 0;                 // jobs_ labelled by their id
-  bool other_series_ ABSL_GUARDED_BY(mu_) = false;             // kOtherJob labels some series
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;                    // scrapes started
+  struct RailSeries {
+    Counter* bytes = nullptr;
+    Histogram* delay = nullptr;
+  };
+  // By (job label, rail).
+  std::map<std::pair<std::string, std::string>, RailSeries> rail_series_ ABSL_GUARDED_BY(mu_);
+  uint64_t own_jobs_ ABSL_GUARDED_BY(mu_) = 0;      // jobs_ labelled by their id
+  bool other_series_ ABSL_GUARDED_BY(mu_) = false;  // kOtherJob labels some series
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;         // scrapes started
   std::function<absl::Time()> now_ ABSL_GUARDED_BY(mu_) = [] { return absl::Now(); };
   double cpu_reported_ ABSL_GUARDED_BY(mu_) = 0;
   // Throughput: each link counter's value at the previous sample, and when it was taken.

@@ -39,6 +39,15 @@ class AdminRefusal final : public v1::Admin::CallbackService {
                                            v1::SetCalibrationResponse*) override {
     return Refuse(ctx);
   }
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
+                                     v1::ListJobsResponse*) override {
+    return Refuse(ctx);
+  }
+  grpc::ServerUnaryReactor* SetJobWeight(grpc::CallbackServerContext* ctx,
+                                         const v1::SetJobWeightRequest*,
+                                         v1::SetJobWeightResponse*) override {
+    return Refuse(ctx);
+  }
 
  private:
   grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx) {

@@ -1,5 +1,6 @@
 // gRPC railyard.v1.Admin for operators: status and topology (railctl status, topo), the cost
-// model's explanations and calibration (railctl explain, calibrate).
+// model's explanations and calibration (railctl explain, calibrate), jobs' fair-share weights
+// (railctl jobs).
 #pragma once
 
 #include <string>
@@ -53,6 +54,23 @@ class AdminService final : public v1::Admin::CallbackService {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (path.ok()) resp->set_path(*path);
     reactor->Finish(ToGrpc(path.status()));
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override {
+    *resp = core_->ListJobs();
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* SetJobWeight(grpc::CallbackServerContext* ctx,
+                                         const v1::SetJobWeightRequest* req,
+                                         v1::SetJobWeightResponse* resp) override {
+    absl::StatusOr<double> previous = core_->SetJobWeight(req->job_id(), req->weight());
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (previous.ok()) resp->set_previous_weight(*previous);
+    reactor->Finish(ToGrpc(previous.status()));
     return reactor;
   }
 

@@ -23,8 +23,8 @@ int64_t SteadyNowNs() {
 // a quantum), the rounds until the first node can send are granted at once, so a rare large
 // message costs one pass, not bytes / quantum of them.
 template <typename Node, typename HeadFn, typename WeightFn>
-Node& DrrSelect(std::list<std::string>& active, std::map<std::string, Node>& nodes,
-                double quantum, HeadFn head, WeightFn weight) {
+Node& DrrSelect(std::list<std::string>& active, std::map<std::string, Node>& nodes, double quantum,
+                HeadFn head, WeightFn weight) {
   size_t unserved = 0;
   for (;;) {
     const std::string& key = active.front();
@@ -40,8 +40,8 @@ Node& DrrSelect(std::list<std::string>& active, std::map<std::string, Node>& nod
     double rounds = std::numeric_limits<double>::infinity();
     for (const std::string& k : active) {
       Node& x = nodes.at(k);
-      rounds = std::min(rounds, std::ceil((static_cast<double>(head(x)) - x.deficit) /
-                                          (quantum * weight(k))));
+      rounds = std::min(
+          rounds, std::ceil((static_cast<double>(head(x)) - x.deficit) / (quantum * weight(k))));
     }
     if (rounds > 1) {
       for (const std::string& k : active) nodes.at(k).deficit += (rounds - 1) * quantum * weight(k);
@@ -266,9 +266,8 @@ void FairQueue::Run() {
       absl::MutexLock l(&mu_);
       // Idle: sleep until something is queued (no timeout: an idle rail costs no CPU).
       mu_.Await(absl::Condition(
-          +[](FairQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
-            return q->stop_ || !q->schedule_.empty();
-          },
+          +[](FairQueue* q)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return q->stop_ || !q->schedule_.empty(); },
           this));
       if (stop_) return;
       now = SteadyNowNs();

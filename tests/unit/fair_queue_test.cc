@@ -33,8 +33,10 @@ FairSchedule::Options Opts(std::map<std::string, double> weights = {}) {
 
 // Keeps every flow backlogged with items of its size and drains `total` bytes at the rate,
 // returning the bytes each job sent.
-std::map<std::string, uint64_t> Drive(FairSchedule& s, const std::map<std::string, size_t>& item_bytes,
-                                    uint64_t total, std::map<std::string, uint64_t>* per_comm = nullptr) {
+std::map<std::string, uint64_t> Drive(FairSchedule& s,
+                                      const std::map<std::string, size_t>& item_bytes,
+                                      uint64_t total,
+                                      std::map<std::string, uint64_t>* per_comm = nullptr) {
   std::map<std::string, uint64_t> sent;
   uint64_t id = 1;
   int64_t now = 0;
@@ -92,8 +94,8 @@ TEST(FairScheduleTest, FractionalAndLargeWeightsHold) {
 TEST(FairScheduleTest, CommunicatorsOfOneJobShareItsPartEqually) {
   FairSchedule s(Opts());
   std::map<std::string, uint64_t> per_comm;
-  auto sent = Drive(s, {{"a/c1", 65536}, {"a/c2", 8192}, {"b/c", 65536}}, uint64_t{256} << 20,
-                  &per_comm);
+  auto sent =
+      Drive(s, {{"a/c1", 65536}, {"a/c2", 8192}, {"b/c", 65536}}, uint64_t{256} << 20, &per_comm);
   EXPECT_NEAR(static_cast<double>(sent["a"]) / static_cast<double>(sent["b"]), 1.0, 0.01);
   EXPECT_NEAR(static_cast<double>(per_comm["a/c1"]) / static_cast<double>(per_comm["a/c2"]), 1.0,
               0.02);
