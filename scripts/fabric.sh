@@ -30,13 +30,16 @@
 # RATE: a rate in bits per second, 1gbit, 100mbit, 2.5Gbit/s, 1Gbps. --pace: the rate each
 # daemon paces a rail to (topology rails[i].pace); default 94% of RATE, about the TCP payload of
 # a 1500-byte-MTU frame (1448/1514 = 95.6%) less a little; "none" leaves it out. The same rate is
-# fabric.json's inter-node bandwidth. --intra: fabric.json's intra-node (shared memory)
-# bandwidth, default 4GB/s (what one daemon's 2 ranks reach on a small machine; measure yours).
+# fabric.json's inter-node bandwidth (alpha 50us, a rough TCP-over-veth latency). --intra:
+# fabric.json's intra-node (shared memory) bandwidth, default 4GB/s (alpha 2us): a modest
+# default for a small machine, not measured by this script; pass what your daemon reaches.
 # --ranks-per-node G (default R) only enters fabric.json.
 #
-# tbf: burst max(16 KiB, RATE x 4 ms) and a 25 ms queue (latency). Measured here with `probe`
-# (one TCP flow, 3 s, the 2-core machine this was written on): 1gbit -> ~0.93-0.94 Gbit/s of
-# payload, 100mbit -> ~94 Mbit/s, i.e. the 1448/1514 payload share of the shaped rate.
+# tbf: burst max(16 KiB, RATE x 4 ms) and a 25 ms queue (latency). tbf counts whole frames
+# (1514 B for 1448 B of TCP payload), so one TCP flow tops out at 95.6% of RATE. Measured with
+# `probe` (one TCP flow n0 -> n1 on rail0, python sockets, 2-3 s, on the 2-core machine this was
+# written on): 1gbit -> 947.6 and 956.5 Mbit/s of payload (two runs), 100mbit -> 95.2 Mbit/s:
+# a single flow fills the shaped link.
 #
 # What up made is recorded in DIR/fabric.state (namespaces, daemon pids, files); down removes
 # exactly that and stops exactly those pids. up is idempotent: the same fabric already up
