@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# scripts/fabric.sh end to end: brings up a 2-node, 2-rail emulated fabric at 200 Mbit/s in its
+# own directory and with its own namespace prefix (never a developer's running fabric), checks
+# the node lines, that `up` again is idempotent, that each daemon answers railctl status and
+# /metrics, runs a small railyard-perf AllReduce across both daemons with the data check, checks
+# that the bytes crossed the shaped veths, then `down` (twice) and that everything is gone.
+#   tests/integration/fabric_script_test.sh          # binaries from ${RAILYARD_BUILD_DIR:-build}
+# Exits 77 (ctest SKIP_RETURN_CODE) with the reason when not root or without ip netns / tc.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=scripts/lib/netns.sh
+. "$root/scripts/lib/netns.sh"
+build=${RAILYARD_BUILD_DIR:-$root/build}
+case $build in /*) ;; *) build=$root/$build ;; esac
+export RAILYARD_BUILD_DIR=$build
+fabric=$root/scripts/fabric.sh
+
+skip() {
+  echo "SKIP: fabric_script_test: $1"
+  exit 77
+}
+fail() {
+  echo "FAIL: fabric_script_test: $1" >&2
+  [ -n "${dir:-}" ] && for f in "$dir"/n*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -20 "$f" >&2; }; done
+  exit 1
+}
+if why=$(netns_unavailable); then skip "$why"; fi
+command -v tc >/dev/null 2>&1 || skip "no tc command (iproute2's tc)"
+for b in daemon/railyardd tools/railctl tools/railyard-perf; do
+  [ -x "$build/$b" ] || fail "no $build/$b (build first)"
+done
+
+dir=$(mktemp -d /tmp/railyard-fabric-test.XXXXXX)
+prefix=rt$(($$ % 100000))-
+cleanup() {
+  "$fabric" down --dir "$dir" >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+up=(--nodes 2 --rails 2 --rate 200mbit --dir "$dir" --prefix "$prefix")
+out=$("$fabric" up "${up[@]}") || fail "fabric.sh up failed (exit $?)"
+echo "$out"
+[ "$(echo "$out" | wc -l)" = 2 ] || fail "expected 2 node lines, got: $out"
+for k in 0 1; do
+  want="node n$k netns ${prefix}n$k socket $dir/n$k.sock peer 10.77.0.$((k + 1)):7077 metrics 10.77.0.$((k + 1)):9090"
+  [ "$(echo "$out" | sed -n "$((k + 1))p")" = "$want" ] || fail "line $k: want '$want', got: $out"
+  [ -S "$dir/n$k.sock" ] || fail "no socket $dir/n$k.sock"
+done
+grep -q '"pace": "23.5MB/s"' "$dir/n0.json" || fail "n0.json lacks the default pace (94% of 200 Mbit/s): $(cat "$dir/n0.json")"
+"$build/tools/railctl" topo --file "$dir/fabric.json" >/dev/null || fail "railctl cannot read fabric.json"
+"$build/tools/railctl" model allreduce --size 1MiB --topology "$dir/fabric.json" >/dev/null ||
+  fail "railctl model cannot use fabric.json"
+
+again=$("$fabric" up "${up[@]}") || fail "second up failed"
+[ "$again" = "$out" ] || fail "second up printed other lines: $again"
+[ "$("$fabric" status --dir "$dir")" = "$out" ] || fail "status does not print the node lines"
+
+for k in 0 1; do
+  "$build/tools/railctl" status --socket "$dir/n$k.sock" >"$dir/status$k.txt" 2>&1 ||
+    fail "railctl status on n$k: $(cat "$dir/status$k.txt")"
+  ip netns exec "${prefix}n$k" curl -sf --max-time 5 "http://10.77.0.$((k + 1)):9090/metrics" |
+    grep -q '^railyard_' || fail "no railyard metrics from n$k"
+done
+
+tx() { ip netns exec "${prefix}n0" cat "/sys/class/net/rail$1/statistics/tx_bytes"; }
+tx0=$(tx 0) tx1=$(tx 1)
+timeout 120 "$build/tools/railyard-perf" --op allreduce -b 8 -e 64K -f 2 -n 5 -w 1 -c 1 \
+  --daemons "$dir/n0.sock,$dir/n1.sock" --ranks-per-daemon 2 >"$dir/perf.txt" 2>&1 ||
+  { cat "$dir/perf.txt" >&2; fail "railyard-perf failed"; }
+cat "$dir/perf.txt"
+grep -q '^# Out of bounds values : 0 OK' "$dir/perf.txt" || fail "railyard-perf's data check failed"
+grep -q '^ *65536 ' "$dir/perf.txt" || fail "railyard-perf did not reach 64 KiB"
+grep -q '@10.77.0.1:7077' "$dir/perf.txt" || fail "the communicator is not coordinated on n0's rail0"
+d0=$(($(tx 0) - tx0)) d1=$(($(tx 1) - tx1))
+echo "n0 sent $d0 bytes on rail0, $d1 on rail1"
+# 5 + 1 iterations, out-of-place and in-place, up to 64 KiB: far more than 64 KiB must cross.
+[ $((d0 + d1)) -ge 65536 ] || fail "only $((d0 + d1)) bytes left n0 on its rails"
+
+"$fabric" down --dir "$dir" || fail "down failed"
+"$fabric" down --dir "$dir" || fail "second down failed"
+for ns in "${prefix}n0" "${prefix}n1" "${prefix}fabric"; do
+  [ ! -e "/run/netns/$ns" ] || fail "namespace $ns is still there after down"
+done
+[ ! -e "$dir/n0.sock" ] || fail "down left $dir/n0.sock"
+pgrep -f -- "--socket=$dir/n" >/dev/null && fail "a railyardd of this fabric still runs after down"
+if "$fabric" up --nodes 1 --rails 1 --rate 1gbit --dir "$dir" --prefix "$prefix" 2>/dev/null; then
+  fail "up --nodes 1 succeeded"
+else
+  rc=$?
+  [ "$rc" = 2 ] || fail "up --nodes 1 exited $rc, want 2"
+fi
+echo "PASS: fabric_script_test"
