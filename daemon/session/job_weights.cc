@@ -15,8 +15,8 @@ namespace railyard {
 
 absl::Status JobWeights::CheckWeight(double weight) {
   if (!std::isfinite(weight) || weight < kMin || weight > kMax) {
-    return absl::InvalidArgumentError(absl::StrCat("weight ", weight, " is not a number in [",
-                                                   kMin, ", ", kMax, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight ", weight, " is not a number in [", kMin, ", ", kMax, "]"));
   }
   return absl::OkStatus();
 }
@@ -31,8 +31,8 @@ absl::StatusOr<std::map<std::string, double>> JobWeights::Parse(absl::string_vie
           absl::StrCat("job weights line ", lineno, ": expected '<job_id> <weight>'"));
     }
     if (!ValidJobId(parts[0])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job weights line ", lineno, ": '", parts[0], "' is not a job id ([A-Za-z0-9._-]{1,128})"));
+      return absl::InvalidArgumentError(absl::StrCat("job weights line ", lineno, ": '", parts[0],
+                                                     "' is not a job id ([A-Za-z0-9._-]{1,128})"));
     }
     double w = 0;
     if (!absl::SimpleAtod(parts[1], &w)) {
@@ -40,7 +40,8 @@ absl::StatusOr<std::map<std::string, double>> JobWeights::Parse(absl::string_vie
           absl::StrCat("job weights line ", lineno, ": '", parts[1], "' is not a number"));
     }
     if (absl::Status s = CheckWeight(w); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("job weights line ", lineno, ": ", s.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("job weights line ", lineno, ": ", s.message()));
     }
     if (!out.emplace(std::string(parts[0]), w).second) {
       return absl::InvalidArgumentError(

@@ -158,6 +158,7 @@ const std::vector<FlagSpec>& Flags() {
       {0, "job", true, StringSetter(&PerfArgs::job)},
       {0, "token", true, StringSetter(&PerfArgs::token)},
       {0, "deadline_s", true, IntSetter<int>(&PerfArgs::deadline_s, 1, 365 * 24 * 3600)},
+      {0, "latency_file", true, StringSetter(&PerfArgs::latency_file)},
       {'h', "help", false,
        [](std::string_view, std::string_view, PerfArgs* a) {
          a->help = true;
@@ -367,6 +368,8 @@ daemon on this host (ranks numbered daemon-major); rank 0 prints the table.
       --timeout_ms MS        InitComm and per-operation timeout (default: the daemon's)
       --job ID, --token T    job id and token (default $RAILYARD_JOB / $RAILYARD_TOKEN)
       --deadline_s S         kill ranks still running after S seconds (default 3600)
+      --latency_file PATH    time iterations one at a time; rank 0 appends "BYTES SECONDS"
+                             per timed iteration to PATH (for percentiles)
   -h, --help                 this text
 
 Sizes follow nccl-tests: allreduce, broadcast, reduce and sendrecv move SIZE bytes per rank;

@@ -39,6 +39,9 @@ struct PerfArgs {
   std::string job;          // empty: $RAILYARD_JOB, else "default"
   std::string token;        // empty: $RAILYARD_TOKEN
   int deadline_s = 3600;    // the launcher kills ranks still running after this long
+  // Non-empty: timed iterations run one at a time (issue, wait) and rank 0 appends each one's
+  // "<bytes> <seconds>" to this file, for percentiles (bench/fairness.sh).
+  std::string latency_file;
   bool help = false;
 
   // Set on the rank processes the launcher spawns (hidden --_rank, --_comm_id, ...).

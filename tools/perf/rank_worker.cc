@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -218,8 +219,30 @@ class RankBenchmark {
       return st;
     }
     const Clock::time_point start = Clock::now();
+    if (!args_.latency_file.empty()) return TimeEach(c, in_place, context, start);
     if (absl::Status st = Iterate(c, in_place, args_.iters, context); !st.ok()) return st;
     return std::chrono::duration<double>(Clock::now() - start).count() / args_.iters;
+  }
+
+  // --latency_file: one iteration at a time, each one's time recorded by rank 0.
+  absl::StatusOr<double> TimeEach(const Case& c, bool in_place, const std::string& context,
+                                  Clock::time_point start) {
+    std::vector<double> each;
+    for (int i = 0; i < args_.iters; ++i) {
+      const Clock::time_point t0 = Clock::now();
+      if (absl::Status st = Iterate(c, in_place, 1, context); !st.ok()) return st;
+      each.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    const double avg = std::chrono::duration<double>(Clock::now() - start).count() / args_.iters;
+    if (args_.rank != 0) return avg;
+    std::FILE* f = std::fopen(args_.latency_file.c_str(), "a");
+    if (f == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot append to --latency_file ", args_.latency_file));
+    }
+    for (double t : each) std::fprintf(f, "%zu %.9f\n", c.bytes, t);
+    std::fclose(f);
+    return avg;
   }
 
   // One iteration on fresh inputs; returns this rank's wrong elements.

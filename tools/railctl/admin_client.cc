@@ -114,4 +114,27 @@ absl::StatusOr<std::string> AdminClient::SetCalibration(const v1::CostModel& mod
   return response.path();
 }
 
+absl::StatusOr<v1::ListJobsResponse> AdminClient::ListJobs() {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  v1::ListJobsResponse response;
+  grpc::Status status = stub_->ListJobs(&ctx, v1::ListJobsRequest(), &response);
+  if (!status.ok()) return FromGrpc("Admin.ListJobs", status);
+  return response;
+}
+
+absl::StatusOr<double> AdminClient::SetJobWeight(const std::string& job, double weight) {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  v1::SetJobWeightRequest req;
+  req.set_job_id(job);
+  req.set_weight(weight);
+  v1::SetJobWeightResponse response;
+  grpc::Status status = stub_->SetJobWeight(&ctx, req, &response);
+  if (!status.ok()) return FromGrpc("Admin.SetJobWeight", status);
+  return response.previous_weight();
+}
+
 }  // namespace railyard::railctl

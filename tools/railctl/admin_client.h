@@ -27,6 +27,9 @@ class AdminClient {
   absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& req);
   absl::StatusOr<v1::CostModel> GetCalibration();
   absl::StatusOr<std::string> SetCalibration(const v1::CostModel& model);
+  // Admin.ListJobs / SetJobWeight (railctl jobs); SetJobWeight returns the previous weight.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs();
+  absl::StatusOr<double> SetJobWeight(const std::string& job, double weight);
 
  private:
   absl::Status CheckSocket() const;

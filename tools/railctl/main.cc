@@ -7,6 +7,7 @@
 #include "tools/railctl/calibrate_command.h"
 #include "tools/railctl/command.h"
 #include "tools/railctl/explain_command.h"
+#include "tools/railctl/jobs_command.h"
 #include "tools/railctl/model_command.h"
 #include "tools/railctl/simulate_command.h"
 #include "tools/railctl/status_command.h"
@@ -21,6 +22,8 @@ using railyard::railctl::Command;
 constexpr Command kCommands[] = {
     {"status", "what the daemon is doing: jobs, communicators, sessions",
      railyard::railctl::RunStatus},
+    {"jobs", "jobs' fair-share weights and what each sent per paced rail; set-weight JOB W",
+     railyard::railctl::RunJobs},
     {"topo", "this node's topology graph: GPUs, NICs, rails, NUMA (daemon, discovery or file)",
      railyard::railctl::RunTopo},
     {"model", "cost-model predictions without a daemon: algorithms, crossover, critical size",

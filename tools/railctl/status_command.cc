@@ -25,10 +25,11 @@ std::string FormatStatus(const v1::StatusResponse& s) {
                     absl::StrJoin(s.rails(), ", "), "\n");
   }
 
-  TextTable jobs({"JOB", "SESSIONS", "COMMS", "BUFFERS", "BYTES"});
+  TextTable jobs({"JOB", "WEIGHT", "SESSIONS", "COMMS", "BUFFERS", "BYTES"});
   for (const v1::JobStatus& j : s.jobs()) {
-    jobs.AddRow({j.job_id(), absl::StrCat(j.sessions()), absl::StrCat(j.comms()),
-                 absl::StrCat(j.buffers()), FormatBytes(j.buffer_bytes())});
+    jobs.AddRow({j.job_id(), absl::StrFormat("%g", j.weight()), absl::StrCat(j.sessions()),
+                 absl::StrCat(j.comms()), absl::StrCat(j.buffers()),
+                 FormatBytes(j.buffer_bytes())});
   }
   TextTable comms({"COMM", "JOB", "NODES", "RANKS", "STATE", "OPS", "FAILED", "REDUCED", "ERROR"});
   for (const v1::CommStatus& c : s.comms()) {
