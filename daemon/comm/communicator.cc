@@ -49,7 +49,8 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
       multi_node_(net.layout.nnodes > 1),
       net_(std::move(net)),
       local_ranks_(net_.layout.ranks_of_node[net_.my_node]),
-      planner_(net_.layout, net_.my_node, net_.tuner, env_.default_algo, env_.chunk_bytes),
+      planner_(net_.layout, net_.my_node, net_.tuner, env_.default_algo, env_.chunk_bytes,
+               net_.max_chunk_bytes),
       collectives_(&local_ranks_),
       channels_(comm_id_) {
   members_.resize(local_ranks_.size());

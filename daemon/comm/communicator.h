@@ -67,6 +67,9 @@ struct MultiNodeEnv {
   // every node's, by node index, from the layout (daemon/scheduler/tags.h).
   std::shared_ptr<const scheduler::tags::Slot> tag_slot;
   std::vector<uint16_t> node_slots;
+  // Schedules are chunked to at most this (0: as the tuner picks): the smallest
+  // NodeInfo.paced_chunk_bytes of the layout's nodes, so that jobs interleave on paced rails.
+  size_t max_chunk_bytes = 0;
 };
 
 struct CommStats {

@@ -13,12 +13,13 @@ using scheduler::OpKind;
 
 OpPlanner::OpPlanner(scheduler::CommLayout layout, int my_node,
                      std::shared_ptr<scheduler::cost::Tuner> tuner, std::string default_algo,
-                     size_t chunk_bytes)
+                     size_t chunk_bytes, size_t max_chunk_bytes)
     : layout_(std::move(layout)),
       my_node_(my_node),
       tuner_(std::move(tuner)),
       default_algo_(std::move(default_algo)),
-      chunk_bytes_(chunk_bytes) {}
+      chunk_bytes_(chunk_bytes),
+      max_chunk_bytes_(max_chunk_bytes) {}
 
 absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> OpPlanner::Project(
     const scheduler::RankSchedule& schedule, const scheduler::OpShape& shape,
@@ -87,6 +88,12 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
   out.forced = forced;
   out.algorithm = forced ? algo : chosen;
   out.chunk_bytes = forced ? chunk_bytes_ : chosen_chunk;
+  // Paced rails: no message longer than their slice (the chunk grows back while the schedule
+  // would not fit the tag space, below).
+  size_t uncapped_chunk = out.chunk_bytes;
+  if (max_chunk_bytes_ > 0 && (out.chunk_bytes == 0 || out.chunk_bytes > max_chunk_bytes_)) {
+    out.chunk_bytes = max_chunk_bytes_;
+  }
   auto predict = [&](const std::string& name) {
     if (choice == nullptr) return -1.0;
     for (const scheduler::cost::Candidate& k : choice->candidates) {
@@ -114,18 +121,33 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
     // A forced algorithm that does not fit this layout (hier on uneven nodes): the tuner's.
     out.algorithm = chosen;
     out.chunk_bytes = chosen_chunk;
+    if (max_chunk_bytes_ > 0 && (out.chunk_bytes == 0 || out.chunk_bytes > max_chunk_bytes_)) {
+      out.chunk_bytes = max_chunk_bytes_;
+    }
     out.forced = false;
     if (chosen == scheduler::kAlgoLocal) {
       out.chunk_bytes = chunk_bytes_;
       out.predicted_s = predict(chosen);
       return out;
     }
-    schedule = scheduler::Generate(chosen, shape, layout_, chosen_chunk);
+    uncapped_chunk = chosen_chunk;
+    schedule = scheduler::Generate(chosen, shape, layout_, out.chunk_bytes);
   }
   if (!schedule.ok()) return schedule.status();
   const std::string ran = schedule->algorithm.empty() ? out.algorithm : schedule->algorithm;
   absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> projected =
       Project(*schedule, shape, ran, out.chunk_bytes);
+  // A capped chunk that numbers too many messages: double it until the schedule fits (the
+  // same on every member: they all cap alike).
+  while (!projected.ok() && out.chunk_bytes != uncapped_chunk && out.chunk_bytes != 0 &&
+         out.chunk_bytes < (size_t{1} << 40)) {
+    out.chunk_bytes = uncapped_chunk != 0 && out.chunk_bytes * 2 >= uncapped_chunk
+                          ? uncapped_chunk
+                          : out.chunk_bytes * 2;
+    schedule = scheduler::Generate(ran, shape, layout_, out.chunk_bytes);
+    if (!schedule.ok()) return schedule.status();
+    projected = Project(*schedule, shape, ran, out.chunk_bytes);
+  }
   if (!projected.ok()) return projected.status();
   if (cache_.size() >= 64) cache_.clear();  // bounded; shapes repeat
   cache_[key] = {*projected, ran};

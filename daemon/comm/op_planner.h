@@ -33,7 +33,7 @@ class OpPlanner {
   // tuner may be null (unit tests): the local plan on one node, the default chunk elsewhere.
   OpPlanner(scheduler::CommLayout layout, int my_node,
             std::shared_ptr<scheduler::cost::Tuner> tuner, std::string default_algo,
-            size_t chunk_bytes);
+            size_t chunk_bytes, size_t max_chunk_bytes = 0);
 
   // requests: the merged collective's requests of this node's ranks, by local index, all
   // present and in agreement. Errors (no algorithm for the op, a schedule that does not fit the
@@ -74,6 +74,9 @@ class OpPlanner {
   const std::shared_ptr<scheduler::cost::Tuner> tuner_;
   const std::string default_algo_;
   const size_t chunk_bytes_;
+  // Paced rails (MultiNodeEnv::max_chunk_bytes): chunks of multi-node schedules at most this,
+  // doubled while the schedule would send more messages than a tag numbers; 0: no cap.
+  const size_t max_chunk_bytes_;
   std::map<std::string, Cached> cache_;  // by algorithm, chunk and shape; bounded
 };
 

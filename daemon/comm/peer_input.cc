@@ -71,6 +71,12 @@ absl::Status CheckNodeInfo(const v1::NodeInfo& node, absl::string_view field,
     return Bad(absl::StrCat(field, ".tag_slot"), absl::StrCat(node.tag_slot(), " does not fit ",
                                                               scheduler::tags::kSlotBits, " bits"));
   }
+  if (node.paced_chunk_bytes() != 0 && (node.paced_chunk_bytes() < kMinPacedChunkBytes ||
+                                        node.paced_chunk_bytes() > kMaxPacedChunkBytes)) {
+    return Bad(absl::StrCat(field, ".paced_chunk_bytes"),
+               absl::StrCat(node.paced_chunk_bytes(), " is neither 0 nor in [", kMinPacedChunkBytes,
+                            ", ", kMaxPacedChunkBytes, "]"));
+  }
   return absl::OkStatus();
 }
 

@@ -26,6 +26,10 @@ inline constexpr size_t kMaxNodeNameBytes = 255;
 // few KiB, hence the room).
 inline constexpr int kMaxRailAddresses = 64;
 inline constexpr size_t kMaxRailAddressBytes = 16384;
+// NodeInfo.paced_chunk_bytes, when set: smaller would let one member force a schedule too finely
+// chunked to number; larger than any chunk the tuner picks means nothing.
+inline constexpr uint64_t kMinPacedChunkBytes = 16 * 1024;
+inline constexpr uint64_t kMaxPacedChunkBytes = uint64_t{1} << 30;
 // Each descriptive text field of a coordinator's CostModel (source, op, fitted_at, ...).
 inline constexpr size_t kMaxCostModelTextBytes = 256;
 

@@ -227,6 +227,7 @@ v1::NodeInfo DaemonCore::MyNodeInfo() {
       info.add_rail_addresses(addr.ok() ? *addr : std::string());
     }
   }
+  info.set_paced_chunk_bytes(PacedChunkBytes());
   return info;
 }
 
@@ -527,6 +528,11 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
       std::vector<int>(layout.node_of_rank().begin(), layout.node_of_rank().end()), rails);
   const scheduler::CommLayout& l = net.layout;
   net.my_node = my_node;
+  // Every member reads the same layout, so every member chunks alike.
+  for (const v1::NodeInfo& node : layout.nodes()) {
+    const uint64_t c = node.paced_chunk_bytes();
+    if (c != 0 && (net.max_chunk_bytes == 0 || c < net.max_chunk_bytes)) net.max_chunk_bytes = c;
+  }
   net.endpoints.assign(l.nnodes, {});
   for (int n = 0; n < l.nnodes; ++n) {
     const v1::NodeInfo& node = layout.nodes(n);
@@ -812,6 +818,7 @@ metrics::DaemonSample DaemonCore::SampleMetrics() {
     j.in_flight_ops += static_cast<int>(st.in_flight_ops);
   }
   for (auto& [job, j] : out.jobs) j.weight = job_weights_.Get(job);
+  for (const auto& [job, e] : job_weights_.Snapshot()) out.job_weights[job] = e.weight;
   return out;
 }
 

@@ -160,6 +160,9 @@ class DaemonCore {
  private:
   // One FairQueue per rail with a `pace` (EnableMultiNode, before any communicator exists).
   void StartRailQueues();
+  // NodeInfo.paced_chunk_bytes: the power of two at or below 1 ms at the slowest paced rail's
+  // rate, within [kMinPacedChunkBytes, 4 MiB]; 0 without a paced rail.
+  uint64_t PacedChunkBytes() const;
   // A send leaving rail's fair queue (on the thread that issues it).
   void RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s);
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);

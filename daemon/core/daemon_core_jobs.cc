@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/comm/peer_input.h"
 #include "daemon/core/daemon_core.h"
 #include "daemon/topology/units.h"
 #include "daemon/util/log.h"
@@ -16,6 +17,9 @@ namespace {
 // Jobs that have sent on a paced rail whose totals are kept; past it, those of jobs with no
 // session and no communicator are dropped (the metrics keep the history).
 constexpr size_t kMaxShareJobs = 1024;
+// On a paced rail a message should hold the link about this long at most: the granularity at
+// which the fair queue interleaves jobs (a 64 KiB message at 1 Gbit/s is 0.55 ms).
+constexpr double kPacedSliceSeconds = 1e-3;
 
 }  // namespace
 
@@ -40,6 +44,18 @@ void DaemonCore::StartRailQueues() {
     Log(LogLevel::kInfo, "fair", "rail paced",
         {F("rail", rail_names_.back()), F("pace", topology::FormatBandwidth(*rate))});
   }
+}
+
+uint64_t DaemonCore::PacedChunkBytes() const {
+  double slowest = 0;
+  for (const auto& q : rail_queues_) {
+    if (q != nullptr && (slowest == 0 || q->rate() < slowest)) slowest = q->rate();
+  }
+  if (slowest <= 0) return 0;
+  const double target = std::min(slowest * kPacedSliceSeconds, 4.0 * 1024 * 1024);
+  uint64_t c = kMinPacedChunkBytes;
+  while (static_cast<double>(c * 2) <= target) c *= 2;
+  return c;
 }
 
 void DaemonCore::RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s) {

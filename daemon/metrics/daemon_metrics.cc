@@ -378,7 +378,8 @@ void DaemonMetrics::Scrape() {
     job_comms_.Add(labels).Set(j.comms);
     job_queued_.Add(labels).Set(j.queued_ops);
     job_in_flight_.Add(labels).Set(j.in_flight_ops);
-    job_weight_.Add(labels).Set(j.weight);
+    auto w = sample.job_weights.find(label);
+    job_weight_.Add(labels).Set(w != sample.job_weights.end() ? w->second : j.weight);
     job_fabric_bytes_.Add(labels);
   }
 

@@ -73,6 +73,8 @@ struct DaemonSample {
   uint64_t registered_buffer_bytes = 0;
   int communicators = 0;
   std::map<std::string, JobSample> jobs;
+  // Weights set for jobs (alive or not): a job that ended keeps showing its weight.
+  std::map<std::string, double> job_weights;
 };
 
 // The job label of the jobs past DaemonMetrics' max_jobs.

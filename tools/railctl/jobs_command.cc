@@ -92,10 +92,10 @@ std::string FormatJobs(const v1::ListJobsResponse& r) {
       const uint64_t total = rail_total[s.rail()];
       row.push_back(s.rail());
       row.push_back(FormatBytes(s.bytes_sent()));
-      row.push_back(total > 0 ? absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(
-                                                                       s.bytes_sent()) /
-                                                              static_cast<double>(total))
-                              : "-");
+      row.push_back(total > 0
+                        ? absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(s.bytes_sent()) /
+                                                        static_cast<double>(total))
+                        : "-");
       row.push_back(absl::StrCat(s.sends()));
       row.push_back(s.sends() > 0 ? topology::FormatDuration(s.queue_delay_seconds_total() /
                                                              static_cast<double>(s.sends()))
