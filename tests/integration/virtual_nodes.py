@@ -40,11 +40,12 @@ def stop(proc):
             proc.wait(timeout=5)
 
 
-def start_daemon(tmp, name, rails, extra_args=(), insecure=False):
+def start_daemon(tmp, name, rails, extra_args=(), insecure=False, pace=None):
     """Starts railyardd as virtual node `name` in tmp; returns (proc, socket, metrics address)
     once it serves both. The peer plane is mutual TLS with a certificate for `name` from the CA
     in tmp/certs (made on first use, shared by every daemon started in tmp), or plaintext with
-    insecure=True (--peer_insecure). The caller stops proc."""
+    insecure=True (--peer_insecure). pace: every rail's topology `pace` (a bandwidth: its fair
+    queue, docs/fair-share.md), None for unpaced rails. The caller stops proc."""
     if insecure:
         security = ["--peer_insecure"]
     else:
@@ -52,7 +53,8 @@ def start_daemon(tmp, name, rails, extra_args=(), insecure=False):
         security = peer_tls.tls_flags(certdir, name)
     topo = os.path.join(tmp, f"{name}.json")
     with open(topo, "w") as f:
-        json.dump({"node": name, "rails": [{"name": f"rail{r}", "device": "lo"}
+        json.dump({"node": name, "rails": [dict({"name": f"rail{r}", "device": "lo"},
+                                                **({"pace": pace} if pace else {}))
                                            for r in range(rails)]}, f)
     sock = os.path.join(tmp, f"{name}.sock")
     logpath = os.path.join(tmp, f"{name}.log")

@@ -158,3 +158,31 @@ TEST(OpPlannerTest, AllToAllvIsLocalOnOneNodeAndDirectAcrossNodes) {
 
 }  // namespace
 }  // namespace railyard
+
+namespace railyard {
+namespace {
+
+TEST(OpPlannerTest, PacedRailsCapEveryMessageAtThePacedChunk) {
+  const auto layout = scheduler::CommLayout::Uniform(4, 1, 1);
+  OpPlanner planner(layout, 0, TunerFor(layout), "", 256 << 10, /*max_chunk_bytes=*/64 << 10);
+  for (const std::string algo : {"", "ring", "rhd"}) {
+    auto plan = planner.Plan(Ptrs(Requests(1, OpKind::kAllReduce, uint64_t{4} << 20, algo)));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->chunk_bytes, size_t{64} << 10) << algo;
+    size_t sends = 0;
+    for (const auto& s : plan->schedule->steps) {
+      if (s.kind != scheduler::NodeStep::Kind::kSend) continue;
+      ++sends;
+      EXPECT_LE(s.bytes, uint64_t{64} << 10) << algo;
+    }
+    EXPECT_GT(sends, 0u) << algo;
+  }
+  // Without the cap the tuner's own chunk stands (larger for 16 MiB on this model).
+  OpPlanner free_planner(layout, 0, TunerFor(layout), "", 256 << 10);
+  auto plan = free_planner.Plan(Ptrs(Requests(1, OpKind::kAllReduce, uint64_t{4} << 20, "ring")));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->chunk_bytes, size_t{256} << 10);
+}
+
+}  // namespace
+}  // namespace railyard

@@ -197,6 +197,11 @@ TEST(CheckJoinRequestTest, EveryBadFieldIsInvalidArgumentNamingIt) {
        "JoinCommRequest.node.rail_addresses[3] is 70000 bytes, more than 16384"},
       {"wide tag slot", [](auto& r) { r.mutable_node()->set_tag_slot(1u << 16); },
        "JoinCommRequest.node.tag_slot 65536 does not fit 16 bits"},
+      {"tiny paced chunk", [](auto& r) { r.mutable_node()->set_paced_chunk_bytes(4096); },
+       "JoinCommRequest.node.paced_chunk_bytes 4096 is neither 0 nor in [16384, 1073741824]"},
+      {"huge paced chunk",
+       [](auto& r) { r.mutable_node()->set_paced_chunk_bytes(uint64_t{1} << 40); },
+       "JoinCommRequest.node.paced_chunk_bytes 1099511627776 is neither 0 nor in"},
       {"unknown integrity", [](auto& r) { r.set_integrity("sha256"); },
        "JoinCommRequest.integrity 'sha256' is not one of"},
   };
