@@ -15,7 +15,7 @@
 # hier's share of it; also the model's own choice.
 #   bench/fabric_allreduce.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); FABRIC_RATE (default 1gbit); FABRIC_PACE
-# (scripts/fabric.sh --pace; default its 94% of the rate); MPIRUN (default mpirun.openmpi),
+# (scripts/fabric.sh --pace; default its 88% of the rate); MPIRUN (default mpirun.openmpi),
 # MPICC (default mpicc.openmpi). Launches interleave: each repetition runs the four railyard
 # launches and then one OpenMPI launch. Each launch is two sweeps: 64K-1M (-n 10 -w 2) and
 # 4M-64M (-n 5 -w 1; 64 MiB at 1 Gbit/s is 0.3-1 s per op). About 70 s per repetition here.

@@ -13,7 +13,7 @@
 # (equal), A/B ratio (weighted), aggregate / solo (equal), L's p99 beside B / alone.
 #   bench/fairness.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); FAIR_RATE (1gbit); FAIR_PACE (fabric.sh
-# --pace; default its 94% of the rate); FAIR_WINDOW (20 s); RAILYARD_* daemon flags reach the
+# --pace; default its 88% of the rate); FAIR_WINDOW (20 s); RAILYARD_* daemon flags reach the
 # daemons (e.g. RAILYARD_RAIL_IN_FLIGHT_BYTES, RAILYARD_CHUNK_BYTES).
 # Not a test: on 2 shared cores the numbers move with load.
 set -euo pipefail

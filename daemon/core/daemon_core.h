@@ -160,7 +160,7 @@ class DaemonCore {
  private:
   // One FairQueue per rail with a `pace` (EnableMultiNode, before any communicator exists).
   void StartRailQueues();
-  // NodeInfo.paced_chunk_bytes: the power of two at or below 1 ms at the slowest paced rail's
+  // NodeInfo.paced_chunk_bytes: the power of two at or below 2.5 ms at the slowest paced rail's
   // rate, within [kMinPacedChunkBytes, 4 MiB]; 0 without a paced rail.
   uint64_t PacedChunkBytes() const;
   // A send leaving rail's fair queue (on the thread that issues it).

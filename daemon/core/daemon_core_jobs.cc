@@ -18,8 +18,10 @@ namespace {
 // session and no communicator are dropped (the metrics keep the history).
 constexpr size_t kMaxShareJobs = 1024;
 // On a paced rail a message should hold the link about this long at most: the granularity at
-// which the fair queue interleaves jobs (a 64 KiB message at 1 Gbit/s is 0.55 ms).
-constexpr double kPacedSliceSeconds = 1e-3;
+// which the fair queue interleaves jobs (256 KiB at 110 MB/s is 2.4 ms). 1 ms (64 KiB there)
+// measured worse on 2 cores: per-message costs took 7% of a job's speed alone and 3:1 fell to
+// 2.2:1 (bench/results/fairness.txt).
+constexpr double kPacedSliceSeconds = 2.5e-3;
 
 }  // namespace
 

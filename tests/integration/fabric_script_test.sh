@@ -47,7 +47,7 @@ for k in 0 1; do
   [ "$(echo "$out" | sed -n "$((k + 1))p")" = "$want" ] || fail "line $k: want '$want', got: $out"
   [ -S "$dir/n$k.sock" ] || fail "no socket $dir/n$k.sock"
 done
-grep -q '"pace": "23.5MB/s"' "$dir/n0.json" || fail "n0.json lacks the default pace (94% of 200 Mbit/s): $(cat "$dir/n0.json")"
+grep -q '"pace": "22MB/s"' "$dir/n0.json" || fail "n0.json lacks the default pace (88% of 200 Mbit/s): $(cat "$dir/n0.json")"
 "$build/tools/railctl" topo --file "$dir/fabric.json" >/dev/null || fail "railctl cannot read fabric.json"
 "$build/tools/railctl" model allreduce --size 1MiB --topology "$dir/fabric.json" >/dev/null ||
   fail "railctl model cannot use fabric.json"
