@@ -35,12 +35,14 @@ using topology::LinkClass;
 constexpr const char* kUsage =
     "usage: railctl calibrate --daemons S0,S1[,...] [--ranks-per-daemon G] [--op OP] [--algo A]\n"
     "                         [-b SIZE] [-e SIZE] [-f N] [-n ITERS] [-w WARMUP] [--perf PATH]\n"
-    "                         [--timeout SECONDS] [--dry-run] [--json]\n"
+    "                         [--sweeps N] [--timeout SECONDS] [--dry-run] [--json]\n"
     "Runs railyard-perf on the first daemon alone and then across all of them, fits the\n"
     "per-operation overhead, the intra-node bandwidth and the inter-node alpha and beta by least\n"
     "squares on the schedule IR's prediction, prints the fit against every measured size and\n"
-    "stores it on every daemon (--state_dir/calibration.json) unless --dry-run. Defaults: G = 2,\n"
-    "allreduce, ring, -b 64K -e 4M -f 4 -n 10 -w 3.\n";
+    "stores it on every daemon (--state_dir/calibration.json) unless --dry-run. Each sweep runs\n"
+    "--sweeps times and every size is fitted at its median, so one sweep disturbed by another\n"
+    "process does not bend the fit. Defaults: G = 2, allreduce, ring, -b 64K -e 4M -f 4 -n 10\n"
+    "-w 3 --sweeps 3.\n";
 
 // A huge bandwidth and zero latency: a link class that costs nothing.
 constexpr LinkClass kFree{0, 1e30};
@@ -69,6 +71,23 @@ absl::StatusOr<std::vector<Measured>> ParsePerf(const std::string& out) {
   }
   if (rows.empty()) return absl::InternalError("railyard-perf printed no result rows");
   return rows;
+}
+
+// Per size, the median time over repeated sweeps (the upper median of an even count).
+absl::StatusOr<std::vector<Measured>> MedianRows(const std::vector<std::vector<Measured>>& runs) {
+  std::vector<Measured> out = runs.front();
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> t;
+    for (const std::vector<Measured>& run : runs) {
+      if (run.size() != out.size() || run[i].bytes != out[i].bytes) {
+        return absl::InternalError("railyard-perf sweeps measured different sizes");
+      }
+      t.push_back(run[i].seconds);
+    }
+    std::sort(t.begin(), t.end());
+    out[i].seconds = t[t.size() / 2];
+  }
+  return out;
 }
 
 // The time the simulator predicts for the schedule on a fabric with these link classes.
@@ -110,7 +129,8 @@ std::string PerfSize(const std::string& flag, const ParsedFlags& f, const char* 
 absl::Status RunCalibrate(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedFlags> f = ParseFlags(
       args,
-      {"daemons", "ranks-per-daemon", "op", "algo", "b", "e", "f", "n", "w", "perf", "timeout"},
+      {"daemons", "ranks-per-daemon", "op", "algo", "b", "e", "f", "n", "w", "perf", "timeout",
+       "sweeps"},
       {"dry-run", "json"});
   if (!f.ok()) return f.status();
   if (f->Bool("help")) {
@@ -127,6 +147,8 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
   if (!g.ok()) return g.status();
   absl::StatusOr<int> timeout = IntFlag(*f, "timeout", 300, 10);
   if (!timeout.ok()) return timeout.status();
+  absl::StatusOr<int> sweeps = IntFlag(*f, "sweeps", 3, 1);
+  if (!sweeps.ok()) return sweeps.status();
   const std::string op_name = f->Get("op", "allreduce");
   scheduler::OpKind op;
   if (!scheduler::ParseOpName(op_name, &op) || scheduler::IsPointToPoint(op) ||
@@ -174,10 +196,16 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
                                      absl::StrCat(*timeout)};
     std::map<std::string, std::string> env;
     env["RAILYARD_ALGO"] = forced;
-    absl::StatusOr<std::string> out =
-        RunToCompletion(argv, env, std::chrono::seconds(*timeout + 10));
-    if (!out.ok()) return out.status();
-    return ParsePerf(*out);
+    std::vector<std::vector<Measured>> runs;
+    for (int i = 0; i < *sweeps; ++i) {
+      absl::StatusOr<std::string> out =
+          RunToCompletion(argv, env, std::chrono::seconds(*timeout + 10));
+      if (!out.ok()) return out.status();
+      absl::StatusOr<std::vector<Measured>> rows = ParsePerf(*out);
+      if (!rows.ok()) return rows.status();
+      runs.push_back(*std::move(rows));
+    }
+    return MedianRows(runs);
   };
 
   cost::Calibration fit = cost::Calibration::Defaults();
