@@ -58,6 +58,61 @@ FairSchedule::FairSchedule(Options options) : options_(std::move(options)) {
   double burst = options_.burst_bytes;
   if (!(burst > 0)) burst = std::max(64.0 * 1024, options_.rate_bytes_per_s * 1e-3);
   burst_ns_ = burst / options_.rate_bytes_per_s * 1e9;
+  if (!(options_.express_bytes > 0)) options_.express_bytes = 0;
+  express_cap_ = 4 * options_.express_bytes;
+  window_ns_ = std::max<int64_t>(10'000'000, static_cast<int64_t>(4 * burst_ns_));
+}
+
+FairSchedule::Recent& FairSchedule::RefreshCredit(const std::string& job, int64_t now_ns) {
+  for (auto it = recent_.begin(); it != recent_.end();) {
+    if (it->first != job && it->second.last_ns < now_ns - window_ns_ &&
+        jobs_.find(it->first) == jobs_.end()) {
+      it = recent_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto [it, fresh] = recent_.try_emplace(job);
+  Recent& r = it->second;
+  if (fresh) {
+    r.credit = express_cap_;
+    r.credit_ns = now_ns;
+  }
+  if (now_ns > r.credit_ns) {
+    double total = 0;
+    for (const auto& [name, other] : recent_) total += Weight(name);
+    const double share = total > 0 ? Weight(job) / total : 1;
+    r.credit = std::min(express_cap_, r.credit + static_cast<double>(now_ns - r.credit_ns) * 1e-9 *
+                                                     options_.rate_bytes_per_s * share);
+    r.credit_ns = now_ns;
+  }
+  r.last_ns = std::max(r.last_ns, now_ns);
+  return r;
+}
+
+void FairSchedule::Spend(const std::string& job, size_t bytes, int64_t now_ns) {
+  if (express_cap_ <= 0) return;
+  Recent& r = RefreshCredit(job, now_ns);
+  r.credit = std::max(-express_cap_, r.credit - static_cast<double>(bytes));
+}
+
+bool FairSchedule::TrySendNow(const std::string& job, size_t bytes, int64_t now_ns) {
+  if (queued_items_ == 0 && CanSendNow(now_ns)) {
+    Sent(bytes, now_ns);
+    Spend(job, bytes, now_ns);
+    return true;
+  }
+  if (express_cap_ <= 0 || static_cast<double>(bytes) > options_.express_bytes ||
+      jobs_.find(job) != jobs_.end()) {
+    if (express_cap_ > 0) RefreshCredit(job, now_ns);  // it is active: it holds a share
+    return false;
+  }
+  Recent& r = RefreshCredit(job, now_ns);
+  if (r.credit < static_cast<double>(bytes)) return false;
+  r.credit -= static_cast<double>(bytes);
+  Sent(bytes, now_ns);
+  ++express_sends_;
+  return true;
 }
 
 double FairSchedule::Weight(const std::string& job) const {
@@ -137,6 +192,7 @@ bool FairSchedule::Next(int64_t now_ns, Item* out, int64_t* wake_ns) {
   --queued_items_;
   queued_bytes_ -= out->bytes;
   Sent(out->bytes, now_ns);
+  Spend(out->job, out->bytes, now_ns);
   return true;
 }
 
@@ -190,14 +246,11 @@ void FairQueue::Submit(const std::string& job, const std::string& comm, size_t b
   {
     absl::MutexLock l(&mu_);
     const int64_t now = SteadyNowNs();
-    if (!stop_) {
-      if (!schedule_.empty() || !schedule_.CanSendNow(now)) {
-        const uint64_t id = next_id_++;
-        pending_.emplace(id, std::move(issue));
-        schedule_.Enqueue({id, job, comm, bytes, now});
-        return;
-      }
-      schedule_.Sent(bytes, now);
+    if (!stop_ && !schedule_.TrySendNow(job, bytes, now)) {
+      const uint64_t id = next_id_++;
+      pending_.emplace(id, std::move(issue));
+      schedule_.Enqueue({id, job, comm, bytes, now});
+      return;
     }
   }
   if (options_.on_sent) options_.on_sent(job, bytes, 0);

@@ -14,6 +14,15 @@
 // ahead of now. So a backlogged rail sends exactly `rate` on average, and an idle one sends its
 // first burst without waiting. The granularity is one transport message (a schedule's chunk):
 // a send is never split.
+//
+// The express lane: a backlogged rail's clock runs one chunk ahead of now, so a small send of a
+// latency-bound job would wait for a bulk job's whole chunk at every step of its schedule. A
+// send of at most `express_bytes` whose job has nothing queued on the rail leaves at once,
+// ahead of the clock (which still counts its bytes, so the rail's rate holds), while the job's
+// express credit covers it. Every send of a job spends its credit, which refills at the job's
+// weighted share of the rate among the jobs active on the rail: a job below its share keeps
+// low latency, and one sending more than its share finds its credit spent and is queued in fair
+// order like any other. The lane cannot take more than a job's share.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +53,9 @@ class FairSchedule {
     double quantum_bytes = 64 * 1024;
     // A job's weight (> 0); called when the job starts a round. Unset: every job weighs 1.
     std::function<double(const std::string& job)> weight;
+    // The express lane (above): sends of at most this many bytes may use it; 0 turns it off.
+    // A job's credit holds at most 4 such sends.
+    double express_bytes = 64 * 1024;
   };
   struct Item {
     uint64_t id = 0;
@@ -61,6 +73,12 @@ class FairSchedule {
   bool CanSendNow(int64_t now_ns) const;
   // Accounts a send of bytes leaving at now_ns (the virtual link clock advances).
   void Sent(size_t bytes, int64_t now_ns);
+  // A send of `bytes` by `job` arriving at now_ns: true when it may leave now — nothing is
+  // queued and the rate allows, or it takes the express lane — and then it is accounted as
+  // sent (to the clock and to the job's credit). False: the caller queues it.
+  bool TrySendNow(const std::string& job, size_t bytes, int64_t now_ns);
+  // Sends that took the express lane so far.
+  uint64_t express_sends() const { return express_sends_; }
   // The next item to send, by deficit round robin, if the rate lets one leave at now_ns; else
   // none, and *wake_ns says when one may (or 0 when nothing is queued).
   bool Next(int64_t now_ns, Item* out, int64_t* wake_ns);
@@ -93,8 +111,22 @@ class FairSchedule {
   // Removes that item, and j's comm when it is empty.
   Item PopJob(Job& j);
   double Weight(const std::string& job) const;
+  // The express credit of each job that sent or queued on the rail lately.
+  struct Recent {
+    int64_t last_ns = 0;    // its last send or enqueue
+    int64_t credit_ns = 0;  // when credit was last brought up to date
+    double credit = 0;      // bytes; starts full
+  };
+  // Brings job's credit up to now_ns (refilled at its share among the active jobs) and forgets
+  // jobs idle for longer than the activity window.
+  Recent& RefreshCredit(const std::string& job, int64_t now_ns);
+  void Spend(const std::string& job, size_t bytes, int64_t now_ns);
 
   Options options_;
+  double express_cap_ = 0;  // bytes of credit a job may hold
+  int64_t window_ns_ = 0;   // a job that has not sent for this long is not active
+  std::map<std::string, Recent> recent_;
+  uint64_t express_sends_ = 0;
   double burst_ns_ = 0;
   double link_free_ns_ = 0;  // the virtual link clock
   std::map<std::string, Job> jobs_;

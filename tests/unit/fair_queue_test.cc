@@ -154,6 +154,145 @@ TEST(FairScheduleTest, AMessageFarLargerThanTheQuantumIsServedInOnePass) {
   EXPECT_EQ(item.id, 2u);  // b, of weight 1, gets there first
 }
 
+// A bulk job keeps the rail backlogged with chunks of `bulk_bytes`; a latency-bound job sends
+// one `small`-byte message at a time (the next as soon as the last has left, as a collective's
+// steps do). Returns the bytes each sent over `duration_ns`, and the small job's worst wait.
+struct Mixed {
+  std::map<std::string, uint64_t> sent;
+  int64_t worst_wait_ns = 0;
+};
+Mixed DriveMixed(FairSchedule& s, size_t bulk_bytes, size_t small, int64_t duration_ns) {
+  Mixed m;
+  uint64_t id = 1;
+  int bulk_queued = 0;
+  bool small_waiting = false;
+  int64_t small_since = 0;
+  for (int64_t now = 0; now < duration_ns; now += 1000) {  // 1 us steps
+    while (bulk_queued < 2) {
+      s.Enqueue({id++, "bulk", "c", bulk_bytes, now});
+      ++bulk_queued;
+    }
+    if (!small_waiting) {
+      if (s.TrySendNow("small", small, now)) {
+        m.sent["small"] += small;
+      } else {
+        s.Enqueue({id++, "small", "c", small, now});
+        small_waiting = true;
+        small_since = now;
+      }
+    }
+    FairSchedule::Item item;
+    int64_t wake = 0;
+    while (s.Next(now, &item, &wake)) {
+      m.sent[item.job] += item.bytes;
+      if (item.job == "bulk") {
+        --bulk_queued;
+      } else {
+        small_waiting = false;
+        m.worst_wait_ns = std::max(m.worst_wait_ns, now - small_since);
+      }
+    }
+  }
+  return m;
+}
+
+TEST(FairScheduleTest, ASmallSendOfAnIdleJobTakesTheExpressLaneAheadOfTheClock) {
+  FairSchedule s(Opts());
+  // The bulk job's 1 MB chunk puts the clock ~1 ms ahead of now.
+  ASSERT_TRUE(s.TrySendNow("bulk", 1000000, 0));
+  s.Enqueue({1, "bulk", "c", 1000000, 0});
+  EXPECT_FALSE(s.CanSendNow(0));
+  // Another job's 16 KiB message leaves now, not after the chunk; the clock counts its bytes.
+  EXPECT_TRUE(s.TrySendNow("small", 16384, 0));
+  EXPECT_EQ(s.express_sends(), 1u);
+  FairSchedule::Item item;
+  int64_t wake = 0;
+  EXPECT_FALSE(s.Next(0, &item, &wake));
+  EXPECT_EQ(wake, 1000000 + 16384 - 64 * 1024);
+  // Too large for the lane: queued.
+  EXPECT_FALSE(s.TrySendNow("small", 64 * 1024 + 1, 0));
+  // The bulk job has a chunk queued: its small sends queue behind it (FIFO within a job).
+  EXPECT_FALSE(s.TrySendNow("bulk", 100, 0));
+  EXPECT_EQ(s.express_sends(), 1u);
+}
+
+TEST(FairScheduleTest, TheExpressLaneIsOffAtZeroBytes) {
+  FairSchedule::Options o = Opts();
+  o.express_bytes = 0;
+  FairSchedule s(o);
+  ASSERT_TRUE(s.TrySendNow("bulk", 1000000, 0));
+  EXPECT_FALSE(s.TrySendNow("small", 100, 0));
+  EXPECT_EQ(s.express_sends(), 0u);
+}
+
+TEST(FairScheduleTest, AGreedySmallJobGetsItsShareAndNoMoreThroughTheExpressLane) {
+  FairSchedule s(Opts());
+  // The small job sends its next 16 KiB as soon as the last has left: it asks for the whole
+  // rail. Its credit runs out, and then it is queued in fair order.
+  Mixed m = DriveMixed(s, 1000000, 16384, 200'000'000);  // 0.2 s at 1 GB/s
+  const double small = static_cast<double>(m.sent["small"]);
+  const double bulk = static_cast<double>(m.sent["bulk"]);
+  // Equal weights: the small job, which asks for all it can get, gets no more than its half.
+  EXPECT_LE(small / (small + bulk), 0.5 + 0.01) << small << " vs " << bulk;
+  EXPECT_GT(s.express_sends(), 0u);
+  // Without the lane, one message at a time gets one 16 KiB send per round of deficit round
+  // robin against the bulk job's 64 KiB: the lane gives it more of its share, never beyond.
+  FairSchedule::Options off = Opts();
+  off.express_bytes = 0;
+  FairSchedule plain(off);
+  Mixed p = DriveMixed(plain, 1000000, 16384, 200'000'000);
+  const double plain_small = static_cast<double>(p.sent["small"]);
+  EXPECT_GT(small, 1.5 * plain_small) << small << " vs " << plain_small;
+}
+
+TEST(FairScheduleTest, TheExpressLaneKeepsAJobBelowItsShareFromWaitingForChunks) {
+  FairSchedule::Options o = Opts({{"bulk", 3}, {"small", 1}});
+  FairSchedule s(o);
+  // The small job sends 4 KiB per 20 us of real time at most (0.2 GB/s, under its 0.25 share):
+  // emulate by sending only on every 20th microsecond.
+  uint64_t id = 1;
+  int bulk_queued = 0;
+  int64_t worst = 0;
+  uint64_t small_bytes = 0, bulk_bytes = 0;
+  for (int64_t now = 0; now < 100'000'000; now += 1000) {
+    while (bulk_queued < 2) {
+      s.Enqueue({id++, "bulk", "c", 1000000, now});
+      ++bulk_queued;
+    }
+    if (now % 20000 == 0) {
+      if (s.TrySendNow("small", 4096, now)) {
+        small_bytes += 4096;
+      } else {
+        s.Enqueue({id++, "small", "c", 4096, now});
+      }
+    }
+    FairSchedule::Item item;
+    int64_t wake = 0;
+    while (s.Next(now, &item, &wake)) {
+      if (item.job == "bulk") {
+        --bulk_queued;
+        bulk_bytes += item.bytes;
+      } else {
+        small_bytes += item.bytes;
+        worst = std::max(worst, now - item.enqueued_ns);
+      }
+    }
+  }
+  // Every small send went at once (none waited for a 1 ms chunk), and the bulk job had the rest.
+  EXPECT_EQ(worst, 0);
+  EXPECT_EQ(s.express_sends(), 100'000'000 / 20000);
+  EXPECT_EQ(small_bytes, 4096u * (100'000'000 / 20000));
+  EXPECT_NEAR(static_cast<double>(small_bytes + bulk_bytes), 1e8, 2.1e6);
+}
+
+TEST(FairScheduleTest, TheExpressLaneCannotTakeMoreThanAWeightedShare) {
+  FairSchedule s(Opts({{"bulk", 3}, {"small", 1}}));
+  Mixed m = DriveMixed(s, 256 * 1024, 16384, 200'000'000);
+  const double small = static_cast<double>(m.sent["small"]);
+  const double bulk = static_cast<double>(m.sent["bulk"]);
+  EXPECT_NEAR(bulk / small, 3.0, 0.2) << bulk << " vs " << small;
+}
+
 TEST(FairScheduleTest, DrainRemovesOnlyThatCommunicatorsItemsInOrder) {
   FairSchedule s(Opts());
   s.Enqueue({1, "a", "c1", 10, 0});
