@@ -127,11 +127,10 @@ std::string PerfSize(const std::string& flag, const ParsedFlags& f, const char* 
 }  // namespace
 
 absl::Status RunCalibrate(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedFlags> f = ParseFlags(
-      args,
-      {"daemons", "ranks-per-daemon", "op", "algo", "b", "e", "f", "n", "w", "perf", "timeout",
-       "sweeps"},
-      {"dry-run", "json"});
+  absl::StatusOr<ParsedFlags> f = ParseFlags(args,
+                                             {"daemons", "ranks-per-daemon", "op", "algo", "b", "e",
+                                              "f", "n", "w", "perf", "timeout", "sweeps"},
+                                             {"dry-run", "json"});
   if (!f.ok()) return f.status();
   if (f->Bool("help")) {
     std::fputs(kUsage, stdout);
