@@ -261,6 +261,12 @@ TEST(MultiNodeTest, KilledDaemonFailsEverySurvivingRankInBoundedTime) {
   auto code = perf.Wait(std::chrono::seconds(60));
   ASSERT_TRUE(code.has_value()) << "railyard-perf hung after a daemon died:\n" << perf.Output();
   EXPECT_NE(*code, 0) << perf.Output();
+  std::cout << "railyard-perf exited "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - start)
+                   .count()
+            << " ms after the kill:\n"
+            << perf.Output();
   // Bounded: UCX reports the dead peer's endpoints at once; heartbeats (3 s here) catch the rest.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   EXPECT_THAT(perf.Output(), HasSubstr("rank"));

@@ -196,19 +196,32 @@ class RankBenchmark {
     }
   }
 
-  absl::Status WaitAll(std::vector<Work>* works, const std::string& context) {
-    absl::Status first;
-    for (Work& work : *works) {
-      absl::Status st = work.wait(wait_timeout_);
+  // Waits for works[from...] (the earlier ones have been waited on already); the first error,
+  // else `first`.
+  absl::Status WaitAll(std::vector<Work>* works, const std::string& context, size_t from = 0,
+                       absl::Status first = absl::OkStatus()) {
+    for (size_t i = from; i < works->size(); ++i) {
+      absl::Status st = (*works)[i].wait(wait_timeout_);
       if (!st.ok() && first.ok()) first = st;
     }
     works->clear();
     return Annotate(first, context);
   }
 
+  // Issues `iters` operations back to back, then waits for them all. Works that have completed
+  // are reaped from the front as the loop goes, so that a failure (a peer daemon gone, the
+  // communicator aborted) ends the loop at once, not after every remaining iteration has been
+  // issued and refused one by one (100000 of them took 20 s under AddressSanitizer).
   absl::Status Iterate(const Case& c, bool in_place, int iters, const std::string& context) {
-    for (int i = 0; i < iters; ++i) Issue(c, in_place, &works_);
-    return WaitAll(&works_, context);
+    size_t reaped = 0;
+    absl::Status first;
+    for (int i = 0; i < iters && first.ok(); ++i) {
+      Issue(c, in_place, &works_);
+      while (first.ok() && reaped < works_.size() && works_[reaped].test()) {
+        first = works_[reaped++].wait(wait_timeout_);
+      }
+    }
+    return WaitAll(&works_, context, reaped, first);
   }
 
   // Runs `iters` timed iterations; returns the average seconds per iteration.
