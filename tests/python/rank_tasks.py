@@ -12,7 +12,9 @@ import faulthandler
 import os
 import signal
 import tempfile
+import time
 import traceback
+from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -412,6 +414,56 @@ def torch_error(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     finally:
         dist.destroy_process_group()
     return result
+
+
+def _caught(fn) -> Optional[Dict[str, Any]]:
+    """error_info of what fn() raises, with the seconds it took; None if it returned."""
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return dict(error_info(e), seconds=time.monotonic() - start)
+    return None
+
+
+def torch_timeouts(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """A group's timeout bounds its barrier and collectives; a timeout in the operation's options
+    overrides it; Work.wait(timeout) bounds the wait alone. Each case gets a group of its own:
+    a timed-out operation aborts its communicator."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        # Rank 0 alone enters the barrier of a group whose timeout is 1 s.
+        g = dist.new_group(list(range(n)), timeout=timedelta(seconds=1))
+        if rank == 0:
+            out["barrier"] = _caught(lambda: dist.barrier(group=g))
+            out["after_abort"] = _caught(lambda: dist.all_reduce(torch.ones(1), group=g))
+        dist.barrier()
+        # A 0.5 s timeout in AllreduceOptions, in a group whose own is 60 s.
+        g = dist.new_group(list(range(n)), timeout=timedelta(seconds=60))
+        if rank == 0:
+            opts = dist.AllreduceOptions()
+            opts.timeout = timedelta(seconds=0.5)
+            out["opts"] = _caught(lambda: g.allreduce([torch.ones(1)], opts).wait())
+        dist.barrier()
+        # Work.wait(0.3 s) gives up waiting; the operation goes on and completes once the other
+        # ranks join it.
+        g = dist.new_group(list(range(n)), timeout=timedelta(seconds=60))
+        t = torch.ones(2)
+        if rank == 0:
+            work = dist.all_reduce(t, group=g, async_op=True)
+            out["wait"] = _caught(lambda: work.wait(timedelta(seconds=0.3)))
+            dist.barrier()
+            work.wait()
+            out["later"] = t.tolist()
+        else:
+            dist.barrier()
+            dist.all_reduce(t, group=g)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return out
 
 
 def ddp_train(rank: int, n: int, store_path: str, backend: str, steps: int,

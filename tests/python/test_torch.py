@@ -111,3 +111,31 @@ def test_ddp_matches_gloo(ranks, tmp_path, n):
     for r in range(1, n):
         for p0, p in zip(ry[0]["params"], ry[r]["params"]):
             np.testing.assert_array_equal(p0, p, err_msg=f"railyard rank {r} parameters")
+
+
+# ---------------------------------------------------------------------------------------------
+# What PyTorch's distributed suite needs beyond the basics (test_torch_distributed_suite.py runs
+# the suite itself; these check values and errors directly).
+
+
+def test_timeouts(ranks, store_path):
+    n = 2
+    got = ranks.run(rank_tasks.torch_timeouts, [(r, n, store_path) for r in range(n)],
+                    timeout=120)[0]
+    barrier = got["barrier"]
+    assert barrier["type"] == "DeadlineExceededError", barrier
+    # The words PyTorch's suite looks for (" Timed out "), and the daemon's reason.
+    assert " Timed out after 1 s: barrier seq 0 on communicator" in barrier["message"], barrier
+    assert "rank 1 of 2 did not submit within 1s" in barrier["message"], barrier
+    assert 0.95 <= barrier["seconds"] < 10, barrier
+    assert got["after_abort"]["code"] == "ABORTED", got["after_abort"]
+    opts = got["opts"]
+    assert opts["type"] == "DeadlineExceededError" and "Timed out after 0.5 s" in \
+        opts["message"], opts
+    assert 0.45 <= opts["seconds"] < 10, opts
+    wait = got["wait"]
+    assert wait["type"] == "DeadlineExceededError" and "Timed out after 0.3 s" in \
+        wait["message"], wait
+    assert 0.25 <= wait["seconds"] < 10, wait
+    assert got["later"] == [2.0, 2.0]
+

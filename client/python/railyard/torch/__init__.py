@@ -34,17 +34,26 @@ between two ranks match in order), ``barrier`` and ``allreduce_coalesced``, on C
 float32/64, float16, bfloat16, int8, uint8, int32, int64 (and, for the operations that do not
 reduce, any dtype; complex for sum/avg). Tensors are copied into shared staging memory and back,
 except those from :func:`empty`, which live in shared memory (zero copy).
+
+
+Timeouts: every operation is bounded by the group's timeout (``init_process_group(timeout=)``,
+``new_group(timeout=)``) or by the one in its options where PyTorch passes one; past it the
+daemon fails the operation with a :class:`railyard.DeadlineExceededError` ("Timed out after ...")
+and aborts the communicator, so that the other ranks fail too instead of waiting.
 """
 
 from __future__ import annotations
 
+import collections
+import heapq
+import itertools
 import os
-import queue
 import threading
 import time
+import traceback
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -61,6 +70,7 @@ BACKEND = "railyard"
 _Work = torch._C._distributed_c10d.Work
 _STORE_KEY = "railyard/comm_id"
 _INIT_COUNT_KEY = "railyard/inits"
+_MAX_TIMEOUT = 4_000_000.0  # seconds (the daemon takes up to 2^32 - 1 ms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,34 +151,59 @@ class _Io:
 # Work
 
 
-class _Completer:
-    """One thread per process that completes torch futures, so that their callbacks (DDP comm
-    hooks, ``Future.then``) never run on, and never block, the railyard client's event thread."""
+class _Worker:
+    """A thread of this process that runs functions in the order they were queued, and timers
+    (``call_at``), off the railyard client's threads: completion callbacks only queue here."""
 
-    _lock = threading.Lock()
-    _queue: "Optional[queue.SimpleQueue]" = None
-    _thread_pid = -1
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: Deque[Callable[[], None]] = collections.deque()
+        self._timers: List[Tuple[float, int, Callable[[], None]]] = []
+        self._ids = itertools.count()
+        self._pid = -1
 
-    @classmethod
-    def submit(cls, fn: Callable[[], None]) -> None:
-        with cls._lock:
-            if cls._queue is None or cls._thread_pid != os.getpid():
-                cls._queue = queue.SimpleQueue()
-                cls._thread_pid = os.getpid()
-                threading.Thread(target=cls._run, args=(cls._queue,), daemon=True,
-                                 name="railyard-torch-futures").start()
-            q = cls._queue
-        q.put(fn)
+    def _ensure_thread(self) -> None:  # under self._cond
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._queue.clear()
+            self._timers = []
+            threading.Thread(target=self._run, daemon=True, name=self._name).start()
 
-    @staticmethod
-    def _run(q: "queue.SimpleQueue") -> None:
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._cond:
+            self._ensure_thread()
+            self._queue.append(fn)
+            self._cond.notify()
+
+    def call_at(self, deadline: float, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` once ``time.monotonic()`` reaches ``deadline``."""
+        with self._cond:
+            self._ensure_thread()
+            heapq.heappush(self._timers, (deadline, next(self._ids), fn))
+            self._cond.notify()
+
+    def _run(self) -> None:
         while True:
-            fn = q.get()
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._queue:
+                        fn = self._queue.popleft()
+                        break
+                    if self._timers and self._timers[0][0] <= now:
+                        fn = heapq.heappop(self._timers)[2]
+                        break
+                    self._cond.wait(self._timers[0][0] - now if self._timers else None)
             try:
                 fn()
             except Exception:  # pragma: no cover - a callback's bug must not stop the thread
-                import traceback
                 traceback.print_exc()
+
+
+# Torch futures are completed on their own thread, so that their callbacks (DDP comm hooks,
+# ``Future.then``) never run on, and never block, the railyard client's event thread.
+_futures = _Worker("railyard-torch-futures")
 
 
 # Works kept alive until completed and consumed (see the module docstring). A work nobody ever
@@ -187,44 +222,86 @@ def _keep_alive(work: "Work") -> None:
         _live_works[id(work)] = work
 
 
+def _timed_out(seconds: Optional[float], what: str) -> "_errors.DeadlineExceededError":
+    after = "" if seconds is None else f" after {seconds:g} s"
+    return _errors.DeadlineExceededError(_errors.status_code(4), f"Timed out{after}: {what}")
+
+
+def _worded(error: Optional[BaseException], seconds: Optional[float]) -> Optional[BaseException]:
+    """The daemon's deadline errors, worded as PyTorch's backends word theirs ("Timed out")."""
+    if isinstance(error, _errors.DeadlineExceededError) and \
+            not error.message.startswith("Timed out"):
+        worded = _timed_out(seconds, error.message)
+        worded.__cause__ = error
+        return worded
+    return error
+
+
 class Work(_Work):
     """A railyard operation as a ``torch.distributed`` Work.
 
     ``wait()`` raises the operation's error (a :class:`railyard.RailyardError` subclass);
     ``get_future()`` returns a ``torch.futures.Future`` whose value is the list of output tensors
-    (DDP uses it for its bucketed asynchronous all_reduce).
+    (DDP uses it for its bucketed asynchronous all_reduce). An operation may take several daemon
+    operations (a point-to-point message is a header and a payload): it completes when the last
+    does, with the first error.
     """
 
-    def __init__(self, outputs: List[torch.Tensor],
-                 post: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, outputs: List[Any],
+                 post: Optional[Callable[[], None]] = None,
+                 timeout: Optional[float] = None) -> None:
         super().__init__()
         self._outputs = outputs
         self._post = post
+        self._timeout = timeout  # the operation's daemon-side timeout (for the error's words)
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
         self._consumed = False
-        # The railyard work behind it: wait() reads the session rings for it on the waiting
+        # The last railyard work behind it: wait() reads the session rings for it on the waiting
         # thread (no hop through the client's reader thread).
         self._rw: Optional["railyard.Work"] = None
         _keep_alive(self)
 
-    # Called once by the railyard work's completion (client event thread).
-    def _on_done(self, rw: "railyard.Work") -> None:
-        error = rw.exception()
-        if error is None and self._post is not None:
+    def _expect(self, rws: Sequence["railyard.Work"]) -> None:
+        """Completes once every one of ``rws`` has (with the first error among them)."""
+        self._rw = rws[-1]
+        if len(rws) == 1:
+            rws[0].add_done_callback(lambda rw: self._complete(rw.exception()))
+            return
+        left = [len(rws)]
+        lock = threading.Lock()
+
+        def one_done(_: "railyard.Work") -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            self._complete(next((rw.exception() for rw in rws if rw.exception() is not None),
+                                None))
+
+        for rw in rws:
+            rw.add_done_callback(one_done)
+
+    # Called once, when the operation ends (a client thread or the p2p worker).
+    def _complete(self, error: Optional[BaseException]) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            post, self._post = self._post, None
+        if error is None and post is not None:
             try:
-                self._post()
-            except Exception as e:  # pragma: no cover
+                post()
+            except Exception as e:
                 error = e
-        self._post = None
+        error = _worded(error, self._timeout)
         with self._lock:
             self._error = error
             self._event.set()
             future = self._future
         if future is not None:
-            _Completer.submit(lambda: self._complete_future(future))
+            _futures.submit(lambda: self._complete_future(future))
         self._maybe_release()
 
     def _complete_future(self, future: torch.futures.Future) -> None:
@@ -240,7 +317,8 @@ class Work(_Work):
 
     def wait(self, timeout: Any = None) -> bool:
         """Waits for completion; raises the operation's error. ``timeout``: a ``timedelta`` or
-        seconds (``None`` or zero: until the daemon answers)."""
+        seconds (``None`` or zero: until the daemon answers, which the operation's own timeout
+        bounds)."""
         if isinstance(timeout, timedelta):
             timeout = timeout.total_seconds()
         if timeout is not None and timeout <= 0:
@@ -251,9 +329,8 @@ class Work(_Work):
             rw._drive(deadline)
         if not self._event.wait(None if deadline is None
                                 else max(0.0, deadline - time.monotonic())):
-            raise _errors.DeadlineExceededError(
-                _errors.status_code(4),
-                f"railyard operation not complete after {timeout} s")
+            raise _timed_out(timeout, "the railyard operation is not complete (it keeps running "
+                                      "in the daemon; wait again or give up)")
         self._consumed = True
         self._maybe_release()
         if self._error is not None:
@@ -267,7 +344,7 @@ class Work(_Work):
                 self._future = torch.futures.Future()
                 if self._event.is_set():
                     future = self._future
-                    _Completer.submit(lambda: self._complete_future(future))
+                    _futures.submit(lambda: self._complete_future(future))
             future = self._future
             self._consumed = True
         self._maybe_release()
@@ -314,6 +391,18 @@ def _shared_client() -> "railyard.Client":
         return client
 
 
+def _seconds(timeout: Any, what: str) -> Optional[float]:
+    """A ``timedelta`` or a number of seconds as float seconds (``None`` stays ``None``)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        return float(timeout)
+    raise TypeError(f"railyard: {what} must be a timedelta or seconds, got "
+                    f"{type(timeout).__name__}")
+
+
 class ProcessGroupRailyard(dist.ProcessGroup):
     """A ``torch.distributed`` process group whose collectives run in railyardd.
 
@@ -329,8 +418,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                  client: Optional["railyard.Client"] = None) -> None:
         super().__init__(rank, world_size)
         self.client = client if client is not None else _shared_client()
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        self._op_timeout = min(max(seconds, 0.001), 4_000_000.0)
+        seconds = _seconds(timeout, "timeout")
+        self._op_timeout = min(max(seconds or 0.0, 0.001), _MAX_TIMEOUT)
         # Every init of this store's group gets its own key (re-initialization reuses group
         # names): the n-th init of each rank reads the n-th id.
         generation = (store.add(_INIT_COUNT_KEY, 1) - 1) // world_size
@@ -359,23 +448,35 @@ class ProcessGroupRailyard(dist.ProcessGroup):
 
     # -- plumbing ------------------------------------------------------------------------------
 
+    def _timeout(self, opts: Any) -> float:
+        """The timeout of an operation: its options' where set, else the group's."""
+        t = getattr(opts, "timeout", None)
+        if isinstance(t, timedelta) and t >= timedelta(0):  # unset: -1 ms
+            return min(max(t.total_seconds(), 0.001), _MAX_TIMEOUT)
+        return self._op_timeout
+
     def _start(self, outputs: List[torch.Tensor], io: _Io,
-               launch: Callable[[], "railyard.Work"],
-               post: Optional[Callable[[], None]] = None) -> Work:
+               launch: Callable[[Dict[str, Any]],
+                                Union["railyard.Work", List["railyard.Work"]]],
+               post: Optional[Callable[[], None]] = None, opts: Any = None,
+               timeout: Optional[float] = None) -> Work:
+        """Launches an operation: ``launch(kw)`` submits it (``kw``: async_op and timeout for the
+        railyard calls: ``timeout``, else the one of ``opts``, else the group's) and returns its
+        railyard work(s)."""
         def finish() -> None:
             if post is not None:
                 post()
             io.finish()
 
-        work = Work(outputs, finish)
+        kw = {"async_op": True, "timeout": self._timeout(opts) if timeout is None else timeout}
+        work = Work(outputs, finish, kw["timeout"])
         try:
-            rw = launch()
+            rws = launch(kw)
         except BaseException:
             with _live_lock:
                 _live_works.pop(id(work), None)
             raise
-        work._rw = rw
-        rw.add_done_callback(work._on_done)
+        work._expect(rws if isinstance(rws, list) else [rws])
         return work
 
     @staticmethod
@@ -385,9 +486,6 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                              f"{len(tensors)}")
         return _check_tensor(tensors[0], what)
 
-    def _kw(self) -> Dict[str, Any]:
-        return {"async_op": True, "timeout": self._op_timeout}
-
     # -- collectives (signatures of c10d::ProcessGroup) ----------------------------------------
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
@@ -396,8 +494,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         buf = io.output(t)
         arr, dt = _as_numpy(buf, red)
-        return self._start([t], io, lambda: self.comm.all_reduce(arr, red, dtype=dt,
-                                                                 **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw),
+                           opts=opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -418,7 +516,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                     offset += t.numel()
 
         return self._start(list(tensors), _Io(),
-                           lambda: self.comm.all_reduce(arr, red, dtype=dt, **self._kw()), post)
+                           lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw), post, opts)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         t = self._one(tensors, "broadcast")
@@ -426,8 +524,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         buf = io.output(t)
         arr, dt = _as_numpy(buf, None)
-        return self._start([t], io, lambda: self.comm.broadcast(arr, root, dtype=dt,
-                                                                **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.broadcast(arr, root, dtype=dt, **kw),
+                           opts=opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         t = self._one(tensors, "reduce")
@@ -436,8 +534,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         buf = io.output(t)
         arr, dt = _as_numpy(buf, red)
-        return self._start([t], io, lambda: self.comm.reduce(arr, root, red, dtype=dt,
-                                                             **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.reduce(arr, root, red, dtype=dt, **kw),
+                           opts=opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Work:
@@ -450,8 +548,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         src, _ = _as_numpy(io.input(input), None)
         out, dt = _as_numpy(io.output(output), None)
-        return self._start([output], io, lambda: self.comm.all_gather(
-            src, out=out, dtype=dt, **self._kw()))
+        return self._start([output], io, lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), opts=opts)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]],
                   input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
@@ -474,8 +572,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(gathered[r].view_as(o))
 
-        return self._start(list(outs), _Io(), lambda: self.comm.all_gather(
-            src, out=out, dtype=dt, **self._kw()), post)
+        return self._start(list(outs), _Io(), lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), post, opts)
 
     def gather(self, output_tensors: List[List[torch.Tensor]],
                input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
@@ -493,8 +591,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(gathered[r].view_as(o))
 
-        return self._start(list(outs), _Io(), lambda: self.comm.all_gather(
-            src, out=out, dtype=dt, **self._kw()), post)
+        return self._start(list(outs), _Io(), lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), post, opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Work:
@@ -508,8 +606,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         src, dt = _as_numpy(io.input(input), red)
         out, _ = _as_numpy(io.output(output), red)
-        return self._start([output], io, lambda: self.comm.reduce_scatter(
-            src, red, out=out, dtype=dt, **self._kw()))
+        return self._start([output], io, lambda kw: self.comm.reduce_scatter(
+            src, red, out=out, dtype=dt, **kw), opts=opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor],
                        input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Work:
@@ -527,8 +625,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         src, dt = _as_numpy(stacked, red)
         out, _ = _as_numpy(io.output(t), red)
-        return self._start([t], io, lambda: self.comm.reduce_scatter(
-            src, red, out=out, dtype=dt, **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.reduce_scatter(
+            src, red, out=out, dtype=dt, **kw), opts=opts)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: List[int], input_split_sizes: List[int],
@@ -545,8 +643,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
             if src.size != out.size or src.size % n:
                 raise ValueError(f"railyard: all_to_all_single needs equal input and output "
                                  f"sizes divisible by {n}")
-            return self._start([output], io, lambda: self.comm.all_to_all(
-                src, out=out, dtype=dt, **self._kw()))
+            return self._start([output], io, lambda kw: self.comm.all_to_all(
+                src, out=out, dtype=dt, **kw), opts=opts)
         # Split sizes count rows (dim 0); counts for the daemon are elements (or bytes).
         def counts(t: torch.Tensor, arr: np.ndarray, splits: List[int]) -> List[int]:
             if not splits:
@@ -561,8 +659,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
 
         sc = counts(input, src, list(input_split_sizes))
         rc = counts(output, out, list(output_split_sizes))
-        return self._start([output], io, lambda: self.comm.all_to_all_v(
-            src, sc, rc, out=out, dtype=dt, **self._kw()))
+        return self._start([output], io, lambda kw: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **kw), opts=opts)
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Work:
@@ -588,8 +686,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                     t.copy_(flat_out[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()
 
-        return self._start(list(output_tensors), _Io(), lambda: self.comm.all_to_all_v(
-            src, sc, rc, out=out, dtype=dt, **self._kw()), post)
+        return self._start(list(output_tensors), _Io(), lambda kw: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **kw), post, opts)
 
     def scatter(self, output_tensors: List[torch.Tensor],
                 input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Work:
@@ -611,29 +709,28 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         rc = [c if p == root else 0 for p in range(n)]
         if src.size == 0:  # no send buffer needed, but the array must exist
             src = np.empty(1, dtype=out.dtype)
-        return self._start([t], io, lambda: self.comm.all_to_all_v(
-            src, sc, rc, out=out, dtype=dt, **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **kw), opts=opts)
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Work:
         t = self._one(tensors, "send")
         src, dt = _as_numpy(t.contiguous(), None)
-        return self._start([t], _Io(), lambda: self.comm.send(src, dst, dtype=dt,
-                                                              **self._kw()))
+        return self._start([t], _Io(), lambda kw: self.comm.send(src, dst, dtype=dt, **kw))
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Work:
         t = self._one(tensors, "recv")
         io = _Io()
         out, dt = _as_numpy(io.output(t), None)
-        return self._start([t], io, lambda: self.comm.recv(out, src, dtype=dt, **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.recv(out, src, dtype=dt, **kw))
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
         raise RuntimeError("railyard: recv from any source is not supported; pass src")
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._start([], _Io(), lambda: self.comm.barrier(**self._kw()))
+        return self._start([], _Io(), lambda kw: self.comm.barrier(**kw), opts=opts)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        seconds = _seconds(timeout, "monitored_barrier timeout")
         self.comm.barrier(timeout=seconds or self._op_timeout)
 
     # -- shared tensors ------------------------------------------------------------------------
