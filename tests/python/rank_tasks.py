@@ -426,6 +426,41 @@ def _caught(fn) -> Optional[Dict[str, Any]]:
     return None
 
 
+def torch_allgather_coalesced(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """dist.all_gather_coalesced: tensors of several shapes (an empty one, complex ones) in one
+    call; then malformed calls, which must fail before anything is sent."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        inputs = [torch.full((2, 3), float(rank)), torch.arange(4.0) + 10 * rank,
+                  torch.zeros(0), torch.tensor([rank + 0.5])]
+        outputs = [[torch.full_like(t, -1.0) for t in inputs] for _ in range(n)]
+        dist.all_gather_coalesced(outputs, inputs)
+        out["float"] = [[o.numpy().copy() for o in row] for row in outputs]
+        cin = [torch.tensor([complex(rank, 1), complex(2, -rank)])]
+        cout = [[torch.zeros(2, dtype=torch.complex64)] for _ in range(n)]
+        dist.all_gather_coalesced(cout, cin)
+        out["complex"] = [row[0].numpy().copy() for row in cout]
+        fut = dist.all_gather_coalesced(outputs, inputs, async_op=True)  # a Future in 1.13
+        out["async_value"] = [[o.numpy().copy() for o in row] for row in fut.wait()]
+        out["async_is_outputs"] = all(a is b for row, mine in zip(fut.wait(), outputs)
+                                      for a, b in zip(row, mine))
+        pg = dist.distributed_c10d._get_default_group()
+        out["wrong_count"] = _caught(lambda: pg.allgather_coalesced(outputs[:-1], inputs))
+        out["wrong_shape"] = _caught(lambda: pg.allgather_coalesced(
+            [[torch.zeros(5) for _ in inputs] for _ in range(n)], inputs))
+        out["mixed_dtypes"] = _caught(lambda: pg.allgather_coalesced(
+            outputs, [inputs[0], inputs[1].double()]))
+        # The group is still in step after the refused calls.
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["after"] = t.item()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
 def torch_timeouts(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     """A group's timeout bounds its barrier and collectives; a timeout in the operation's options
     overrides it; Work.wait(timeout) bounds the wait alone. Each case gets a group of its own:
@@ -461,6 +496,52 @@ def torch_timeouts(rank: int, n: int, store_path: str) -> Dict[str, Any]:
             dist.barrier()
             dist.all_reduce(t, group=g)
         dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_sparse_all_reduce(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """all_reduce of sparse COO tensors (sum): rank r holds entries (r, i) = r + 1 + i for
+    i < r + 1 (duplicated, uncoalesced, on rank 1), dense rows too; then bad input."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        for name, dtype in (("float64", torch.float64), ("int64", torch.int64),
+                            ("bfloat16", torch.bfloat16)):
+            idx = torch.tensor([[rank] * (rank + 1), list(range(rank + 1))])
+            val = torch.arange(rank + 1, dtype=torch.float64) + rank + 1
+            if rank == 1:  # every entry twice (value - 1, then 1): coalescing adds them up
+                idx = torch.cat([idx, idx], 1)
+                val = torch.cat([val - 1, torch.ones_like(val)])
+            t = torch.sparse_coo_tensor(idx, val.to(dtype), (n, n))
+            dist.all_reduce(t)
+            out[name] = {"dense": t.to_dense().to(torch.float64).numpy(),
+                         "coalesced": t.is_coalesced(), "dtype": str(t.dtype)}
+        # Hybrid (one sparse dim, dense rows of 2); rank 0 contributes nothing.
+        idx = torch.tensor([[rank % n]]) if rank else torch.zeros((1, 0), dtype=torch.int64)
+        val = torch.full((1, 2), float(rank)) if rank else torch.zeros((0, 2))
+        t = torch.sparse_coo_tensor(idx, val, (n, 2))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        out["hybrid"] = t.to_dense().numpy()
+        # Nothing anywhere.
+        t = torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0),
+                                    (n, n))
+        dist.all_reduce(t)
+        out["empty_nnz"] = t._nnz()
+        out["csr"] = _caught(lambda: dist.all_reduce(torch.eye(2).to_sparse_csr()))
+        out["max"] = _caught(lambda: dist.all_reduce(
+            torch.sparse_coo_tensor(torch.zeros((1, 1), dtype=torch.int64), torch.ones(1),
+                                    (n,)), op=dist.ReduceOp.MAX))
+        # Ranks disagree on the shape: every rank refuses, and the group stays in step.
+        out["shapes"] = _caught(lambda: dist.all_reduce(
+            torch.sparse_coo_tensor(torch.zeros((1, 1), dtype=torch.int64), torch.ones(1),
+                                    (n + (rank == 1),))))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["after"] = t.item()
     finally:
         dist.destroy_process_group()
     return out

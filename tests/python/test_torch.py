@@ -118,6 +118,31 @@ def test_ddp_matches_gloo(ranks, tmp_path, n):
 # the suite itself; these check values and errors directly).
 
 
+def test_all_gather_coalesced(ranks, store_path):
+    n = 3
+    results = ranks.run(rank_tasks.torch_allgather_coalesced,
+                        [(r, n, store_path) for r in range(n)], timeout=120)
+    for r, got in enumerate(results):
+        for q in range(n):
+            np.testing.assert_array_equal(got["float"][q][0], np.full((2, 3), q))
+            np.testing.assert_array_equal(got["float"][q][1], np.arange(4.0) + 10 * q)
+            assert got["float"][q][2].shape == (0,)
+            np.testing.assert_array_equal(got["float"][q][3], [q + 0.5])
+            np.testing.assert_array_equal(got["complex"][q], [complex(q, 1), complex(2, -q)])
+        for q in range(n):  # the future's value: the output lists (as gloo's)
+            for i in range(4):
+                np.testing.assert_array_equal(got["async_value"][q][i], got["float"][q][i])
+        assert got["async_is_outputs"]
+        assert got["wrong_count"]["type"] == "ValueError"
+        assert f"needs {n} output lists (one per rank), got {n - 1}" in \
+            got["wrong_count"]["message"]
+        assert "output [0][0] holds 5 x torch.float32, its input 6 x torch.float32" in \
+            got["wrong_shape"]["message"]
+        assert "inputs must share a dtype, got torch.float32 and torch.float64" in \
+            got["mixed_dtypes"]["message"]
+        assert got["after"] == n
+
+
 def test_timeouts(ranks, store_path):
     n = 2
     got = ranks.run(rank_tasks.torch_timeouts, [(r, n, store_path) for r in range(n)],
@@ -138,4 +163,29 @@ def test_timeouts(ranks, store_path):
         wait["message"], wait
     assert 0.25 <= wait["seconds"] < 10, wait
     assert got["later"] == [2.0, 2.0]
+
+
+def test_sparse_all_reduce(ranks, store_path):
+    n = 4
+    results = ranks.run(rank_tasks.torch_sparse_all_reduce, [(r, n, store_path) for r in range(n)],
+                        timeout=120)
+    want = np.zeros((n, n))
+    for r in range(n):
+        want[r, :r + 1] = np.arange(r + 1) + r + 1
+    for r, got in enumerate(results):
+        for name in ("float64", "int64", "bfloat16"):
+            np.testing.assert_array_equal(got[name]["dense"], want, err_msg=f"{name} rank {r}")
+            assert got[name]["coalesced"] and got[name]["dtype"] == f"torch.{name}"
+        np.testing.assert_array_equal(got["hybrid"], np.repeat(np.arange(n, dtype=float), 2)
+                                      .reshape(n, 2))
+        assert got["empty_nnz"] == 0
+        assert got["csr"]["type"] == "ValueError" and \
+            "needs a COO tensor, got torch.sparse_csr" in got["csr"]["message"]
+        assert got["max"]["type"] == "ValueError" and \
+            "sparse tensor supports SUM only, got MAX" in got["max"]["message"]
+        shapes = got["shapes"]
+        assert shapes["type"] == "ValueError", shapes
+        others = [q for q in range(n) if q != 1] if r == 1 else [1]
+        assert f"ranks {others} have tensors of another shape" in shapes["message"], shapes
+        assert got["after"] == n
 

@@ -26,14 +26,15 @@ from ``get_future()``. Such a Python object must outlive every C++ call on it (o
 trampoline falls back to the base class, whose ``wait()`` never returns), so each one is kept
 alive until its operation has completed *and* it has been waited on or had its future taken.
 
-Supported: ``all_reduce`` (sum, product, min, max, avg), ``broadcast``, ``reduce``,
-``all_gather`` (list and ``_all_gather_base``/``all_gather_into_tensor``), ``reduce_scatter``
-(list and ``_reduce_scatter_base``), ``all_to_all`` (list and ``all_to_all_single`` with or
-without split sizes), ``gather``, ``scatter``, ``send``/``recv`` (tags are ignored: messages
-between two ranks match in order), ``barrier`` and ``allreduce_coalesced``, on CPU tensors of
-float32/64, float16, bfloat16, int8, uint8, int32, int64 (and, for the operations that do not
-reduce, any dtype; complex for sum/avg). Tensors are copied into shared staging memory and back,
-except those from :func:`empty`, which live in shared memory (zero copy).
+Supported: ``all_reduce`` (sum, product, min, max, avg; sum of sparse COO tensors too),
+``broadcast``, ``reduce``, ``all_gather`` (list, ``_all_gather_base``/``all_gather_into_tensor``
+and ``all_gather_coalesced``), ``reduce_scatter`` (list and ``_reduce_scatter_base``),
+``all_to_all`` (list and ``all_to_all_single`` with or without split sizes), ``gather``,
+``scatter``, ``send``/``recv`` (tags are ignored: messages between two ranks match in order),
+``barrier`` and ``allreduce_coalesced``, on CPU tensors of float32/64, float16, bfloat16, int8,
+uint8, int32, int64 (and, for the operations that do not reduce, any dtype; complex for
+sum/avg). Tensors are copied into shared staging memory and back, except those from
+:func:`empty`, which live in shared memory (zero copy).
 
 
 Timeouts: every operation is bounded by the group's timeout (``init_process_group(timeout=)``,
@@ -52,6 +53,7 @@ import threading
 import time
 import traceback
 import weakref
+import zlib
 from datetime import timedelta
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -93,8 +95,9 @@ def _check_tensor(t: Any, what: str) -> torch.Tensor:
     if t.device.type != "cpu":
         raise ValueError(f"railyard: {what} is on {t.device}; the railyard backend handles CPU "
                          "tensors only")
-    if t.is_sparse:
-        raise ValueError(f"railyard: {what} is sparse; only dense tensors are supported")
+    if t.layout != torch.strided:
+        raise ValueError(f"railyard: {what} has layout {t.layout}; only dense tensors are "
+                         "supported here (all_reduce also takes sparse COO tensors)")
     return t
 
 
@@ -403,6 +406,19 @@ def _seconds(timeout: Any, what: str) -> Optional[float]:
                     f"{type(timeout).__name__}")
 
 
+def _raw_bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of ``t`` (any dtype) as a flat uint8 array."""
+    arr, _ = _as_numpy(t.contiguous(), None)
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _from_raw_bytes(raw: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A flat tensor of ``dtype`` made of a copy of ``raw`` (uint8)."""
+    if not raw.size:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(bytearray(raw.tobytes()), dtype=dtype)
+
+
 class ProcessGroupRailyard(dist.ProcessGroup):
     """A ``torch.distributed`` process group whose collectives run in railyardd.
 
@@ -479,6 +495,12 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         work._expect(rws if isinstance(rws, list) else [rws])
         return work
 
+    def _done(self, outputs: List[Any]) -> Work:
+        """A work that has already completed (an operation with nothing to move)."""
+        work = Work(outputs)
+        work._complete(None)
+        return work
+
     @staticmethod
     def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
         if len(tensors) != 1:
@@ -489,6 +511,9 @@ class ProcessGroupRailyard(dist.ProcessGroup):
     # -- collectives (signatures of c10d::ProcessGroup) ----------------------------------------
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and \
+                tensors[0].layout != torch.strided:
+            return self._sparse_allreduce(tensors[0], opts)
         t = self._one(tensors, "all_reduce")
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         io = _Io()
@@ -496,6 +521,68 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         arr, dt = _as_numpy(buf, red)
         return self._start([t], io, lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw),
                            opts=opts)
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> Work:
+        """Sum of sparse COO tensors, as gloo does it: every rank gathers every rank's indices
+        and values (one all_gather of the sizes, one all_to_all_v of the bytes) and coalesces
+        their concatenation (duplicate indices add up). Waits for the sizes before returning, so
+        that the operation's two collectives keep their place among the group's."""
+        red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if red != "sum":
+            raise ValueError(f"railyard: all_reduce of a sparse tensor supports SUM only, got "
+                             f"{red.upper()}")
+        if t.layout != torch.sparse_coo:
+            raise ValueError(f"railyard: sparse all_reduce needs a COO tensor, got {t.layout}")
+        if t.device.type != "cpu":
+            raise ValueError(f"railyard: all_reduce tensor is on {t.device}; the railyard "
+                             "backend handles CPU tensors only")
+        n = self.size()
+        local = t.detach().coalesce()
+        indices = local.indices().contiguous()
+        values = local.values().contiguous()
+        sparse_dim = t.sparse_dim()
+        shape_id = zlib.crc32(repr((tuple(t.shape), sparse_dim, str(t.dtype))).encode())
+        meta = np.array([local._nnz(), shape_id], dtype=np.int64)
+        metas = np.zeros((n, 2), dtype=np.int64)
+        timeout = self._timeout(opts)
+        try:
+            self.comm.all_gather(meta, out=metas, timeout=timeout)
+        except railyard.RailyardError as e:
+            raise _worded(e, timeout).with_traceback(None) from None
+        others = [r for r in range(n) if metas[r, 1] != shape_id]
+        if others:  # every rank sees it: none goes on to the second collective
+            raise ValueError(f"railyard: sparse all_reduce: ranks {others} have tensors of "
+                             f"another shape, sparse_dim or dtype than this rank's "
+                             f"{tuple(t.shape)}, sparse_dim {sparse_dim}, {t.dtype}")
+        nnz = [int(c) for c in metas[:, 0]]
+        row_bytes = sparse_dim * 8 + int(np.prod(values.shape[1:], dtype=np.int64)) * \
+            values.element_size()
+        mine = np.concatenate([indices.numpy().reshape(-1).view(np.uint8),
+                               _raw_bytes(values)])
+        gathered = np.empty(sum(nnz) * row_bytes, dtype=np.uint8)
+
+        def post() -> None:
+            idx, vals, offset = [], [], 0
+            for c in nnz:
+                chunk = gathered[offset:offset + c * row_bytes]
+                idx.append(_from_raw_bytes(chunk[:c * sparse_dim * 8], torch.int64)
+                           .reshape(sparse_dim, c))
+                vals.append(_from_raw_bytes(chunk[c * sparse_dim * 8:], values.dtype)
+                            .reshape((c,) + tuple(values.shape[1:])))
+                offset += c * row_bytes
+            total = torch.sparse_coo_tensor(torch.cat(idx, 1), torch.cat(vals), t.shape,
+                                            dtype=t.dtype).coalesce()
+            with torch.no_grad():
+                t.copy_(total)
+
+        if not gathered.size:  # every rank's tensor is empty: nothing to move
+            work = Work([t], post)
+            work._complete(None)
+            return work
+        send = mine if mine.size else np.zeros(1, dtype=np.uint8)
+        return self._start([t], _Io(), lambda kw: self.comm.all_to_all_v(
+            send, [mine.size] * n, [c * row_bytes for c in nnz], out=gathered,
+            send_displs=[0] * n, **kw), post, opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -573,6 +660,50 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                     o.copy_(gathered[r].view_as(o))
 
         return self._start(list(outs), _Io(), lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), post, opts)
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
+                            input_list: List[torch.Tensor], opts: Any = None) -> Work:
+        """Every rank's ``input_list`` into ``output_lists[rank]``: one all_gather of the inputs
+        laid end to end (every rank passes tensors of the same sizes, in the same order)."""
+        n = self.size()
+        if not input_list:
+            raise ValueError("railyard: all_gather_coalesced needs at least one input tensor")
+        for t in input_list:
+            _check_tensor(t, "all_gather_coalesced input")
+            if t.dtype != input_list[0].dtype:
+                raise ValueError(f"railyard: all_gather_coalesced inputs must share a dtype, got "
+                                 f"{input_list[0].dtype} and {t.dtype}")
+        if len(output_lists) != n:
+            raise ValueError(f"railyard: all_gather_coalesced needs {n} output lists (one per "
+                             f"rank), got {len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError(f"railyard: all_gather_coalesced output list {r} has "
+                                 f"{len(outs)} tensors, the input list {len(input_list)}")
+            for i, (o, t) in enumerate(zip(outs, input_list)):
+                _check_tensor(o, "all_gather_coalesced output")
+                if o.numel() != t.numel() or o.dtype != t.dtype:
+                    raise ValueError(f"railyard: all_gather_coalesced output [{r}][{i}] holds "
+                                     f"{o.numel()} x {o.dtype}, its input {t.numel()} x "
+                                     f"{t.dtype}")
+        flat = torch.cat([t.detach().reshape(-1) for t in input_list])
+        outputs = [list(outs) for outs in output_lists]  # the future's value, as gloo's
+        if flat.numel() == 0:
+            return self._done(outputs)
+        gathered = torch.empty((n, flat.numel()), dtype=flat.dtype)
+        src, _ = _as_numpy(flat, None)
+        out, dt = _as_numpy(gathered, None)
+
+        def post() -> None:
+            with torch.no_grad():
+                for r, outs in enumerate(output_lists):
+                    offset = 0
+                    for o in outs:
+                        o.copy_(gathered[r, offset:offset + o.numel()].view_as(o))
+                        offset += o.numel()
+
+        return self._start(outputs, _Io(), lambda kw: self.comm.all_gather(
             src, out=out, dtype=dt, **kw), post, opts)
 
     def gather(self, output_tensors: List[List[torch.Tensor]],
