@@ -461,6 +461,83 @@ def torch_allgather_coalesced(rank: int, n: int, store_path: str) -> Dict[str, A
     return out
 
 
+def torch_recv_any_source(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """dist.recv without src: rank 0 takes the peers' messages in whatever order they come,
+    mixed with receives from a named peer; a wrong-sized tensor fails only that receive; a
+    receive nobody sends to times out alone (the group goes on)."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        # 1. Every peer sends two messages (value 100 * rank + i); rank 0 receives them all from
+        #    any source, the second half with irecv + _source_rank().
+        if rank == 0:
+            got = []
+            for i in range(2 * (n - 1)):
+                t = torch.zeros(3)
+                if i % 2 == 0:
+                    src = dist.recv(t)
+                else:
+                    work = dist.irecv(t)
+                    work.wait()
+                    src = work._source_rank()
+                got.append((src, t.tolist()))
+            out["any"] = got
+        else:
+            for i in range(2):
+                dist.send(torch.full((3,), 100.0 * rank + i), dst=0)
+        dist.barrier()
+        # 2. An any-source receive posted first, then one from rank 1: rank 2 sends first (rank 1
+        #    waits for the barrier), so the any-source receive gets rank 2's message and the
+        #    named one rank 1's, though rank 1's header is probed by the any-source receive too.
+        if n >= 3:
+            if rank == 0:
+                anyw = dist.irecv(torch.zeros(2))
+                t1 = torch.zeros(2)
+                named = dist.irecv(t1, src=1)
+                anyw.wait()
+                out["any_first"] = anyw._source_rank()
+                dist.barrier()
+                named.wait()
+                out["named"] = (named._source_rank(), t1.tolist())
+            elif rank == 2:
+                dist.send(torch.full((2,), 2.0), dst=0)
+                dist.barrier()
+            else:
+                dist.barrier()
+                if rank == 1:
+                    dist.send(torch.full((2,), 1.0), dst=0)
+        dist.barrier()
+        # 3. A message of 4 floats into a receive of 3 (any source): that receive fails naming
+        #    both sizes; the next message from the same rank still arrives intact.
+        if rank == 0:
+            out["wrong_size"] = _caught(lambda: dist.recv(torch.zeros(3)))
+            t = torch.zeros(5)
+            out["after_wrong"] = (dist.recv(t, src=1), t.tolist())
+        elif rank == 1:
+            dist.send(torch.ones(4), dst=0)
+            dist.send(torch.arange(5.0), dst=0)
+        dist.barrier()
+        # 4. In a group with a 2 s timeout, nobody sends: the any-source receive times out after
+        #    2 s, and the group still works (its probes outlive it).
+        quick = dist.new_group(list(range(n)), timeout=timedelta(seconds=2))
+        if rank == 0:
+            out["timeout"] = _caught(lambda: dist.recv(torch.zeros(1), group=quick))
+        dist.barrier()
+        if rank == 0:
+            t = torch.zeros(1)
+            out["after_timeout"] = (dist.recv(t, group=quick), t.item())
+        elif rank == n - 1:
+            dist.send(torch.full((1,), 7.0), dst=0, group=quick)
+        if rank == 0:
+            out["self"] = _caught(lambda: dist.distributed_c10d._get_default_group().recv(
+                [torch.zeros(1)], 0))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
 def torch_timeouts(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     """A group's timeout bounds its barrier and collectives; a timeout in the operation's options
     overrides it; Work.wait(timeout) bounds the wait alone. Each case gets a group of its own:
@@ -496,6 +573,41 @@ def torch_timeouts(rank: int, n: int, store_path: str) -> Dict[str, Any]:
             dist.barrier()
             dist.all_reduce(t, group=g)
         dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_monitored_barrier(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """dist.monitored_barrier: passes when every rank comes; otherwise rank 0 names the missing
+    ranks (the first, or all with wait_all_ranks) and the others fail instead of waiting.
+    Every failing case gets a group of its own (a missing rank aborts it)."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        dist.all_reduce(torch.ones(1))
+        dist.monitored_barrier(timeout=timedelta(seconds=30))
+        dist.monitored_barrier(timeout=30.0, wait_all_ranks=True)
+        out["passed"] = True
+        # Rank 1 stays away.
+        g = dist.new_group(list(range(n)))
+        if rank != 1:
+            out["missing_1"] = _caught(lambda: dist.monitored_barrier(
+                g, timeout=timedelta(seconds=1)))
+        dist.barrier()
+        # Only rank 0 comes, and waits for all the others.
+        g = dist.new_group(list(range(n)))
+        if rank == 0:
+            out["wait_all"] = _caught(lambda: dist.monitored_barrier(
+                g, timeout=timedelta(seconds=0.5), wait_all_ranks=True))
+            out["zero"] = _caught(lambda: dist.monitored_barrier(g, timeout=timedelta(0)))
+            out["bad_timeout"] = _caught(lambda: dist.monitored_barrier(g, timeout="1s"))
+        dist.barrier()
+        # A subgroup of ranks 0 and 1: the others are not in it (a no-op for them).
+        g = dist.new_group([0, 1])
+        dist.monitored_barrier(g, timeout=timedelta(seconds=30))
+        out["subgroup"] = True
     finally:
         dist.destroy_process_group()
     return out

@@ -143,6 +143,34 @@ def test_all_gather_coalesced(ranks, store_path):
         assert got["after"] == n
 
 
+def test_recv_any_source(ranks, store_path):
+    n = 3
+    results = ranks.run(rank_tasks.torch_recv_any_source, [(r, n, store_path) for r in range(n)],
+                        timeout=120)
+    got = results[0]
+    # Every peer's two messages, each from the rank it names, each peer's in the order sent.
+    assert sorted(src for src, _ in got["any"]) == [1, 1, 2, 2]
+    for src, values in got["any"]:
+        assert values[0] in (100.0 * src, 100.0 * src + 1) and len(set(values)) == 1, got["any"]
+    for src in (1, 2):
+        assert [v[0] for s, v in got["any"] if s == src] == [100.0 * src, 100.0 * src + 1]
+    assert got["any_first"] == 2
+    assert got["named"] == (1, [1.0, 1.0])
+    wrong = got["wrong_size"]
+    assert wrong["type"] == "ValueError"
+    assert "recv from any source: rank 1 sent 4 x float32, the receiving tensor holds " \
+        "3 x float32" in wrong["message"]
+    assert got["after_wrong"] == (1, [0.0, 1.0, 2.0, 3.0, 4.0])
+    timeout = got["timeout"]
+    assert timeout["type"] == "DeadlineExceededError", timeout
+    assert "Timed out after 2 s" in timeout["message"] and "none of ranks 1, 2 sent" in \
+        timeout["message"], timeout
+    assert 1.9 <= timeout["seconds"] < 10, timeout
+    assert got["after_timeout"] == (n - 1, 7.0)
+    assert got["self"]["type"] == "ValueError" and "not a peer of rank 0" in \
+        got["self"]["message"]
+
+
 def test_timeouts(ranks, store_path):
     n = 2
     got = ranks.run(rank_tasks.torch_timeouts, [(r, n, store_path) for r in range(n)],
@@ -163,6 +191,35 @@ def test_timeouts(ranks, store_path):
         wait["message"], wait
     assert 0.25 <= wait["seconds"] < 10, wait
     assert got["later"] == [2.0, 2.0]
+
+
+def test_monitored_barrier(ranks, store_path):
+    n = 4
+    results = ranks.run(rank_tasks.torch_monitored_barrier, [(r, n, store_path) for r in range(n)],
+                        timeout=120)
+    for r, got in enumerate(results):
+        assert got["passed"] and got["subgroup"], got
+        if r == 0:
+            missing = got["missing_1"]
+            assert missing["type"] == "RuntimeError", missing
+            assert missing["message"].startswith(
+                "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 1000 ms"), missing
+            assert 0.95 <= missing["seconds"] < 10, missing
+            assert got["wait_all"]["message"] == \
+                "[Rank 0]: Ranks 1, 2, 3 failed to pass monitoredBarrier in 500 ms", got
+            assert got["zero"]["message"] == ("Rank 0 timed out in monitoredBarrier after 0 ms."
+                                              "\nNo ranks successfully processed in "
+                                              "monitoredBarrier."), got
+            assert got["bad_timeout"]["type"] == "TypeError"
+            assert "timeout must be a timedelta or seconds, got str" in \
+                got["bad_timeout"]["message"]
+        elif r != 1:
+            other = got["missing_1"]
+            assert other["type"] == "RuntimeError", other
+            assert other["message"].startswith(
+                f"Rank {r} successfully reached monitoredBarrier, but received errors while "
+                "waiting for send/recv from rank 0."), other
+            assert other["seconds"] < 10, other  # released by rank 0's failure, not a timeout
 
 
 def test_sparse_all_reduce(ranks, store_path):

@@ -30,17 +30,19 @@ Supported: ``all_reduce`` (sum, product, min, max, avg; sum of sparse COO tensor
 ``broadcast``, ``reduce``, ``all_gather`` (list, ``_all_gather_base``/``all_gather_into_tensor``
 and ``all_gather_coalesced``), ``reduce_scatter`` (list and ``_reduce_scatter_base``),
 ``all_to_all`` (list and ``all_to_all_single`` with or without split sizes), ``gather``,
-``scatter``, ``send``/``recv`` (tags are ignored: messages between two ranks match in order),
-``barrier`` and ``allreduce_coalesced``, on CPU tensors of float32/64, float16, bfloat16, int8,
-uint8, int32, int64 (and, for the operations that do not reduce, any dtype; complex for
-sum/avg). Tensors are copied into shared staging memory and back, except those from
-:func:`empty`, which live in shared memory (zero copy).
-
+``scatter``, ``send``/``recv`` (from a given rank or from any source; tags are ignored: messages
+between two ranks match in order), ``barrier``, ``monitored_barrier`` and ``allreduce_coalesced``,
+on CPU tensors of float32/64, float16, bfloat16, int8, uint8, int32, int64 (and, for the
+operations that do not reduce, any dtype; complex for sum/avg). Tensors are copied into shared
+staging memory and back, except those from :func:`empty`, which live in shared memory (zero copy).
 
 Timeouts: every operation is bounded by the group's timeout (``init_process_group(timeout=)``,
 ``new_group(timeout=)``) or by the one in its options where PyTorch passes one; past it the
 daemon fails the operation with a :class:`railyard.DeadlineExceededError` ("Timed out after ...")
 and aborts the communicator, so that the other ranks fail too instead of waiting.
+
+Point-to-point messages carry a small header (element count and dtype) ahead of the payload: a
+receive from any source takes whichever peer's header arrives first (see :class:`_PointToPoint`).
 """
 
 from __future__ import annotations
@@ -205,8 +207,11 @@ class _Worker:
 
 
 # Torch futures are completed on their own thread, so that their callbacks (DDP comm hooks,
-# ``Future.then``) never run on, and never block, the railyard client's event thread.
+# ``Future.then``) never run on, and never block, the railyard client's event thread. The
+# point-to-point protocol posts its follow-up receives from another (a comm hook that waits must
+# not hold them up).
 _futures = _Worker("railyard-torch-futures")
+_p2p_worker = _Worker("railyard-torch-p2p")
 
 
 # Works kept alive until completed and consumed (see the module docstring). A work nobody ever
@@ -262,6 +267,7 @@ class Work(_Work):
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
         self._consumed = False
+        self._source: Optional[int] = None  # recv: the rank the message came from
         # The last railyard work behind it: wait() reads the session rings for it on the waiting
         # thread (no hop through the client's reader thread).
         self._rw: Optional["railyard.Work"] = None
@@ -366,9 +372,15 @@ class Work(_Work):
         self.wait()
         return self._outputs
 
-    def source_rank(self) -> int:
-        raise RuntimeError("railyard: source_rank() is not supported (recv from any source is "
-                           "not supported)")
+    def _source_rank(self) -> int:
+        """The rank a completed receive got its message from (``dist.recv`` without ``src``
+        returns it)."""
+        if self._source is None or not self.is_success():
+            raise RuntimeError("railyard: source_rank() is only defined for a receive that has "
+                               "completed successfully (wait() on it first)")
+        return self._source
+
+    source_rank = _source_rank
 
     def synchronize(self) -> None:
         pass
@@ -419,6 +431,254 @@ def _from_raw_bytes(raw: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw.tobytes()), dtype=dtype)
 
 
+_HEADER_WORDS = 2  # a point-to-point header: [element count, dtype id]
+
+
+def _dtype_id(dtype: torch.dtype) -> int:
+    return zlib.crc32(str(dtype).encode())
+
+
+_DTYPES_BY_ID = {_dtype_id(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+def _describe(numel: int, dtype_id: int) -> str:
+    dtype = _DTYPES_BY_ID.get(dtype_id)
+    return f"{numel} x {str(dtype).replace('torch.', '') if dtype else f'dtype {dtype_id}'}"
+
+
+class _Claim:
+    """A receive waiting for its message: from ``peer``, or from any source (``peer`` None)."""
+
+    __slots__ = ("seq", "peer", "tensor", "out", "dt", "work", "timeout", "matched")
+
+    def __init__(self, seq: int, peer: Optional[int], tensor: torch.Tensor, out: np.ndarray,
+                 dt: Optional[str], work: Work, timeout: float) -> None:
+        self.seq = seq
+        self.peer = peer
+        self.tensor = tensor
+        self.out = out
+        self.dt = dt
+        self.work = work
+        self.timeout = timeout
+        self.matched = False
+
+
+class _Inbound:
+    """The receiving end of one peer's messages to this rank."""
+
+    IDLE, PROBING, STASHED = range(3)
+    __slots__ = ("state", "header", "arrival", "waiting")
+
+    def __init__(self) -> None:
+        # IDLE: no header receive of undecided owner outstanding; PROBING: one is; STASHED: one
+        # arrived and nobody has claimed it yet (its payload is still to be received).
+        self.state = _Inbound.IDLE
+        self.header: Tuple[int, int] = (0, 0)
+        self.arrival = 0
+        self.waiting: Deque[_Claim] = collections.deque()  # non-empty only while PROBING
+
+
+class _PointToPoint:
+    """Point-to-point messages of one group, with receives from any source.
+
+    The daemon matches the sends and receives between two ranks in FIFO order, each with a known
+    peer. Every message here is two sends: a header (element count, dtype id) and the payload.
+
+    - A receive from a known peer whose channel has nothing undecided posts the header and the
+      payload receives at once (no extra round trip), and checks the header when both are in.
+    - A receive from any source posts a header receive (a "probe") on every peer's channel that
+      has none outstanding. The first header to arrive goes to the earliest receive waiting for
+      it (from that peer, or from any); its payload receive is posted next, into that receive's
+      tensor. A header nobody waits for any more is kept (stashed) for the next receive from
+      that peer or from any.
+    - A probe's daemon deadline is the longest there is (46 days): the daemon aborts the
+      communicator when a send or receive outlives its deadline, and a peer may never send
+      again. A receive waiting on a probe is bounded instead by a timer of its own (the
+      operation's timeout), which fails that receive, not the communicator.
+
+    A header that does not match the receiving tensor fails that receive with both sizes named;
+    its payload is still received (and dropped), so that the channel stays in step.
+    """
+
+    def __init__(self, group: "ProcessGroupRailyard") -> None:
+        self.group = group
+        self.lock = threading.Lock()
+        self.seq = itertools.count()
+        self.arrivals = itertools.count(1)
+        self.inbound = {p: _Inbound() for p in range(group.size()) if p != group.rank()}
+        self.any: Deque[_Claim] = collections.deque()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def send(self, t: torch.Tensor, dst: int, timeout: float) -> List["railyard.Work"]:
+        src, dt = _as_numpy(t.contiguous(), None)
+        header = np.array([t.numel(), _dtype_id(t.dtype)], dtype=np.int64)
+        comm = self.group.comm
+        first = comm.send(header, dst, async_op=True, timeout=timeout)
+        return [first, comm.send(src, dst, dtype=dt, async_op=True, timeout=timeout)]
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def _peer(self, src: int) -> _Inbound:
+        ch = self.inbound.get(src)
+        if ch is None:
+            raise ValueError(f"railyard: recv from rank {src}: not a peer of rank "
+                             f"{self.group.rank()} in a group of {self.group.size()}")
+        return ch
+
+    def recv(self, claim: _Claim) -> None:
+        assert claim.peer is not None
+        with self.lock:
+            ch = self._peer(claim.peer)
+            if ch.state == _Inbound.IDLE:  # nothing undecided ahead: header and payload at once
+                self._post_both(claim)
+                return
+            if ch.state == _Inbound.STASHED:
+                self._deliver(claim.peer, claim, *ch.header)
+                return
+            ch.waiting.append(claim)
+        self._arm(claim)
+
+    def recv_any(self, claim: _Claim) -> None:
+        with self.lock:
+            if not self.inbound:
+                raise ValueError("railyard: recv from any source in a group of one rank")
+            stashed = [p for p, ch in self.inbound.items() if ch.state == _Inbound.STASHED]
+            if stashed:
+                p = min(stashed, key=lambda q: self.inbound[q].arrival)
+                self._deliver(p, claim, *self.inbound[p].header)
+                return
+            self.any.append(claim)
+            for p, ch in self.inbound.items():
+                if ch.state == _Inbound.IDLE:
+                    self._probe(p)
+        self._arm(claim)
+
+    # The rest runs under self.lock.
+
+    def _post_both(self, claim: _Claim) -> None:
+        peer = claim.peer
+        header = np.zeros(_HEADER_WORDS, dtype=np.int64)
+        comm = self.group.comm
+        want = (claim.tensor.numel(), _dtype_id(claim.tensor.dtype))
+
+        def check() -> None:
+            got = (int(header[0]), int(header[1]))
+            if got != want:
+                raise ValueError(f"railyard: recv from rank {peer}: it sent "
+                                 f"{_describe(*got)}, the receiving tensor holds "
+                                 f"{_describe(*want)}")
+            claim.work._source = peer
+
+        claim.matched = True
+        claim.work._post = _then(check, claim.work._post)
+        first = comm.recv(header, peer, async_op=True, timeout=claim.timeout)
+        claim.work._expect([first, comm.recv(claim.out, peer, dtype=claim.dt, async_op=True,
+                                             timeout=claim.timeout)])
+
+    def _probe(self, p: int) -> None:
+        ch = self.inbound[p]
+        header = np.zeros(_HEADER_WORDS, dtype=np.int64)
+        ch.state = _Inbound.PROBING
+        try:
+            rw = self.group.comm.recv(header, p, async_op=True, timeout=_MAX_TIMEOUT)
+        except Exception as e:
+            ch.state = _Inbound.IDLE
+            self._fail_waiting(p, e)
+            return
+        rw.add_done_callback(lambda w: _p2p_worker.submit(lambda: self._arrived(p, w, header)))
+
+    def _arrived(self, p: int, rw: "railyard.Work", header: np.ndarray) -> None:
+        with self.lock:
+            ch = self.inbound[p]
+            ch.state = _Inbound.IDLE
+            error = rw.exception()
+            if error is not None:  # the communicator failed or closed: so do its receives
+                self._fail_waiting(p, error)
+                return
+            claim = self._next_claim(p)
+            if claim is None:
+                ch.state = _Inbound.STASHED
+                ch.header = (int(header[0]), int(header[1]))
+                ch.arrival = next(self.arrivals)
+                return
+            self._deliver(p, claim, int(header[0]), int(header[1]))
+            if ch.waiting or self.any:
+                self._probe(p)
+
+    def _next_claim(self, p: int) -> Optional[_Claim]:
+        """The earliest receive still waiting for peer ``p``'s next message."""
+        ch = self.inbound[p]
+        for queue in (ch.waiting, self.any):
+            while queue and queue[0].matched:  # timed out meanwhile
+                queue.popleft()
+        mine = ch.waiting[0] if ch.waiting else None
+        anyone = self.any[0] if self.any else None
+        if mine is None and anyone is None:
+            return None
+        if anyone is None or (mine is not None and mine.seq < anyone.seq):
+            return ch.waiting.popleft()
+        return self.any.popleft()
+
+    def _deliver(self, p: int, claim: _Claim, numel: int, dtype_id: int) -> None:
+        """Posts the payload receive of peer ``p``'s message whose header has arrived."""
+        ch = self.inbound[p]
+        ch.state = _Inbound.IDLE
+        claim.matched = True
+        comm = self.group.comm
+        want = (claim.tensor.numel(), _dtype_id(claim.tensor.dtype))
+        try:
+            if (numel, dtype_id) == want:
+                claim.work._source = p
+                claim.work._expect([comm.recv(claim.out, p, dtype=claim.dt, async_op=True,
+                                              timeout=claim.timeout)])
+                return
+            # Not for this tensor: receive it anyway (the channel stays in step), fail the recv.
+            # (A dtype this torch does not know cannot be received; the next message from that
+            # peer then fails too, as a mismatch.)
+            sender = _DTYPES_BY_ID.get(dtype_id)
+            if sender is not None:
+                arr, dt = _as_numpy(torch.empty(numel, dtype=sender), None)
+                comm.recv(arr, p, dtype=dt, async_op=True, timeout=claim.timeout)
+            claim.work._complete(ValueError(
+                f"railyard: recv{'' if claim.peer is not None else ' from any source'}: rank "
+                f"{p} sent {_describe(numel, dtype_id)}, the receiving tensor holds "
+                f"{_describe(*want)}"))
+        except Exception as e:
+            claim.work._complete(e)
+
+    def _fail_waiting(self, p: int, error: BaseException) -> None:
+        ch = self.inbound[p]
+        for claim in list(ch.waiting) + list(self.any):
+            if not claim.matched:
+                claim.matched = True
+                claim.work._complete(error)
+        ch.waiting.clear()
+        self.any.clear()
+
+    def _arm(self, claim: _Claim) -> None:
+        def expire() -> None:
+            with self.lock:
+                if claim.matched:
+                    return
+                claim.matched = True  # dropped from its queue when next looked at
+            who = (f"rank {claim.peer} sent nothing" if claim.peer is not None else
+                   f"none of ranks {', '.join(map(str, sorted(self.inbound)))} sent anything")
+            claim.work._complete(_timed_out(claim.timeout, f"recv of rank {self.group.rank()} "
+                                            f"on communicator {self.group.comm.comm_id}: {who}"))
+
+        _p2p_worker.call_at(time.monotonic() + claim.timeout, expire)
+
+
+def _then(first: Callable[[], None],
+          then: Optional[Callable[[], None]]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        if then is not None:
+            then()
+    return both
+
+
 class ProcessGroupRailyard(dist.ProcessGroup):
     """A ``torch.distributed`` process group whose collectives run in railyardd.
 
@@ -446,6 +706,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         else:
             comm_id = store.get(key).decode()
         self.comm = self.client.comm(comm_id, rank, world_size, timeout=self._op_timeout)
+        self._p2p = _PointToPoint(self)
         _groups.add(self)
 
     def getBackendName(self) -> str:  # noqa: N802 - the name C++ calls
@@ -845,24 +1106,100 @@ class ProcessGroupRailyard(dist.ProcessGroup):
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Work:
         t = self._one(tensors, "send")
-        src, dt = _as_numpy(t.contiguous(), None)
-        return self._start([t], _Io(), lambda kw: self.comm.send(src, dst, dtype=dt, **kw))
+        return self._start([t], _Io(), lambda kw: self._p2p.send(t, dst, kw["timeout"]))
 
-    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Work:
-        t = self._one(tensors, "recv")
+    def _claim(self, tensors: List[torch.Tensor], src: Optional[int], what: str,
+               timeout: Optional[float] = None) -> _Claim:
+        t = self._one(tensors, what)
         io = _Io()
         out, dt = _as_numpy(io.output(t), None)
-        return self._start([t], io, lambda kw: self.comm.recv(out, src, dtype=dt, **kw))
+        seconds = self._op_timeout if timeout is None else timeout
+        work = Work([t], io.finish, seconds)
+        return _Claim(next(self._p2p.seq), src, t, out, dt, work, seconds)
+
+    def _post(self, claim: _Claim) -> Work:
+        try:
+            (self._p2p.recv if claim.peer is not None else self._p2p.recv_any)(claim)
+        except BaseException:
+            with _live_lock:
+                _live_works.pop(id(claim.work), None)
+            raise
+        return claim.work
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Work:
+        return self._post(self._claim(tensors, src, "recv"))
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
-        raise RuntimeError("railyard: recv from any source is not supported; pass src")
+        """Receives the first message any peer sends (``Work._source_rank()`` names it)."""
+        return self._post(self._claim(tensors, None, "recv"))
 
     def barrier(self, opts: Any = None) -> Work:
         return self._start([], _Io(), lambda kw: self.comm.barrier(**kw), opts=opts)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not reach it, as gloo's does (same words):
+        every other rank sends to rank 0 and waits for its answer; rank 0 waits up to
+        ``timeout`` (default: the group's) for them, then answers each. Rank 0 raises naming
+        the first rank that did not arrive (every such rank with ``wait_all_ranks``); a missing
+        rank's receive times out in the daemon, which aborts the communicator, so the ranks
+        that did arrive fail too instead of waiting."""
         seconds = _seconds(timeout, "monitored_barrier timeout")
-        self.comm.barrier(timeout=seconds or self._op_timeout)
+        seconds = self._op_timeout if seconds is None else min(seconds, _MAX_TIMEOUT)
+        ms = int(seconds * 1000)
+        rank, n = self.rank(), self.size()
+        token = [torch.tensor([rank], dtype=torch.int64)]
+        if rank != 0:
+            try:
+                sent = self.send(token, 0)
+                got = self.recv([torch.zeros(1, dtype=torch.int64)], 0)
+                sent.wait()
+                got.wait()
+            except Exception as e:
+                raise RuntimeError(
+                    f"Rank {rank} successfully reached monitoredBarrier, but received errors "
+                    "while waiting for send/recv from rank 0. Please check rank 0 logs for "
+                    f"faulty rank.\n Original exception: \n{e}") from e
+            return
+        start = time.monotonic()
+
+        def wait_loop(works: Dict[int, Work]) -> None:
+            processed: List[int] = []
+            failed: List[int] = []
+            for r, work in works.items():
+                remaining = seconds - (time.monotonic() - start)
+                if not wait_all_ranks and remaining <= 0:
+                    raise RuntimeError(
+                        f"Rank 0 timed out in monitoredBarrier after {ms} ms.\n" +
+                        (f"Successfully processed ranks: {', '.join(map(str, processed))}"
+                         if processed else "No ranks successfully processed in "
+                                           "monitoredBarrier."))
+                try:
+                    work.wait(seconds if wait_all_ranks else remaining)
+                    processed.append(r)
+                except Exception as e:
+                    error = f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms"
+                    if not wait_all_ranks:
+                        raise RuntimeError(f"{error}\n Original exception: \n{e}") from e
+                    failed.append(r)
+            if failed:
+                raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to "
+                                   f"pass monitoredBarrier in {ms} ms")
+
+        if seconds <= 0:  # nothing to wait with: posting receives would only abort the group
+            raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms} ms.\n"
+                               "No ranks successfully processed in monitoredBarrier.")
+        recvs = {}
+        for r in range(1, n):
+            recvs[r] = self._post(self._claim([torch.zeros(1, dtype=torch.int64)], r,
+                                              "monitored_barrier", seconds))
+        wait_loop(recvs)
+        # Every rank has arrived: release them (this is a true barrier: all pass or none do).
+        sends = {}
+        for r in range(1, n):
+            t = token[0]
+            sends[r] = self._start([t], _Io(), lambda kw, r=r: self._p2p.send(t, r, kw["timeout"]),
+                                   timeout=seconds)
+        wait_loop(sends)
 
     # -- shared tensors ------------------------------------------------------------------------
 
@@ -911,12 +1248,32 @@ def _destroy_process_group(group: Any = None) -> None:
 _torch_destroy_process_group = dist.distributed_c10d.destroy_process_group
 
 
+def _monitored_barrier(group: Any = dist.GroupMember.WORLD, timeout: Any = None,
+                       wait_all_ranks: bool = False) -> None:
+    """``torch.distributed.monitored_barrier``, which PyTorch 1.13 refuses for any backend but
+    gloo, for railyard groups too (:meth:`ProcessGroupRailyard.monitored_barrier`; ``timeout``
+    None: the group's). Other groups, and ranks outside ``group``, go to PyTorch's own."""
+    c10d = dist.distributed_c10d
+    if not c10d._rank_not_in_group(group) and c10d.is_initialized():
+        pg = c10d._get_default_group() if group is None or group is c10d.GroupMember.WORLD \
+            else group
+        if isinstance(pg, ProcessGroupRailyard):
+            return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    return _torch_monitored_barrier(group, timeout, wait_all_ranks)
+
+
+_torch_monitored_barrier = dist.distributed_c10d.monitored_barrier
+
+
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, create_process_group)
     if dist.distributed_c10d.destroy_process_group is not _destroy_process_group:
         dist.distributed_c10d.destroy_process_group = _destroy_process_group
         dist.destroy_process_group = _destroy_process_group
+    if dist.distributed_c10d.monitored_barrier is not _monitored_barrier:
+        dist.distributed_c10d.monitored_barrier = _monitored_barrier
+        dist.monitored_barrier = _monitored_barrier
 
 
 _register()
