@@ -659,6 +659,43 @@ def torch_sparse_all_reduce(rank: int, n: int, store_path: str) -> Dict[str, Any
     return out
 
 
+def torch_reduce_scatter_ops(rank: int, n: int, store_path: str,
+                             dtype_name: str) -> Dict[str, Any]:
+    """Beyond what gloo does on torch 1.13: reduce_scatter (list and single tensor) with every
+    reduce op, all_reduce AVG, in the given dtype. Rank r's input is arange(2n) + r + 1."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    dtype = getattr(torch, dtype_name)
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+           "prod": dist.ReduceOp.PRODUCT}
+    if dtype.is_floating_point:
+        ops["avg"] = dist.ReduceOp.AVG
+    out: Dict[str, Any] = {}
+    try:
+        for name, op in ops.items():
+            x = (torch.arange(2 * n, dtype=torch.float64) % 4 + rank + 1).to(dtype)
+            o = torch.zeros(2, dtype=dtype)
+            dist.reduce_scatter(o, list(x.chunk(n)), op=op)
+            out[f"list_{name}"] = o.to(torch.float64).numpy()
+            o = torch.zeros(2, dtype=dtype)
+            scatter_tensor = getattr(dist, "reduce_scatter_tensor", dist._reduce_scatter_base)
+            scatter_tensor(o, x, op=op)
+            out[f"tensor_{name}"] = o.to(torch.float64).numpy()
+            t = x.clone()
+            dist.all_reduce(t, op=op)
+            out[f"all_reduce_{name}"] = t.to(torch.float64).numpy()
+        out["bad_list"] = _caught(lambda: dist.reduce_scatter(
+            torch.zeros(2, dtype=dtype), [torch.zeros(2, dtype=dtype)] * (n + 1)))
+        out["bad_size"] = _caught(lambda: dist._reduce_scatter_base(
+            torch.zeros(2, dtype=dtype), torch.zeros(2 * n + 1, dtype=dtype)))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["after"] = t.item()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
 def ddp_train(rank: int, n: int, store_path: str, backend: str, steps: int,
               seed: int = 1234) -> Dict[str, Any]:
     """A small MLP trained with DDP; returns per-step losses (of this rank's batch, and averaged
