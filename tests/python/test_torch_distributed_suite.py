@@ -92,6 +92,19 @@ ENVIRONMENT_ERROR = ("ValueError: mutable default <class 'torch.distributed._sha
                      "metadata.TensorProperties'> for field tensor_properties is not allowed: use "
                      "default_factory")
 
+# Tests that cannot apply to a plugin backend, skipped for railyard with the reason: the
+# suite's body branches on the backend's name at run time and has no branch for one. (Each
+# is in ENVIRONMENT_FAILURES too: gloo reaches the _shard import and fails there.) The branch is
+# checked to still be there (test_not_applicable_still_cannot_apply).
+NOT_APPLICABLE = {
+    name: "distributed_test._test_accumulate_gradients_no_sync builds its model only for "
+          "BACKEND mpi, gloo or nccl (for any other backend it fails with UnboundLocalError)"
+    for name in ("test_accumulate_gradients_no_sync",
+                 "test_accumulate_gradients_no_sync_allreduce_hook",
+                 "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
+                 "test_accumulate_gradients_no_sync_grad_is_view")
+}
+
 lifted: dict = {}  # reason -> names of the tests whose gate was lifted
 
 
@@ -166,7 +179,7 @@ def _environment_failure(text: str) -> bool:
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     """As in test_distributed_spawn.py. Tests whose spawned processes would only exit with a CUDA
     skip (no GPU here) are skipped with the same words before spawning them (a third of the
-    suite: it saves their 3 process starts each)."""
+    suite: it saves their 3 process starts each); so are NOT_APPLICABLE ones for railyard."""
 
     def __init__(self, method_name: str = "runTest") -> None:
         super().__init__(method_name)
@@ -190,6 +203,8 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
 
     def setUp(self):
         skip = _cuda_skip(getattr(type(self), self._testMethodName, None))
+        if SUITE_BACKEND == "railyard" and self._testMethodName in NOT_APPLICABLE:
+            skip = "not applicable to a plugin backend: " + NOT_APPLICABLE[self._testMethodName]
         if skip is not None:
             raise unittest.SkipTest(skip)
         super().setUp()
@@ -254,3 +269,10 @@ def test_environment_failure_is_matched_exactly():
     assert not _environment_failure(failure(ok, other))
     assert not _environment_failure(failure(chained))
     assert not _environment_failure("Process 0 terminated or timed out after 180 seconds")
+
+
+def test_not_applicable_still_cannot_apply():
+    source = inspect.getsource(DistributedTest._DistTestBase._test_accumulate_gradients_no_sync)
+    assert 'if BACKEND == "mpi" or BACKEND == "gloo":' in source
+    assert "model, ddp_model, input, target = self._prepare_cpu_module(" in source
+    assert set(NOT_APPLICABLE) <= ENVIRONMENT_FAILURES
