@@ -3,8 +3,8 @@
 The suite is ``torch.testing._internal.distributed.distributed_test`` (the body of PyTorch's
 ``test/distributed/test_distributed_spawn.py``), as shipped by Debian's python3-torch 1.13. It
 runs here with railyard as a "plugin" backend that also has the "ddp" and "subgroup" features,
-world size 3, every test in 3 freshly spawned processes talking to one railyardd (the session's
-``daemon`` fixture of conftest.py). Its own CTest entry (python_torch_suite) runs it; the
+world size 3, every test in 3 fresh processes talking to one railyardd (the session's ``daemon``
+fixture of conftest.py). Its own CTest entry (python_torch_suite) runs it; the
 python_tests entry leaves it out, so the two run side by side.
 
 The suite decides at import time which tests run, partly by the backend's *name* ("Only gloo
@@ -15,6 +15,11 @@ this machine's environment, are listed in ENVIRONMENT_FAILURES.
 Environment:
     RAILYARD_TORCH_SUITE_BACKEND  ``railyard`` (default) or ``gloo``: the same suite against
                                   gloo, as the reference it is compared with.
+    RAILYARD_TORCH_SUITE_START    ``spawn`` (default, as test_distributed_spawn.py) or ``fork``:
+                                  how each test's processes start. Spawned, each of them imports
+                                  torch and the suite again, which is most of the suite's CPU
+                                  time (7 times that of fork here); CTest runs it with fork, which
+                                  gives the same outcome for every test, for both backends.
     DISTRIBUTED_TESTS_DEFAULT_TIMEOUT  seconds a test's processes may take (default here 180).
 """
 
@@ -31,6 +36,9 @@ from typing import Optional
 import pytest
 
 WORLD_SIZE = 3
+START_METHOD = os.environ.get("RAILYARD_TORCH_SUITE_START", "spawn")
+if START_METHOD not in ("spawn", "fork"):
+    raise ValueError(f"RAILYARD_TORCH_SUITE_START={START_METHOD!r}: expected spawn or fork")
 SUITE_BACKEND = os.environ.get("RAILYARD_TORCH_SUITE_BACKEND", "railyard")
 if SUITE_BACKEND not in ("railyard", "gloo"):
     raise ValueError(f"RAILYARD_TORCH_SUITE_BACKEND={SUITE_BACKEND!r}: expected railyard or gloo")
@@ -63,6 +71,10 @@ from torch.testing._internal import common_distributed, common_utils  # noqa: E4
 # keeps skipping. Each must lift at least one test (checked below), so the list cannot go stale.
 NAME_GATES = {
     "Test requires backend to be one of {'gloo'}",
+    # The suite's "gpu" backends. Its object collectives (all_gather_object, gather_object,
+    # broadcast_object_list) need no GPU but have only this gate; every other test behind it
+    # needs CUDA and has a CUDA gate of its own, which still skips it (see _cuda_skip).
+    "Test requires backend to be one of {'gloo', 'nccl'}",
     "Only gloo backend supports timeouts",
     "GLOO Batch Send Recv CPU",
     "Only Gloo backend support sparse all reduce",
@@ -108,6 +120,16 @@ NOT_APPLICABLE = {
 lifted: dict = {}  # reason -> names of the tests whose gate was lifted
 
 
+def _normal(reason: str) -> str:
+    """A skip reason with the set it names in sorted order (the suite prints a set of backend
+    names, whose order varies with the hash seed)."""
+    m = re.fullmatch(r"(.*)(\{'[^{}]*'\})", reason)
+    if m is None:
+        return reason
+    names = sorted(re.findall(r"'([^']*)'", m.group(2)))
+    return m.group(1) + "{" + ", ".join(repr(n) for n in names) + "}"
+
+
 def _lifting(skip_if):
     """Wraps sandcastle_skip_if / sandcastle_skip so that a NAME_GATES reason marks nothing.
 
@@ -118,6 +140,7 @@ def _lifting(skip_if):
     def gate(*args):
         condition, reason = (args[0], args[1]) if len(args) == 2 else (True, args[0])
         decorate = skip_if(*args)
+        reason = _normal(reason)
         if not (condition and SUITE_BACKEND == "railyard" and reason in NAME_GATES):
             return decorate
 
@@ -151,11 +174,15 @@ _LT_X_GPU_WRAPPER = common_distributed.skip_if_lt_x_gpu(1)(lambda: None).__code_
 
 
 def _cuda_skip(func) -> Optional[str]:
-    """The skip that the spawned processes of a test behind skip_if_no_gpu / skip_if_lt_x_gpu would
-    exit with on this machine (None: they would run it)."""
+    """The skip that the processes of a test behind skip_if_no_gpu / skip_if_lt_x_gpu would exit
+    with on this machine (None: they would run it). With CUDA devices, such a test is skipped for
+    railyard anyway: it moves CUDA tensors."""
     skips = common_distributed.TEST_SKIPS
     while func is not None:
         code = getattr(func, "__code__", None)  # wraps() copies the names, not the code
+        if code in (_NO_GPU_WRAPPER, _LT_X_GPU_WRAPPER) and SUITE_BACKEND == "railyard" and \
+                torch.cuda.is_available():
+            return "needs CUDA tensors: the railyard backend handles CPU tensors only"
         if code is _NO_GPU_WRAPPER:
             if not torch.cuda.is_available():
                 return skips["no_cuda"].message
@@ -208,7 +235,10 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         if skip is not None:
             raise unittest.SkipTest(skip)
         super().setUp()
-        self._spawn_processes()
+        if START_METHOD == "fork":
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
@@ -241,7 +271,7 @@ def test_gates_lifted_are_name_gates_only():
             func = getattr(base, name)
             if getattr(func, "__unittest_skip__", False):  # another gate of its own
                 assert func.__unittest_skip_why__ not in NAME_GATES, (name, reason)
-    still = {getattr(f, "__unittest_skip_why__", None) for f in vars(base).values()
+    still = {_normal(getattr(f, "__unittest_skip_why__", "")) for f in vars(base).values()
              if getattr(f, "__unittest_skip__", False)}
     assert not still & NAME_GATES
     assert getattr(base.test_sparse_all_reduce_sum_cuda, "__unittest_skip__", False) is False
@@ -250,8 +280,17 @@ def test_gates_lifted_are_name_gates_only():
         assert _cuda_skip(base.test_new_subgroups) == "Need at least 2 CUDA devices"
         assert _cuda_skip(base.test_sparse_all_reduce_sum) is None
     assert "Only Nccl supports CUDA all_to_all_single" in still
-    assert "Test requires backend to be one of {'nccl', 'gloo'}" in still or \
-        "Test requires backend to be one of {'gloo', 'nccl'}" in still
+    assert "Test requires backend to be one of {'nccl'}" in still
+    # Every test the "gpu" gate was lifted from either needs no GPU or has a CUDA gate.
+    cpu = {"test_all_gather_object_default_pg", "test_all_gather_object_subgroup",
+           "test_broadcast_object_list", "test_gather_object", "test_gather_object_subgroup"}
+    gpu_gate = lifted["Test requires backend to be one of {'gloo', 'nccl'}"]
+    assert cpu <= set(gpu_gate)
+    for name in set(gpu_gate) - cpu:
+        assert not name.startswith("test_") or _cuda_skip(getattr(base, name)) is not None or \
+            torch.cuda.is_available(), name
+    assert _normal("Test requires backend to be one of {'nccl', 'gloo'}") == \
+        "Test requires backend to be one of {'gloo', 'nccl'}"
 
 
 def test_environment_failure_is_matched_exactly():
