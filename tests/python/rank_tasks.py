@@ -696,6 +696,32 @@ def torch_reduce_scatter_ops(rank: int, n: int, store_path: str,
     return out
 
 
+def ddp_no_sync(rank: int, n: int, store_path: str, backend: str) -> Dict[str, Any]:
+    """DDP gradient accumulation: two backward passes under no_sync() (local gradients only),
+    then one synced pass, whose all_reduce averages all three. Returns the gradients after
+    the no_sync passes and after the synced one (PyTorch's own test of this cannot run for a
+    plugin backend: see test_torch_distributed_suite.NOT_APPLICABLE)."""
+    import torch
+    dist = _init_torch(rank, n, backend, store_path)
+    ddp = None
+    try:
+        torch.manual_seed(7)
+        model = torch.nn.Linear(4, 2)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        gen = torch.Generator().manual_seed(100 + rank)
+        batches = [torch.randn(3, 4, generator=gen) for _ in range(3)]
+        with ddp.no_sync():
+            for x in batches[:2]:
+                ddp(x).sum().backward()
+        local = [p.grad.detach().clone().numpy() for p in model.parameters()]
+        ddp(batches[2]).sum().backward()
+        synced = [p.grad.detach().clone().numpy() for p in model.parameters()]
+    finally:
+        ddp = None
+        dist.destroy_process_group()
+    return {"local": local, "synced": synced}
+
+
 def ddp_train(rank: int, n: int, store_path: str, backend: str, steps: int,
               seed: int = 1234) -> Dict[str, Any]:
     """A small MLP trained with DDP; returns per-step losses (of this rank's batch, and averaged

@@ -272,3 +272,25 @@ def test_reduce_scatter_ops(ranks, store_path, dtype):
             f"must have world_size * 2 elements of torch.{dtype}, got {2 * n + 1}" in \
             got["bad_size"]["message"]
         assert got["after"] == n
+
+
+def test_ddp_no_sync_matches_gloo(ranks, tmp_path):
+    """Gradient accumulation with DDP's no_sync(): local gradients stay local (bit for bit as with
+    gloo), the next synced backward averages the accumulated ones over the ranks (as gloo does,
+    up to the order of the additions)."""
+    n = 3
+    ry = ranks.run(rank_tasks.ddp_no_sync, [(r, n, str(tmp_path / "ry"), "railyard")
+                                            for r in range(n)], timeout=120)
+    gl = ranks.run(rank_tasks.ddp_no_sync, [(r, n, str(tmp_path / "gl"), "gloo")
+                                            for r in range(n)], timeout=120)
+    for r in range(n):
+        for a, b in zip(ry[r]["local"], gl[r]["local"]):
+            np.testing.assert_array_equal(a, b, err_msg=f"rank {r}")
+        for a, b in zip(ry[r]["synced"], gl[r]["synced"]):
+            np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=f"rank {r}")
+    # Under no_sync the ranks' gradients differ (different data); after the synced pass they are
+    # the mean over ranks of each rank's sum of its three passes.
+    assert not np.array_equal(ry[0]["local"][0], ry[1]["local"][0])
+    for r in range(n):
+        for i in range(2):
+            np.testing.assert_array_equal(ry[r]["synced"][i], ry[0]["synced"][i])
