@@ -12,7 +12,9 @@ import faulthandler
 import os
 import signal
 import tempfile
+import time
 import traceback
+from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -412,6 +414,312 @@ def torch_error(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     finally:
         dist.destroy_process_group()
     return result
+
+
+def _caught(fn) -> Optional[Dict[str, Any]]:
+    """error_info of what fn() raises, with the seconds it took; None if it returned."""
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return dict(error_info(e), seconds=time.monotonic() - start)
+    return None
+
+
+def torch_allgather_coalesced(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """dist.all_gather_coalesced: tensors of several shapes (an empty one, complex ones) in one
+    call; then malformed calls, which must fail before anything is sent."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        inputs = [torch.full((2, 3), float(rank)), torch.arange(4.0) + 10 * rank,
+                  torch.zeros(0), torch.tensor([rank + 0.5])]
+        outputs = [[torch.full_like(t, -1.0) for t in inputs] for _ in range(n)]
+        dist.all_gather_coalesced(outputs, inputs)
+        out["float"] = [[o.numpy().copy() for o in row] for row in outputs]
+        cin = [torch.tensor([complex(rank, 1), complex(2, -rank)])]
+        cout = [[torch.zeros(2, dtype=torch.complex64)] for _ in range(n)]
+        dist.all_gather_coalesced(cout, cin)
+        out["complex"] = [row[0].numpy().copy() for row in cout]
+        fut = dist.all_gather_coalesced(outputs, inputs, async_op=True)  # a Future in 1.13
+        out["async_value"] = [[o.numpy().copy() for o in row] for row in fut.wait()]
+        out["async_is_outputs"] = all(a is b for row, mine in zip(fut.wait(), outputs)
+                                      for a, b in zip(row, mine))
+        pg = dist.distributed_c10d._get_default_group()
+        out["wrong_count"] = _caught(lambda: pg.allgather_coalesced(outputs[:-1], inputs))
+        out["wrong_shape"] = _caught(lambda: pg.allgather_coalesced(
+            [[torch.zeros(5) for _ in inputs] for _ in range(n)], inputs))
+        out["mixed_dtypes"] = _caught(lambda: pg.allgather_coalesced(
+            outputs, [inputs[0], inputs[1].double()]))
+        # The group is still in step after the refused calls.
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["after"] = t.item()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_recv_any_source(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """dist.recv without src: rank 0 takes the peers' messages in whatever order they come,
+    mixed with receives from a named peer; a wrong-sized tensor fails only that receive; a
+    receive nobody sends to times out alone (the group goes on)."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        # 1. Every peer sends two messages (value 100 * rank + i); rank 0 receives them all from
+        #    any source, the second half with irecv + _source_rank().
+        if rank == 0:
+            got = []
+            for i in range(2 * (n - 1)):
+                t = torch.zeros(3)
+                if i % 2 == 0:
+                    src = dist.recv(t)
+                else:
+                    work = dist.irecv(t)
+                    work.wait()
+                    src = work._source_rank()
+                got.append((src, t.tolist()))
+            out["any"] = got
+        else:
+            for i in range(2):
+                dist.send(torch.full((3,), 100.0 * rank + i), dst=0)
+        dist.barrier()
+        # 2. An any-source receive posted first, then one from rank 1: rank 2 sends first (rank 1
+        #    waits for the barrier), so the any-source receive gets rank 2's message and the
+        #    named one rank 1's, though rank 1's header is probed by the any-source receive too.
+        if n >= 3:
+            if rank == 0:
+                anyw = dist.irecv(torch.zeros(2))
+                t1 = torch.zeros(2)
+                named = dist.irecv(t1, src=1)
+                anyw.wait()
+                out["any_first"] = anyw._source_rank()
+                dist.barrier()
+                named.wait()
+                out["named"] = (named._source_rank(), t1.tolist())
+            elif rank == 2:
+                dist.send(torch.full((2,), 2.0), dst=0)
+                dist.barrier()
+            else:
+                dist.barrier()
+                if rank == 1:
+                    dist.send(torch.full((2,), 1.0), dst=0)
+        dist.barrier()
+        # 3. A message of 4 floats into a receive of 3 (any source): that receive fails naming
+        #    both sizes; the next message from the same rank still arrives intact.
+        if rank == 0:
+            out["wrong_size"] = _caught(lambda: dist.recv(torch.zeros(3)))
+            t = torch.zeros(5)
+            out["after_wrong"] = (dist.recv(t, src=1), t.tolist())
+        elif rank == 1:
+            dist.send(torch.ones(4), dst=0)
+            dist.send(torch.arange(5.0), dst=0)
+        dist.barrier()
+        # 4. In a group with a 2 s timeout, nobody sends: the any-source receive times out after
+        #    2 s, and the group still works (its probes outlive it).
+        quick = dist.new_group(list(range(n)), timeout=timedelta(seconds=2))
+        if rank == 0:
+            out["timeout"] = _caught(lambda: dist.recv(torch.zeros(1), group=quick))
+        dist.barrier()
+        if rank == 0:
+            t = torch.zeros(1)
+            out["after_timeout"] = (dist.recv(t, group=quick), t.item())
+        elif rank == n - 1:
+            dist.send(torch.full((1,), 7.0), dst=0, group=quick)
+        if rank == 0:
+            out["self"] = _caught(lambda: dist.distributed_c10d._get_default_group().recv(
+                [torch.zeros(1)], 0))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_timeouts(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """A group's timeout bounds its barrier and collectives; a timeout in the operation's options
+    overrides it; Work.wait(timeout) bounds the wait alone. Each case gets a group of its own:
+    a timed-out operation aborts its communicator."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        # Rank 0 alone enters the barrier of a group whose timeout is 1 s.
+        g = dist.new_group(list(range(n)), timeout=timedelta(seconds=1))
+        if rank == 0:
+            out["barrier"] = _caught(lambda: dist.barrier(group=g))
+            out["after_abort"] = _caught(lambda: dist.all_reduce(torch.ones(1), group=g))
+        dist.barrier()
+        # A 0.5 s timeout in AllreduceOptions, in a group whose own is 60 s.
+        g = dist.new_group(list(range(n)), timeout=timedelta(seconds=60))
+        if rank == 0:
+            opts = dist.AllreduceOptions()
+            opts.timeout = timedelta(seconds=0.5)
+            out["opts"] = _caught(lambda: g.allreduce([torch.ones(1)], opts).wait())
+        dist.barrier()
+        # Work.wait(0.3 s) gives up waiting; the operation goes on and completes once the other
+        # ranks join it.
+        g = dist.new_group(list(range(n)), timeout=timedelta(seconds=60))
+        t = torch.ones(2)
+        if rank == 0:
+            work = dist.all_reduce(t, group=g, async_op=True)
+            out["wait"] = _caught(lambda: work.wait(timedelta(seconds=0.3)))
+            dist.barrier()
+            work.wait()
+            out["later"] = t.tolist()
+        else:
+            dist.barrier()
+            dist.all_reduce(t, group=g)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_monitored_barrier(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """dist.monitored_barrier: passes when every rank comes; otherwise rank 0 names the missing
+    ranks (the first, or all with wait_all_ranks) and the others fail instead of waiting.
+    Every failing case gets a group of its own (a missing rank aborts it)."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        dist.all_reduce(torch.ones(1))
+        dist.monitored_barrier(timeout=timedelta(seconds=30))
+        dist.monitored_barrier(timeout=30.0, wait_all_ranks=True)
+        out["passed"] = True
+        # Rank 1 stays away.
+        g = dist.new_group(list(range(n)))
+        if rank != 1:
+            out["missing_1"] = _caught(lambda: dist.monitored_barrier(
+                g, timeout=timedelta(seconds=1)))
+        dist.barrier()
+        # Only rank 0 comes, and waits for all the others.
+        g = dist.new_group(list(range(n)))
+        if rank == 0:
+            out["wait_all"] = _caught(lambda: dist.monitored_barrier(
+                g, timeout=timedelta(seconds=0.5), wait_all_ranks=True))
+            out["zero"] = _caught(lambda: dist.monitored_barrier(g, timeout=timedelta(0)))
+            out["bad_timeout"] = _caught(lambda: dist.monitored_barrier(g, timeout="1s"))
+        dist.barrier()
+        # A subgroup of ranks 0 and 1: the others are not in it (a no-op for them).
+        g = dist.new_group([0, 1])
+        dist.monitored_barrier(g, timeout=timedelta(seconds=30))
+        out["subgroup"] = True
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_sparse_all_reduce(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """all_reduce of sparse COO tensors (sum): rank r holds entries (r, i) = r + 1 + i for
+    i < r + 1 (duplicated, uncoalesced, on rank 1), dense rows too; then bad input."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        for name, dtype in (("float64", torch.float64), ("int64", torch.int64),
+                            ("bfloat16", torch.bfloat16)):
+            idx = torch.tensor([[rank] * (rank + 1), list(range(rank + 1))])
+            val = torch.arange(rank + 1, dtype=torch.float64) + rank + 1
+            if rank == 1:  # every entry twice (value - 1, then 1): coalescing adds them up
+                idx = torch.cat([idx, idx], 1)
+                val = torch.cat([val - 1, torch.ones_like(val)])
+            t = torch.sparse_coo_tensor(idx, val.to(dtype), (n, n))
+            dist.all_reduce(t)
+            out[name] = {"dense": t.to_dense().to(torch.float64).numpy(),
+                         "coalesced": t.is_coalesced(), "dtype": str(t.dtype)}
+        # Hybrid (one sparse dim, dense rows of 2); rank 0 contributes nothing.
+        idx = torch.tensor([[rank % n]]) if rank else torch.zeros((1, 0), dtype=torch.int64)
+        val = torch.full((1, 2), float(rank)) if rank else torch.zeros((0, 2))
+        t = torch.sparse_coo_tensor(idx, val, (n, 2))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        out["hybrid"] = t.to_dense().numpy()
+        # Nothing anywhere.
+        t = torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0),
+                                    (n, n))
+        dist.all_reduce(t)
+        out["empty_nnz"] = t._nnz()
+        out["csr"] = _caught(lambda: dist.all_reduce(torch.eye(2).to_sparse_csr()))
+        out["max"] = _caught(lambda: dist.all_reduce(
+            torch.sparse_coo_tensor(torch.zeros((1, 1), dtype=torch.int64), torch.ones(1),
+                                    (n,)), op=dist.ReduceOp.MAX))
+        # Ranks disagree on the shape: every rank refuses, and the group stays in step.
+        out["shapes"] = _caught(lambda: dist.all_reduce(
+            torch.sparse_coo_tensor(torch.zeros((1, 1), dtype=torch.int64), torch.ones(1),
+                                    (n + (rank == 1),))))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["after"] = t.item()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def torch_reduce_scatter_ops(rank: int, n: int, store_path: str,
+                             dtype_name: str) -> Dict[str, Any]:
+    """Beyond what gloo does on torch 1.13: reduce_scatter (list and single tensor) with every
+    reduce op, all_reduce AVG, in the given dtype. Rank r's input is arange(2n) + r + 1."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    dtype = getattr(torch, dtype_name)
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+           "prod": dist.ReduceOp.PRODUCT}
+    if dtype.is_floating_point:
+        ops["avg"] = dist.ReduceOp.AVG
+    out: Dict[str, Any] = {}
+    try:
+        for name, op in ops.items():
+            x = (torch.arange(2 * n, dtype=torch.float64) % 4 + rank + 1).to(dtype)
+            o = torch.zeros(2, dtype=dtype)
+            dist.reduce_scatter(o, list(x.chunk(n)), op=op)
+            out[f"list_{name}"] = o.to(torch.float64).numpy()
+            o = torch.zeros(2, dtype=dtype)
+            scatter_tensor = getattr(dist, "reduce_scatter_tensor", dist._reduce_scatter_base)
+            scatter_tensor(o, x, op=op)
+            out[f"tensor_{name}"] = o.to(torch.float64).numpy()
+            t = x.clone()
+            dist.all_reduce(t, op=op)
+            out[f"all_reduce_{name}"] = t.to(torch.float64).numpy()
+        out["bad_list"] = _caught(lambda: dist.reduce_scatter(
+            torch.zeros(2, dtype=dtype), [torch.zeros(2, dtype=dtype)] * (n + 1)))
+        out["bad_size"] = _caught(lambda: dist._reduce_scatter_base(
+            torch.zeros(2, dtype=dtype), torch.zeros(2 * n + 1, dtype=dtype)))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["after"] = t.item()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def ddp_no_sync(rank: int, n: int, store_path: str, backend: str) -> Dict[str, Any]:
+    """DDP gradient accumulation: two backward passes under no_sync() (local gradients only),
+    then one synced pass, whose all_reduce averages all three. Returns the gradients after
+    the no_sync passes and after the synced one (PyTorch's own test of this cannot run for a
+    plugin backend: see test_torch_distributed_suite.NOT_APPLICABLE)."""
+    import torch
+    dist = _init_torch(rank, n, backend, store_path)
+    ddp = None
+    try:
+        torch.manual_seed(7)
+        model = torch.nn.Linear(4, 2)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        gen = torch.Generator().manual_seed(100 + rank)
+        batches = [torch.randn(3, 4, generator=gen) for _ in range(3)]
+        with ddp.no_sync():
+            for x in batches[:2]:
+                ddp(x).sum().backward()
+        local = [p.grad.detach().clone().numpy() for p in model.parameters()]
+        ddp(batches[2]).sum().backward()
+        synced = [p.grad.detach().clone().numpy() for p in model.parameters()]
+    finally:
+        ddp = None
+        dist.destroy_process_group()
+    return {"local": local, "synced": synced}
 
 
 def ddp_train(rank: int, n: int, store_path: str, backend: str, steps: int,

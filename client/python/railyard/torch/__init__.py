@@ -26,25 +26,38 @@ from ``get_future()``. Such a Python object must outlive every C++ call on it (o
 trampoline falls back to the base class, whose ``wait()`` never returns), so each one is kept
 alive until its operation has completed *and* it has been waited on or had its future taken.
 
-Supported: ``all_reduce`` (sum, product, min, max, avg), ``broadcast``, ``reduce``,
-``all_gather`` (list and ``_all_gather_base``/``all_gather_into_tensor``), ``reduce_scatter``
-(list and ``_reduce_scatter_base``), ``all_to_all`` (list and ``all_to_all_single`` with or
-without split sizes), ``gather``, ``scatter``, ``send``/``recv`` (tags are ignored: messages
-between two ranks match in order), ``barrier`` and ``allreduce_coalesced``, on CPU tensors of
-float32/64, float16, bfloat16, int8, uint8, int32, int64 (and, for the operations that do not
-reduce, any dtype; complex for sum/avg). Tensors are copied into shared staging memory and back,
-except those from :func:`empty`, which live in shared memory (zero copy).
+Supported: ``all_reduce`` (sum, product, min, max, avg; sum of sparse COO tensors too),
+``broadcast``, ``reduce``, ``all_gather`` (list, ``_all_gather_base``/``all_gather_into_tensor``
+and ``all_gather_coalesced``), ``reduce_scatter`` (list and ``_reduce_scatter_base``),
+``all_to_all`` (list and ``all_to_all_single`` with or without split sizes), ``gather``,
+``scatter``, ``send``/``recv`` (from a given rank or from any source; tags are ignored: messages
+between two ranks match in order), ``barrier``, ``monitored_barrier`` and ``allreduce_coalesced``,
+on CPU tensors of float32/64, float16, bfloat16, int8, uint8, int32, int64 (and, for the
+operations that do not reduce, any dtype; complex for sum/avg). Tensors are copied into shared
+staging memory and back, except those from :func:`empty`, which live in shared memory (zero copy).
+
+Timeouts: every operation is bounded by the group's timeout (``init_process_group(timeout=)``,
+``new_group(timeout=)``) or by the one in its options where PyTorch passes one; past it the
+daemon fails the operation with a :class:`railyard.DeadlineExceededError` ("Timed out after ...")
+and aborts the communicator, so that the other ranks fail too instead of waiting.
+
+Point-to-point messages carry a small header (element count and dtype) ahead of the payload: a
+receive from any source takes whichever peer's header arrives first (see :class:`_PointToPoint`).
 """
 
 from __future__ import annotations
 
+import collections
+import heapq
+import itertools
 import os
-import queue
 import threading
 import time
+import traceback
 import weakref
+import zlib
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -61,6 +74,7 @@ BACKEND = "railyard"
 _Work = torch._C._distributed_c10d.Work
 _STORE_KEY = "railyard/comm_id"
 _INIT_COUNT_KEY = "railyard/inits"
+_MAX_TIMEOUT = 4_000_000.0  # seconds (the daemon takes up to 2^32 - 1 ms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,8 +97,9 @@ def _check_tensor(t: Any, what: str) -> torch.Tensor:
     if t.device.type != "cpu":
         raise ValueError(f"railyard: {what} is on {t.device}; the railyard backend handles CPU "
                          "tensors only")
-    if t.is_sparse:
-        raise ValueError(f"railyard: {what} is sparse; only dense tensors are supported")
+    if t.layout != torch.strided:
+        raise ValueError(f"railyard: {what} has layout {t.layout}; only dense tensors are "
+                         "supported here (all_reduce also takes sparse COO tensors)")
     return t
 
 
@@ -141,34 +156,62 @@ class _Io:
 # Work
 
 
-class _Completer:
-    """One thread per process that completes torch futures, so that their callbacks (DDP comm
-    hooks, ``Future.then``) never run on, and never block, the railyard client's event thread."""
+class _Worker:
+    """A thread of this process that runs functions in the order they were queued, and timers
+    (``call_at``), off the railyard client's threads: completion callbacks only queue here."""
 
-    _lock = threading.Lock()
-    _queue: "Optional[queue.SimpleQueue]" = None
-    _thread_pid = -1
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: Deque[Callable[[], None]] = collections.deque()
+        self._timers: List[Tuple[float, int, Callable[[], None]]] = []
+        self._ids = itertools.count()
+        self._pid = -1
 
-    @classmethod
-    def submit(cls, fn: Callable[[], None]) -> None:
-        with cls._lock:
-            if cls._queue is None or cls._thread_pid != os.getpid():
-                cls._queue = queue.SimpleQueue()
-                cls._thread_pid = os.getpid()
-                threading.Thread(target=cls._run, args=(cls._queue,), daemon=True,
-                                 name="railyard-torch-futures").start()
-            q = cls._queue
-        q.put(fn)
+    def _ensure_thread(self) -> None:  # under self._cond
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._queue.clear()
+            self._timers = []
+            threading.Thread(target=self._run, daemon=True, name=self._name).start()
 
-    @staticmethod
-    def _run(q: "queue.SimpleQueue") -> None:
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._cond:
+            self._ensure_thread()
+            self._queue.append(fn)
+            self._cond.notify()
+
+    def call_at(self, deadline: float, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` once ``time.monotonic()`` reaches ``deadline``."""
+        with self._cond:
+            self._ensure_thread()
+            heapq.heappush(self._timers, (deadline, next(self._ids), fn))
+            self._cond.notify()
+
+    def _run(self) -> None:
         while True:
-            fn = q.get()
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._queue:
+                        fn = self._queue.popleft()
+                        break
+                    if self._timers and self._timers[0][0] <= now:
+                        fn = heapq.heappop(self._timers)[2]
+                        break
+                    self._cond.wait(self._timers[0][0] - now if self._timers else None)
             try:
                 fn()
             except Exception:  # pragma: no cover - a callback's bug must not stop the thread
-                import traceback
                 traceback.print_exc()
+
+
+# Torch futures are completed on their own thread, so that their callbacks (DDP comm hooks,
+# ``Future.then``) never run on, and never block, the railyard client's event thread. The
+# point-to-point protocol posts its follow-up receives from another (a comm hook that waits must
+# not hold them up).
+_futures = _Worker("railyard-torch-futures")
+_p2p_worker = _Worker("railyard-torch-p2p")
 
 
 # Works kept alive until completed and consumed (see the module docstring). A work nobody ever
@@ -187,44 +230,87 @@ def _keep_alive(work: "Work") -> None:
         _live_works[id(work)] = work
 
 
+def _timed_out(seconds: Optional[float], what: str) -> "_errors.DeadlineExceededError":
+    after = "" if seconds is None else f" after {seconds:g} s"
+    return _errors.DeadlineExceededError(_errors.status_code(4), f"Timed out{after}: {what}")
+
+
+def _worded(error: Optional[BaseException], seconds: Optional[float]) -> Optional[BaseException]:
+    """The daemon's deadline errors, worded as PyTorch's backends word theirs ("Timed out")."""
+    if isinstance(error, _errors.DeadlineExceededError) and \
+            not error.message.startswith("Timed out"):
+        worded = _timed_out(seconds, error.message)
+        worded.__cause__ = error
+        return worded
+    return error
+
+
 class Work(_Work):
     """A railyard operation as a ``torch.distributed`` Work.
 
     ``wait()`` raises the operation's error (a :class:`railyard.RailyardError` subclass);
     ``get_future()`` returns a ``torch.futures.Future`` whose value is the list of output tensors
-    (DDP uses it for its bucketed asynchronous all_reduce).
+    (DDP uses it for its bucketed asynchronous all_reduce). An operation may take several daemon
+    operations (a point-to-point message is a header and a payload): it completes when the last
+    does, with the first error.
     """
 
-    def __init__(self, outputs: List[torch.Tensor],
-                 post: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, outputs: List[Any],
+                 post: Optional[Callable[[], None]] = None,
+                 timeout: Optional[float] = None) -> None:
         super().__init__()
         self._outputs = outputs
         self._post = post
+        self._timeout = timeout  # the operation's daemon-side timeout (for the error's words)
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
         self._consumed = False
-        # The railyard work behind it: wait() reads the session rings for it on the waiting
+        self._source: Optional[int] = None  # recv: the rank the message came from
+        # The last railyard work behind it: wait() reads the session rings for it on the waiting
         # thread (no hop through the client's reader thread).
         self._rw: Optional["railyard.Work"] = None
         _keep_alive(self)
 
-    # Called once by the railyard work's completion (client event thread).
-    def _on_done(self, rw: "railyard.Work") -> None:
-        error = rw.exception()
-        if error is None and self._post is not None:
+    def _expect(self, rws: Sequence["railyard.Work"]) -> None:
+        """Completes once every one of ``rws`` has (with the first error among them)."""
+        self._rw = rws[-1]
+        if len(rws) == 1:
+            rws[0].add_done_callback(lambda rw: self._complete(rw.exception()))
+            return
+        left = [len(rws)]
+        lock = threading.Lock()
+
+        def one_done(_: "railyard.Work") -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            self._complete(next((rw.exception() for rw in rws if rw.exception() is not None),
+                                None))
+
+        for rw in rws:
+            rw.add_done_callback(one_done)
+
+    # Called once, when the operation ends (a client thread or the p2p worker).
+    def _complete(self, error: Optional[BaseException]) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            post, self._post = self._post, None
+        if error is None and post is not None:
             try:
-                self._post()
-            except Exception as e:  # pragma: no cover
+                post()
+            except Exception as e:
                 error = e
-        self._post = None
+        error = _worded(error, self._timeout)
         with self._lock:
             self._error = error
             self._event.set()
             future = self._future
         if future is not None:
-            _Completer.submit(lambda: self._complete_future(future))
+            _futures.submit(lambda: self._complete_future(future))
         self._maybe_release()
 
     def _complete_future(self, future: torch.futures.Future) -> None:
@@ -240,7 +326,8 @@ class Work(_Work):
 
     def wait(self, timeout: Any = None) -> bool:
         """Waits for completion; raises the operation's error. ``timeout``: a ``timedelta`` or
-        seconds (``None`` or zero: until the daemon answers)."""
+        seconds (``None`` or zero: until the daemon answers, which the operation's own timeout
+        bounds)."""
         if isinstance(timeout, timedelta):
             timeout = timeout.total_seconds()
         if timeout is not None and timeout <= 0:
@@ -251,9 +338,8 @@ class Work(_Work):
             rw._drive(deadline)
         if not self._event.wait(None if deadline is None
                                 else max(0.0, deadline - time.monotonic())):
-            raise _errors.DeadlineExceededError(
-                _errors.status_code(4),
-                f"railyard operation not complete after {timeout} s")
+            raise _timed_out(timeout, "the railyard operation is not complete (it keeps running "
+                                      "in the daemon; wait again or give up)")
         self._consumed = True
         self._maybe_release()
         if self._error is not None:
@@ -267,7 +353,7 @@ class Work(_Work):
                 self._future = torch.futures.Future()
                 if self._event.is_set():
                     future = self._future
-                    _Completer.submit(lambda: self._complete_future(future))
+                    _futures.submit(lambda: self._complete_future(future))
             future = self._future
             self._consumed = True
         self._maybe_release()
@@ -286,9 +372,15 @@ class Work(_Work):
         self.wait()
         return self._outputs
 
-    def source_rank(self) -> int:
-        raise RuntimeError("railyard: source_rank() is not supported (recv from any source is "
-                           "not supported)")
+    def _source_rank(self) -> int:
+        """The rank a completed receive got its message from (``dist.recv`` without ``src``
+        returns it)."""
+        if self._source is None or not self.is_success():
+            raise RuntimeError("railyard: source_rank() is only defined for a receive that has "
+                               "completed successfully (wait() on it first)")
+        return self._source
+
+    source_rank = _source_rank
 
     def synchronize(self) -> None:
         pass
@@ -314,6 +406,279 @@ def _shared_client() -> "railyard.Client":
         return client
 
 
+def _seconds(timeout: Any, what: str) -> Optional[float]:
+    """A ``timedelta`` or a number of seconds as float seconds (``None`` stays ``None``)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        return float(timeout)
+    raise TypeError(f"railyard: {what} must be a timedelta or seconds, got "
+                    f"{type(timeout).__name__}")
+
+
+def _raw_bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of ``t`` (any dtype) as a flat uint8 array."""
+    arr, _ = _as_numpy(t.contiguous(), None)
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _from_raw_bytes(raw: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A flat tensor of ``dtype`` made of a copy of ``raw`` (uint8)."""
+    if not raw.size:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(bytearray(raw.tobytes()), dtype=dtype)
+
+
+_HEADER_WORDS = 2  # a point-to-point header: [element count, dtype id]
+
+
+def _dtype_id(dtype: torch.dtype) -> int:
+    return zlib.crc32(str(dtype).encode())
+
+
+_DTYPES_BY_ID = {_dtype_id(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+def _describe(numel: int, dtype_id: int) -> str:
+    dtype = _DTYPES_BY_ID.get(dtype_id)
+    return f"{numel} x {str(dtype).replace('torch.', '') if dtype else f'dtype {dtype_id}'}"
+
+
+class _Claim:
+    """A receive waiting for its message: from ``peer``, or from any source (``peer`` None)."""
+
+    __slots__ = ("seq", "peer", "tensor", "out", "dt", "work", "timeout", "matched")
+
+    def __init__(self, seq: int, peer: Optional[int], tensor: torch.Tensor, out: np.ndarray,
+                 dt: Optional[str], work: Work, timeout: float) -> None:
+        self.seq = seq
+        self.peer = peer
+        self.tensor = tensor
+        self.out = out
+        self.dt = dt
+        self.work = work
+        self.timeout = timeout
+        self.matched = False
+
+
+class _Inbound:
+    """The receiving end of one peer's messages to this rank."""
+
+    IDLE, PROBING, STASHED = range(3)
+    __slots__ = ("state", "header", "arrival", "waiting")
+
+    def __init__(self) -> None:
+        # IDLE: no header receive of undecided owner outstanding; PROBING: one is; STASHED: one
+        # arrived and nobody has claimed it yet (its payload is still to be received).
+        self.state = _Inbound.IDLE
+        self.header: Tuple[int, int] = (0, 0)
+        self.arrival = 0
+        self.waiting: Deque[_Claim] = collections.deque()  # non-empty only while PROBING
+
+
+class _PointToPoint:
+    """Point-to-point messages of one group, with receives from any source.
+
+    The daemon matches the sends and receives between two ranks in FIFO order, each with a known
+    peer. Every message here is two sends: a header (element count, dtype id) and the payload.
+
+    - A receive from a known peer whose channel has nothing undecided posts the header and the
+      payload receives at once (no extra round trip), and checks the header when both are in.
+    - A receive from any source posts a header receive (a "probe") on every peer's channel that
+      has none outstanding. The first header to arrive goes to the earliest receive waiting for
+      it (from that peer, or from any); its payload receive is posted next, into that receive's
+      tensor. A header nobody waits for any more is kept (stashed) for the next receive from
+      that peer or from any.
+    - A probe's daemon deadline is the longest there is (46 days): the daemon aborts the
+      communicator when a send or receive outlives its deadline, and a peer may never send
+      again. A receive waiting on a probe is bounded instead by a timer of its own (the
+      operation's timeout), which fails that receive, not the communicator.
+
+    A header that does not match the receiving tensor fails that receive with both sizes named;
+    its payload is still received (and dropped), so that the channel stays in step.
+    """
+
+    def __init__(self, group: "ProcessGroupRailyard") -> None:
+        self.group = group
+        self.lock = threading.Lock()
+        self.seq = itertools.count()
+        self.arrivals = itertools.count(1)
+        self.inbound = {p: _Inbound() for p in range(group.size()) if p != group.rank()}
+        self.any: Deque[_Claim] = collections.deque()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def send(self, t: torch.Tensor, dst: int, timeout: float) -> List["railyard.Work"]:
+        src, dt = _as_numpy(t.contiguous(), None)
+        header = np.array([t.numel(), _dtype_id(t.dtype)], dtype=np.int64)
+        comm = self.group.comm
+        first = comm.send(header, dst, async_op=True, timeout=timeout)
+        return [first, comm.send(src, dst, dtype=dt, async_op=True, timeout=timeout)]
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def _peer(self, src: int) -> _Inbound:
+        ch = self.inbound.get(src)
+        if ch is None:
+            raise ValueError(f"railyard: recv from rank {src}: not a peer of rank "
+                             f"{self.group.rank()} in a group of {self.group.size()}")
+        return ch
+
+    def recv(self, claim: _Claim) -> None:
+        assert claim.peer is not None
+        with self.lock:
+            ch = self._peer(claim.peer)
+            if ch.state == _Inbound.IDLE:  # nothing undecided ahead: header and payload at once
+                self._post_both(claim)
+                return
+            if ch.state == _Inbound.STASHED:
+                self._deliver(claim.peer, claim, *ch.header)
+                return
+            ch.waiting.append(claim)
+        self._arm(claim)
+
+    def recv_any(self, claim: _Claim) -> None:
+        with self.lock:
+            if not self.inbound:
+                raise ValueError("railyard: recv from any source in a group of one rank")
+            stashed = [p for p, ch in self.inbound.items() if ch.state == _Inbound.STASHED]
+            if stashed:
+                p = min(stashed, key=lambda q: self.inbound[q].arrival)
+                self._deliver(p, claim, *self.inbound[p].header)
+                return
+            self.any.append(claim)
+            for p, ch in self.inbound.items():
+                if ch.state == _Inbound.IDLE:
+                    self._probe(p)
+        self._arm(claim)
+
+    # The rest runs under self.lock.
+
+    def _post_both(self, claim: _Claim) -> None:
+        peer = claim.peer
+        header = np.zeros(_HEADER_WORDS, dtype=np.int64)
+        comm = self.group.comm
+        want = (claim.tensor.numel(), _dtype_id(claim.tensor.dtype))
+
+        def check() -> None:
+            got = (int(header[0]), int(header[1]))
+            if got != want:
+                raise ValueError(f"railyard: recv from rank {peer}: it sent "
+                                 f"{_describe(*got)}, the receiving tensor holds "
+                                 f"{_describe(*want)}")
+            claim.work._source = peer
+
+        claim.matched = True
+        claim.work._post = _then(check, claim.work._post)
+        first = comm.recv(header, peer, async_op=True, timeout=claim.timeout)
+        claim.work._expect([first, comm.recv(claim.out, peer, dtype=claim.dt, async_op=True,
+                                             timeout=claim.timeout)])
+
+    def _probe(self, p: int) -> None:
+        ch = self.inbound[p]
+        header = np.zeros(_HEADER_WORDS, dtype=np.int64)
+        ch.state = _Inbound.PROBING
+        try:
+            rw = self.group.comm.recv(header, p, async_op=True, timeout=_MAX_TIMEOUT)
+        except Exception as e:
+            ch.state = _Inbound.IDLE
+            self._fail_waiting(p, e)
+            return
+        rw.add_done_callback(lambda w: _p2p_worker.submit(lambda: self._arrived(p, w, header)))
+
+    def _arrived(self, p: int, rw: "railyard.Work", header: np.ndarray) -> None:
+        with self.lock:
+            ch = self.inbound[p]
+            ch.state = _Inbound.IDLE
+            error = rw.exception()
+            if error is not None:  # the communicator failed or closed: so do its receives
+                self._fail_waiting(p, error)
+                return
+            claim = self._next_claim(p)
+            if claim is None:
+                ch.state = _Inbound.STASHED
+                ch.header = (int(header[0]), int(header[1]))
+                ch.arrival = next(self.arrivals)
+                return
+            self._deliver(p, claim, int(header[0]), int(header[1]))
+            if ch.waiting or self.any:
+                self._probe(p)
+
+    def _next_claim(self, p: int) -> Optional[_Claim]:
+        """The earliest receive still waiting for peer ``p``'s next message."""
+        ch = self.inbound[p]
+        for queue in (ch.waiting, self.any):
+            while queue and queue[0].matched:  # timed out meanwhile
+                queue.popleft()
+        mine = ch.waiting[0] if ch.waiting else None
+        anyone = self.any[0] if self.any else None
+        if mine is None and anyone is None:
+            return None
+        if anyone is None or (mine is not None and mine.seq < anyone.seq):
+            return ch.waiting.popleft()
+        return self.any.popleft()
+
+    def _deliver(self, p: int, claim: _Claim, numel: int, dtype_id: int) -> None:
+        """Posts the payload receive of peer ``p``'s message whose header has arrived."""
+        ch = self.inbound[p]
+        ch.state = _Inbound.IDLE
+        claim.matched = True
+        comm = self.group.comm
+        want = (claim.tensor.numel(), _dtype_id(claim.tensor.dtype))
+        try:
+            if (numel, dtype_id) == want:
+                claim.work._source = p
+                claim.work._expect([comm.recv(claim.out, p, dtype=claim.dt, async_op=True,
+                                              timeout=claim.timeout)])
+                return
+            # Not for this tensor: receive it anyway (the channel stays in step), fail the recv.
+            # (A dtype this torch does not know cannot be received; the next message from that
+            # peer then fails too, as a mismatch.)
+            sender = _DTYPES_BY_ID.get(dtype_id)
+            if sender is not None:
+                arr, dt = _as_numpy(torch.empty(numel, dtype=sender), None)
+                comm.recv(arr, p, dtype=dt, async_op=True, timeout=claim.timeout)
+            claim.work._complete(ValueError(
+                f"railyard: recv{'' if claim.peer is not None else ' from any source'}: rank "
+                f"{p} sent {_describe(numel, dtype_id)}, the receiving tensor holds "
+                f"{_describe(*want)}"))
+        except Exception as e:
+            claim.work._complete(e)
+
+    def _fail_waiting(self, p: int, error: BaseException) -> None:
+        ch = self.inbound[p]
+        for claim in list(ch.waiting) + list(self.any):
+            if not claim.matched:
+                claim.matched = True
+                claim.work._complete(error)
+        ch.waiting.clear()
+        self.any.clear()
+
+    def _arm(self, claim: _Claim) -> None:
+        def expire() -> None:
+            with self.lock:
+                if claim.matched:
+                    return
+                claim.matched = True  # dropped from its queue when next looked at
+            who = (f"rank {claim.peer} sent nothing" if claim.peer is not None else
+                   f"none of ranks {', '.join(map(str, sorted(self.inbound)))} sent anything")
+            claim.work._complete(_timed_out(claim.timeout, f"recv of rank {self.group.rank()} "
+                                            f"on communicator {self.group.comm.comm_id}: {who}"))
+
+        _p2p_worker.call_at(time.monotonic() + claim.timeout, expire)
+
+
+def _then(first: Callable[[], None],
+          then: Optional[Callable[[], None]]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        if then is not None:
+            then()
+    return both
+
+
 class ProcessGroupRailyard(dist.ProcessGroup):
     """A ``torch.distributed`` process group whose collectives run in railyardd.
 
@@ -329,8 +694,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                  client: Optional["railyard.Client"] = None) -> None:
         super().__init__(rank, world_size)
         self.client = client if client is not None else _shared_client()
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        self._op_timeout = min(max(seconds, 0.001), 4_000_000.0)
+        seconds = _seconds(timeout, "timeout")
+        self._op_timeout = min(max(seconds or 0.0, 0.001), _MAX_TIMEOUT)
         # Every init of this store's group gets its own key (re-initialization reuses group
         # names): the n-th init of each rank reads the n-th id.
         generation = (store.add(_INIT_COUNT_KEY, 1) - 1) // world_size
@@ -341,6 +706,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         else:
             comm_id = store.get(key).decode()
         self.comm = self.client.comm(comm_id, rank, world_size, timeout=self._op_timeout)
+        self._p2p = _PointToPoint(self)
         _groups.add(self)
 
     def getBackendName(self) -> str:  # noqa: N802 - the name C++ calls
@@ -359,23 +725,41 @@ class ProcessGroupRailyard(dist.ProcessGroup):
 
     # -- plumbing ------------------------------------------------------------------------------
 
+    def _timeout(self, opts: Any) -> float:
+        """The timeout of an operation: its options' where set, else the group's."""
+        t = getattr(opts, "timeout", None)
+        if isinstance(t, timedelta) and t >= timedelta(0):  # unset: -1 ms
+            return min(max(t.total_seconds(), 0.001), _MAX_TIMEOUT)
+        return self._op_timeout
+
     def _start(self, outputs: List[torch.Tensor], io: _Io,
-               launch: Callable[[], "railyard.Work"],
-               post: Optional[Callable[[], None]] = None) -> Work:
+               launch: Callable[[Dict[str, Any]],
+                                Union["railyard.Work", List["railyard.Work"]]],
+               post: Optional[Callable[[], None]] = None, opts: Any = None,
+               timeout: Optional[float] = None) -> Work:
+        """Launches an operation: ``launch(kw)`` submits it (``kw``: async_op and timeout for the
+        railyard calls: ``timeout``, else the one of ``opts``, else the group's) and returns its
+        railyard work(s)."""
         def finish() -> None:
             if post is not None:
                 post()
             io.finish()
 
-        work = Work(outputs, finish)
+        kw = {"async_op": True, "timeout": self._timeout(opts) if timeout is None else timeout}
+        work = Work(outputs, finish, kw["timeout"])
         try:
-            rw = launch()
+            rws = launch(kw)
         except BaseException:
             with _live_lock:
                 _live_works.pop(id(work), None)
             raise
-        work._rw = rw
-        rw.add_done_callback(work._on_done)
+        work._expect(rws if isinstance(rws, list) else [rws])
+        return work
+
+    def _done(self, outputs: List[Any]) -> Work:
+        """A work that has already completed (an operation with nothing to move)."""
+        work = Work(outputs)
+        work._complete(None)
         return work
 
     @staticmethod
@@ -385,19 +769,81 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                              f"{len(tensors)}")
         return _check_tensor(tensors[0], what)
 
-    def _kw(self) -> Dict[str, Any]:
-        return {"async_op": True, "timeout": self._op_timeout}
-
     # -- collectives (signatures of c10d::ProcessGroup) ----------------------------------------
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and \
+                tensors[0].layout != torch.strided:
+            return self._sparse_allreduce(tensors[0], opts)
         t = self._one(tensors, "all_reduce")
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         io = _Io()
         buf = io.output(t)
         arr, dt = _as_numpy(buf, red)
-        return self._start([t], io, lambda: self.comm.all_reduce(arr, red, dtype=dt,
-                                                                 **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw),
+                           opts=opts)
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> Work:
+        """Sum of sparse COO tensors, as gloo does it: every rank gathers every rank's indices
+        and values (one all_gather of the sizes, one all_to_all_v of the bytes) and coalesces
+        their concatenation (duplicate indices add up). Waits for the sizes before returning, so
+        that the operation's two collectives keep their place among the group's."""
+        red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if red != "sum":
+            raise ValueError(f"railyard: all_reduce of a sparse tensor supports SUM only, got "
+                             f"{red.upper()}")
+        if t.layout != torch.sparse_coo:
+            raise ValueError(f"railyard: sparse all_reduce needs a COO tensor, got {t.layout}")
+        if t.device.type != "cpu":
+            raise ValueError(f"railyard: all_reduce tensor is on {t.device}; the railyard "
+                             "backend handles CPU tensors only")
+        n = self.size()
+        local = t.detach().coalesce()
+        indices = local.indices().contiguous()
+        values = local.values().contiguous()
+        sparse_dim = t.sparse_dim()
+        shape_id = zlib.crc32(repr((tuple(t.shape), sparse_dim, str(t.dtype))).encode())
+        meta = np.array([local._nnz(), shape_id], dtype=np.int64)
+        metas = np.zeros((n, 2), dtype=np.int64)
+        timeout = self._timeout(opts)
+        try:
+            self.comm.all_gather(meta, out=metas, timeout=timeout)
+        except railyard.RailyardError as e:
+            raise _worded(e, timeout).with_traceback(None) from None
+        others = [r for r in range(n) if metas[r, 1] != shape_id]
+        if others:  # every rank sees it: none goes on to the second collective
+            raise ValueError(f"railyard: sparse all_reduce: ranks {others} have tensors of "
+                             f"another shape, sparse_dim or dtype than this rank's "
+                             f"{tuple(t.shape)}, sparse_dim {sparse_dim}, {t.dtype}")
+        nnz = [int(c) for c in metas[:, 0]]
+        row_bytes = sparse_dim * 8 + int(np.prod(values.shape[1:], dtype=np.int64)) * \
+            values.element_size()
+        mine = np.concatenate([indices.numpy().reshape(-1).view(np.uint8),
+                               _raw_bytes(values)])
+        gathered = np.empty(sum(nnz) * row_bytes, dtype=np.uint8)
+
+        def post() -> None:
+            idx, vals, offset = [], [], 0
+            for c in nnz:
+                chunk = gathered[offset:offset + c * row_bytes]
+                idx.append(_from_raw_bytes(chunk[:c * sparse_dim * 8], torch.int64)
+                           .reshape(sparse_dim, c))
+                vals.append(_from_raw_bytes(chunk[c * sparse_dim * 8:], values.dtype)
+                            .reshape((c,) + tuple(values.shape[1:])))
+                offset += c * row_bytes
+            total = torch.sparse_coo_tensor(torch.cat(idx, 1), torch.cat(vals), t.shape,
+                                            dtype=t.dtype).coalesce()
+            with torch.no_grad():
+                t.copy_(total)
+
+        if not gathered.size:  # every rank's tensor is empty: nothing to move
+            work = Work([t], post)
+            work._complete(None)
+            return work
+        send = mine if mine.size else np.zeros(1, dtype=np.uint8)
+        return self._start([t], _Io(), lambda kw: self.comm.all_to_all_v(
+            send, [mine.size] * n, [c * row_bytes for c in nnz], out=gathered,
+            send_displs=[0] * n, **kw), post, opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -418,7 +864,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                     offset += t.numel()
 
         return self._start(list(tensors), _Io(),
-                           lambda: self.comm.all_reduce(arr, red, dtype=dt, **self._kw()), post)
+                           lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw), post, opts)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         t = self._one(tensors, "broadcast")
@@ -426,8 +872,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         buf = io.output(t)
         arr, dt = _as_numpy(buf, None)
-        return self._start([t], io, lambda: self.comm.broadcast(arr, root, dtype=dt,
-                                                                **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.broadcast(arr, root, dtype=dt, **kw),
+                           opts=opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         t = self._one(tensors, "reduce")
@@ -436,8 +882,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         buf = io.output(t)
         arr, dt = _as_numpy(buf, red)
-        return self._start([t], io, lambda: self.comm.reduce(arr, root, red, dtype=dt,
-                                                             **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.reduce(arr, root, red, dtype=dt, **kw),
+                           opts=opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Work:
@@ -450,8 +896,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         src, _ = _as_numpy(io.input(input), None)
         out, dt = _as_numpy(io.output(output), None)
-        return self._start([output], io, lambda: self.comm.all_gather(
-            src, out=out, dtype=dt, **self._kw()))
+        return self._start([output], io, lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), opts=opts)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]],
                   input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
@@ -474,8 +920,52 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(gathered[r].view_as(o))
 
-        return self._start(list(outs), _Io(), lambda: self.comm.all_gather(
-            src, out=out, dtype=dt, **self._kw()), post)
+        return self._start(list(outs), _Io(), lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), post, opts)
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
+                            input_list: List[torch.Tensor], opts: Any = None) -> Work:
+        """Every rank's ``input_list`` into ``output_lists[rank]``: one all_gather of the inputs
+        laid end to end (every rank passes tensors of the same sizes, in the same order)."""
+        n = self.size()
+        if not input_list:
+            raise ValueError("railyard: all_gather_coalesced needs at least one input tensor")
+        for t in input_list:
+            _check_tensor(t, "all_gather_coalesced input")
+            if t.dtype != input_list[0].dtype:
+                raise ValueError(f"railyard: all_gather_coalesced inputs must share a dtype, got "
+                                 f"{input_list[0].dtype} and {t.dtype}")
+        if len(output_lists) != n:
+            raise ValueError(f"railyard: all_gather_coalesced needs {n} output lists (one per "
+                             f"rank), got {len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError(f"railyard: all_gather_coalesced output list {r} has "
+                                 f"{len(outs)} tensors, the input list {len(input_list)}")
+            for i, (o, t) in enumerate(zip(outs, input_list)):
+                _check_tensor(o, "all_gather_coalesced output")
+                if o.numel() != t.numel() or o.dtype != t.dtype:
+                    raise ValueError(f"railyard: all_gather_coalesced output [{r}][{i}] holds "
+                                     f"{o.numel()} x {o.dtype}, its input {t.numel()} x "
+                                     f"{t.dtype}")
+        flat = torch.cat([t.detach().reshape(-1) for t in input_list])
+        outputs = [list(outs) for outs in output_lists]  # the future's value, as gloo's
+        if flat.numel() == 0:
+            return self._done(outputs)
+        gathered = torch.empty((n, flat.numel()), dtype=flat.dtype)
+        src, _ = _as_numpy(flat, None)
+        out, dt = _as_numpy(gathered, None)
+
+        def post() -> None:
+            with torch.no_grad():
+                for r, outs in enumerate(output_lists):
+                    offset = 0
+                    for o in outs:
+                        o.copy_(gathered[r, offset:offset + o.numel()].view_as(o))
+                        offset += o.numel()
+
+        return self._start(outputs, _Io(), lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), post, opts)
 
     def gather(self, output_tensors: List[List[torch.Tensor]],
                input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
@@ -493,8 +983,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(gathered[r].view_as(o))
 
-        return self._start(list(outs), _Io(), lambda: self.comm.all_gather(
-            src, out=out, dtype=dt, **self._kw()), post)
+        return self._start(list(outs), _Io(), lambda kw: self.comm.all_gather(
+            src, out=out, dtype=dt, **kw), post, opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Work:
@@ -508,8 +998,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         src, dt = _as_numpy(io.input(input), red)
         out, _ = _as_numpy(io.output(output), red)
-        return self._start([output], io, lambda: self.comm.reduce_scatter(
-            src, red, out=out, dtype=dt, **self._kw()))
+        return self._start([output], io, lambda kw: self.comm.reduce_scatter(
+            src, red, out=out, dtype=dt, **kw), opts=opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor],
                        input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Work:
@@ -527,8 +1017,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         io = _Io()
         src, dt = _as_numpy(stacked, red)
         out, _ = _as_numpy(io.output(t), red)
-        return self._start([t], io, lambda: self.comm.reduce_scatter(
-            src, red, out=out, dtype=dt, **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.reduce_scatter(
+            src, red, out=out, dtype=dt, **kw), opts=opts)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: List[int], input_split_sizes: List[int],
@@ -545,8 +1035,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
             if src.size != out.size or src.size % n:
                 raise ValueError(f"railyard: all_to_all_single needs equal input and output "
                                  f"sizes divisible by {n}")
-            return self._start([output], io, lambda: self.comm.all_to_all(
-                src, out=out, dtype=dt, **self._kw()))
+            return self._start([output], io, lambda kw: self.comm.all_to_all(
+                src, out=out, dtype=dt, **kw), opts=opts)
         # Split sizes count rows (dim 0); counts for the daemon are elements (or bytes).
         def counts(t: torch.Tensor, arr: np.ndarray, splits: List[int]) -> List[int]:
             if not splits:
@@ -561,8 +1051,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
 
         sc = counts(input, src, list(input_split_sizes))
         rc = counts(output, out, list(output_split_sizes))
-        return self._start([output], io, lambda: self.comm.all_to_all_v(
-            src, sc, rc, out=out, dtype=dt, **self._kw()))
+        return self._start([output], io, lambda kw: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **kw), opts=opts)
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Work:
@@ -588,8 +1078,8 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                     t.copy_(flat_out[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()
 
-        return self._start(list(output_tensors), _Io(), lambda: self.comm.all_to_all_v(
-            src, sc, rc, out=out, dtype=dt, **self._kw()), post)
+        return self._start(list(output_tensors), _Io(), lambda kw: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **kw), post, opts)
 
     def scatter(self, output_tensors: List[torch.Tensor],
                 input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Work:
@@ -611,30 +1101,105 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         rc = [c if p == root else 0 for p in range(n)]
         if src.size == 0:  # no send buffer needed, but the array must exist
             src = np.empty(1, dtype=out.dtype)
-        return self._start([t], io, lambda: self.comm.all_to_all_v(
-            src, sc, rc, out=out, dtype=dt, **self._kw()))
+        return self._start([t], io, lambda kw: self.comm.all_to_all_v(
+            src, sc, rc, out=out, dtype=dt, **kw), opts=opts)
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Work:
         t = self._one(tensors, "send")
-        src, dt = _as_numpy(t.contiguous(), None)
-        return self._start([t], _Io(), lambda: self.comm.send(src, dst, dtype=dt,
-                                                              **self._kw()))
+        return self._start([t], _Io(), lambda kw: self._p2p.send(t, dst, kw["timeout"]))
 
-    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Work:
-        t = self._one(tensors, "recv")
+    def _claim(self, tensors: List[torch.Tensor], src: Optional[int], what: str,
+               timeout: Optional[float] = None) -> _Claim:
+        t = self._one(tensors, what)
         io = _Io()
         out, dt = _as_numpy(io.output(t), None)
-        return self._start([t], io, lambda: self.comm.recv(out, src, dtype=dt, **self._kw()))
+        seconds = self._op_timeout if timeout is None else timeout
+        work = Work([t], io.finish, seconds)
+        return _Claim(next(self._p2p.seq), src, t, out, dt, work, seconds)
+
+    def _post(self, claim: _Claim) -> Work:
+        try:
+            (self._p2p.recv if claim.peer is not None else self._p2p.recv_any)(claim)
+        except BaseException:
+            with _live_lock:
+                _live_works.pop(id(claim.work), None)
+            raise
+        return claim.work
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Work:
+        return self._post(self._claim(tensors, src, "recv"))
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
-        raise RuntimeError("railyard: recv from any source is not supported; pass src")
+        """Receives the first message any peer sends (``Work._source_rank()`` names it)."""
+        return self._post(self._claim(tensors, None, "recv"))
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._start([], _Io(), lambda: self.comm.barrier(**self._kw()))
+        return self._start([], _Io(), lambda kw: self.comm.barrier(**kw), opts=opts)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        self.comm.barrier(timeout=seconds or self._op_timeout)
+        """A barrier that names the ranks that did not reach it, as gloo's does (same words):
+        every other rank sends to rank 0 and waits for its answer; rank 0 waits up to
+        ``timeout`` (default: the group's) for them, then answers each. Rank 0 raises naming
+        the first rank that did not arrive (every such rank with ``wait_all_ranks``); a missing
+        rank's receive times out in the daemon, which aborts the communicator, so the ranks
+        that did arrive fail too instead of waiting."""
+        seconds = _seconds(timeout, "monitored_barrier timeout")
+        seconds = self._op_timeout if seconds is None else min(seconds, _MAX_TIMEOUT)
+        ms = int(seconds * 1000)
+        rank, n = self.rank(), self.size()
+        token = [torch.tensor([rank], dtype=torch.int64)]
+        if rank != 0:
+            try:
+                sent = self.send(token, 0)
+                got = self.recv([torch.zeros(1, dtype=torch.int64)], 0)
+                sent.wait()
+                got.wait()
+            except Exception as e:
+                raise RuntimeError(
+                    f"Rank {rank} successfully reached monitoredBarrier, but received errors "
+                    "while waiting for send/recv from rank 0. Please check rank 0 logs for "
+                    f"faulty rank.\n Original exception: \n{e}") from e
+            return
+        start = time.monotonic()
+
+        def wait_loop(works: Dict[int, Work]) -> None:
+            processed: List[int] = []
+            failed: List[int] = []
+            for r, work in works.items():
+                remaining = seconds - (time.monotonic() - start)
+                if not wait_all_ranks and remaining <= 0:
+                    raise RuntimeError(
+                        f"Rank 0 timed out in monitoredBarrier after {ms} ms.\n" +
+                        (f"Successfully processed ranks: {', '.join(map(str, processed))}"
+                         if processed else "No ranks successfully processed in "
+                                           "monitoredBarrier."))
+                try:
+                    work.wait(seconds if wait_all_ranks else remaining)
+                    processed.append(r)
+                except Exception as e:
+                    error = f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms"
+                    if not wait_all_ranks:
+                        raise RuntimeError(f"{error}\n Original exception: \n{e}") from e
+                    failed.append(r)
+            if failed:
+                raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to "
+                                   f"pass monitoredBarrier in {ms} ms")
+
+        if seconds <= 0:  # nothing to wait with: posting receives would only abort the group
+            raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms} ms.\n"
+                               "No ranks successfully processed in monitoredBarrier.")
+        recvs = {}
+        for r in range(1, n):
+            recvs[r] = self._post(self._claim([torch.zeros(1, dtype=torch.int64)], r,
+                                              "monitored_barrier", seconds))
+        wait_loop(recvs)
+        # Every rank has arrived: release them (this is a true barrier: all pass or none do).
+        sends = {}
+        for r in range(1, n):
+            t = token[0]
+            sends[r] = self._start([t], _Io(), lambda kw, r=r: self._p2p.send(t, r, kw["timeout"]),
+                                   timeout=seconds)
+        wait_loop(sends)
 
     # -- shared tensors ------------------------------------------------------------------------
 
@@ -683,12 +1248,32 @@ def _destroy_process_group(group: Any = None) -> None:
 _torch_destroy_process_group = dist.distributed_c10d.destroy_process_group
 
 
+def _monitored_barrier(group: Any = dist.GroupMember.WORLD, timeout: Any = None,
+                       wait_all_ranks: bool = False) -> None:
+    """``torch.distributed.monitored_barrier``, which PyTorch 1.13 refuses for any backend but
+    gloo, for railyard groups too (:meth:`ProcessGroupRailyard.monitored_barrier`; ``timeout``
+    None: the group's). Other groups, and ranks outside ``group``, go to PyTorch's own."""
+    c10d = dist.distributed_c10d
+    if not c10d._rank_not_in_group(group) and c10d.is_initialized():
+        pg = c10d._get_default_group() if group is None or group is c10d.GroupMember.WORLD \
+            else group
+        if isinstance(pg, ProcessGroupRailyard):
+            return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    return _torch_monitored_barrier(group, timeout, wait_all_ranks)
+
+
+_torch_monitored_barrier = dist.distributed_c10d.monitored_barrier
+
+
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, create_process_group)
     if dist.distributed_c10d.destroy_process_group is not _destroy_process_group:
         dist.distributed_c10d.destroy_process_group = _destroy_process_group
         dist.destroy_process_group = _destroy_process_group
+    if dist.distributed_c10d.monitored_barrier is not _monitored_barrier:
+        dist.distributed_c10d.monitored_barrier = _monitored_barrier
+        dist.monitored_barrier = _monitored_barrier
 
 
 _register()
