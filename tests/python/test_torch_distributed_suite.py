@@ -17,9 +17,11 @@ Environment:
                                   gloo, as the reference it is compared with.
     RAILYARD_TORCH_SUITE_START    ``spawn`` (default, as test_distributed_spawn.py) or ``fork``:
                                   how each test's processes start. Spawned, each of them imports
-                                  torch and the suite again, which is most of the suite's CPU
-                                  time (7 times that of fork here); CTest runs it with fork, which
-                                  gives the same outcome for every test, for both backends.
+                                  torch and the suite again: ten times the CPU of fork (here 21
+                                  CPU minutes against 2). CTest runs it with fork, which gives the
+                                  same outcome for every test, for both backends. (Spawn all
+                                  the same where other test modules of the same run connected
+                                  this process to a daemon: gRPC does not survive fork.)
     DISTRIBUTED_TESTS_DEFAULT_TIMEOUT  seconds a test's processes may take (default here 180).
 """
 
@@ -196,6 +198,16 @@ def _cuda_skip(func) -> Optional[str]:
     return None
 
 
+def _start_method() -> str:
+    """START_METHOD, except spawn where this process has connected to a railyardd (other test
+    modules of the same pytest run): gRPC does not survive fork, and railyard refuses to connect
+    from a child forked after that."""
+    if START_METHOD == "fork" and "railyard.client" in sys.modules and \
+            sys.modules["railyard.client"]._grpc_pid == os.getpid():
+        return "spawn"
+    return START_METHOD
+
+
 def _environment_failure(text: str) -> bool:
     """Whether the failure of a test's processes (the main process's RuntimeError) is the
     ENVIRONMENT_ERROR in each process that failed, and nothing else."""
@@ -235,7 +247,7 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         if skip is not None:
             raise unittest.SkipTest(skip)
         super().setUp()
-        if START_METHOD == "fork":
+        if _start_method() == "fork":
             self._start_processes(torch.multiprocessing.get_context("fork").Process)
         else:
             self._spawn_processes()
