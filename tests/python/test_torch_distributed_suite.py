@@ -52,8 +52,12 @@ os.environ["WORLD_SIZE"] = str(WORLD_SIZE)
 os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", "180")
 # As PyTorch's run_test.py runs the spawn suite: a file:// init method (tests that re-initialize
 # the default group need it; each test's setUp points it at a fresh file).
+# A fresh directory per run (the test processes inherit the variable): a fixed path outlives a
+# run whose processes were killed, and torch's store-based barrier then counts the old run's
+# ranks too ("worker_count=12" for world size 3) and times out.
 if not os.environ.get("INIT_METHOD", "").startswith("file://"):
-    os.environ["INIT_METHOD"] = "file://" + os.path.join(tempfile.gettempdir(), "ry-suite-init")
+    os.environ["INIT_METHOD"] = "file://" + os.path.join(tempfile.mkdtemp(prefix="ry-suite-"),
+                                                         "init")
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
