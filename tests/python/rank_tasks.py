@@ -426,6 +426,15 @@ def _caught(fn) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _all_reduce_one() -> float:
+    """An all_reduce of 1.0 on the default group: the world size when the group is in step."""
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
 def torch_allgather_coalesced(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     """dist.all_gather_coalesced: tensors of several shapes (an empty one, complex ones) in one
     call; then malformed calls, which must fail before anything is sent."""
@@ -453,9 +462,7 @@ def torch_allgather_coalesced(rank: int, n: int, store_path: str) -> Dict[str, A
         out["mixed_dtypes"] = _caught(lambda: pg.allgather_coalesced(
             outputs, [inputs[0], inputs[1].double()]))
         # The group is still in step after the refused calls.
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        out["after"] = t.item()
+        out["after"] = _all_reduce_one()
     finally:
         dist.destroy_process_group()
     return out
@@ -651,9 +658,7 @@ def torch_sparse_all_reduce(rank: int, n: int, store_path: str) -> Dict[str, Any
         out["shapes"] = _caught(lambda: dist.all_reduce(
             torch.sparse_coo_tensor(torch.zeros((1, 1), dtype=torch.int64), torch.ones(1),
                                     (n + (rank == 1),))))
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        out["after"] = t.item()
+        out["after"] = _all_reduce_one()
     finally:
         dist.destroy_process_group()
     return out
@@ -688,9 +693,7 @@ def torch_reduce_scatter_ops(rank: int, n: int, store_path: str,
             torch.zeros(2, dtype=dtype), [torch.zeros(2, dtype=dtype)] * (n + 1)))
         out["bad_size"] = _caught(lambda: dist._reduce_scatter_base(
             torch.zeros(2, dtype=dtype), torch.zeros(2 * n + 1, dtype=dtype)))
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        out["after"] = t.item()
+        out["after"] = _all_reduce_one()
     finally:
         dist.destroy_process_group()
     return out
