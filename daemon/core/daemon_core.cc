@@ -906,6 +906,11 @@ void DaemonCore::Shutdown() {
     shutting_down_ = true;
     timer_.Cancel(heartbeat_timer_);
   }
+  // Entries a client published before now are taken first: they are in flight, and fail
+  // CANCELLED with the rest below rather than vanish with the session.
+  for (auto& s : sessions_.Snapshot()) {
+    if (std::shared_ptr<SessionRings> rings = s->rings()) rings->Quiesce();
+  }
   for (auto& comm : comms_.Close()) {
     comm->Abort(absl::CancelledError("railyardd is shutting down"));
   }

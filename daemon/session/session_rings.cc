@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/util/log.h"
+#include "daemon/util/thread_name.h"
 #include "proto/railyard/v1/ring.h"
 #include "proto/railyard/v1/ring_futex.h"
 
@@ -105,6 +106,8 @@ void SessionRings::Start(SubmitFn submit, std::string name) {
   submit_ = std::move(submit);
   // The thread keeps the rings (and their mapping) alive until it has stopped.
   thread_ = std::thread([self = shared_from_this(), name = std::move(name)] {
+    self->ring_tid_.store(std::this_thread::get_id());
+    NameThisThread("ry-rings");
     Log(LogLevel::kDebug, "rings", "serving", {F("session", name)});
     self->Loop();
   });
@@ -115,13 +118,29 @@ void SessionRings::Stop() {
     absl::MutexLock lock(&cq_mu_);
     stopped_ = true;
   }
-  if (stop_.exchange(true)) {
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-    return;
+  if (!stop_.exchange(true)) {
+    __atomic_fetch_add(Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
+    FutexWake(Word32(rp::kOffSqDoorbell), INT_MAX);
   }
+  if (OnRingThread()) return;                  // it ends when this call returns to its loop
+  std::lock_guard<std::mutex> lock(join_mu_);  // after a Quiesce() sweeping now, too
+  if (thread_.joinable()) thread_.join();
+}
+
+void SessionRings::Quiesce() {
+  if (stop_.exchange(true)) return;  // stopped (or quiesced) already
   __atomic_fetch_add(Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
   FutexWake(Word32(rp::kOffSqDoorbell), INT_MAX);
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  if (OnRingThread()) return;
+  std::lock_guard<std::mutex> lock(join_mu_);
+  if (!thread_.joinable()) return;
+  thread_.join();
+  // The ring thread has ended: head_ and batch_ are this thread's now. Bounded, so a client that
+  // keeps publishing cannot hold the caller.
+  sweeping_ = true;
+  bool blocked = false;
+  Drain(&blocked, sq_entries_);
+  sweeping_ = false;
 }
 
 RingStats SessionRings::stats() const {
@@ -178,9 +197,9 @@ bool SessionRings::HasCqRoom() {
   return reserved_ + unread < cq_entries_;
 }
 
-size_t SessionRings::Drain(bool* blocked) {
+size_t SessionRings::Drain(bool* blocked, size_t limit) {
   size_t taken = 0;
-  while (!stop_.load(std::memory_order_acquire)) {
+  while (!Stopping() && taken < limit) {
     const uint64_t tail = __atomic_load_n(Word64(rp::kOffSqTail), __ATOMIC_ACQUIRE);
     const uint64_t avail = tail - head_;
     if (avail == 0) return taken;
@@ -206,7 +225,7 @@ size_t SessionRings::Drain(bool* blocked) {
     // fused): each with a completion slot promised.
     constexpr size_t kMaxBatch = 64;
     bool more = true;
-    while (more && batch_.size() < kMaxBatch && !stop_.load(std::memory_order_acquire)) {
+    while (more && batch_.size() < kMaxBatch && taken < limit && !Stopping()) {
       const uint64_t now_avail = __atomic_load_n(Word64(rp::kOffSqTail), __ATOMIC_ACQUIRE) - head_;
       if (now_avail == 0 || now_avail > sq_entries_) break;
       if (!HasCqRoom()) {

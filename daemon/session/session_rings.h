@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -58,6 +59,11 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   // Stops and joins the thread (from any thread but its own, where it only stops it); later
   // completions are dropped. Idempotent.
   void Stop();
+  // Stops taking entries: joins the thread, then takes once more what the client had published
+  // (at most one ring's worth), so every entry published before the call is accepted or refused
+  // with a completion. Completions are still written until Stop(). Not from the ring thread; a
+  // no-op after Stop() or a first Quiesce().
+  void Quiesce();
 
   // CompletionSink: writes the completion to the completion ring and wakes waiting client
   // threads. Each accepted request holds a slot promised to it when it was taken.
@@ -73,7 +79,10 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   void Loop();
   // Takes what the client published, while the completion ring has room; returns the entries
   // taken. Sets *blocked when entries wait but completions would not fit.
-  size_t Drain(bool* blocked);
+  // Takes at most `limit` entries.
+  size_t Drain(bool* blocked, size_t limit = SIZE_MAX);
+  // Whether Drain should stop: the ring is stopping, and this is not Quiesce()'s last sweep.
+  bool Stopping() const { return stop_.load(std::memory_order_acquire) && !sweeping_; }
   // Takes one entry at head_ of which `avail` slots are published: into batch_ when it decodes,
   // else its refusal is written at once. Returns whether it said the group goes on.
   bool TakeOne(uint64_t avail);
@@ -93,11 +102,15 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   const absl::Duration spin_;
   SubmitFn submit_;
   std::thread thread_;
+  std::atomic<std::thread::id> ring_tid_{};  // set by the ring thread as it starts
+  bool OnRingThread() const { return ring_tid_.load() == std::this_thread::get_id(); }
+  std::mutex join_mu_;  // one joiner at a time; held through Quiesce()'s sweep
   std::atomic<bool> stop_{false};
 
   // Ring thread only.
   uint64_t head_ = 0;  // next submission slot to take
   bool bad_tail_reported_ = false;
+  bool sweeping_ = false;  // Quiesce()'s last sweep, on its caller's thread once ours has ended
   std::vector<std::byte> entry_copy_;
   std::vector<std::byte> ext_copy_;
   std::vector<RingSubmission> batch_;

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -42,7 +43,9 @@ class FakeSubmit {
                                       const std::shared_ptr<CompletionSink>& sink) {
     uint64_t seq;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
+      ++entered_;
+      gate_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return !gated_; });
       seq = next_seq_++;
       seen_.push_back(entry);
       if (mode_ == Mode::kHold) held_.push_back({entry.request.request_id(), seq, sink});
@@ -50,6 +53,23 @@ class FakeSubmit {
     if (mode_ == Mode::kRefuse) return absl::InvalidArgumentError("refused by the fake");
     if (mode_ == Mode::kCompleteNow) sink->PostCompletion(entry.request.request_id(), {}, seq);
     return seq;
+  }
+  // Calls from now on wait (10 s at most) until Open().
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gated_ = true;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gated_ = false;
+    }
+    gate_cv_.notify_all();
+  }
+  // Calls that have begun, including those waiting at the gate.
+  size_t entered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return entered_;
   }
   // Completes every held request.
   void CompleteHeld() {
@@ -79,6 +99,9 @@ class FakeSubmit {
   };
   const Mode mode_;
   std::mutex mu_;
+  std::condition_variable gate_cv_;
+  bool gated_ = false;
+  size_t entered_ = 0;
   uint64_t next_seq_ = 0;
   std::vector<RingSubmission> seen_;
   std::vector<Held> held_;
@@ -446,6 +469,37 @@ TEST(SessionRingsTest, StoppingWithOperationsInFlightIsPromptAndLaterCompletions
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(rings.client_->Drain(), 0u);
   EXPECT_EQ(rings.daemon_->stats().completed, 0u);
+}
+
+// How a daemon shuts down: entries the client published before are taken (and complete) even
+// when the ring thread had not reached them; what completes after Stop() is dropped.
+TEST(SessionRingsTest, QuiescingTakesEveryPublishedEntryAndStillWritesTheirCompletions) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kHold);
+  RingPair rings(8, 8, fake);
+  fake->Close();
+  ASSERT_TRUE(rings.Submit(1).ok());
+  ASSERT_TRUE(Eventually([&] { return fake->entered() == 1; }));  // the ring thread is held
+  for (uint64_t id = 2; id <= 5; ++id) ASSERT_TRUE(rings.Submit(id).ok());
+  std::thread quiesce([&] { rings.daemon_->Quiesce(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  fake->Open();
+  quiesce.join();
+  ASSERT_EQ(fake->seen(), 5u) << "entries published before Quiesce() were left in the ring";
+  EXPECT_EQ(__atomic_load_n(&rings.Word64(rp::kOffSqHead), __ATOMIC_ACQUIRE), 5u);
+  // Nothing is taken after it, and completions are still written.
+  ASSERT_TRUE(rings.Submit(6).ok());
+  fake->CompleteHeld();
+  for (uint64_t id = 1; id <= 5; ++id) {
+    ASSERT_TRUE(rings.WaitFor(id)) << id;
+    EXPECT_TRUE(rings.Get(id).status.ok());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(fake->seen(), 5u);
+  EXPECT_FALSE(rings.Has(6));
+  rings.daemon_->Quiesce();  // a second one does nothing
+  rings.daemon_->Stop();
+  EXPECT_EQ(fake->seen(), 5u);
+  EXPECT_EQ(rings.daemon_->stats().completed, 5u);
 }
 
 TEST(SessionRingsTest, RingsWhoseHeaderOrSizeDisagreeWithTheRequestAreRefused) {
