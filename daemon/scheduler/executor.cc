@@ -1,11 +1,17 @@
 #include "daemon/scheduler/executor.h"
 
+#include "daemon/util/thread_name.h"
+
 namespace railyard::scheduler {
 
 Executor::Executor(int threads) {
   if (threads < 1) threads = 1;
   workers_.reserve(static_cast<size_t>(threads));
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < threads; ++i)
+    workers_.emplace_back([this] {
+      NameThisThread("ry-worker");
+      WorkerLoop();
+    });
 }
 
 Executor::~Executor() {

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
 #include "daemon/util/log.h"
+#include "daemon/util/thread_name.h"
 #include "proto/railyard/v1/fd_channel.h"
 
 namespace railyard {
@@ -123,7 +124,10 @@ absl::StatusOr<std::unique_ptr<FdChannelServer>> FdChannelServer::Start(Options 
   ::epoll_ctl(s->epoll_fd_, EPOLL_CTL_ADD, s->listen_fd_, &ev);
   ev.data.fd = s->wake_fd_;
   ::epoll_ctl(s->epoll_fd_, EPOLL_CTL_ADD, s->wake_fd_, &ev);
-  s->thread_ = std::thread([raw = s.get()] { raw->Run(); });
+  s->thread_ = std::thread([raw = s.get()] {
+    NameThisThread("ry-fd-channel");
+    raw->Run();
+  });
   return s;
 }
 
@@ -180,7 +184,15 @@ void FdChannelServer::Run() {
   epoll_event events[32];
   absl::Time last_sweep = absl::Now();
   while (true) {
-    const int n = ::epoll_wait(epoll_fd_, events, 32, 500);
+    // Only connections waiting for their Connect need the clock; new ones are accepted on this
+    // thread, so with none waiting the thread sleeps until a descriptor is ready (an idle daemon
+    // wakes for nothing).
+    bool waiting;
+    {
+      absl::MutexLock lock(&mu_);
+      waiting = !unbound_.empty();
+    }
+    const int n = ::epoll_wait(epoll_fd_, events, 32, waiting ? 500 : -1);
     if (n < 0 && errno != EINTR) {
       Log(LogLevel::kError, "fdchannel", "epoll_wait failed", {F("error", std::strerror(errno))});
       return;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/time/time.h"
+#include "daemon/util/thread_name.h"
 
 namespace railyard::transport {
 namespace {
@@ -236,7 +237,10 @@ FairQueue::FairQueue(Options options)
     : options_(std::move(options)),
       rate_(options_.schedule.rate_bytes_per_s),
       schedule_(options_.schedule) {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("ry-rail-pacer");
+    Run();
+  });
 }
 
 FairQueue::~FairQueue() { Shutdown(); }

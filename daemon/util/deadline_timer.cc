@@ -1,8 +1,14 @@
 #include "daemon/util/deadline_timer.h"
 
+#include "daemon/util/thread_name.h"
+
 namespace railyard {
 
-DeadlineTimer::DeadlineTimer() : clock_(Clock::Real()), thread_([this] { Loop(); }) {}
+DeadlineTimer::DeadlineTimer()
+    : clock_(Clock::Real()), thread_([this] {
+        NameThisThread("ry-timer");
+        Loop();
+      }) {}
 
 DeadlineTimer::DeadlineTimer(const Clock* clock) : clock_(clock) {}
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/transport/ucx/ucx_address.h"
+#include "daemon/util/thread_name.h"
 
 namespace railyard::transport {
 namespace {
@@ -113,7 +114,10 @@ absl::StatusOr<std::shared_ptr<UcxRail>> UcxRail::Create(Config config) {
   std::shared_ptr<UcxRail> rail(new UcxRail(std::move(config)));
   {
     absl::MutexLock lock(&rail->join_mu_);
-    rail->thread_ = std::thread([rail] { rail->Run(); });
+    rail->thread_ = std::thread([rail] {
+      NameThisThread("ry-ucx-rail");
+      rail->Run();
+    });
   }
   if (!rail->started_.WaitForNotificationWithTimeout(absl::Seconds(60))) {
     rail->RequestStop();
