@@ -199,8 +199,8 @@ TEST(LifecycleTest, AnIdleDaemonWithRingSessionsUsesNoCpu) {
   }
   std::printf("idle %d s: %.3f ms on CPU, %llu runs\n%s", kSeconds, ns / 1e6,
               static_cast<unsigned long long>(slices), report.c_str());
-  // Measured idle here: 14-21 ms and 155-195 runs per 20 s, nearly all of it gRPC's timer and poller
-  // threads. A thread that kept spinning would show ~20 s on CPU; one that slept in short
+  // Measured idle here: 14-21 ms and 155-195 runs per 20 s, nearly all of it gRPC's timer and
+  // poller threads. A thread that kept spinning would show ~20 s on CPU; one that slept in short
   // timeouts (a 1 ms poll) would show >= 20000 runs. The bounds leave room for a machine busy
   // with other tests, where each wake-up runs cold and costs more, and nothing more.
   EXPECT_LE(ns, 200'000'000u) << "ns on CPU in " << kSeconds << " s idle\n" << report;
