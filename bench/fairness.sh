@@ -6,15 +6,18 @@
 #   equal      jobs A and B at once, weights 1:1, 16 MiB AllReduces on the same rail;
 #   weighted   the same at weights 3:1 (railctl jobs set-weight on every daemon);
 #   latency    job L (64 KiB AllReduces, one at a time, each timed: --latency_file) alone, then
-#              beside bulk job B (16 MiB) at equal weights.
+#              beside bulk job B (16 MiB) at equal weights; twice: back to back (L then wants
+#              more than its half of the rail, and queues behind it like a bulk job), and one
+#              every FAIR_LAT_INTERVAL_US (default 5000: 64 KiB moves 96 KiB per node per op,
+#              ~20 MB/s, well inside its share: a latency-sensitive job's duty cycle).
 # Throughput is what each job sent on the rails over a window of WINDOW seconds in which both
 # run (Admin.ListJobs per daemon, summed: bench/job_bytes.py), not the perf tool's averages,
 # which include the time one job ran alone. Printed per repetition and as medians: Jain's index
-# (equal), A/B ratio (weighted), aggregate / solo (equal), L's p99 beside B / alone.
+# (equal), A/B ratio (weighted), aggregate / solo (equal), L's p99 beside B / alone (both ways).
 #   bench/fairness.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); FAIR_RATE (1gbit); FAIR_PACE (fabric.sh
-# --pace; default its 88% of the rate); FAIR_WINDOW (20 s); RAILYARD_* daemon flags reach the
-# daemons (e.g. RAILYARD_RAIL_IN_FLIGHT_BYTES, RAILYARD_CHUNK_BYTES).
+# --pace; default its 88% of the rate); FAIR_WINDOW (20 s); FAIR_LAT_INTERVAL_US (5000);
+# RAILYARD_* daemon flags reach the daemons (e.g. RAILYARD_RAIL_IN_FLIGHT_BYTES).
 # Not a test: on 2 shared cores the numbers move with load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +27,7 @@ reps=${1:-3}
 build=${RAILYARD_BUILD_DIR:-build}
 rate=${FAIR_RATE:-1gbit}
 window=${FAIR_WINDOW:-20}
+lat_interval=${FAIR_LAT_INTERVAL_US:-5000}
 dir=/tmp/railyard-fairness
 prefix=ryq-
 if why=$(netns_unavailable); then
@@ -75,8 +79,8 @@ op_s=$(awk '$1 == 16777216 { print $6 / 1e6; exit }' "$dir/probe.log")
 span=$((window + 8))
 iters_for() { awk -v s="$span" -v t="$op_s" -v share="$1" 'BEGIN { printf "%d\n", s * share / t * 1.3 + 2 }'; }
 
-jains=() ratios=() aggs=() lats=()
-printf '%-4s %-10s %-10s %-10s %-8s %-10s %-10s %-8s %-9s %-9s %-7s\n' rep solo_MB/s A_MB/s B_MB/s jain A3_MB/s B1_MB/s ratio agg/solo p99_solo p99_bulk
+jains=() ratios=() aggs=() lats=() duty=()
+printf '%-4s %-10s %-10s %-10s %-8s %-10s %-10s %-8s %-9s %-9s %-17s %-9s %-7s\n' rep solo_MB/s A_MB/s B_MB/s jain A3_MB/s B1_MB/s ratio agg/solo p99_solo p99_bulk duty_p99_solo duty_p99_bulk
 for rep in $(seq "$reps"); do
   set_weight A 1
   set_weight B 1
@@ -101,29 +105,36 @@ for rep in $(seq "$reps"); do
   wait "$pa" "$pb"
   set_weight A 1
 
-  rm -f "$dir/lat-solo" "$dir/lat-bulk"
-  run_perf L 64K 2000 --latency_file "$dir/lat-solo"
+  rm -f "$dir"/lat-*
+  run_perf L 64K 1000 --latency_file "$dir/lat-solo"
   wait $!
-  run_perf B 16M "$(iters_for 0.5)"
+  run_perf L 64K 1000 --latency_file "$dir/lat-duty-solo" --interval_us "$lat_interval"
+  wait $!
+  run_perf B 16M "$(iters_for 1)"
   pb=$!
   sleep 3
-  run_perf L 64K 2000 --latency_file "$dir/lat-bulk"
-  pl=$!
-  wait "$pl"
+  run_perf L 64K 1000 --latency_file "$dir/lat-bulk"
+  wait $!
+  run_perf L 64K 1000 --latency_file "$dir/lat-duty-bulk" --interval_us "$lat_interval"
+  wait $!
+  kill -0 "$pb" 2>/dev/null || echo "fairness: warning: bulk job B ended before the latency runs did" >&2
   wait "$pb"
   l_solo=$(p99_file "$dir/lat-solo")
   l_bulk=$(p99_file "$dir/lat-bulk")
+  d_solo=$(p99_file "$dir/lat-duty-solo")
+  d_bulk=$(p99_file "$dir/lat-duty-bulk")
 
   j=$(awk -v a="$xa" -v b="$xb" 'BEGIN { printf "%.4f", (a + b) ^ 2 / (2 * (a * a + b * b)) }')
   r=$(awk -v a="$wa" -v b="$wb" 'BEGIN { printf "%.3f", a / b }')
   g=$(awk -v a="$xa" -v b="$xb" -v s="$solo" 'BEGIN { printf "%.3f", (a + b) / s }')
   lr=$(awk -v a="$l_bulk" -v b="$l_solo" 'BEGIN { printf "%.2f", a / b }')
-  jains+=("$j") ratios+=("$r") aggs+=("$g") lats+=("$lr")
-  printf '%-4s %-10.1f %-10.1f %-10.1f %-8s %-10.1f %-10.1f %-8s %-9s %-9.4g %-7.4g (x%s)\n' "$rep" \
+  dr=$(awk -v a="$d_bulk" -v b="$d_solo" 'BEGIN { printf "%.2f", a / b }')
+  jains+=("$j") ratios+=("$r") aggs+=("$g") lats+=("$lr") duty+=("$dr")
+  printf '%-4s %-10.1f %-10.1f %-10.1f %-8s %-10.1f %-10.1f %-8s %-9s %-9.4g %-7.4g (x%-6s) %-13.4g %-7.4g (x%s)\n' "$rep" \
     "$(awk -v v="$solo" 'BEGIN{print v/1e6}')" "$(awk -v v="$xa" 'BEGIN{print v/1e6}')" \
     "$(awk -v v="$xb" 'BEGIN{print v/1e6}')" "$j" "$(awk -v v="$wa" 'BEGIN{print v/1e6}')" \
-    "$(awk -v v="$wb" 'BEGIN{print v/1e6}')" "$r" "$g" "$l_solo" "$l_bulk" "$lr"
+    "$(awk -v v="$wb" 'BEGIN{print v/1e6}')" "$r" "$g" "$l_solo" "$l_bulk" "$lr" "$d_solo" "$d_bulk" "$dr"
 done
 echo
-echo "medians over $reps: Jain (1:1) $(median "${jains[@]}") (target >= 0.95); A/B at 3:1 $(median "${ratios[@]}") (3.0 +- 0.3); aggregate/solo $(median "${aggs[@]}") (>= 0.90); 64 KiB p99 beside bulk / alone $(median "${lats[@]}") (<= 3)"
+echo "medians over $reps: Jain (1:1) $(median "${jains[@]}") (target >= 0.95); A/B at 3:1 $(median "${ratios[@]}") (3.0 +- 0.3); aggregate/solo $(median "${aggs[@]}") (>= 0.90); 64 KiB p99 beside bulk / alone $(median "${lats[@]}") back to back, $(median "${duty[@]}") one every ${lat_interval} us (<= 3)"
 echo "(rates: bytes each job sent on the rails, summed over the 4 daemons, over a ${window} s window in which both ran; pace $(grep -o '"pace": *"[^"]*"' "$dir/n0.json" | head -1))"

@@ -147,6 +147,8 @@ TEST(ParsePerfArgsTest, BadFlagsAreErrorsNamingTheFlag) {
       {{"-b", "8", "-e", "1G", "-i", "1"}, "sizes"},
       {{"-b", "0", "-e", "8", "-f", "2"}, "never grows"},
       {{"--help=yes"}, "takes no value"},
+      {{"--interval_us", "-5"}, "--interval_us"},
+      {{"--interval_us", "61000000"}, "--interval_us"},
   };
   for (const BadCase& c : cases) {
     absl::StatusOr<PerfArgs> args = Parse(c.args);
@@ -155,6 +157,14 @@ TEST(ParsePerfArgsTest, BadFlagsAreErrorsNamingTheFlag) {
     EXPECT_NE(args.status().message().find(c.mentions), std::string::npos)
         << args.status().message();
   }
+}
+
+TEST(ParsePerfArgsTest, LatencyFileAndItsDutyCycle) {
+  absl::StatusOr<PerfArgs> args = Parse({"--latency_file", "/tmp/lat", "--interval_us=5000"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->latency_file, "/tmp/lat");
+  EXPECT_EQ(args->interval_us, 5000);
+  EXPECT_EQ(Parse({})->interval_us, 0);  // back to back unless asked
 }
 
 TEST(ParsePerfArgsTest, WorkerFlagsRoundTrip) {

@@ -159,6 +159,7 @@ const std::vector<FlagSpec>& Flags() {
       {0, "token", true, StringSetter(&PerfArgs::token)},
       {0, "deadline_s", true, IntSetter<int>(&PerfArgs::deadline_s, 1, 365 * 24 * 3600)},
       {0, "latency_file", true, StringSetter(&PerfArgs::latency_file)},
+      {0, "interval_us", true, IntSetter<int64_t>(&PerfArgs::interval_us, 0, 60'000'000)},
       {'h', "help", false,
        [](std::string_view, std::string_view, PerfArgs* a) {
          a->help = true;
@@ -370,6 +371,8 @@ daemon on this host (ranks numbered daemon-major); rank 0 prints the table.
       --deadline_s S         kill ranks still running after S seconds (default 3600)
       --latency_file PATH    time iterations one at a time; rank 0 appends "BYTES SECONDS"
                              per timed iteration to PATH (for percentiles)
+      --interval_us US       with --latency_file: start iteration i no earlier than i*US
+                             after the first (a duty cycle; default 0, back to back)
   -h, --help                 this text
 
 Sizes follow nccl-tests: allreduce, broadcast, reduce and sendrecv move SIZE bytes per rank;

@@ -42,6 +42,9 @@ struct PerfArgs {
   // Non-empty: timed iterations run one at a time (issue, wait) and rank 0 appends each one's
   // "<bytes> <seconds>" to this file, for percentiles (bench/fairness.sh).
   std::string latency_file;
+  // With latency_file: iteration i starts no earlier than i * interval_us after the first (0: back
+  // to back). A latency-sensitive job's duty cycle, not a throughput job's.
+  int64_t interval_us = 0;
   bool help = false;
 
   // Set on the rank processes the launcher spawns (hidden --_rank, --_comm_id, ...).

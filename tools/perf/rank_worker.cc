@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -242,6 +243,10 @@ class RankBenchmark {
                                   Clock::time_point start) {
     std::vector<double> each;
     for (int i = 0; i < args_.iters; ++i) {
+      // Every rank sleeps to the same schedule; the collective itself keeps them together.
+      if (args_.interval_us > 0) {
+        std::this_thread::sleep_until(start + std::chrono::microseconds(args_.interval_us * i));
+      }
       const Clock::time_point t0 = Clock::now();
       if (absl::Status st = Iterate(c, in_place, 1, context); !st.ok()) return st;
       each.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
