@@ -1,5 +1,7 @@
 #include "daemon/comm/collective_queue.h"
 
+#include "absl/time/clock.h"
+
 namespace railyard {
 
 CollectiveQueue::CollectiveQueue(const std::vector<int>* local_ranks)
@@ -19,6 +21,7 @@ absl::Status CollectiveQueue::Add(int li, std::unique_ptr<PendingRequest> reques
   ++next_seq_[li];
   added->entry = &e;
   added->first = e.merge.arrived() == 1;
+  if (added->first) e.first_at = absl::Now();
   added->complete = e.merge.complete();
   e.requests[li] = std::move(request);
   return absl::OkStatus();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "daemon/comm/pending_request.h"
 #include "daemon/scheduler/merge.h"
 #include "daemon/util/deadline_timer.h"
@@ -25,6 +26,7 @@ class CollectiveQueue {
     scheduler::OpMerge merge;
     std::vector<std::unique_ptr<PendingRequest>> requests;  // by local index; null: not yet
     DeadlineTimer::Id timer = 0;                            // the first arrival's deadline
+    absl::Time first_at;                                    // when the first local rank submitted
   };
 
   // local_ranks: the global rank of each local index (outlives the queue).
@@ -51,6 +53,9 @@ class CollectiveQueue {
   // Sequence number of the front entry (the next to run).
   uint64_t front_seq() const { return base_seq_; }
   Entry& front() { return entries_.front(); }
+  const Entry& front() const { return entries_.front(); }
+  // Collectives local rank li submitted (its next one gets this sequence number).
+  uint64_t submitted(int li) const { return next_seq_[static_cast<size_t>(li)]; }
   bool front_complete() const { return !entries_.empty() && entries_.front().merge.complete(); }
   void PopFront();
   // The entry of seq, or null when it ran already or nobody submitted it yet.

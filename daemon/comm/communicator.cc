@@ -297,9 +297,13 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
         std::weak_ptr<Communicator> weak = weak_from_this();
         const uint64_t seq = base_seq;
         const absl::Duration limit = TimeoutOf(*slot.requests[0]);
-        run_timer_ = env_.timer->Schedule(env_.timer->Now() + limit, [weak, seq, limit] {
-          if (auto self = weak.lock()) self->OnRunDeadline(seq, limit);
-        });
+        // A grace past the limit: when another node's ranks did not submit, that node's own
+        // deadline fires first and its abort, which names them, reaches the ranks here instead
+        // of this less precise one.
+        run_timer_ =
+            env_.timer->Schedule(env_.timer->Now() + limit + kRunDeadlineGrace, [weak, seq, limit] {
+              if (auto self = weak.lock()) self->OnRunDeadline(seq, limit);
+            });
       }
       return;
     }
@@ -372,10 +376,29 @@ void Communicator::OnRunDeadline(uint64_t seq, absl::Duration limit) {
   {
     absl::MutexLock lock(&mu_);
     if (!collective_running_ || collectives_.front_seq() != seq) return;
+    // What this node still waits for: its oldest transfer in flight.
+    std::string waits;
+    const scheduler::RunProgress progress = node_run_.Progress();
+    const scheduler::RunProgress::Transfer* oldest = nullptr;
+    for (const auto& t : progress.transfers) {
+      if (oldest == nullptr || t.issued < oldest->issued) oldest = &t;
+    }
+    if (oldest != nullptr) {
+      const std::string peer =
+          oldest->peer >= 0 && static_cast<size_t>(oldest->peer) < net_.node_names.size()
+              ? net_.node_names[oldest->peer]
+              : absl::StrCat("node ", oldest->peer);
+      waits = absl::StrCat(
+          "; node ", net_.node_names.empty() ? std::string("?") : net_.node_names[net_.my_node],
+          " still waits for ", oldest->send ? "its send to " : "a chunk from ", peer, " on rail",
+          oldest->rail, " (step ", oldest->step, ", ", progress.steps_done, " of ",
+          progress.steps_total, " steps done)");
+    }
     AbortLocked(absl::DeadlineExceededError(absl::StrCat(
                     "seq ", seq, " on communicator ", comm_id_, " did not complete across its ",
                     net_.layout.nnodes, " nodes within ", absl::FormatDuration(limit),
-                    ": a peer daemon's ranks stalled or submitted a different operation")),
+                    ": a peer daemon's ranks stalled or submitted a different operation", waits,
+                    " (railctl diagnose tells more)")),
                 &out, /*transfers_now=*/true);
   }
   Deliver(out);
@@ -388,6 +411,10 @@ void Communicator::OnCollectiveDone(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     keep = std::move(running_self_);
     env_.timer->Cancel(run_timer_);
+    // What failed, as it was, before it is popped (railctl diagnose).
+    if (!status.ok() && failed_op_ == nullptr && !collectives_.empty()) {
+      failed_op_ = std::make_unique<v1::OpProgress>(FrontProgressLocked(absl::Now()));
+    }
     // A fused group completes each of its operations.
     const size_t ran = std::max<size_t>(fused_, 1);
     fused_ = 1;
@@ -725,6 +752,9 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
     }
     out->join_status = status;
   }
+  if (!collectives_.empty() && failed_op_ == nullptr) {
+    failed_op_ = std::make_unique<v1::OpProgress>(FrontProgressLocked(absl::Now()));
+  }
   // The running collective (the front slot) finishes normally; everything queued fails.
   CollectiveQueue::Drained drained = collectives_.DrainFrom(collective_running_ ? 1 : 0);
   for (DeadlineTimer::Id id : drained.timers) env_.timer->Cancel(id);
@@ -776,6 +806,7 @@ void Communicator::Deliver(Outcomes& out) {
   if (out.start_node_run) {
     scheduler::NodeRun::Params p;
     p.schedule = node_schedule_.get();
+    p.schedule_owner = node_schedule_;
     p.memory = &node_memory_;
     p.endpoints = &net_.endpoints;
     p.dtype = node_dtype_;
@@ -837,6 +868,87 @@ CommStats Communicator::Stats() const {
   s.in_flight_ops += channels_.busy();
   s.queued_ops += channels_.queued();
   return s;
+}
+
+v1::OpProgress Communicator::FrontProgressLocked(absl::Time now) const {
+  v1::OpProgress op;
+  if (collectives_.empty()) return op;
+  const CollectiveQueue::Entry& e = collectives_.front();
+  op.set_seq(collectives_.front_seq());
+  op.set_age_seconds(absl::ToDoubleSeconds(now - e.first_at));
+  const scheduler::RankRequest* first = nullptr;
+  for (size_t li = 0; li < e.merge.requests().size(); ++li) {
+    const scheduler::RankRequest* r = e.merge.requests()[li];
+    if (r == nullptr) continue;
+    if (first == nullptr) first = r;
+    op.add_submitted_ranks(local_ranks_[li]);
+  }
+  for (int r : e.merge.MissingRanks()) op.add_missing_ranks(r);
+  if (first != nullptr) {
+    op.set_op(std::string(scheduler::OpName(first->op)));
+    op.set_dtype(std::string(kernels::Name(first->dtype)));
+    op.set_count(first->count);
+    op.set_bytes(first->count * kernels::ElementSize(first->dtype));
+    op.set_root(first->root);
+    if (scheduler::IsReduction(first->op)) op.set_red_op(std::string(kernels::Name(first->red_op)));
+  }
+  op.set_running(collective_running_);
+  if (!collective_running_) return op;
+  op.set_algorithm(run_algorithm_);
+  if (!multi_node_) return op;
+  const scheduler::RunProgress progress = node_run_.Progress();
+  op.set_steps_total(progress.steps_total);
+  op.set_steps_done(progress.steps_done);
+  const auto steady_now = std::chrono::steady_clock::now();
+  for (const auto& t : progress.transfers) {
+    v1::TransferProgress* out = op.add_transfers();
+    out->set_send(t.send);
+    out->set_peer_node(t.peer);
+    if (t.peer >= 0 && static_cast<size_t>(t.peer) < net_.node_names.size()) {
+      out->set_peer_name(net_.node_names[t.peer]);
+    }
+    out->set_rail(t.rail);
+    out->set_bytes(t.bytes);
+    out->set_step(t.step);
+    out->set_age_seconds(std::chrono::duration<double>(steady_now - t.issued).count());
+  }
+  return op;
+}
+
+v1::CommState Communicator::ProgressState() const {
+  const absl::Time now = absl::Now();
+  v1::CommState st;
+  absl::MutexLock lock(&mu_);
+  st.set_comm_id(comm_id_);
+  st.set_job_id(job_);
+  st.set_nranks(nranks_);
+  st.set_nnodes(net_.layout.nnodes);
+  st.set_node_index(net_.my_node);
+  for (const std::string& name : net_.node_names) st.add_node_names(name);
+  if (static_cast<size_t>(net_.my_node) < net_.node_names.size()) {
+    st.set_node_name(net_.node_names[net_.my_node]);
+  }
+  st.set_state(state_ == State::kJoining ? "joining"
+               : state_ == State::kReady ? "ready"
+                                         : "failed");
+  st.set_error(std::string(error_.message()));
+  st.set_ops_completed(ops_completed_);
+  for (size_t li = 0; li < local_ranks_.size(); ++li) {
+    v1::RankProgress* r = st.add_ranks();
+    r->set_rank(local_ranks_[li]);
+    r->set_submitted(collectives_.submitted(static_cast<int>(li)));
+    r->set_completed(collectives_.front_seq());
+    r->set_left(members_[li].left);
+  }
+  if (!collectives_.empty()) *st.mutable_front() = FrontProgressLocked(now);
+  if (failed_op_ != nullptr) *st.mutable_failed_op() = *failed_op_;
+  return st;
+}
+
+std::pair<absl::Duration, uint64_t> Communicator::PendingCollectives() const {
+  absl::MutexLock lock(&mu_);
+  if (collectives_.empty()) return {absl::ZeroDuration(), 0};
+  return {absl::Now() - collectives_.front().first_at, collectives_.size()};
 }
 
 }  // namespace railyard

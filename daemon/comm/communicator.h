@@ -32,6 +32,7 @@
 #include "daemon/scheduler/tags.h"
 #include "daemon/session/shm_segment.h"
 #include "daemon/util/deadline_timer.h"
+#include "railyard/v1/diagnose.pb.h"
 
 namespace railyard {
 
@@ -90,6 +91,9 @@ struct CommStats {
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
+  // How long past its timeout a running multi-node collective waits before it fails here (see
+  // NextCollectiveLocked).
+  static constexpr absl::Duration kRunDeadlineGrace = absl::Seconds(1);
   using JoinDone = std::function<void(const absl::Status&)>;
 
   // A communicator whose ranks all live on this daemon; tuner: its one-node cost model (null:
@@ -144,6 +148,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const std::shared_ptr<scheduler::cost::Tuner>& tuner() const { return net_.tuner; }
   const scheduler::CommLayout& layout() const { return net_.layout; }
   const std::string& forced_algorithm() const { return env_.default_algo; }
+  // By node index (empty for a single-node communicator), and this daemon's index.
+  const std::vector<std::string>& node_names() const { return net_.node_names; }
+  const std::vector<std::string>& node_addresses() const { return net_.node_addresses; }
+  int my_node() const { return net_.my_node; }
   // Peer service addresses of the other daemons (empty for a single-node communicator).
   std::vector<std::string> PeerAddresses() const;
   // True when node_name names another node of this (multi-node) communicator, not this daemon's.
@@ -153,6 +161,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // True when rank lives on this daemon and has joined.
   bool HasJoined(int rank) const;
   CommStats Stats() const;
+  // Its progress as this daemon sees it (railctl diagnose): ranks' submissions, the front
+  // collective, its transfers in flight. Node name and pids are the caller's to fill in.
+  v1::CommState ProgressState() const;
+  // Age of the oldest collective pending here (zero: none) and how many are pending: for the
+  // stall metrics.
+  std::pair<absl::Duration, uint64_t> PendingCollectives() const;
 
  private:
   enum class State { kJoining, kReady, kFailed };
@@ -296,6 +310,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_moved_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_fused_ ABSL_GUARDED_BY(mu_) = 0;
+  // The front collective as it was when the communicator failed (railctl diagnose).
+  std::unique_ptr<v1::OpProgress> failed_op_ ABSL_GUARDED_BY(mu_);
+  // The front collective's progress now.
+  v1::OpProgress FrontProgressLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace railyard

@@ -138,4 +138,26 @@ void PeerClients::Heartbeat(const std::string& address, const std::string& expec
                                });
 }
 
+void PeerClients::GetCommState(const std::string& address, const std::string& expected_node,
+                               const v1::PeerCommStateRequest& req, absl::Duration timeout,
+                               std::function<void(const absl::StatusOr<v1::CommState>&)> done) {
+  std::shared_ptr<Channel> ch = Get(address, expected_node);
+  if (ch == nullptr) {
+    done(NoCredentials(address));
+    return;
+  }
+  auto call = std::make_shared<Call<v1::PeerCommStateRequest, v1::CommState>>();
+  call->req = req;
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  ch->stub->async()->GetCommState(
+      &call->ctx, &call->req, &call->resp,
+      [call, ch, address, done = std::move(done)](const grpc::Status& s) {
+        if (s.ok()) {
+          done(call->resp);
+        } else {
+          done(FromGrpc(s, address));
+        }
+      });
+}
+
 }  // namespace railyard

@@ -55,6 +55,12 @@ class PeerClients {
                  const std::string& from_node, absl::Duration timeout,
                  std::function<void(const absl::Status&)> done);
 
+  // Asynchronous: the peer's view of a communicator (railctl diagnose); done runs on a gRPC
+  // thread. With TLS the peer's certificate must name expected_node.
+  void GetCommState(const std::string& address, const std::string& expected_node,
+                    const v1::PeerCommStateRequest& req, absl::Duration timeout,
+                    std::function<void(const absl::StatusOr<v1::CommState>&)> done);
+
   // Channels cached now (tests).
   size_t cached_channels() {
     absl::MutexLock lock(&mu_);

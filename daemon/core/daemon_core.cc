@@ -1,5 +1,6 @@
 #include "daemon/core/daemon_core.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -816,6 +817,9 @@ metrics::DaemonSample DaemonCore::SampleMetrics() {
     ++j.comms;
     j.queued_ops += static_cast<int>(st.queued_ops);
     j.in_flight_ops += static_cast<int>(st.in_flight_ops);
+    const auto [age, pending] = c->PendingCollectives();
+    j.pending_collectives += static_cast<int>(pending);
+    j.stalled_seconds = std::max(j.stalled_seconds, absl::ToDoubleSeconds(age));
   }
   for (auto& [job, j] : out.jobs) j.weight = job_weights_.Get(job);
   for (const auto& [job, e] : job_weights_.Snapshot()) out.job_weights[job] = e.weight;

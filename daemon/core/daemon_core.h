@@ -38,6 +38,7 @@
 #include "daemon/util/deadline_timer.h"
 #include "railyard/v1/admin.pb.h"
 #include "railyard/v1/cost.pb.h"
+#include "railyard/v1/diagnose.pb.h"
 #include "railyard/v1/local.pb.h"
 #include "railyard/v1/peer.pb.h"
 #include "railyard/v1/topology.pb.h"
@@ -154,6 +155,21 @@ class DaemonCore {
   absl::StatusOr<double> SetJobWeight(const std::string& job, double weight);
   double JobWeight(const std::string& job) const { return job_weights_.Get(job); }
 
+  // Hang diagnosis (daemon_core_diagnose.cc, railctl diagnose). This daemon's views of its
+  // communicators (all, one comm id, or one job's): NOT_FOUND when the filter matches none.
+  absl::StatusOr<v1::GetCommStateResponse> GetCommState(const v1::GetCommStateRequest& req);
+  // Another member daemon asks for this one's view of a communicator: PERMISSION_DENIED unless
+  // `who` may speak for from_node and it is another member node of the communicator here (also
+  // for an unknown communicator, so that comm ids cannot be probed).
+  absl::StatusOr<v1::CommState> PeerCommState(const PeerIdentity& who,
+                                              const v1::PeerCommStateRequest& req);
+  // Gathers every member daemon's view of the communicators the request names (in parallel,
+  // each within its timeout) and judges them (daemon/diagnose/verdicts.h). done runs once, on
+  // this thread or a gRPC one. INVALID_ARGUMENT without comm_id or job_id or for a timeout past
+  // 30 s; NOT_FOUND when they name no communicator here.
+  void Diagnose(const v1::DiagnoseRequest& req,
+                std::function<void(const absl::StatusOr<v1::DiagnoseResponse>&)> done);
+
   // Fails every communicator with CANCELLED and closes every session. Idempotent.
   void Shutdown();
 
@@ -199,6 +215,9 @@ class DaemonCore {
   // The tuner of a new multi-node communicator, from the cost model its coordinator sent.
   std::shared_ptr<scheduler::cost::Tuner> MakeTuner(const scheduler::CommLayout& layout,
                                                     const v1::CostModel& model) const;
+  // comm->ProgressState() with this node's name and its ranks' pids (from the sessions'
+  // memberships).
+  v1::CommState LocalCommState(const std::shared_ptr<Communicator>& comm);
   // What the metrics' daemon and job gauges show, sampled at scrape time.
   metrics::DaemonSample SampleMetrics();
 

@@ -103,6 +103,14 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
           "Operations of the job submitted by some local rank and not yet started")),
       job_in_flight_(
           registry_.AddGauge("railyard_job_in_flight_ops", "Operations of the job executing now")),
+      comm_stalled_(registry_.AddGauge(
+          "railyard_comm_stalled_seconds",
+          "Age of the oldest collective of the job's communicators that a rank here submitted "
+          "and that has not completed (0: none); railctl diagnose says what it waits for")),
+      comm_in_flight_(registry_.AddGauge(
+          "railyard_comm_ops_in_flight",
+          "Collectives of the job's communicators that a rank here submitted and that have not "
+          "completed")),
       job_fabric_bytes_(registry_.AddCounter(
           "railyard_job_fabric_bytes_total",
           "Bytes the job's communicators sent and received over the inter-node fabric")),
@@ -213,7 +221,7 @@ void DaemonMetrics::RemoveJobSeriesLocked(const std::string& label) {
   }
   for (Family<Gauge>* f :
        {&coll_algbw_, &coll_busbw_, &coll_algbw_ewma_, &coll_busbw_ewma_, &coll_model_, &job_comms_,
-        &job_queued_, &job_in_flight_, &job_weight_}) {
+        &job_queued_, &job_in_flight_, &job_weight_, &comm_stalled_, &comm_in_flight_}) {
     f->RemoveWhere("job", label);
   }
   coll_latency_.RemoveWhere("job", label);
@@ -293,6 +301,8 @@ void DaemonMetrics::AddJob(const std::string& job) {
   job_comms_.Add(labels);
   job_queued_.Add(labels);
   job_in_flight_.Add(labels);
+  comm_stalled_.Add(labels);
+  comm_in_flight_.Add(labels);
   job_weight_.Add(labels).Set(1);
   job_fabric_bytes_.Add(labels);
 }
@@ -336,6 +346,8 @@ void DaemonMetrics::Scrape() {
     sum.comms += j.comms;
     sum.queued_ops += j.queued_ops;
     sum.in_flight_ops += j.in_flight_ops;
+    sum.pending_collectives += j.pending_collectives;
+    sum.stalled_seconds = std::max(sum.stalled_seconds, j.stalled_seconds);
     sum.weight = j.weight;  // "other" shows the weight of one of its jobs
   }
   // A job gone for gone_grace_, and shown gone (at 0) by an earlier scrape, loses its series,
@@ -378,6 +390,8 @@ void DaemonMetrics::Scrape() {
     job_comms_.Add(labels).Set(j.comms);
     job_queued_.Add(labels).Set(j.queued_ops);
     job_in_flight_.Add(labels).Set(j.in_flight_ops);
+    comm_stalled_.Add(labels).Set(j.stalled_seconds);
+    comm_in_flight_.Add(labels).Set(j.pending_collectives);
     auto w = sample.job_weights.find(label);
     job_weight_.Add(labels).Set(w != sample.job_weights.end() ? w->second : j.weight);
     job_fabric_bytes_.Add(labels);

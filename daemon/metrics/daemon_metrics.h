@@ -67,6 +67,10 @@ struct JobSample {
   int queued_ops = 0;
   int in_flight_ops = 0;
   double weight = 1;  // on the paced rails' fair queues (daemon/session/job_weights.h)
+  // Collectives some local rank submitted that have not completed, and the oldest one's age
+  // (railctl diagnose tells which rank, node or link they wait for).
+  int pending_collectives = 0;
+  double stalled_seconds = 0;
 };
 struct DaemonSample {
   int sessions = 0;
@@ -174,6 +178,8 @@ class DaemonMetrics {
   Family<Gauge>& job_comms_;
   Family<Gauge>& job_queued_;
   Family<Gauge>& job_in_flight_;
+  Family<Gauge>& comm_stalled_;
+  Family<Gauge>& comm_in_flight_;
   Family<Counter>& job_fabric_bytes_;
   Family<Gauge>& job_weight_;
   Family<Counter>& job_rail_bytes_;

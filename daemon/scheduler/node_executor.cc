@@ -37,10 +37,27 @@ std::byte* NodeRun::Resolve(const RankRef& ref) const {
 }
 
 void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done) {
-  p_ = params;
+  const auto n = static_cast<uint32_t>(params.schedule->steps.size());
+  {
+    // No step of an earlier run is active: only Progress() can look meanwhile.
+    absl::MutexLock lock(&progress_mu_);
+    p_ = params;
+    progress_schedule_ = params.schedule_owner;
+    if (n > progress_capacity_) {  // reused while schedules fit: no allocation per operation
+      issued_ns_ = std::make_unique<std::atomic<int64_t>[]>(n);
+      finished_ = std::make_unique<std::atomic<bool>[]>(n);
+      progress_capacity_ = n;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+      issued_ns_[i].store(0, std::memory_order_relaxed);
+      finished_[i].store(false, std::memory_order_relaxed);
+    }
+    progress_steps_ = n;
+    issued_ = issued_ns_.get();
+    done_flags_ = finished_.get();
+  }
   done_ = std::move(done);
   const auto& steps = p_.schedule->steps;
-  const auto n = static_cast<uint32_t>(steps.size());
   {
     absl::MutexLock lock(&mu_);
     error_ = absl::OkStatus();
@@ -102,6 +119,8 @@ void NodeRun::Ready(uint32_t i) {
             i, absl::InternalError(absl::StrCat("no endpoint to node ", s.peer, " rail ", s.rail)));
         return;
       }
+      issued_[i].store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                       std::memory_order_relaxed);
       if (s.kind == NodeStep::Kind::kSend) {
         const transport::Tag tag = tags::CollectiveTag(slots[s.peer], me, p_.seq, s.tag);
         ep->Send(tag, Resolve(s.src), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
@@ -119,6 +138,32 @@ namespace {
 // thread is not running any.
 thread_local std::vector<std::pair<NodeRun*, uint32_t>>* inline_queue = nullptr;
 }  // namespace
+
+RunProgress NodeRun::Progress() const {
+  RunProgress out;
+  absl::MutexLock lock(&progress_mu_);
+  if (progress_steps_ == 0 || progress_schedule_ == nullptr) return out;
+  const auto& steps = progress_schedule_->steps;
+  out.steps_total = progress_steps_;
+  for (uint32_t i = 0; i < progress_steps_ && i < steps.size(); ++i) {
+    if (finished_[i].load(std::memory_order_relaxed)) {
+      ++out.steps_done;
+      continue;
+    }
+    const int64_t issued = issued_ns_[i].load(std::memory_order_relaxed);
+    if (issued == 0) continue;
+    const NodeStep& s = steps[i];
+    RunProgress::Transfer t;
+    t.step = i;
+    t.send = s.kind == NodeStep::Kind::kSend;
+    t.peer = s.peer;
+    t.rail = s.rail;
+    t.bytes = s.bytes;
+    t.issued = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(issued));
+    out.transfers.push_back(t);
+  }
+  return out;
+}
 
 void NodeRun::RunInline(uint32_t i) {
   if (inline_queue != nullptr) {
@@ -164,6 +209,7 @@ void NodeRun::RunLocal(uint32_t i) {
 }
 
 void NodeRun::Finished(uint32_t i, const absl::Status& status) {
+  done_flags_[i].store(true, std::memory_order_relaxed);
   bool failed;
   {
     absl::MutexLock lock(&mu_);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +35,21 @@ using EndpointTable = std::vector<std::vector<std::shared_ptr<transport::Endpoin
 // it sends nothing.
 uint64_t MaxStepTag(const NodeSchedule& schedule);
 
+// What a run has done and what it waits for (railctl diagnose): a snapshot, taken while it runs.
+struct RunProgress {
+  struct Transfer {
+    uint32_t step = 0;
+    bool send = false;
+    int peer = 0;
+    int rail = 0;
+    uint64_t bytes = 0;
+    std::chrono::steady_clock::time_point issued;
+  };
+  uint32_t steps_total = 0;
+  uint32_t steps_done = 0;
+  std::vector<Transfer> transfers;  // issued and not finished, by step
+};
+
 class NodeRun {
  public:
   struct Params {
@@ -59,6 +75,9 @@ class NodeRun {
     // more than the whole transfer) unless that thread is already inside such a call; false:
     // always on the pool.
     bool complete_inline = false;
+    // Keeps `schedule` alive for Progress() after the run (optional: without it Progress()
+    // reports nothing).
+    std::shared_ptr<const NodeSchedule> schedule_owner;
   };
   static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
 
@@ -66,6 +85,10 @@ class NodeRun {
   // error, after every transport operation already issued has completed (so no buffer is still
   // in use by the transport when done runs).
   void Start(const Params& params, std::function<void(absl::Status)> done);
+
+  // The current (or last) run's steps: from any thread, at any time. Costs the run nothing but
+  // a clock read per transfer it issues.
+  RunProgress Progress() const;
 
  private:
   void Ready(uint32_t step);
@@ -82,6 +105,17 @@ class NodeRun {
   std::unique_ptr<std::atomic<uint32_t>[]> pending_deps_;
   std::atomic<uint32_t> remaining_{0};  // steps not yet finished
   std::atomic<uint32_t> in_flight_{0};  // steps started and not finished
+  // Per step, for Progress(): when its transfer was issued (steady clock ns; 0: not issued) and
+  // whether it finished. Replaced by Start under progress_mu_, which Progress() holds.
+  mutable absl::Mutex progress_mu_;
+  std::unique_ptr<std::atomic<int64_t>[]> issued_ns_ ABSL_GUARDED_BY(progress_mu_);
+  std::unique_ptr<std::atomic<bool>[]> finished_ ABSL_GUARDED_BY(progress_mu_);
+  uint32_t progress_steps_ ABSL_GUARDED_BY(progress_mu_) = 0;
+  uint32_t progress_capacity_ ABSL_GUARDED_BY(progress_mu_) = 0;
+  std::shared_ptr<const NodeSchedule> progress_schedule_ ABSL_GUARDED_BY(progress_mu_);
+  // The same arrays, for the steps themselves (valid while the run that Start made them for runs).
+  std::atomic<int64_t>* issued_ = nullptr;
+  std::atomic<bool>* done_flags_ = nullptr;
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool failed_ ABSL_GUARDED_BY(mu_) = false;

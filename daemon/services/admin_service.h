@@ -74,6 +74,27 @@ class AdminService final : public v1::Admin::CallbackService {
     return reactor;
   }
 
+  grpc::ServerUnaryReactor* GetCommState(grpc::CallbackServerContext* ctx,
+                                         const v1::GetCommStateRequest* req,
+                                         v1::GetCommStateResponse* resp) override {
+    absl::StatusOr<v1::GetCommStateResponse> r = core_->GetCommState(*req);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (r.ok()) *resp = *std::move(r);
+    reactor->Finish(ToGrpc(r.status()));
+    return reactor;
+  }
+  // Answers when every member daemon answered or its deadline passed (on a gRPC thread).
+  grpc::ServerUnaryReactor* Diagnose(grpc::CallbackServerContext* ctx,
+                                     const v1::DiagnoseRequest* req,
+                                     v1::DiagnoseResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    core_->Diagnose(*req, [reactor, resp](const absl::StatusOr<v1::DiagnoseResponse>& r) {
+      if (r.ok()) *resp = *r;
+      reactor->Finish(ToGrpc(r.status()));
+    });
+    return reactor;
+  }
+
  private:
   DaemonCore* core_;
 };

@@ -78,4 +78,14 @@ grpc::ServerUnaryReactor* PeerService::AbortComm(grpc::CallbackServerContext* ct
   return reactor;
 }
 
+grpc::ServerUnaryReactor* PeerService::GetCommState(grpc::CallbackServerContext* ctx,
+                                                    const v1::PeerCommStateRequest* req,
+                                                    v1::CommState* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::CommState> st = core_->PeerCommState(Identify(*ctx), *req);
+  if (st.ok()) *resp = *std::move(st);
+  reactor->Finish(ToGrpc(st.status()));
+  return reactor;
+}
+
 }  // namespace railyard

@@ -20,6 +20,9 @@ class PeerService final : public v1::Peer::CallbackService {
   grpc::ServerUnaryReactor* AbortComm(grpc::CallbackServerContext* ctx,
                                       const v1::AbortCommRequest* req,
                                       v1::AbortCommResponse* resp) override;
+  grpc::ServerUnaryReactor* GetCommState(grpc::CallbackServerContext* ctx,
+                                         const v1::PeerCommStateRequest* req,
+                                         v1::CommState* resp) override;
 
  private:
   // Who called: the verified certificate's names under mutual TLS, nothing under --peer_insecure.

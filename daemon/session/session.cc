@@ -225,6 +225,11 @@ bool Session::RemoveMembership(uint64_t handle) {
   return removed;
 }
 
+std::map<uint64_t, Membership> Session::Memberships() const {
+  absl::MutexLock lock(&mu_);
+  return memberships_;
+}
+
 std::map<uint64_t, Membership> Session::TakeMemberships() {
   absl::MutexLock lock(&mu_);
   if (quota_ != nullptr) quota_->Release(Resource::kComms, memberships_.size());

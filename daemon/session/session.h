@@ -118,6 +118,8 @@ class Session : public CompletionSink {
   absl::StatusOr<Membership> FindMembership(uint64_t handle) const;
   bool RemoveMembership(uint64_t handle);
   std::map<uint64_t, Membership> TakeMemberships();
+  // A copy of them (railctl diagnose: which process is which rank).
+  std::map<uint64_t, Membership> Memberships() const;
 
  private:
   const std::string id_;

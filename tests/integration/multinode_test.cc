@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -20,65 +21,12 @@
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/peer_tls.h"
 #include "tests/integration/rank_cases.h"
+#include "tests/integration/virtual_cluster.h"
 
 namespace railyard::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-// How the daemons of a VirtualCluster talk: mutual TLS with certificates made at test time
-// (DNS:vnodeN, IP:127.0.0.1, one CA), or plaintext (--peer_insecure).
-enum class PeerPlane { kTls, kInsecure };
-
-// n virtual nodes; extra flags go to every daemon.
-class VirtualCluster {
- public:
-  VirtualCluster(int n, std::vector<std::string> extra = {}, PeerPlane plane = PeerPlane::kTls)
-      : dir_(MakeTempDir()) {
-    std::vector<std::string> nodes;
-    for (int i = 0; i < n; ++i) nodes.push_back("vnode" + std::to_string(i));
-    if (plane == PeerPlane::kTls) MakePeerCerts(dir_ + "/certs", nodes);
-    for (int i = 0; i < n; ++i) {
-      const std::string topo = dir_ + "/node" + std::to_string(i) + ".json";
-      std::ofstream(topo) << "{\"node\": \"" << nodes[i]
-                          << "\", \"rails\": [{\"name\": \"rail0\", \"device\": \"lo\"},"
-                             " {\"name\": \"rail1\", \"device\": \"lo\"}]}\n";
-      std::vector<std::string> flags = plane == PeerPlane::kTls
-                                           ? PeerTlsFlags(dir_ + "/certs", nodes[i])
-                                           : std::vector<std::string>{"--peer_insecure"};
-      flags.insert(flags.end(), {"--peer_listen=127.0.0.1:0", "--topology=" + topo});
-      flags.insert(flags.end(), extra.begin(), extra.end());
-      daemons_.push_back(std::make_unique<DaemonProcess>(flags));
-    }
-  }
-  ~VirtualCluster() {
-    daemons_.clear();
-    std::filesystem::remove_all(dir_);
-  }
-  DaemonProcess& operator[](int i) { return *daemons_[i]; }
-  int size() const { return static_cast<int>(daemons_.size()); }
-  std::string Sockets() const {
-    std::string s;
-    for (const auto& d : daemons_) s += (s.empty() ? "" : ",") + d->socket();
-    return s;
-  }
-  bool ready() const {
-    for (const auto& d : daemons_) {
-      if (!d->ready()) return false;
-    }
-    return true;
-  }
-  std::string Logs() const {
-    std::string s;
-    for (const auto& d : daemons_) s += d->Log() + "\n";
-    return s;
-  }
-  const std::string& dir() const { return dir_; }
-
- private:
-  std::string dir_;
-  std::vector<std::unique_ptr<DaemonProcess>> daemons_;
-};
 
 // One rank on each daemon of the cluster, joined in one communicator of cluster.size() ranks;
 // with buffer_bytes, a buffer of that size per rank. A step that fails is reported (EXPECT) and
@@ -196,6 +144,37 @@ TEST(MultiNodeTest, RailyardPerfAcrossDaemons) {
     EXPECT_EQ(*code, 0) << op << ":\n" << perf.Output();
     EXPECT_THAT(perf.Output(), HasSubstr("# Avg bus bandwidth")) << op;
   }
+}
+
+// --latency_file records one line per timed iteration on rank 0; --interval_us spaces their
+// starts (a latency-sensitive job's duty cycle in bench/fairness.sh).
+TEST(MultiNodeTest, RailyardPerfLatencyFileWithADutyCycle) {
+  VirtualCluster cluster(2);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  const std::string file = cluster.dir() + "/latencies";
+  const auto start = std::chrono::steady_clock::now();
+  Process perf(
+      {PERF_PATH, "--op", "allreduce", "-b", "64K", "-e", "64K", "-n", "10", "-w", "1", "-c", "1",
+       "--daemons", cluster.Sockets(), "--latency_file", file, "--interval_us", "50000"},
+      cluster.dir() + "/perf-latency.log");
+  auto code = perf.Wait(std::chrono::seconds(120));
+  ASSERT_TRUE(code.has_value()) << "railyard-perf hung";
+  ASSERT_EQ(*code, 0) << perf.Output();
+  // Out-of-place, then in-place: ten timed iterations each whose starts are 50 ms apart.
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(900));
+  std::ifstream in(file);
+  int lines = 0;
+  size_t bytes = 0;
+  double seconds = 0, total = 0;
+  while (in >> bytes >> seconds) {
+    ++lines;
+    EXPECT_EQ(bytes, 65536u);
+    EXPECT_GT(seconds, 0.0);
+    total += seconds;
+  }
+  EXPECT_EQ(lines, 20);
+  // Were the waits counted, the times would sum to >= 900 ms.
+  EXPECT_LT(total, 0.8) << "the iterations' times include the waits between them";
 }
 
 // Two jobs whose communicator ids agree in the 16 bits of std::hash the old tag scheme kept, in

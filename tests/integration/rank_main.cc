@@ -23,6 +23,7 @@ ABSL_FLAG(std::string, comm_id, "", "communicator id");
 ABSL_FLAG(int, rank, 0, "rank");
 ABSL_FLAG(int, nranks, 1, "nranks");
 ABSL_FLAG(uint64_t, count, 1024, "elements (submit mode)");
+ABSL_FLAG(std::string, op, "allreduce", "allreduce | allgather (submit mode)");
 ABSL_FLAG(int, timeout_ms, 0, "daemon-side wait for the other ranks (submit mode)");
 ABSL_FLAG(int, iters, 100, "allreduces (lockstep mode)");
 ABSL_FLAG(int, seed, 1, "job-specific base of the values (lockstep mode)");
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   const int nranks = absl::GetFlag(FLAGS_nranks);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const size_t bytes = mode == "cases" ? railyard::testing::ScratchBytes(nranks)
-                                       : absl::GetFlag(FLAGS_count) * sizeof(float) + 64;
+                                       : absl::GetFlag(FLAGS_count) * sizeof(float) * nranks + 64;
   auto buf = (*client)->Allocate(bytes);
   if (!buf.ok()) return Fail("allocate", buf.status());
   auto comm = (*client)->InitComm(absl::GetFlag(FLAGS_comm_id), rank, nranks);
@@ -66,8 +67,16 @@ int main(int argc, char** argv) {
     railyard::CollectiveOptions o;
     o.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
     const uint64_t count = absl::GetFlag(FLAGS_count);
+    const std::string op = absl::GetFlag(FLAGS_op);
+    if (op != "allreduce" && op != "allgather") {
+      std::fprintf(stderr, "--op %s: allreduce or allgather\n", op.c_str());
+      return 2;
+    }
     railyard::Work w =
-        comm->AllReduce(*buf, *buf, count, railyard::DataType::kFloat32, railyard::RedOp::kSum, o);
+        op == "allgather" ? comm->AllGather(railyard::BufferRef(*buf, rank * count * sizeof(float)),
+                                            *buf, count, railyard::DataType::kFloat32, o)
+                          : comm->AllReduce(*buf, *buf, count, railyard::DataType::kFloat32,
+                                            railyard::RedOp::kSum, o);
     std::printf("SUBMITTED\n");
     std::fflush(stdout);
     absl::Status s = w.wait(std::chrono::seconds(120));

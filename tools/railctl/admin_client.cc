@@ -124,6 +124,17 @@ absl::StatusOr<v1::ListJobsResponse> AdminClient::ListJobs() {
   return response;
 }
 
+absl::StatusOr<v1::DiagnoseResponse> AdminClient::Diagnose(const v1::DiagnoseRequest& req) {
+  if (absl::Status st = CheckSocket(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout +
+                   std::chrono::milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 2000));
+  v1::DiagnoseResponse response;
+  grpc::Status status = stub_->Diagnose(&ctx, req, &response);
+  if (!status.ok()) return FromGrpc("Admin.Diagnose", status);
+  return response;
+}
+
 absl::StatusOr<double> AdminClient::SetJobWeight(const std::string& job, double weight) {
   if (absl::Status st = CheckSocket(); !st.ok()) return st;
   grpc::ClientContext ctx;

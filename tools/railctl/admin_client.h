@@ -30,6 +30,9 @@ class AdminClient {
   // Admin.ListJobs / SetJobWeight (railctl jobs); SetJobWeight returns the previous weight.
   absl::StatusOr<v1::ListJobsResponse> ListJobs();
   absl::StatusOr<double> SetJobWeight(const std::string& job, double weight);
+  // Admin.Diagnose (railctl diagnose): waits the request's timeout for the other daemons, plus
+  // the usual RPC allowance.
+  absl::StatusOr<v1::DiagnoseResponse> Diagnose(const v1::DiagnoseRequest& req);
 
  private:
   absl::Status CheckSocket() const;

@@ -1,11 +1,27 @@
 #include "tools/railctl/command.h"
 
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace railyard::railctl {
+
+absl::Status PrintJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  auto converted = google::protobuf::util::MessageToJsonString(m, &json, options);
+  if (!converted.ok()) {
+    return absl::InternalError(
+        absl::StrCat("cannot print the reply as JSON: ", converted.ToString()));
+  }
+  std::printf("%s\n", json.c_str());
+  return absl::OkStatus();
+}
 namespace {
 
 // The payload that marks a status as a usage error.

@@ -2,6 +2,8 @@
 // Adding one (topo, model, simulate, explain) is a new file plus a row in main.cc's table.
 #pragma once
 
+#include <google/protobuf/message.h>
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +36,9 @@ absl::Status UsageError(absl::string_view message);
 absl::Status AsUsageError(absl::Status status);
 // main()'s exit code for a command's status: 0 when OK, 2 for a usage error, else 1.
 int ExitCode(const absl::Status& status);
+
+// Prints m as protobuf JSON (every field, defaults too) and a newline on stdout.
+absl::Status PrintJson(const google::protobuf::Message& m);
 
 // $RAILYARD_SOCKET, else /run/railyard/railyard.sock.
 std::string DefaultSocket();

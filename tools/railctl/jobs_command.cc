@@ -1,7 +1,5 @@
 #include "tools/railctl/jobs_command.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
@@ -39,19 +37,6 @@ void SplitArgs(const std::vector<std::string>& args, std::vector<std::string>* w
       words->push_back(a);
     }
   }
-}
-
-absl::Status PrintJson(const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  auto converted = google::protobuf::util::MessageToJsonString(m, &json, options);
-  if (!converted.ok()) {
-    return absl::InternalError(
-        absl::StrCat("cannot print the reply as JSON: ", converted.ToString()));
-  }
-  std::printf("%s\n", json.c_str());
-  return absl::OkStatus();
 }
 
 }  // namespace

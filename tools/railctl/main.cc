@@ -6,6 +6,7 @@
 
 #include "tools/railctl/calibrate_command.h"
 #include "tools/railctl/command.h"
+#include "tools/railctl/diagnose_command.h"
 #include "tools/railctl/explain_command.h"
 #include "tools/railctl/jobs_command.h"
 #include "tools/railctl/model_command.h"
@@ -24,6 +25,8 @@ constexpr Command kCommands[] = {
      railyard::railctl::RunStatus},
     {"jobs", "jobs' fair-share weights and what each sent per paced rail; set-weight JOB W",
      railyard::railctl::RunJobs},
+    {"diagnose", "which rank, node or link a communicator waits for, across its daemons",
+     railyard::railctl::RunDiagnose},
     {"topo", "this node's topology graph: GPUs, NICs, rails, NUMA (daemon, discovery or file)",
      railyard::railctl::RunTopo},
     {"model", "cost-model predictions without a daemon: algorithms, crossover, critical size",

@@ -1,7 +1,5 @@
 #include "tools/railctl/status_command.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -76,15 +74,7 @@ absl::Status RunStatus(const std::vector<std::string>& args) {
       AdminClient(flags->socket, flags->admin_socket).Status();
   if (!status.ok()) return status.status();
   if (flags->json) {
-    google::protobuf::util::JsonPrintOptions options;
-    options.always_print_primitive_fields = true;
-    std::string json;
-    auto converted = google::protobuf::util::MessageToJsonString(*status, &json, options);
-    if (!converted.ok()) {
-      return absl::InternalError(
-          absl::StrCat("cannot print the reply as JSON: ", converted.ToString()));
-    }
-    std::printf("%s\n", json.c_str());
+    if (absl::Status printed = PrintJson(*status); !printed.ok()) return printed;
   } else {
     std::fputs(FormatStatus(*status).c_str(), stdout);
   }
