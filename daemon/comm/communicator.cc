@@ -471,6 +471,11 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
   node_red_op_ = slot.requests[0]->req.red_op;
   node_run_seq_ = collectives_.front_seq();
   const scheduler::RankRequest& r0 = slot.requests[0]->req;
+  if (multi_node_) {
+    digest_mine_ = OpDigest::Of(r0, node_run_seq_, plan.algorithm);
+    digest_out_ = digest_mine_.Encode();
+    digest_in_.resize(static_cast<size_t>(net_.layout.nnodes));
+  }
   // Latency-bound: the hand-off to a worker is a large part of such an operation's time (at
   // 16 KiB over tcp on lo, a third); beyond, it is noise and the rail thread had better go on.
   constexpr double kCompleteInlineMaxBytes = 16 * 1024;
@@ -816,7 +821,15 @@ void Communicator::Deliver(Outcomes& out) {
     p.seq = node_run_seq_;
     p.pool = env_.executor;
     p.complete_inline = node_run_small_;
-    node_run_.Start(p, [this](absl::Status s) { OnCollectiveDone(s); });
+    const int peers = multi_node_ ? net_.layout.nnodes - 1 : 0;
+    {
+      absl::MutexLock lock(&run_parts_mu_);
+      run_status_ = absl::OkStatus();
+      digest_status_ = absl::OkStatus();
+    }
+    run_parts_.store(1 + 2 * peers);
+    if (peers > 0) StartDigestExchange();
+    node_run_.Start(p, [this](absl::Status s) { RunPartDone(s, /*digest_part=*/false); });
   }
   if (out.collective != nullptr) {
     env_.executor->RunInlineOrQueue(out.collective, env_.inline_max_bytes);
@@ -949,6 +962,85 @@ std::pair<absl::Duration, uint64_t> Communicator::PendingCollectives() const {
   absl::MutexLock lock(&mu_);
   if (collectives_.empty()) return {absl::ZeroDuration(), 0};
   return {absl::Now() - collectives_.front().first_at, collectives_.size()};
+}
+
+void Communicator::StartDigestExchange() {
+  const int me = net_.my_node;
+  const uint64_t seq = node_run_seq_;
+  for (int n = 0; n < net_.layout.nnodes; ++n) {
+    if (n == me) continue;
+    transport::Endpoint* ep =
+        static_cast<size_t>(n) < net_.endpoints.size() && !net_.endpoints[n].empty()
+            ? net_.endpoints[n][0].get()
+            : nullptr;
+    if (ep == nullptr || static_cast<size_t>(n) >= net_.node_slots.size()) {
+      const absl::Status s = absl::InternalError(absl::StrCat("no endpoint to node ", n));
+      RunPartDone(s, true);
+      RunPartDone(s, true);
+      continue;
+    }
+    ep->Recv(
+        scheduler::tags::CollectiveTag(net_.node_slots[me], n, seq, scheduler::tags::kDigestStep),
+        reinterpret_cast<std::byte*>(digest_in_[n].data()), OpDigest::kBytes,
+        [this, n](absl::Status st) { OnPeerDigest(n, st); });
+    ep->Send(
+        scheduler::tags::CollectiveTag(net_.node_slots[n], me, seq, scheduler::tags::kDigestStep),
+        reinterpret_cast<const std::byte*>(digest_out_.data()), OpDigest::kBytes,
+        [this](absl::Status st) { RunPartDone(st, true); });
+  }
+}
+
+void Communicator::OnPeerDigest(int node, const absl::Status& status) {
+  absl::Status verdict;
+  if (status.ok()) {
+    const std::string peer = static_cast<size_t>(node) < net_.node_names.size()
+                                 ? net_.node_names[node]
+                                 : absl::StrCat("node ", node);
+    const std::string me = static_cast<size_t>(net_.my_node) < net_.node_names.size()
+                               ? net_.node_names[net_.my_node]
+                               : absl::StrCat("node ", net_.my_node);
+    absl::StatusOr<OpDigest> theirs = OpDigest::Decode(digest_in_[node]);
+    if (!theirs.ok()) {
+      verdict = absl::InvalidArgumentError(
+          absl::StrCat("seq ", node_run_seq_, ": ", peer, " sent ", theirs.status().message()));
+    } else if (!digest_mine_.Differs(*theirs).empty()) {
+      const auto& ranks = net_.layout.ranks_of_node;
+      verdict = DisagreementError(
+          node_run_seq_, me,
+          static_cast<size_t>(net_.my_node) < ranks.size() ? ranks[net_.my_node]
+                                                           : std::vector<int>(),
+          digest_mine_, peer,
+          static_cast<size_t>(node) < ranks.size() ? ranks[node] : std::vector<int>(), *theirs);
+    }
+  }
+  if (!verdict.ok()) {
+    {
+      absl::MutexLock lock(&run_parts_mu_);
+      if (digest_status_.ok()) digest_status_ = verdict;
+    }
+    Log(LogLevel::kWarning, "comm", "operation digests disagree",
+        {F("comm", comm_id_), F("job", job_), F("reason", verdict.message())});
+    // The schedules may wait for messages the other side never sends: fail them now.
+    AbortTransfers(verdict);
+  }
+  RunPartDone(status, true);
+}
+
+void Communicator::RunPartDone(const absl::Status& status, bool digest_part) {
+  absl::Status final_status;
+  {
+    absl::MutexLock lock(&run_parts_mu_);
+    if (!status.ok() && run_status_.ok()) run_status_ = status;
+    if (run_parts_.fetch_sub(1) != 1) return;
+    final_status = !digest_status_.ok() ? digest_status_ : run_status_;
+  }
+  // The last part: a large operation's completion (which plans the next) does not run on a rail's
+  // progress thread (see NodeRun::Finished).
+  if (digest_part && !node_run_small_) {
+    env_.executor->Post([this, final_status] { OnCollectiveDone(final_status); });
+    return;
+  }
+  OnCollectiveDone(final_status);
 }
 
 }  // namespace railyard

@@ -2,6 +2,7 @@
 // node-level operations, in-order execution, deadlines and failure.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "daemon/comm/collective_queue.h"
 #include "daemon/comm/completion_sink.h"
+#include "daemon/comm/op_digest.h"
 #include "daemon/comm/op_planner.h"
 #include "daemon/comm/p2p_channels.h"
 #include "daemon/comm/pending_request.h"
@@ -310,6 +312,19 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_moved_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_fused_ ABSL_GUARDED_BY(mu_) = 0;
+  // The digest exchange beside a running multi-node collective (op_digest.h): its run and each
+  // digest send and receive are parts, and the collective completes when the last one has, with
+  // a disagreement (or an unreadable digest) before the run's own status.
+  void StartDigestExchange();
+  void OnPeerDigest(int node, const absl::Status& status);
+  void RunPartDone(const absl::Status& status, bool digest_part);
+  OpDigest digest_mine_;
+  OpDigest::Wire digest_out_{};
+  std::vector<OpDigest::Wire> digest_in_;  // by node
+  std::atomic<int> run_parts_{0};
+  absl::Mutex run_parts_mu_;
+  absl::Status run_status_ ABSL_GUARDED_BY(run_parts_mu_);
+  absl::Status digest_status_ ABSL_GUARDED_BY(run_parts_mu_);
   // The front collective as it was when the communicator failed (railctl diagnose).
   std::unique_ptr<v1::OpProgress> failed_op_ ABSL_GUARDED_BY(mu_);
   // The front collective's progress now.

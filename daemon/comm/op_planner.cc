@@ -28,10 +28,10 @@ absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> OpPlanner::Projec
       scheduler::Project(schedule, layout_, shape, my_node_));
   // A schedule must number its messages between two nodes within the tag's step field.
   const uint64_t max = scheduler::MaxStepTag(*projected);
-  if (max >= scheduler::tags::kMaxStepTags) {
+  if (max >= scheduler::tags::kDigestStep) {
     return absl::InvalidArgumentError(
         absl::StrCat("the ", algorithm, " schedule in chunks of ", chunk, " bytes sends ", max + 1,
-                     " messages between two nodes, more than the ", scheduler::tags::kMaxStepTags,
+                     " messages between two nodes, more than the ", scheduler::tags::kDigestStep,
                      " a tag can number: split the operation into smaller ones"));
   }
   return projected;

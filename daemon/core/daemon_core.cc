@@ -561,7 +561,10 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
       if (config_.test_flip_bit_every > 0) {  // TEST ONLY: fault injection under the frame
         wire = std::make_shared<transport::BitFlipEndpoint>(
             std::move(wire), config_.test_flip_bit_every, absl::ToUnixNanos(absl::Now()) + r,
-            transport::kFrameTrailerSize);
+            transport::kFrameTrailerSize, [](transport::Tag tag) {
+              const scheduler::tags::Fields f = scheduler::tags::Decode(tag);
+              return !f.point_to_point && f.step == scheduler::tags::kDigestStep;
+            });
       }
       // Every message carries the communicator's secret (and its CRC under crc32c): see
       // daemon/transport/framed_endpoint.h and docs/data-plane.md.

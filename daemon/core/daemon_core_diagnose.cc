@@ -154,27 +154,26 @@ void DaemonCore::Diagnose(const v1::DiagnoseRequest& req,
   g->outstanding = asks.size();
   const double timeout_s = absl::ToDoubleSeconds(timeout);
   for (const Ask& a : asks) {
-    peers_.GetCommState(
-        a.address, a.name, a.req, timeout,
-        [g, a, timeout_s, finish](const absl::StatusOr<v1::CommState>& st) {
-          bool last;
-          {
-            absl::MutexLock lock(&g->mu);
-            if (st.ok()) {
-              g->states[a.comm].push_back(*st);
-            } else {
-              std::string why = absl::StatusCodeToString(st.status().code());
-              if (st.status().code() == absl::StatusCode::kDeadlineExceeded) {
-                absl::StrAppend(&why, " after ", timeout_s, " s");
-              } else {
-                absl::StrAppend(&why, ": ", st.status().message().substr(0, 200));
-              }
-              g->silent[a.comm].push_back({a.node, a.name, why});
-            }
-            last = --g->outstanding == 0;
-          }
-          if (last) finish(g);
-        });
+    peers_.GetCommState(a.address, a.name, a.req, timeout,
+                        [g, a, timeout_s, finish](const absl::StatusOr<v1::CommState>& st) {
+                          bool last;
+                          {
+                            absl::MutexLock lock(&g->mu);
+                            if (st.ok()) {
+                              g->states[a.comm].push_back(*st);
+                            } else {
+                              std::string why = absl::StatusCodeToString(st.status().code());
+                              if (st.status().code() == absl::StatusCode::kDeadlineExceeded) {
+                                absl::StrAppend(&why, " after ", timeout_s, " s");
+                              } else {
+                                absl::StrAppend(&why, ": ", st.status().message().substr(0, 200));
+                              }
+                              g->silent[a.comm].push_back({a.node, a.name, why});
+                            }
+                            last = --g->outstanding == 0;
+                          }
+                          if (last) finish(g);
+                        });
   }
 }
 

@@ -152,10 +152,10 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
           waiting.push_back(r.rank());
         } else if (r.completed() <= oldest) {
           missing.push_back(r.rank());
-          missing_named.push_back(absl::StrCat(
-              "rank ", r.rank(), " (node ", name_of(i),
-              r.pid() > 0 ? absl::StrCat(", pid ", r.pid()) : std::string(),
-              r.left() ? ", which left the communicator" : "", ")"));
+          missing_named.push_back(
+              absl::StrCat("rank ", r.rank(), " (node ", name_of(i),
+                           r.pid() > 0 ? absl::StrCat(", pid ", r.pid()) : std::string(),
+                           r.left() ? ", which left the communicator" : "", ")"));
         }
       }
       const v1::OpProgress* op = pending_of(*st);
@@ -165,12 +165,11 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
       }
     }
     if (!missing.empty() && !waiting.empty() && since >= stall_s && what != nullptr) {
-      std::string v = absl::StrCat(absl::StrJoin(missing_named, ", "),
-                                   missing.size() == 1 ? " has" : " have", " not submitted seq ",
-                                   oldest, " (", Describe(*what), "); ",
-                                   waiting.size() == 1 ? "rank " : "ranks ", RankRanges(waiting),
-                                   waiting.size() == 1 ? " is" : " are", " waiting since ",
-                                   Seconds(since));
+      std::string v =
+          absl::StrCat(absl::StrJoin(missing_named, ", "), missing.size() == 1 ? " has" : " have",
+                       " not submitted seq ", oldest, " (", Describe(*what), "); ",
+                       waiting.size() == 1 ? "rank " : "ranks ", RankRanges(waiting),
+                       waiting.size() == 1 ? " is" : " are", " waiting since ", Seconds(since));
       if (!silent.empty()) {
         std::vector<std::string> s;
         for (int n : silent) s.push_back(name_of(n));
@@ -197,10 +196,11 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
     }
     for (const auto& [key, t] : oldest_transfer) {
       const int peer = t->peer_node();
-      std::string v = absl::StrCat("seq ", op.seq(), " step ", t->step(), ": ", name_of(i),
-                                   t->send() ? " waits for its send to " : " waits for a chunk from ",
-                                   name_of(peer), " on rail", t->rail(), " (", Bytes(t->bytes()),
-                                   ") since ", Seconds(t->age_seconds()), "; ");
+      std::string v =
+          absl::StrCat("seq ", op.seq(), " step ", t->step(), ": ", name_of(i),
+                       t->send() ? " waits for its send to " : " waits for a chunk from ",
+                       name_of(peer), " on rail", t->rail(), " (", Bytes(t->bytes()), ") since ",
+                       Seconds(t->age_seconds()), "; ");
       auto peer_it = by_node.find(peer);
       if (silent.count(peer) > 0) {
         absl::StrAppend(&v, name_of(peer),
@@ -218,8 +218,8 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
         const uint64_t peer_done = ps.ranks_size() > 0 ? ps.ranks(0).completed() : 0;
         if (explained && !counterpart) continue;
         if (counterpart) {
-          absl::StrAppend(&v, name_of(peer), " reports that ",
-                          t->send() ? "receive" : "send", " in flight (link stalled)");
+          absl::StrAppend(&v, name_of(peer), " reports that ", t->send() ? "receive" : "send",
+                          " in flight (link stalled)");
         } else if (peer_done > op.seq()) {
           absl::StrAppend(&v, name_of(peer), " completed seq ", op.seq(),
                           " (the message was lost or went elsewhere)");
@@ -237,9 +237,9 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
 
   // 4. Daemons that did not answer (beyond what the transfers above already say).
   for (const Unanswered& u : unanswered) {
-    verdicts.push_back(absl::StrCat(
-        name_of(u.node), " did not answer the diagnosis (", u.why,
-        "): its daemon is stopped, overloaded or cut off from this one"));
+    verdicts.push_back(
+        absl::StrCat(name_of(u.node), " did not answer the diagnosis (", u.why,
+                     "): its daemon is stopped, overloaded or cut off from this one"));
   }
 
   // 5. Failures, once per distinct reason.

@@ -16,7 +16,7 @@
 //   nodes per communicator   <= kMaxNodes (4096)      CommBootstrap refuses more
 //   ranks per communicator   <= kMaxRanks (65536)     InitComm and CommBootstrap refuse more
 //   live multi-node comms    <= kMaxSlots (4096)      per daemon; InitComm: RESOURCE_EXHAUSTED
-//   messages per node pair   <  kMaxStepTags (2^20)   per operation; the op fails, INVALID_ARGUMENT
+//   messages per node pair   <  kDigestStep (2^20-1)  per operation; the op fails, INVALID_ARGUMENT
 //   sends/recvs in flight    <  kMaxP2pInFlight       per (src, dst) channel: RESOURCE_EXHAUSTED
 //   sequence numbers         mod 2^15                 see below
 // A daemon runs one collective of a communicator at a time, and every message of (slot, sender,
@@ -52,6 +52,9 @@ inline constexpr int kMaxSlots = 1 << kSlotIndexBits;
 inline constexpr int kMaxNodes = 1 << kNodeBits;
 inline constexpr int kMaxRanks = 1 << kRankBits;
 inline constexpr uint64_t kMaxStepTags = uint64_t{1} << kStepBits;
+// The last step value is no schedule's: it tags each daemon's operation digest to each peer
+// (daemon/comm/op_digest.h). Schedules number their messages below it.
+inline constexpr uint64_t kDigestStep = kMaxStepTags - 1;
 inline constexpr uint64_t kMaxP2pInFlight = uint64_t{1} << kSeqBits;
 
 // A slot value as it travels in the layout: index << kSlotGenerationBits | generation.

@@ -6,17 +6,18 @@
 namespace railyard::transport {
 
 BitFlipEndpoint::BitFlipEndpoint(std::shared_ptr<Endpoint> inner, uint64_t every, uint64_t seed,
-                                 size_t protected_tail)
+                                 size_t protected_tail, std::function<bool(Tag)> spare)
     : inner_(std::move(inner)),
       every_(every == 0 ? 1 : every),
       protected_tail_(protected_tail),
+      spare_(std::move(spare)),
       rng_(seed) {}
 
 void BitFlipEndpoint::SendV(Tag tag, const Segment* segments, int count, CompletionFn done) {
   const size_t total = TotalSize(segments, count);
   // A message no longer than the protected tail (a split frame's separate trailer) is not
   // counted: every Nth payload is flipped, whether its trailer travels with it or after it.
-  if (total <= protected_tail_ || count < 1 || count > kMaxSegments) {
+  if (total <= protected_tail_ || count < 1 || count > kMaxSegments || (spare_ && spare_(tag))) {
     inner_->SendV(tag, segments, count, std::move(done));
     return;
   }

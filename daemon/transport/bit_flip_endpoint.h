@@ -9,11 +9,14 @@
 // of the secret. A split frame's payload (FramedEndpoint::Options::split_min_bytes) loses the
 // same number of bytes at its end from the draw, which only narrows where the bit lands; its
 // separate 16-byte trailer is neither counted nor flipped. The message is copied into scratch
-// memory and flipped there, never in the caller's buffer.
+// memory and flipped there, never in the caller's buffer. Messages `spare` says are not data
+// (the daemons' operation digests, daemon/comm/op_digest.h) pass untouched and uncounted, so the
+// flips land in what the schedules move.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 
@@ -28,7 +31,7 @@ class BitFlipEndpoint : public Endpoint {
   // every >= 1: the every-th, 2*every-th, ... message longer than protected_tail sent (counted
   // per endpoint) is flipped.
   BitFlipEndpoint(std::shared_ptr<Endpoint> inner, uint64_t every, uint64_t seed,
-                  size_t protected_tail);
+                  size_t protected_tail, std::function<bool(Tag)> spare = nullptr);
 
   void SendV(Tag tag, const Segment* segments, int count, CompletionFn done) override;
   void RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) override {
@@ -44,6 +47,7 @@ class BitFlipEndpoint : public Endpoint {
   const std::shared_ptr<Endpoint> inner_;
   const uint64_t every_;
   const size_t protected_tail_;
+  const std::function<bool(Tag)> spare_;
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> flipped_{0};
   std::atomic<uint64_t> last_bit_{0};

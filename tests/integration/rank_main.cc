@@ -24,6 +24,9 @@ ABSL_FLAG(int, rank, 0, "rank");
 ABSL_FLAG(int, nranks, 1, "nranks");
 ABSL_FLAG(uint64_t, count, 1024, "elements (submit mode)");
 ABSL_FLAG(std::string, op, "allreduce", "allreduce | allgather (submit mode)");
+ABSL_FLAG(int, linger_s, 0,
+          "stay connected this long after the result (submit mode), so that "
+          "the daemons keep the communicator to be diagnosed");
 ABSL_FLAG(int, timeout_ms, 0, "daemon-side wait for the other ranks (submit mode)");
 ABSL_FLAG(int, iters, 100, "allreduces (lockstep mode)");
 ABSL_FLAG(int, seed, 1, "job-specific base of the values (lockstep mode)");
@@ -80,9 +83,11 @@ int main(int argc, char** argv) {
     std::printf("SUBMITTED\n");
     std::fflush(stdout);
     absl::Status s = w.wait(std::chrono::seconds(120));
-    if (!s.ok()) return Fail("allreduce", s);
-    std::printf("RESULT code=0 msg=ok\n");
-    return 0;
+    const int code = s.ok() ? 0 : Fail(op, s);
+    if (s.ok()) std::printf("RESULT code=0 msg=ok\n");
+    std::fflush(stdout);
+    for (int i = 0; i < absl::GetFlag(FLAGS_linger_s) && i < 600; ++i) sleep(1);
+    return code;
   }
   if (mode == "lockstep") {
     // Element k of rank r in iteration i holds seed * 2^20 + i * 64 + r + (k % 7): the sum over

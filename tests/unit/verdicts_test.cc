@@ -171,9 +171,8 @@ TEST(VerdictsTest, ADaemonThatDoesNotAnswerIsAFindingAndExplainsTheWait) {
 }
 
 TEST(VerdictsTest, AnIdleCommunicatorIsHealthy) {
-  const v1::CommDiagnosis d =
-      Diagnose({Node(0, 10, 10, 10), Node(1, 10, 10, 10), Node(2, 10, 10, 10)}, {},
-               absl::Seconds(1));
+  const v1::CommDiagnosis d = Diagnose(
+      {Node(0, 10, 10, 10), Node(1, 10, 10, 10), Node(2, 10, 10, 10)}, {}, absl::Seconds(1));
   EXPECT_TRUE(d.healthy());
   ASSERT_EQ(d.verdicts_size(), 1);
   EXPECT_EQ(d.verdicts(0), "healthy: 6 ranks on 3 nodes, nothing pending");

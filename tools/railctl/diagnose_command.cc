@@ -37,8 +37,8 @@ std::string Age(double s) { return absl::StrFormat("%.1f s", s); }
 }  // namespace
 
 std::string FormatDiagnosis(const v1::CommDiagnosis& d) {
-  std::string out = absl::StrCat("communicator ", d.comm_id(), " (job ", d.job_id(), "): ",
-                                 d.healthy() ? "healthy" : "PROBLEM", "\n");
+  std::string out = absl::StrCat("communicator ", d.comm_id(), " (job ", d.job_id(),
+                                 "): ", d.healthy() ? "healthy" : "PROBLEM", "\n");
   for (const std::string& v : d.verdicts()) absl::StrAppend(&out, "  * ", v, "\n");
   absl::StrAppend(&out, "\nevidence:\n");
   TextTable ranks({"NODE", "RANK", "PID", "SUBMITTED", "COMPLETED", "STATE"});
@@ -46,22 +46,23 @@ std::string FormatDiagnosis(const v1::CommDiagnosis& d) {
   TextTable transfers({"NODE", "STEP", "DIR", "PEER", "RAIL", "BYTES", "AGE"});
   for (const v1::CommState& st : d.states()) {
     for (const v1::RankProgress& r : st.ranks()) {
-      ranks.AddRow({st.node_name(), absl::StrCat(r.rank()), r.pid() > 0 ? absl::StrCat(r.pid()) : "-",
-                    absl::StrCat(r.submitted()), absl::StrCat(r.completed()),
-                    r.left() ? "left" : st.state()});
+      ranks.AddRow({st.node_name(), absl::StrCat(r.rank()),
+                    r.pid() > 0 ? absl::StrCat(r.pid()) : "-", absl::StrCat(r.submitted()),
+                    absl::StrCat(r.completed()), r.left() ? "left" : st.state()});
     }
-    for (const v1::OpProgress* op : {st.has_front() ? &st.front() : nullptr,
-                                     st.has_failed_op() ? &st.failed_op() : nullptr}) {
+    for (const v1::OpProgress* op :
+         {st.has_front() ? &st.front() : nullptr, st.has_failed_op() ? &st.failed_op() : nullptr}) {
       if (op == nullptr) continue;
-      ops.AddRow({st.node_name(), absl::StrCat(op->seq(), op == &st.failed_op() ? " (failed)" : ""),
-                  absl::StrCat(op->op(), " ", op->dtype(), " x", op->count()),
-                  Age(op->age_seconds()), absl::StrJoin(op->submitted_ranks(), ","),
-                  absl::StrJoin(op->missing_ranks(), ","), op->running() ? "yes" : "no",
-                  op->steps_total() > 0 ? absl::StrCat(op->steps_done(), "/", op->steps_total())
-                                        : "-"});
+      ops.AddRow(
+          {st.node_name(), absl::StrCat(op->seq(), op == &st.failed_op() ? " (failed)" : ""),
+           absl::StrCat(op->op(), " ", op->dtype(), " x", op->count()), Age(op->age_seconds()),
+           absl::StrJoin(op->submitted_ranks(), ","), absl::StrJoin(op->missing_ranks(), ","),
+           op->running() ? "yes" : "no",
+           op->steps_total() > 0 ? absl::StrCat(op->steps_done(), "/", op->steps_total()) : "-"});
       for (const v1::TransferProgress& t : op->transfers()) {
-        transfers.AddRow({st.node_name(), absl::StrCat(t.step()), t.send() ? "send to" : "recv from",
-                          t.peer_name(), absl::StrCat("rail", t.rail()), FormatBytes(t.bytes()),
+        transfers.AddRow({st.node_name(), absl::StrCat(t.step()),
+                          t.send() ? "send to" : "recv from", t.peer_name(),
+                          absl::StrCat("rail", t.rail()), FormatBytes(t.bytes()),
                           Age(t.age_seconds())});
       }
     }
