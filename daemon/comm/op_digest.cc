@@ -41,8 +41,7 @@ bool Rooted(scheduler::OpKind op) {
 
 }  // namespace
 
-OpDigest OpDigest::Of(const scheduler::RankRequest& r, uint64_t seq,
-                      const std::string& algorithm) {
+OpDigest OpDigest::Of(const scheduler::RankRequest& r, uint64_t seq, const std::string& algorithm) {
   OpDigest d;
   d.op = r.op;
   d.dtype = r.dtype;

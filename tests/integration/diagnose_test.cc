@@ -114,6 +114,30 @@ TEST_F(DiagnoseTest, AHealthyJobDiagnosesAsHealthyFromAnyDaemon) {
     ASSERT_EQ(c.verdicts_size(), 1);
     EXPECT_EQ(c.verdicts(0), "healthy: 6 ranks on 3 nodes, nothing pending");
   }
+  // What railctl refuses, and a communicator no daemon has.
+  struct Bad {
+    std::vector<std::string> args;
+    int code;
+    const char* says;
+  };
+  const std::string sock = (*cluster_)[0].socket();
+  const Bad bad[] = {
+      {{"--socket", sock}, 2, "name a communicator (COMM_ID) or a job (--job J)"},
+      {{comm_id_, "--job", "diagjob", "--socket", sock}, 2, "not both"},
+      {{comm_id_, "--timeout_ms", "0", "--socket", sock}, 2, "--timeout_ms '0'"},
+      {{comm_id_, "--timeout_ms", "60000", "--socket", sock}, 2, "--timeout_ms '60000'"},
+      {{comm_id_, "--stall_ms", "soon", "--socket", sock}, 2, "--stall_ms 'soon'"},
+      {{comm_id_, "extra", "--socket", sock}, 2, "unexpected argument 'extra'"},
+      {{"ry1-nosuch@127.0.0.1:1", "--socket", sock}, 1, "no communicator here matches"},
+      {{"--job", "otherjob", "--socket", sock}, 1, "no communicator here matches job otherjob"},
+  };
+  for (const Bad& b : bad) {
+    std::vector<std::string> argv = {RAILCTL_PATH, "diagnose"};
+    argv.insert(argv.end(), b.args.begin(), b.args.end());
+    Process p(argv, cluster_->dir() + "/diagnose-bad.log");
+    EXPECT_EQ(p.Wait(std::chrono::seconds(30)).value_or(-1), b.code) << p.Output();
+    EXPECT_THAT(p.Output(), HasSubstr(b.says));
+  }
   // And by job, in the human form.
   Process p({RAILCTL_PATH, "diagnose", "--job", "diagjob", "--socket", (*cluster_)[1].socket()},
             cluster_->dir() + "/diagnose-job.log");

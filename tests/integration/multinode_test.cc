@@ -372,6 +372,31 @@ TEST(MultiNodePeerPlaneTest, OnlyMembersHeartbeatAndAbort) {
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(hb_resp.node_name(), node0);
 
+  // Only the other member may read a communicator's progress (railctl diagnose), and an unknown
+  // one is refused alike.
+  v1::PeerCommStateRequest state_req;
+  state_req.set_job_id("itest");
+  state_req.set_comm_id(ranks.comm_id);
+  v1::CommState state;
+  for (const std::string& who : {std::string("stranger"), node0}) {
+    state_req.set_from_node(who);
+    s = call([&](grpc::ClientContext* ctx) { return peer->GetCommState(ctx, state_req, &state); });
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << who;
+    EXPECT_THAT(s.error_message(), HasSubstr("is not another member node of communicator"));
+  }
+  state_req.set_from_node(node1);
+  state_req.set_comm_id(ranks.comm_id + "x");
+  s = call([&](grpc::ClientContext* ctx) { return peer->GetCommState(ctx, state_req, &state); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  state_req.set_comm_id(ranks.comm_id);
+  s = call([&](grpc::ClientContext* ctx) { return peer->GetCommState(ctx, state_req, &state); });
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(state.node_name(), node0);
+  EXPECT_EQ(state.state(), "ready");
+  ASSERT_EQ(state.ranks_size(), 1);
+  EXPECT_EQ(state.ranks(0).submitted(), state.ranks(0).completed());  // the barriers, all done
+  EXPECT_GT(state.ranks(0).pid(), 0);
+
   v1::AbortCommRequest abort;
   abort.set_job_id("itest");
   abort.set_comm_id(ranks.comm_id);

@@ -68,9 +68,12 @@ TEST(OpDigestTest, WhatNoDaemonSendsIsRefusedSayingWhat) {
     uint8_t value;
     const char* says;
   };
-  const Case cases[] = {{0, 0x00, "bad magic"},          {4, 9, "version 9"},
-                        {5, 200, "op 200 out of range"}, {6, 77, "dtype 77 out of range"},
-                        {7, 42, "red_op 42 out of range"}, {33, 0x07, "not printable"}};
+  const Case cases[] = {{0, 0x00, "bad magic"},
+                        {4, 9, "version 9"},
+                        {5, 200, "op 200 out of range"},
+                        {6, 77, "dtype 77 out of range"},
+                        {7, 42, "red_op 42 out of range"},
+                        {33, 0x07, "not printable"}};
   for (const Case& c : cases) {
     OpDigest::Wire w = good;
     std::memcpy(w.data() + c.offset, &c.value, 1);
@@ -93,9 +96,8 @@ TEST(OpDigestTest, ADisagreementNamesBothSidesRanksAndWhatDiffers) {
   EXPECT_EQ(s.message(),
             "nodes disagree at seq 88 on op: n2 ranks 4-5 submitted allgather float count=1024 "
             "(4 KiB); n1 ranks 2-3 submitted allreduce float count=1024 (4 KiB) sum");
-  const absl::Status algo =
-      DisagreementError(1, "n0", {0}, OpDigest::Of(AllReduce(8), 1, "ring"), "n1", {1},
-                        OpDigest::Of(AllReduce(8), 1, "tree"));
+  const absl::Status algo = DisagreementError(1, "n0", {0}, OpDigest::Of(AllReduce(8), 1, "ring"),
+                                              "n1", {1}, OpDigest::Of(AllReduce(8), 1, "tree"));
   EXPECT_THAT(algo.message(), HasSubstr("on algorithm: n1 ranks 1 submitted allreduce float "
                                         "count=8 (32 B) sum by tree; n0 ranks 0"));
 }

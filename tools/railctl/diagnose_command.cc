@@ -18,16 +18,17 @@ constexpr char kUsage[] =
     "                        [--socket S] [--admin_socket A] [--json]\n"
     "Which rank, node or link a communicator waits for. The daemon at S gathers every member\n"
     "daemon's view of the communicator (or of every communicator of job J on it) within\n"
-    "--timeout_ms (default 2000; a daemon that does not answer is itself a finding) and judges\n"
-    "them: a rank that has not submitted, nodes that disagree on an operation, a transfer that\n"
-    "does not complete. Something pending for less than --stall_ms (default 1000) is not a\n"
-    "finding. Prints the verdicts first, then the evidence. Exit 0 when healthy, 1 when a\n"
-    "problem was found (or the daemon could not be asked), 2 for bad arguments.\n";
+    "--timeout_ms (default 2000, at most 30000; a daemon that does not answer is itself a\n"
+    "finding) and judges them: a rank that has not submitted, nodes that disagree on an\n"
+    "operation, a transfer that does not complete. Something pending for less than --stall_ms\n"
+    "(default 1000) is not a finding. Prints the verdicts first, then the evidence. Exit 0 when\n"
+    "healthy, 1 when a problem was found (or the daemon could not be asked), 2 for bad\n"
+    "arguments.\n";
 
-absl::StatusOr<uint32_t> Millis(const std::string& flag, const std::string& value) {
+absl::StatusOr<uint32_t> Millis(const std::string& flag, const std::string& value, uint32_t max) {
   uint32_t v = 0;
-  if (!absl::SimpleAtoi(value, &v) || v == 0 || v > 3'600'000) {
-    return UsageError(absl::StrCat(flag, " '", value, "' is not a duration in ms (1..3600000)"));
+  if (!absl::SimpleAtoi(value, &v) || v == 0 || v > max) {
+    return UsageError(absl::StrCat(flag, " '", value, "' is not a duration in ms (1..", max, ")"));
   }
   return v;
 }
@@ -95,7 +96,8 @@ absl::Status RunDiagnose(const std::vector<std::string>& args) {
       const std::string flag = is("--timeout_ms") ? "--timeout_ms" : "--stall_ms";
       absl::StatusOr<std::string> v = value(flag);
       if (!v.ok()) return v.status();
-      absl::StatusOr<uint32_t> ms = Millis(flag, *v);
+      // The daemon waits for its peers at most 30 s; a stall threshold may be up to an hour.
+      absl::StatusOr<uint32_t> ms = Millis(flag, *v, flag == "--timeout_ms" ? 30'000 : 3'600'000);
       if (!ms.ok()) return ms.status();
       if (flag == "--timeout_ms") {
         req.set_timeout_ms(*ms);
