@@ -73,6 +73,25 @@ Diagnosis Diagnose(VirtualCluster& cluster, int via, const std::string& comm_id,
   return d;
 }
 
+// The checks every problem's diagnosis passes: exit 1 within 5 s of asking, one communicator,
+// not healthy, at least one verdict. Null (with the failures reported) when it does not.
+const v1::CommDiagnosis* Problem(const Diagnosis& d) {
+  EXPECT_EQ(d.exit_code, 1) << d.output;
+  EXPECT_LT(d.seconds, 5.0);
+  EXPECT_TRUE(d.parsed) << d.output;
+  if (!d.parsed || d.response.comms_size() != 1) {
+    ADD_FAILURE() << "expected one communicator's diagnosis:\n" << d.output;
+    return nullptr;
+  }
+  const v1::CommDiagnosis& c = d.response.comms(0);
+  EXPECT_FALSE(c.healthy()) << d.output;
+  if (c.verdicts_size() < 1) {
+    ADD_FAILURE() << "no verdict:\n" << d.output;
+    return nullptr;
+  }
+  return &c;
+}
+
 class DiagnoseTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -155,13 +174,9 @@ TEST_F(DiagnoseTest, ARankThatNeverSubmitsIsNamedWithItsNodeAndPid) {
   WaitAll(ranks, {"SUBMITTED", "SUBMITTED", "SUBMITTED", "SUBMITTED", "SUBMITTED", "READY"});
   std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past --stall_ms
   Diagnosis d = Diagnose(*cluster_, 1, comm_id_);
-  EXPECT_EQ(d.exit_code, 1) << d.output;
-  EXPECT_LT(d.seconds, 5.0);
-  ASSERT_TRUE(d.parsed) << d.output;
-  ASSERT_EQ(d.response.comms_size(), 1);
-  const v1::CommDiagnosis& c = d.response.comms(0);
-  EXPECT_FALSE(c.healthy());
-  ASSERT_GE(c.verdicts_size(), 1);
+  const v1::CommDiagnosis* problem = Problem(d);
+  ASSERT_NE(problem, nullptr);
+  const v1::CommDiagnosis& c = *problem;
   EXPECT_THAT(c.verdicts(0),
               HasSubstr("rank 5 (node vnode2, pid " + std::to_string(ranks[5]->pid()) +
                         ") has not submitted seq 0 (allreduce float count=1024"));
@@ -205,13 +220,9 @@ void CheckDisagreement(VirtualCluster& cluster, const std::string& comm_id,
     EXPECT_THAT(out, HasSubstr("vnode2 ranks 4-5 submitted " + side)) << out;
   }
   Diagnosis d = Diagnose(cluster, 0, comm_id);
-  EXPECT_EQ(d.exit_code, 1) << d.output;
-  EXPECT_LT(d.seconds, 5.0);
-  ASSERT_TRUE(d.parsed) << d.output;
-  ASSERT_EQ(d.response.comms_size(), 1);
-  const v1::CommDiagnosis& c = d.response.comms(0);
-  EXPECT_FALSE(c.healthy());
-  ASSERT_GE(c.verdicts_size(), 1) << d.output;
+  const v1::CommDiagnosis* problem = Problem(d);
+  ASSERT_NE(problem, nullptr);
+  const v1::CommDiagnosis& c = *problem;
   EXPECT_THAT(c.verdicts(0), HasSubstr("disagree at seq 0")) << d.output;
   // The ranks of each side that had submitted seq 0 when it failed there.
   EXPECT_THAT(c.verdicts(0), HasSubstr("vnode0, vnode1 ranks ")) << d.output;
@@ -240,11 +251,9 @@ TEST_F(DiagnoseTest, AStoppedPeerDaemonIsNamedWithTheLinkWaitingForIt) {
   ASSERT_EQ(::kill(stopped.pid(), SIGSTOP), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   Diagnosis d = Diagnose(*cluster_, 0, comm_id_, {"--timeout_ms", "1000"});
-  EXPECT_EQ(d.exit_code, 1) << d.output;
-  EXPECT_LT(d.seconds, 5.0);
-  ASSERT_TRUE(d.parsed) << d.output;
-  const v1::CommDiagnosis& c = d.response.comms(0);
-  EXPECT_FALSE(c.healthy());
+  const v1::CommDiagnosis* problem = Problem(d);
+  ASSERT_NE(problem, nullptr);
+  const v1::CommDiagnosis& c = *problem;
   ASSERT_EQ(c.unreachable_size(), 1) << d.output;
   EXPECT_THAT(c.unreachable(0), HasSubstr("vnode2: DEADLINE_EXCEEDED"));
   bool link = false, silent = false;
