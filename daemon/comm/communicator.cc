@@ -404,11 +404,16 @@ void Communicator::OnRunDeadline(uint64_t seq, absl::Duration limit) {
   Deliver(out);
 }
 
-void Communicator::OnCollectiveDone(const absl::Status& status) {
+void Communicator::OnCollectiveDone(const absl::Status& run_status) {
   std::shared_ptr<Communicator> keep;
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
+    // When the communicator failed while this ran (a peer told us why, a rank left), the run's
+    // own error is a consequence (its transfers were aborted, or met a peer's schedule that was
+    // not theirs): its ranks are told the cause, the communicator's first reason.
+    const absl::Status status =
+        !run_status.ok() && state_ == State::kFailed && !error_.ok() ? error_ : run_status;
     keep = std::move(running_self_);
     env_.timer->Cancel(run_timer_);
     // What failed, as it was, before it is popped (railctl diagnose).

@@ -184,6 +184,18 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
   // that did not submit, transfers wait as a consequence: then only those the peer also reports
   // in flight (the link itself) or whose peer did not answer are findings.
   const bool explained = !verdicts.empty();
+  // A node that itself waits on a stalled transfer: its peers waiting on it are a chain whose
+  // cause is that node's own wait, reported for it.
+  auto stalled = [&](const v1::CommState& st) {
+    if (!st.has_front() || !st.front().running()) return false;
+    for (const v1::TransferProgress& t : st.front().transfers()) {
+      if (t.age_seconds() >= stall_s) return true;
+    }
+    return false;
+  };
+  // By cause: a silent peer or a stalled link first, then a lost message, a peer that has not
+  // started, a peer still on its way.
+  std::vector<std::pair<int, std::string>> links;
   for (const auto& [i, st] : by_node) {
     if (!st->has_front() || !st->front().running()) continue;
     const v1::OpProgress& op = st->front();
@@ -202,10 +214,12 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
                        name_of(peer), " on rail", t->rail(), " (", Bytes(t->bytes()), ") since ",
                        Seconds(t->age_seconds()), "; ");
       auto peer_it = by_node.find(peer);
+      int cause = 0;
       if (silent.count(peer) > 0) {
         absl::StrAppend(&v, name_of(peer),
                         " did not answer (its daemon is stopped, overloaded or cut off)");
       } else if (peer_it == by_node.end()) {
+        cause = 3;
         absl::StrAppend(&v, "nothing is known of ", name_of(peer));
       } else {
         const v1::CommState& ps = *peer_it->second;
@@ -218,22 +232,30 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
         const uint64_t peer_done = ps.ranks_size() > 0 ? ps.ranks(0).completed() : 0;
         if (explained && !counterpart) continue;
         if (counterpart) {
+          cause = 1;
           absl::StrAppend(&v, name_of(peer), " reports that ", t->send() ? "receive" : "send",
                           " in flight (link stalled)");
         } else if (peer_done > op.seq()) {
+          cause = 2;
           absl::StrAppend(&v, name_of(peer), " completed seq ", op.seq(),
                           " (the message was lost or went elsewhere)");
         } else if (ps.has_front() && ps.front().seq() == op.seq() && ps.front().running()) {
+          if (stalled(ps)) continue;  // a chain: the peer's own wait is the finding
+          cause = 4;
           absl::StrAppend(&v, name_of(peer), " runs seq ", op.seq(), " (step ",
                           ps.front().steps_done(), " of ", ps.front().steps_total(),
                           ") and has not reached that ", t->send() ? "receive" : "send");
         } else {
+          cause = 3;
           absl::StrAppend(&v, name_of(peer), " has not started seq ", op.seq());
         }
       }
-      verdicts.push_back(std::move(v));
+      links.emplace_back(cause, std::move(v));
     }
   }
+  std::stable_sort(links.begin(), links.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [cause, v] : links) verdicts.push_back(std::move(v));
 
   // 4. Daemons that did not answer (beyond what the transfers above already say).
   for (const Unanswered& u : unanswered) {

@@ -170,6 +170,26 @@ TEST(VerdictsTest, ADaemonThatDoesNotAnswerIsAFindingAndExplainsTheWait) {
   EXPECT_TRUE(silent) << d.DebugString();
 }
 
+// n1 waits on n0, which waits on silent n2: the cause is n0's wait, not n1's.
+TEST(VerdictsTest, AChainOfWaitsIsReportedAtItsEnd) {
+  auto n0 = Node(0, 8, 8, 7), n1 = Node(1, 8, 8, 7);
+  auto* f0 = Front(&n0, 7, "allreduce", 256, 12, {0, 1});
+  f0->set_running(true);
+  f0->set_steps_total(26);
+  f0->set_steps_done(6);
+  AddTransfer(f0, false, 2, 0, 12, 5);
+  auto* f1 = Front(&n1, 7, "allreduce", 256, 12, {2, 3});
+  f1->set_running(true);
+  AddTransfer(f1, false, 0, 0, 11, 7);
+  const v1::CommDiagnosis d =
+      Diagnose({n1, n0}, {{2, "n2", "DEADLINE_EXCEEDED after 1 s"}}, absl::Seconds(1));
+  ASSERT_EQ(d.verdicts_size(), 2) << d.DebugString();
+  EXPECT_EQ(d.verdicts(0),
+            "seq 7 step 5: n0 waits for a chunk from n2 on rail0 (64 KiB) since 12 s; n2 did not "
+            "answer (its daemon is stopped, overloaded or cut off)");
+  EXPECT_THAT(d.verdicts(1), HasSubstr("n2 did not answer the diagnosis"));
+}
+
 TEST(VerdictsTest, AnIdleCommunicatorIsHealthy) {
   const v1::CommDiagnosis d = Diagnose(
       {Node(0, 10, 10, 10), Node(1, 10, 10, 10), Node(2, 10, 10, 10)}, {}, absl::Seconds(1));
