@@ -384,15 +384,10 @@ void Communicator::OnRunDeadline(uint64_t seq, absl::Duration limit) {
       if (oldest == nullptr || t.issued < oldest->issued) oldest = &t;
     }
     if (oldest != nullptr) {
-      const std::string peer =
-          oldest->peer >= 0 && static_cast<size_t>(oldest->peer) < net_.node_names.size()
-              ? net_.node_names[oldest->peer]
-              : absl::StrCat("node ", oldest->peer);
-      waits = absl::StrCat(
-          "; node ", net_.node_names.empty() ? std::string("?") : net_.node_names[net_.my_node],
-          " still waits for ", oldest->send ? "its send to " : "a chunk from ", peer, " on rail",
-          oldest->rail, " (step ", oldest->step, ", ", progress.steps_done, " of ",
-          progress.steps_total, " steps done)");
+      waits = absl::StrCat("; node ", NodeName(net_.my_node), " still waits for ",
+                           oldest->send ? "its send to " : "a chunk from ", NodeName(oldest->peer),
+                           " on rail", oldest->rail, " (step ", oldest->step, ", ",
+                           progress.steps_done, " of ", progress.steps_total, " steps done)");
     }
     AbortLocked(absl::DeadlineExceededError(absl::StrCat(
                     "seq ", seq, " on communicator ", comm_id_, " did not complete across its ",
@@ -885,6 +880,8 @@ CommStats Communicator::Stats() const {
   s.queued_ops = collectives_.size() - (collective_running_ ? 1 : 0);
   s.in_flight_ops += channels_.busy();
   s.queued_ops += channels_.queued();
+  s.pending_collectives = collectives_.size();
+  if (!collectives_.empty()) s.oldest_pending = absl::Now() - collectives_.front().first_at;
   return s;
 }
 
@@ -963,10 +960,10 @@ v1::CommState Communicator::ProgressState() const {
   return st;
 }
 
-std::pair<absl::Duration, uint64_t> Communicator::PendingCollectives() const {
-  absl::MutexLock lock(&mu_);
-  if (collectives_.empty()) return {absl::ZeroDuration(), 0};
-  return {absl::Now() - collectives_.front().first_at, collectives_.size()};
+std::string Communicator::NodeName(int node) const {
+  return node >= 0 && static_cast<size_t>(node) < net_.node_names.size()
+             ? net_.node_names[node]
+             : absl::StrCat("node ", node);
 }
 
 void Communicator::StartDigestExchange() {
@@ -998,12 +995,8 @@ void Communicator::StartDigestExchange() {
 void Communicator::OnPeerDigest(int node, const absl::Status& status) {
   absl::Status verdict;
   if (status.ok()) {
-    const std::string peer = static_cast<size_t>(node) < net_.node_names.size()
-                                 ? net_.node_names[node]
-                                 : absl::StrCat("node ", node);
-    const std::string me = static_cast<size_t>(net_.my_node) < net_.node_names.size()
-                               ? net_.node_names[net_.my_node]
-                               : absl::StrCat("node ", net_.my_node);
+    const std::string peer = NodeName(node);
+    const std::string me = NodeName(net_.my_node);
     absl::StatusOr<OpDigest> theirs = OpDigest::Decode(digest_in_[node]);
     if (!theirs.ok()) {
       verdict = absl::InvalidArgumentError(

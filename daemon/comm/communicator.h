@@ -89,6 +89,10 @@ struct CommStats {
   uint64_t ops_fused = 0;      // ran fused into an earlier collective of their group
   uint64_t queued_ops = 0;     // collectives and sends/receives accepted, not started
   uint64_t in_flight_ops = 0;  // executing now
+  // Collectives some local rank submitted that have not completed, and the oldest one's age
+  // (the stall metrics).
+  uint64_t pending_collectives = 0;
+  absl::Duration oldest_pending = absl::ZeroDuration();
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
@@ -166,9 +170,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Its progress as this daemon sees it (railctl diagnose): ranks' submissions, the front
   // collective, its transfers in flight. Node name and pids are the caller's to fill in.
   v1::CommState ProgressState() const;
-  // Age of the oldest collective pending here (zero: none) and how many are pending: for the
-  // stall metrics.
-  std::pair<absl::Duration, uint64_t> PendingCollectives() const;
 
  private:
   enum class State { kJoining, kReady, kFailed };
@@ -327,6 +328,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   absl::Status digest_status_ ABSL_GUARDED_BY(run_parts_mu_);
   // The front collective as it was when the communicator failed (railctl diagnose).
   std::unique_ptr<v1::OpProgress> failed_op_ ABSL_GUARDED_BY(mu_);
+  // net_.node_names[node], or "node N" when the layout has no name for it.
+  std::string NodeName(int node) const;
   // The front collective's progress now.
   v1::OpProgress FrontProgressLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };

@@ -29,12 +29,6 @@ T Get(const OpDigest::Wire& w, size_t off) {
   return v;
 }
 
-std::string Bytes(uint64_t b) {
-  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return absl::StrCat(b >> 20, " MiB");
-  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return absl::StrCat(b >> 10, " KiB");
-  return absl::StrCat(b, " B");
-}
-
 bool Rooted(scheduler::OpKind op) {
   return op == scheduler::OpKind::kBroadcast || op == scheduler::OpKind::kReduce;
 }
@@ -102,12 +96,14 @@ absl::StatusOr<OpDigest> OpDigest::Decode(const Wire& w) {
 }
 
 std::string OpDigest::Describe(bool with_algorithm) const {
-  std::string out = absl::StrCat(scheduler::OpName(op), " ", std::string(kernels::Name(dtype)));
-  if (op != scheduler::OpKind::kAllToAllv && op != scheduler::OpKind::kBarrier) {
-    absl::StrAppend(&out, " count=", count, " (", Bytes(count * kernels::ElementSize(dtype)), ")");
-  }
-  if (has_red_op) absl::StrAppend(&out, " ", std::string(kernels::Name(red_op)));
-  if (Rooted(op)) absl::StrAppend(&out, " root=", root);
+  v1::OpProgress p;
+  p.set_op(std::string(scheduler::OpName(op)));
+  p.set_dtype(std::string(kernels::Name(dtype)));
+  p.set_count(count);
+  p.set_bytes(count * kernels::ElementSize(dtype));
+  if (has_red_op) p.set_red_op(std::string(kernels::Name(red_op)));
+  p.set_root(root);
+  std::string out = diagnose::Describe(p);
   if (with_algorithm) absl::StrAppend(&out, " by ", algorithm);
   return out;
 }

@@ -247,20 +247,25 @@ absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinC
   return bootstrap_.Join(req, JoinTimeout(req.timeout_ms()), std::move(done));
 }
 
+absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::PeerMemberComm(
+    const PeerIdentity& who, absl::string_view rpc, absl::string_view field, const std::string& job,
+    const std::string& comm_id, const std::string& from_node) {
+  if (absl::Status s = CheckClaimedNode(who, from_node, field); !s.ok()) return s;
+  std::shared_ptr<Communicator> comm = comms_.Find({job, comm_id});
+  if (comm == nullptr || !comm->HasPeerNode(from_node)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        rpc, " from node ", from_node, " refused: it is not another member node of communicator ",
+        comm_id.substr(0, 80), " here"));
+  }
+  return comm;
+}
+
 absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req) {
-  if (absl::Status s = CheckClaimedNode(who, req.from_node(), "AbortCommRequest.from_node");
-      !s.ok()) {
-    return s;
-  }
-  // Only another member may fail a communicator; an unknown one gets the same answer, so that
-  // comm ids cannot be probed.
-  std::shared_ptr<Communicator> comm = comms_.Find({req.job_id(), req.comm_id()});
-  if (comm == nullptr || !comm->HasPeerNode(req.from_node())) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("AbortComm from node ", req.from_node(),
-                     " refused: it is not another member node of communicator ",
-                     req.comm_id().substr(0, 80), " here"));
-  }
+  // Only another member may fail a communicator.
+  absl::StatusOr<std::shared_ptr<Communicator>> member = PeerMemberComm(
+      who, "AbortComm", "AbortCommRequest.from_node", req.job_id(), req.comm_id(), req.from_node());
+  if (!member.ok()) return member.status();
+  const std::shared_ptr<Communicator>& comm = *member;
   // A peer's code and words go to every local rank: only real codes, and a bounded message.
   const bool known =
       req.code() > 0 && req.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
@@ -820,9 +825,8 @@ metrics::DaemonSample DaemonCore::SampleMetrics() {
     ++j.comms;
     j.queued_ops += static_cast<int>(st.queued_ops);
     j.in_flight_ops += static_cast<int>(st.in_flight_ops);
-    const auto [age, pending] = c->PendingCollectives();
-    j.pending_collectives += static_cast<int>(pending);
-    j.stalled_seconds = std::max(j.stalled_seconds, absl::ToDoubleSeconds(age));
+    j.pending_collectives += static_cast<int>(st.pending_collectives);
+    j.stalled_seconds = std::max(j.stalled_seconds, absl::ToDoubleSeconds(st.oldest_pending));
   }
   for (auto& [job, j] : out.jobs) j.weight = job_weights_.Get(job);
   for (const auto& [job, e] : job_weights_.Snapshot()) out.job_weights[job] = e.weight;

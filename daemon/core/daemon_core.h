@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/auth/peer_tls.h"
@@ -215,6 +216,12 @@ class DaemonCore {
   // The tuner of a new multi-node communicator, from the cost model its coordinator sent.
   std::shared_ptr<scheduler::cost::Tuner> MakeTuner(const scheduler::CommLayout& layout,
                                                     const v1::CostModel& model) const;
+  // The communicator (job, comm_id) when `who` may speak for from_node and from_node is another
+  // member node of it; PERMISSION_DENIED naming `rpc` otherwise, the same for an unknown one (so
+  // that comm ids cannot be probed), INVALID_ARGUMENT (via `field`) for a bad node name.
+  absl::StatusOr<std::shared_ptr<Communicator>> PeerMemberComm(
+      const PeerIdentity& who, absl::string_view rpc, absl::string_view field,
+      const std::string& job, const std::string& comm_id, const std::string& from_node);
   // comm->ProgressState() with this node's name and its ranks' pids (from the sessions'
   // memberships).
   v1::CommState LocalCommState(const std::shared_ptr<Communicator>& comm);

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/comm/peer_input.h"
 #include "daemon/core/daemon_core.h"
 #include "daemon/diagnose/verdicts.h"
 #include "daemon/util/log.h"
@@ -24,6 +24,15 @@ constexpr uint32_t kDefaultStallMs = 1000;
 
 bool Matches(const Communicator& comm, const std::string& comm_id, const std::string& job) {
   return (comm_id.empty() || comm.comm_id() == comm_id) && (job.empty() || comm.job() == job);
+}
+
+// NOT_FOUND for a comm id and/or job that match no communicator here.
+absl::Status NoneMatches(const std::string& comm_id, const std::string& job) {
+  std::vector<std::string> what;
+  if (!comm_id.empty()) what.push_back(absl::StrCat("comm id ", comm_id.substr(0, 80)));
+  if (!job.empty()) what.push_back(absl::StrCat("job ", job.substr(0, 80)));
+  return absl::NotFoundError(
+      absl::StrCat("no communicator here matches ", absl::StrJoin(what, " and ")));
 }
 
 }  // namespace
@@ -50,28 +59,18 @@ absl::StatusOr<v1::GetCommStateResponse> DaemonCore::GetCommState(
     if (Matches(*comm, req.comm_id(), req.job_id())) *out.add_comms() = LocalCommState(comm);
   }
   if (out.comms_size() == 0 && (!req.comm_id().empty() || !req.job_id().empty())) {
-    return absl::NotFoundError(absl::StrCat(
-        "no communicator here matches ",
-        req.comm_id().empty() ? "" : absl::StrCat("comm id ", req.comm_id().substr(0, 80), " "),
-        req.job_id().empty() ? "" : absl::StrCat("job ", req.job_id().substr(0, 80))));
+    return NoneMatches(req.comm_id(), req.job_id());
   }
   return out;
 }
 
 absl::StatusOr<v1::CommState> DaemonCore::PeerCommState(const PeerIdentity& who,
                                                         const v1::PeerCommStateRequest& req) {
-  if (absl::Status s = CheckClaimedNode(who, req.from_node(), "PeerCommStateRequest.from_node");
-      !s.ok()) {
-    return s;
-  }
-  std::shared_ptr<Communicator> comm = comms_.Find({req.job_id(), req.comm_id()});
-  if (comm == nullptr || !comm->HasPeerNode(req.from_node())) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("GetCommState from node ", req.from_node(),
-                     " refused: it is not another member node of communicator ",
-                     req.comm_id().substr(0, 80), " here"));
-  }
-  return LocalCommState(comm);
+  absl::StatusOr<std::shared_ptr<Communicator>> member =
+      PeerMemberComm(who, "GetCommState", "PeerCommStateRequest.from_node", req.job_id(),
+                     req.comm_id(), req.from_node());
+  if (!member.ok()) return member.status();
+  return LocalCommState(*member);
 }
 
 void DaemonCore::Diagnose(const v1::DiagnoseRequest& req,
@@ -94,10 +93,7 @@ void DaemonCore::Diagnose(const v1::DiagnoseRequest& req,
     if (Matches(*comm, req.comm_id(), req.job_id())) comms.push_back(comm);
   }
   if (comms.empty()) {
-    done(absl::NotFoundError(absl::StrCat(
-        "no communicator here matches ",
-        req.comm_id().empty() ? absl::StrCat("job ", req.job_id().substr(0, 80))
-                              : absl::StrCat("comm id ", req.comm_id().substr(0, 80)))));
+    done(NoneMatches(req.comm_id(), req.job_id()));
     return;
   }
 

@@ -17,25 +17,9 @@ namespace railyard::diagnose {
 
 namespace {
 
-std::string Bytes(uint64_t b) {
-  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return absl::StrCat(b >> 30, " GiB");
-  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return absl::StrCat(b >> 20, " MiB");
-  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return absl::StrCat(b >> 10, " KiB");
-  return absl::StrCat(b, " B");
-}
-
 std::string Seconds(double s) {
   if (s < 10) return absl::StrFormat("%.1f s", s);
   return absl::StrFormat("%.0f s", s);
-}
-
-// "allreduce float32 count=1024 (4 KiB) sum".
-std::string Describe(const v1::OpProgress& op) {
-  std::string out = absl::StrCat(op.op(), " ", op.dtype(), " count=", op.count());
-  if (op.bytes() > 0) absl::StrAppend(&out, " (", Bytes(op.bytes()), ")");
-  if (!op.red_op().empty()) absl::StrAppend(&out, " ", op.red_op());
-  if (op.op() == "broadcast" || op.op() == "reduce") absl::StrAppend(&out, " root=", op.root());
-  return out;
 }
 
 // What must agree between nodes for one sequence number.
@@ -52,6 +36,25 @@ std::string NodeName(const v1::CommState& st) {
 }
 
 }  // namespace
+
+std::string ExactBytes(uint64_t b) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return absl::StrCat(b >> 30, " GiB");
+  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return absl::StrCat(b >> 20, " MiB");
+  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return absl::StrCat(b >> 10, " KiB");
+  return absl::StrCat(b, " B");
+}
+
+std::string Describe(const v1::OpProgress& op) {
+  std::string out = absl::StrCat(op.op(), " ", op.dtype());
+  // An AllToAllv's counts are per peer, a barrier has none.
+  if (op.op() != "alltoallv" && op.op() != "barrier") {
+    absl::StrAppend(&out, " count=", op.count());
+    if (op.bytes() > 0) absl::StrAppend(&out, " (", ExactBytes(op.bytes()), ")");
+  }
+  if (!op.red_op().empty()) absl::StrAppend(&out, " ", op.red_op());
+  if (op.op() == "broadcast" || op.op() == "reduce") absl::StrAppend(&out, " root=", op.root());
+  return out;
+}
 
 std::string RankRanges(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
@@ -211,8 +214,8 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
       std::string v =
           absl::StrCat("seq ", op.seq(), " step ", t->step(), ": ", name_of(i),
                        t->send() ? " waits for its send to " : " waits for a chunk from ",
-                       name_of(peer), " on rail", t->rail(), " (", Bytes(t->bytes()), ") since ",
-                       Seconds(t->age_seconds()), "; ");
+                       name_of(peer), " on rail", t->rail(), " (", ExactBytes(t->bytes()),
+                       ") since ", Seconds(t->age_seconds()), "; ");
       auto peer_it = by_node.find(peer);
       int cause = 0;
       if (silent.count(peer) > 0) {

@@ -4,6 +4,7 @@
 // with hand-made states).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,12 @@ struct Unanswered {
 // findings (its one verdict then says so).
 v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
                            const std::vector<Unanswered>& unanswered, absl::Duration stall);
+
+// "allreduce float count=1024 (4 KiB) sum": how verdicts and the daemons' disagreement errors
+// (daemon/comm/op_digest.h) name an operation.
+std::string Describe(const v1::OpProgress& op);
+// "4 KiB" for 4096, "684 B" for 684: binary units only where they are exact.
+std::string ExactBytes(uint64_t bytes);
 
 // "0-4, 6-7" for {0,1,2,3,4,6,7}.
 std::string RankRanges(std::vector<int> ranks);

@@ -113,15 +113,17 @@ void SessionRings::Start(SubmitFn submit, std::string name) {
   });
 }
 
+void SessionRings::WakeRingThread() {
+  __atomic_fetch_add(Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
+  FutexWake(Word32(rp::kOffSqDoorbell), INT_MAX);
+}
+
 void SessionRings::Stop() {
   {
     absl::MutexLock lock(&cq_mu_);
     stopped_ = true;
   }
-  if (!stop_.exchange(true)) {
-    __atomic_fetch_add(Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
-    FutexWake(Word32(rp::kOffSqDoorbell), INT_MAX);
-  }
+  if (!stop_.exchange(true)) WakeRingThread();
   if (OnRingThread()) return;                  // it ends when this call returns to its loop
   std::lock_guard<std::mutex> lock(join_mu_);  // after a Quiesce() sweeping now, too
   if (thread_.joinable()) thread_.join();
@@ -129,8 +131,7 @@ void SessionRings::Stop() {
 
 void SessionRings::Quiesce() {
   if (stop_.exchange(true)) return;  // stopped (or quiesced) already
-  __atomic_fetch_add(Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
-  FutexWake(Word32(rp::kOffSqDoorbell), INT_MAX);
+  WakeRingThread();
   if (OnRingThread()) return;
   std::lock_guard<std::mutex> lock(join_mu_);
   if (!thread_.joinable()) return;

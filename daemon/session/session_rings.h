@@ -77,6 +77,8 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
                absl::Duration spin);
   void Loop();
+  // Rings the submission doorbell, so that a sleeping ring thread sees stop_.
+  void WakeRingThread();
   // Takes what the client published, while the completion ring has room; returns the entries
   // taken. Sets *blocked when entries wait but completions would not fit.
   // Takes at most `limit` entries.
