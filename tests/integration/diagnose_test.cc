@@ -196,6 +196,20 @@ TEST_F(DiagnoseTest, ARankThatNeverSubmitsIsNamedWithItsNodeAndPid) {
 // diagnosis (the ranks stay connected, so the communicators are still there) says the same.
 void CheckDisagreement(VirtualCluster& cluster, const std::string& comm_id,
                        const std::vector<std::string>& vnode2_flags, const std::string& side) {
+  // A bystander job on the same three daemons, one rank each, runs checked AllReduces the whole
+  // time: it must neither fail nor see wrong data.
+  auto bc = Client::Connect(cluster[0].Options("bystander"));
+  ASSERT_TRUE(bc.ok()) << bc.status();
+  auto bid = (*bc)->CreateCommId();
+  ASSERT_TRUE(bid.ok()) << bid.status();
+  std::vector<std::unique_ptr<Process>> bystanders;
+  for (int r = 0; r < 3; ++r) {
+    bystanders.push_back(std::make_unique<Process>(
+        std::vector<std::string>{RANK_PATH, "--mode=lockstep", "--socket=" + cluster[r].socket(),
+                                 "--comm_id=" + *bid, "--rank=" + std::to_string(r), "--nranks=3",
+                                 "--job=bystander", "--count=4096", "--iters=300", "--seed=2"},
+        cluster.dir() + "/bystander" + std::to_string(r) + ".log"));
+  }
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 6; ++r) {
     std::vector<std::string> flags = {"--timeout_ms=60000", "--linger_s=60"};
@@ -229,6 +243,11 @@ void CheckDisagreement(VirtualCluster& cluster, const std::string& comm_id,
   EXPECT_THAT(c.verdicts(0), HasSubstr("submitted allreduce float count=1024 (4 KiB) sum; vnode2"))
       << d.output;
   EXPECT_THAT(c.verdicts(0), HasSubstr("vnode2 ranks 4-5 submitted " + side)) << d.output;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(bystanders[r]->Wait(std::chrono::seconds(120)).value_or(-1), 0)
+        << bystanders[r]->Output();
+    EXPECT_THAT(bystanders[r]->Output(), HasSubstr("LOCKSTEP 300 nodes 3"));
+  }
 }
 
 TEST_F(DiagnoseTest, NodesThatSubmitADifferentOpAreNamedWithWhatEachSubmitted) {
