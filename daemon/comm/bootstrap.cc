@@ -137,6 +137,7 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
   absl::StatusOr<v1::JoinCommResponse> result;
   {
     absl::MutexLock lock(&mu_);
+    if (!stopped_.ok()) return stopped_;
     if (pending_bytes_ + bytes > limits_.max_pending_bytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the coordinator's pending communicator bootstraps hold ", pending_bytes_,
@@ -208,6 +209,23 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
   }
   for (auto& d : dones) d(result);
   return absl::OkStatus();
+}
+
+void CommBootstrap::Shutdown(const absl::Status& status) {
+  std::vector<Done> dones;
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = status;
+    for (auto& [comm_id, p] : pending_) {
+      timer_->Cancel(p.timer);
+      for (auto& [rank, j] : p.joined) {
+        if (j.done) dones.push_back(std::move(j.done));
+      }
+    }
+    pending_.clear();
+    pending_bytes_ = 0;
+  }
+  for (auto& d : dones) d(status);
 }
 
 void CommBootstrap::OnDeadline(const std::string& comm_id, uint64_t generation) {

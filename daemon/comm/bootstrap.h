@@ -49,6 +49,9 @@ class CommBootstrap {
   // Limits::max_pending or max_pending_bytes. The layout answered carries a fresh random non-zero
   // data_secret and the strongest integrity any rank asked for.
   absl::Status Join(const v1::JoinCommRequest& req, absl::Duration timeout, Done done);
+  // Answers every pending bootstrap's joins with `status` (the daemon is stopping) and cancels
+  // their deadlines; joins after it are refused with the same status.
+  void Shutdown(const absl::Status& status);
   // Bootstraps waiting for ranks, and the bytes of node information they hold.
   size_t pending() const;
   size_t pending_bytes() const;
@@ -101,6 +104,7 @@ class CommBootstrap {
   std::map<std::string, std::string> formed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> formed_order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status stopped_ ABSL_GUARDED_BY(mu_);  // set by Shutdown
   v1::CostModel cost_model_ ABSL_GUARDED_BY(mu_);
 };
 

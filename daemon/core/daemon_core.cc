@@ -76,7 +76,12 @@ DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth)
   LoadCalibrationAtStart();
 }
 
-DaemonCore::~DaemonCore() { Shutdown(); }
+DaemonCore::~DaemonCore() {
+  Shutdown();
+  // A callback running now (a bootstrap's deadline, a heartbeat) finishes before the members it
+  // uses are destroyed; none runs after.
+  timer_.Stop();
+}
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::ConnectRequest& req) {
   if (req.fd_ticket().empty()) {
@@ -922,6 +927,7 @@ void DaemonCore::Shutdown() {
   for (auto& s : sessions_.Snapshot()) {
     if (std::shared_ptr<SessionRings> rings = s->rings()) rings->Quiesce();
   }
+  bootstrap_.Shutdown(absl::UnavailableError("railyardd is shutting down"));
   for (auto& comm : comms_.Close()) {
     comm->Abort(absl::CancelledError("railyardd is shutting down"));
   }

@@ -12,12 +12,22 @@ DeadlineTimer::DeadlineTimer()
 
 DeadlineTimer::DeadlineTimer(const Clock* clock) : clock_(clock) {}
 
-DeadlineTimer::~DeadlineTimer() {
+DeadlineTimer::~DeadlineTimer() { Stop(); }
+
+void DeadlineTimer::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  std::map<std::pair<absl::Time, Id>, std::function<void()>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    dropped.swap(pending_);
+    deadlines_.clear();
+  }
+  // The callbacks' captures are destroyed here, outside the lock (they may hold objects whose
+  // destructors schedule or cancel).
 }
 
 int DeadlineTimer::RunDue() {
@@ -39,6 +49,7 @@ int DeadlineTimer::RunDue() {
 DeadlineTimer::Id DeadlineTimer::Schedule(absl::Time deadline, std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
   const Id id = next_id_++;
+  if (stopping_) return id;  // after Stop: never runs
   pending_.emplace(std::make_pair(deadline, id), std::move(fn));
   deadlines_.emplace(id, deadline);
   return id;

@@ -22,12 +22,17 @@ class DeadlineTimer {
   DeadlineTimer();  // the real clock, its own thread
   // Manual mode: no thread; callbacks run only when RunDue is called (tests, with a fake clock).
   explicit DeadlineTimer(const Clock* clock);
-  ~DeadlineTimer();  // cancels everything pending, joins the thread
+  ~DeadlineTimer();  // Stop()
   DeadlineTimer(const DeadlineTimer&) = delete;
   DeadlineTimer& operator=(const DeadlineTimer&) = delete;
 
   // Runs fn on the timer thread at deadline (or soon after). fn must not call Cancel on itself.
   Id Schedule(absl::Time deadline, std::function<void()> fn);
+  // Waits for a callback that is running, joins the thread and drops (without running) every
+  // pending callback; later Schedules are dropped too. The owner of objects the callbacks use
+  // calls it before destroying them: Cancel cannot, since it does not wait for a running one.
+  // Idempotent.
+  void Stop();
   // Removes a pending callback; a no-op when it already ran or is running.
   void Cancel(Id id);
   // The time deadlines are measured against.

@@ -122,5 +122,27 @@ TEST(DeadlineTimerTest, AnEarlierDeadlineWakesTheSleepingThread) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
+// The CI's ASan run caught a bootstrap's deadline running on the timer thread while the daemon
+// destroyed the bootstrap: Cancel does not wait for a running callback, Stop does.
+TEST(DeadlineTimerTest, StopWaitsForTheRunningCallbackAndDropsTheRest) {
+  DeadlineTimer timer;
+  absl::Notification running;
+  std::atomic<bool> finished{false};
+  std::atomic<int> dropped_ran{0};
+  timer.Schedule(absl::Now(), [&] {
+    running.Notify();
+    absl::SleepFor(absl::Milliseconds(200));
+    finished = true;
+  });
+  timer.Schedule(absl::Now() + absl::Milliseconds(300), [&] { ++dropped_ran; });
+  ASSERT_TRUE(running.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  timer.Stop();
+  EXPECT_TRUE(finished);  // Stop returned only after the running callback did
+  timer.Schedule(absl::Now(), [&] { ++dropped_ran; });  // after Stop: dropped
+  timer.Stop();                                         // idempotent
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_EQ(dropped_ran, 0);
+}
+
 }  // namespace
 }  // namespace railyard

@@ -268,6 +268,29 @@ TEST(CommBootstrapTest, EveryRankGetsTheLayoutOnceTheLastJoins) {
   EXPECT_EQ(timer.RunDue(), 0);  // the deadline was cancelled
 }
 
+TEST(CommBootstrapTest, ShutdownAnswersEveryPendingJoinAndRefusesLaterOnes) {
+  testing::FakeClock clock;
+  DeadlineTimer timer(&clock);
+  CommBootstrap bootstrap(&timer);
+  JoinAnswers answers;
+  ASSERT_TRUE(bootstrap.Join(JoinOf("c", 0, 3, "a"), absl::Seconds(5), answers.Done()).ok());
+  ASSERT_TRUE(bootstrap.Join(JoinOf("c", 2, 3, "b"), absl::Seconds(5), answers.Done()).ok());
+  ASSERT_TRUE(bootstrap.Join(JoinOf("d", 0, 2, "a"), absl::Seconds(5), answers.Done()).ok());
+  bootstrap.Shutdown(absl::UnavailableError("railyardd is shutting down"));
+  ASSERT_EQ(answers.got.size(), 3u);
+  for (const auto& r : answers.got) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(r.status().message(), "railyardd is shutting down");
+  }
+  EXPECT_EQ(bootstrap.pending(), 0u);
+  EXPECT_EQ(bootstrap.pending_bytes(), 0u);
+  EXPECT_EQ(bootstrap.Join(JoinOf("c", 1, 3, "a"), absl::Seconds(5), answers.Done()).code(),
+            absl::StatusCode::kUnavailable);
+  clock.Advance(absl::Seconds(10));
+  EXPECT_EQ(timer.RunDue(), 0);  // their deadlines were cancelled
+  EXPECT_EQ(answers.got.size(), 3u);
+}
+
 // A join's nranks used to size the pending state (a NodeInfo, a flag and a callback per rank),
 // so one small JoinComm with nranks 65536 made the coordinator hold ~7 MB until its deadline
 // (seen while writing tests/fuzz/peer_join_fuzz; through it, 274 such joins, 4 KB, took 2 GB). Now
