@@ -4,14 +4,19 @@
 // once, i.e. (nsrcs + ndsts) * bytes per buffer; memcpy counts read + write. The "per_buf" counter
 // is the bytes of one buffer per second (the algorithm bandwidth, as nccl-tests would call it).
 // Crc32c: the data plane's checksum (GB/s of data checksummed).
+// Codec encode / DecodeAdd / EncodeWithFeedback (daemon/kernels/codec.h): GB/s of float32 input,
+// on Gaussian values (the magnitudes top-k selects among matter; a repeating pattern would be all
+// ties).
 // Run e.g.: kernels_bench --benchmark_filter='F32Sum|Memcpy' --benchmark_min_time=1
 
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "daemon/kernels/codec.h"
 #include "daemon/kernels/crc32c.h"
 #include "daemon/kernels/reduce.h"
 #include "daemon/kernels/types.h"
@@ -167,6 +172,49 @@ void ShortReduceArgs(benchmark::internal::Benchmark* b) {
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
+const char* const kCodecs[] = {"fp16", "bf16", "int8", "topk:0.01"};
+
+// arg 0: codec (kCodecs), 1: MiB of float32, 2: 0 encode, 1 DecodeAdd, 2 EncodeWithFeedback.
+void BM_Codec(benchmark::State& state) {
+  const Codec codec = *ParseCodec(kCodecs[state.range(0)]);
+  const size_t n = static_cast<size_t>(state.range(1)) * kMiB / 4;
+  std::vector<float> x(n), acc(n, 0.0f), residual(n, 0.0f);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (float& v : x) v = d(rng);
+  std::vector<uint8_t> wire(EncodedBytes(codec, n));
+  std::vector<uint32_t> scratch(n);
+  Encode(codec, x.data(), n, wire.data(), scratch.data());
+  for (auto _ : state) {
+    switch (state.range(2)) {
+      case 0:
+        Encode(codec, x.data(), n, wire.data(), scratch.data());
+        break;
+      case 1:
+        if (!DecodeAdd(codec, wire.data(), wire.size(), n, acc.data()).ok())
+          state.SkipWithError("decode");
+        break;
+      default:
+        EncodeWithFeedback(codec, x.data(), residual.data(), n, wire.data(), scratch.data());
+        break;
+    }
+    benchmark::DoNotOptimize(wire.data());
+    benchmark::DoNotOptimize(acc.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(kCodecs[state.range(0)]) + (state.range(2) == 0 ? " encode"
+                                                         : state.range(2) == 1
+                                                             ? " decode-add"
+                                                             : " encode+feedback"));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(4 * n));
+}
+
+BENCHMARK(BM_Codec)
+    ->Name("Codec")
+    ->ArgNames({"codec", "MiB", "mode"})
+    ->ArgsProduct({{0, 1, 2, 3}, {16}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Crc32c)
     ->Name("Crc32c")
     ->ArgNames({"KiB", "impl"})

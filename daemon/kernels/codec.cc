@@ -101,8 +101,8 @@ absl::Status CheckInt8(const Codec& c, const uint8_t* in, size_t n) {
     float s;
     std::memcpy(&s, in + 4 * b, 4);
     if (!std::isnan(s) && !(s >= 0.0f && s <= FLT_MAX)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "int8 codec: the scale of block ", b, " is ", s, ": not a finite non-negative number"));
+      return absl::InvalidArgumentError(absl::StrCat("int8 codec: the scale of block ", b, " is ",
+                                                     s, ": not a finite non-negative number"));
     }
   }
   return absl::OkStatus();
@@ -171,8 +171,8 @@ absl::Status CheckTopK(const uint8_t* in, size_t k, size_t n) {
     uint32_t index;
     std::memcpy(&index, in + 4 * j, 4);
     if (index >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("topk codec: index ", j, " is ", index,
-                                                     ", past the ", n, " elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("topk codec: index ", j, " is ", index, ", past the ", n, " elements"));
     }
     if (j > 0 && index <= prev) {
       return absl::InvalidArgumentError(absl::StrCat("topk codec: index ", j, " (", index,
@@ -200,9 +200,8 @@ void ForEachTopK(const uint8_t* in, size_t k, Op op) {
 absl::Status CheckLength(const Codec& c, size_t bytes, size_t n) {
   const size_t want = EncodedBytes(c, n);
   if (bytes != want) {
-    return absl::InvalidArgumentError(absl::StrCat(CodecName(c), " codec: ", bytes,
-                                                   " bytes for ", n, " elements, which take ",
-                                                   want));
+    return absl::InvalidArgumentError(absl::StrCat(CodecName(c), " codec: ", bytes, " bytes for ",
+                                                   n, " elements, which take ", want));
   }
   return absl::OkStatus();
 }
@@ -313,8 +312,8 @@ size_t TopKCount(const Codec& c, size_t n) {
   const double exact = c.topk_ratio * static_cast<double>(n);
   const double nearest = std::round(exact);
   // 0.01 * 300 is 3.0000000000000004 in binary: a product within rounding of an integer is it.
-  const double k = std::fabs(exact - nearest) <= 1e-9 * std::max(1.0, exact) ? nearest
-                                                                            : std::ceil(exact);
+  const double k =
+      std::fabs(exact - nearest) <= 1e-9 * std::max(1.0, exact) ? nearest : std::ceil(exact);
   return std::clamp<size_t>(static_cast<size_t>(k), 1, n);
 }
 

@@ -333,8 +333,7 @@ TEST(CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
       ASSERT_TRUE(Decode(c, wire.data(), wire.size(), n, d.data()).ok());
       for (size_t i = 0; i < n; ++i) {
         ASSERT_EQ(d[i] + e[i], u[i]) << text << " step " << step << " i " << i;
-        ASSERT_EQ(static_cast<double>(d[i]) + static_cast<double>(e[i]),
-                  static_cast<double>(u[i]))
+        ASSERT_EQ(static_cast<double>(d[i]) + static_cast<double>(e[i]), static_cast<double>(u[i]))
             << "the subtraction was not exact";
         sent[i] += d[i];
         truth[i] += g[i];
