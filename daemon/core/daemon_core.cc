@@ -847,6 +847,7 @@ v1::StatusResponse DaemonCore::Status() {
   out.set_worker_threads(static_cast<uint32_t>(executor_.threads()));
   out.set_peer_address(peer_address_);
   out.set_chunk_bytes(config_.chunk_bytes);
+  out.set_paced_chunk_bytes(PacedChunkBytes());
   for (const auto& rail : topology_.rails()) {
     out.add_rails(rail.device().empty() ? rail.name()
                                         : absl::StrCat(rail.name(), "@", rail.device()));

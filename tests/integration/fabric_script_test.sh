@@ -59,6 +59,12 @@ again=$("$fabric" up "${up[@]}") || fail "second up failed"
 for k in 0 1; do
   "$build/tools/railctl" status --socket "$dir/n$k.sock" >"$dir/status$k.txt" 2>&1 ||
     fail "railctl status on n$k: $(cat "$dir/status$k.txt")"
+  # Paced at 22 MB/s: the chunk cap is the power of two at or below 2.5 ms of it (55 KB), which
+  # railctl calibrate models multi-node schedules with.
+  "$build/tools/railctl" status --socket "$dir/n$k.sock" --json >"$dir/status$k.json" 2>&1 ||
+    fail "railctl status --json on n$k: $(cat "$dir/status$k.json")"
+  grep -Eq '"pacedChunkBytes": ?"32768"' "$dir/status$k.json" ||
+    fail "n$k's status does not announce a 32 KiB paced chunk: $(grep -i chunk "$dir/status$k.json")"
   ip netns exec "${prefix}n$k" curl -sf --max-time 5 "http://10.77.0.$((k + 1)):9090/metrics" |
     grep -q '^railyard_' || fail "no railyard metrics from n$k"
 done
