@@ -11,6 +11,7 @@
 //   topk:R      K = max(1, ceil(R * n)) (index, value) pairs: the K largest |x| (NaN counts as the
 //               largest; ties go to the lower index), as K uint32 indices in increasing order, then
 //               their K float32 values. The others decode to 0.
+//               Indices are 32-bit: n < 2^32 (inter-node steps move chunks, far smaller).
 // Decode checks what it is given (a peer's bytes are untrusted input): the exact length, indices
 // increasing and in range, scales non-negative or NaN. It never reads or writes out of bounds.
 #pragma once
