@@ -6,13 +6,13 @@
 # Any crash, sanitizer report, leak, timeout or out-of-memory fails the script and leaves the input
 # that caused it under the artifacts directory it prints (reproduce: build-fuzz/tests/fuzz/<target>
 # <input>). docs/development.md, "Fuzzing".
-#   scripts/fuzz.sh [SECONDS]      seconds per target: default $RAILYARD_FUZZ_SECONDS or 60
+#   scripts/fuzz.sh [SECONDS]      seconds per target: default $RAILYARD_FUZZ_SECONDS or 30
 #   RAILYARD_FUZZ_JOBS=N           targets run at once (default: the number of CPUs)
 #   RAILYARD_FUZZ_TARGETS="a b"    only these targets (names as in tests/fuzz/<name>.cc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-seconds=${1:-${RAILYARD_FUZZ_SECONDS:-60}}
+seconds=${1:-${RAILYARD_FUZZ_SECONDS:-30}}
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   echo "fuzz.sh: SECONDS must be a positive integer, got '$seconds'" >&2
   exit 2

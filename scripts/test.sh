@@ -5,7 +5,7 @@
 # (scripts/fuzz.sh, clang, build-fuzz/).
 #   RAILYARD_SKIP_SANITIZERS=1  skips the sanitizer pass (local iteration only; CI runs it).
 #   RAILYARD_SKIP_FUZZ=1        skips the fuzz pass (local iteration only; CI runs it);
-#                               RAILYARD_FUZZ_SECONDS sets its seconds per target (default 60).
+#                               RAILYARD_FUZZ_SECONDS sets its seconds per target (default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
