@@ -260,19 +260,15 @@ absl::StatusOr<Codec> ParseCodec(absl::string_view text) {
     c.kind = CodecKind::kBf16;
     return c;
   }
-  absl::string_view rest = text;
   if (text == "int8") {
     c.kind = CodecKind::kInt8;
     return c;
   }
+  absl::string_view rest = text;
   if (absl::ConsumePrefix(&rest, "int8:")) {
     c.kind = CodecKind::kInt8;
-    {
-      uint32_t block = 0;
-      if (!absl::SimpleAtoi(rest, &block) || block < kMinBlock || block > kMaxBlock) {
-        return bad("has a block size that is not an integer in range");
-      }
-      c.block = block;
+    if (!absl::SimpleAtoi(rest, &c.block) || c.block < kMinBlock || c.block > kMaxBlock) {
+      return bad("has a block size that is not an integer in range");
     }
     return c;
   }
