@@ -211,6 +211,12 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
   return absl::OkStatus();
 }
 
+void CommBootstrap::Pending::TakeDones(std::vector<Done>* out) {
+  for (auto& [rank, j] : joined) {
+    if (j.done) out->push_back(std::move(j.done));
+  }
+}
+
 void CommBootstrap::Shutdown(const absl::Status& status) {
   std::vector<Done> dones;
   {
@@ -218,9 +224,7 @@ void CommBootstrap::Shutdown(const absl::Status& status) {
     stopped_ = status;
     for (auto& [comm_id, p] : pending_) {
       timer_->Cancel(p.timer);
-      for (auto& [rank, j] : p.joined) {
-        if (j.done) dones.push_back(std::move(j.done));
-      }
+      p.TakeDones(&dones);
     }
     pending_.clear();
     pending_bytes_ = 0;
@@ -248,9 +252,7 @@ void CommBootstrap::OnDeadline(const std::string& comm_id, uint64_t generation) 
         "communicator ", comm_id, ": rank", missing > 1 ? "s " : " ", absl::StrJoin(listed, ", "),
         more > 0 ? absl::StrCat(" and ", more, " more") : "", " of ", p.nranks,
         " did not join in time"));
-    for (auto& [rank, j] : it->second.joined) {
-      if (j.done) dones.push_back(std::move(j.done));
-    }
+    it->second.TakeDones(&dones);
     pending_bytes_ -= it->second.bytes;
     pending_.erase(it);
   }

@@ -90,6 +90,10 @@ class CommBootstrap {
     uint64_t generation = 0;
     std::map<std::string, int64_t> node_slots;  // by NodeId: the tag slot announced (-1: none)
     size_t bytes = 0;                           // of the joined NodeInfos
+
+    // Moves the waiting joins' callbacks to *out (an expired or cancelled bootstrap answers
+    // them all with one status, outside the lock).
+    void TakeDones(std::vector<Done>* out);
   };
   void OnDeadline(const std::string& comm_id, uint64_t generation);
   void RememberFormed(const std::string& comm_id, const std::string& job)
