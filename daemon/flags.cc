@@ -81,6 +81,11 @@ ABSL_FLAG(uint64_t, max_completion_backlog_bytes_per_session, 16 << 20,
           "Bytes of completions not yet read by a session's client before its submits are refused");
 ABSL_FLAG(uint64_t, max_completion_backlog_bytes_per_job, 64 << 20,
           "Bytes of completions not yet read by a job's clients before their submits are refused");
+ABSL_FLAG(uint64_t, max_residual_bytes_per_session, uint64_t{16} << 30,
+          "Bytes of error-feedback residuals (compressed AllReduce with a compression_key) a "
+          "session's communicators may hold (0: no limit)");
+ABSL_FLAG(uint64_t, max_residual_bytes_per_job, uint64_t{32} << 30,
+          "Bytes of error-feedback residuals a job may hold on this node (0: no limit)");
 ABSL_FLAG(int, worker_threads, 0, "Threads executing collectives (0: one per CPU)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(300),
           "Default wait for the other ranks' matching submission of an operation");
@@ -208,6 +213,8 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "max_queued_p2p_per_job",
                                    "max_completion_backlog_bytes_per_session",
                                    "max_completion_backlog_bytes_per_job",
+                                   "max_residual_bytes_per_session",
+                                   "max_residual_bytes_per_job",
                                    "integrity"};
   // Not test_flip_bit_every nor test_frame_split_min_bytes: test-only knobs are never taken from
   // the environment.
@@ -283,6 +290,8 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
       absl::GetFlag(FLAGS_max_queued_p2p_per_job));
   set(Resource::kCompletionBytes, absl::GetFlag(FLAGS_max_completion_backlog_bytes_per_session),
       absl::GetFlag(FLAGS_max_completion_backlog_bytes_per_job));
+  set(Resource::kResidualBytes, absl::GetFlag(FLAGS_max_residual_bytes_per_session),
+      absl::GetFlag(FLAGS_max_residual_bytes_per_job));
   c.topology_file = absl::GetFlag(FLAGS_topology);
   c.algo = absl::GetFlag(FLAGS_algo);
   if (!c.algo.empty() && !scheduler::algorithms::IsAlgorithmName(c.algo)) {

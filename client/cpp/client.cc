@@ -204,6 +204,12 @@ Work Comm::Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
   request->set_comm_handle(handle_);
   request->set_timeout_ms(static_cast<uint32_t>(timeout_ms));
   request->set_algo(opts.algo.empty() ? core_->default_algo() : opts.algo);
+  request->set_compression(opts.compression.empty() ? core_->default_compression()
+                                                    : opts.compression);
+  if (opts.compression_key.has_value()) {
+    request->set_error_feedback(true);
+    request->set_compression_key(*opts.compression_key);
+  }
   if (group_depth > 0) {
     group_ops.push_back({core_, std::move(*request), work.state_});
     return work;

@@ -137,6 +137,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
   const std::string token =
       !options.token.empty() ? options.token : internal::EnvOr("RAILYARD_TOKEN", "");
   core->default_algo_ = internal::EnvOr("RAILYARD_ALGO", "");
+  core->default_compression_ = internal::EnvOr("RAILYARD_COMPRESSION", "");
   core->integrity_ =
       !options.integrity.empty() ? options.integrity : internal::EnvOr("RAILYARD_INTEGRITY", "");
   if (!core->integrity_.empty() && core->integrity_ != "none" && core->integrity_ != "crc32c") {

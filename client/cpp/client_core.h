@@ -80,6 +80,7 @@ class ClientCore {
   const std::string& socket() const { return socket_; }
   const std::string& job() const { return job_; }
   const std::string& default_algo() const { return default_algo_; }
+  const std::string& default_compression() const { return default_compression_; }
 
   // Sends the memfd over the side channel and registers `size` bytes of it.
   absl::StatusOr<uint64_t> RegisterBuffer(int memfd, uint64_t size);
@@ -120,6 +121,7 @@ class ClientCore {
   std::string socket_;
   std::string job_;
   std::string default_algo_;
+  std::string default_compression_;  // RAILYARD_COMPRESSION
   std::string integrity_;  // InitCommRequest.integrity of every InitComm
   std::string session_id_;
   std::string node_name_;

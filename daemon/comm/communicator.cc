@@ -39,6 +39,7 @@ Communicator::Communicator(std::string comm_id, std::string job, int nranks, Com
                                 {},
                                 std::move(tuner),
                                 nullptr,
+                                {},
                                 {}}) {}
 
 Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, MultiNodeEnv net)
@@ -266,6 +267,18 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     const scheduler::RankRequest& r0 = slot.requests[0]->req;
     // One path for one node and many: forced algorithm or tuner, then a local plan or a schedule.
     absl::StatusOr<PlannedOp> plan = planner_.Plan(slot.merge.requests());
+    // Error feedback: the key's residual, charged to the first local rank's session.
+    float* residual = nullptr;
+    if (plan.ok() && plan->codec.kind != kernels::CodecKind::kNone && r0.error_feedback) {
+      absl::StatusOr<float*> e = residuals_.Get(r0.feedback_key, plan->codec,
+                                                plan->schedule->residual_elems,
+                                                slot.requests[0]->quota);
+      if (e.ok()) {
+        residual = *e;
+      } else {
+        plan = e.status();
+      }
+    }
     if (!plan.ok()) {
       // Every daemon derives the same outcome from the same inputs: failing here is consistent.
       const absl::Status why(
@@ -287,7 +300,7 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     }
     if (!plan->local()) {
       collective_exec_.plan.Clear();  // bytes_moved counts local plans only
-      PrepareNodeRunLocked(*plan);
+      PrepareNodeRunLocked(*plan, residual);
       collective_running_ = true;
       running_self_ = shared_from_this();
       out->start_node_run = true;
@@ -431,12 +444,32 @@ void Communicator::OnCollectiveDone(const absl::Status& run_status) {
       collectives_.PopFront();
     }
     if (status.ok()) bytes_moved_ += collective_exec_.plan.bytes_moved;
+    if (status.ok() && node_codec_.kind != kernels::CodecKind::kNone) CountCompressedBytesLocked();
+    node_codec_ = {};
+    node_residual_ = nullptr;
     collective_running_ = false;
     // A failed transfer leaves the daemons out of step: the communicator cannot go on.
     if (!status.ok()) AbortLocked(status, &out, /*transfers_now=*/true);
     NextCollectiveLocked(&out);
   }
   Deliver(out);
+}
+
+void Communicator::CountCompressedBytesLocked() {
+  if (node_schedule_ == nullptr) return;
+  for (const scheduler::NodeStep& s : node_schedule_->steps) {
+    if (s.aux == 0) continue;
+    const bool send = s.kind == scheduler::NodeStep::Kind::kSend;
+    if (!send && s.kind != scheduler::NodeStep::Kind::kRecv) continue;
+    if (s.peer < 0 || static_cast<size_t>(s.peer) >= net_.links.size() || s.rail < 0 ||
+        static_cast<size_t>(s.rail) >= net_.links[s.peer].size()) {
+      continue;
+    }
+    const metrics::LinkCounters* link = net_.links[s.peer][s.rail];
+    if (link == nullptr || link->tx_uncompressed_bytes == nullptr) continue;
+    (send ? link->tx_uncompressed_bytes : link->rx_uncompressed_bytes)->Increment(static_cast<double>(s.aux));
+    (send ? link->tx_compressed_bytes : link->rx_compressed_bytes)->Increment(static_cast<double>(s.bytes));
+  }
 }
 
 void Communicator::RecordCollectiveLocked(const absl::Status& status) {
@@ -452,9 +485,11 @@ void Communicator::RecordCollectiveLocked(const absl::Status& status) {
       {op, run_algorithm_, job_, bytes, nranks_, absl::Now() - run_started_});
 }
 
-void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
+void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) {
   const CollectiveQueue::Entry& slot = collectives_.front();
   node_schedule_ = plan.schedule;
+  node_codec_ = plan.codec;
+  node_residual_ = residual;
   const uint64_t per_rank = node_schedule_->scratch_bytes_per_rank;
   const size_t need = per_rank * local_ranks_.size();
   if (scratch_.size() < need) scratch_.resize(need);  // grows once per larger shape, then reused
@@ -472,7 +507,7 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan) {
   node_run_seq_ = collectives_.front_seq();
   const scheduler::RankRequest& r0 = slot.requests[0]->req;
   if (multi_node_) {
-    digest_mine_ = OpDigest::Of(r0, node_run_seq_, plan.algorithm);
+    digest_mine_ = OpDigest::Of(r0, node_run_seq_, plan.algorithm, plan.codec);
     digest_out_ = digest_mine_.Encode();
     digest_in_.resize(static_cast<size_t>(net_.layout.nnodes));
   }
@@ -821,6 +856,8 @@ void Communicator::Deliver(Outcomes& out) {
     p.seq = node_run_seq_;
     p.pool = env_.executor;
     p.complete_inline = node_run_small_;
+    p.codec = node_codec_;
+    p.residual = node_residual_;
     const int peers = multi_node_ ? net_.layout.nnodes - 1 : 0;
     {
       absl::MutexLock lock(&run_parts_mu_);

@@ -24,6 +24,7 @@
 #include "daemon/comm/op_planner.h"
 #include "daemon/comm/p2p_channels.h"
 #include "daemon/comm/pending_request.h"
+#include "daemon/comm/residual_store.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/executor.h"
@@ -70,6 +71,9 @@ struct MultiNodeEnv {
   // every node's, by node index, from the layout (daemon/scheduler/tags.h).
   std::shared_ptr<const scheduler::tags::Slot> tag_slot;
   std::vector<uint16_t> node_slots;
+  // links[node][rail]: the metrics of the link to that node on that rail (null for this node, and
+  // in tests): where compressed operations count their bytes before and after compression.
+  std::vector<std::vector<const metrics::LinkCounters*>> links;
   // Schedules are chunked to at most this (0: as the tuner picks): the smallest
   // NodeInfo.paced_chunk_bytes of the layout's nodes, so that jobs interleave on paced rails.
   size_t max_chunk_bytes = 0;
@@ -243,7 +247,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Local index of a global rank of this node, or -1.
   int LocalIndex(int rank) const;
   // Points node_run_'s memory at the front slot's buffers for the planned schedule.
-  void PrepareNodeRunLocked(const PlannedOp& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PrepareNodeRunLocked(const PlannedOp& plan, float* residual)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A compressed run's bytes before and after compression, per link (MultiNodeEnv::links).
+  void CountCompressedBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnPointToPointDone(P2PRun* run);
   void OnOpDeadline(uint64_t seq);
   void OnP2PDeadline(std::pair<int, int> key, bool send_side);
@@ -295,6 +302,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t node_run_seq_ = 0;
   bool node_run_small_ = false;  // completes on the thread of its last step (NodeRun::Params)
   DeadlineTimer::Id run_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  // Error-feedback residuals by compression_key (compressed AllReduce), released with the
+  // communicator; the running compressed operation's codec and residual (null: no feedback).
+  ResidualStore residuals_ ABSL_GUARDED_BY(mu_);
+  kernels::Codec node_codec_;
+  float* node_residual_ = nullptr;
   kernels::DataType node_dtype_ = kernels::DataType::kFloat32;
   kernels::RedOp node_red_op_ = kernels::RedOp::kSum;
 

@@ -16,7 +16,9 @@ constexpr uint8_t kNumOps = static_cast<uint8_t>(scheduler::OpKind::kBarrier) + 
 
 // Offsets in the wire form (little-endian).
 constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffOp = 5, kOffDtype = 6, kOffRedOp = 7,
-                 kOffRoot = 8, kOffCount = 16, kOffSeq = 24, kOffAlgo = 32;
+                 kOffRoot = 8, kOffCount = 16, kOffSeq = 24, kOffAlgo = 32, kOffCodec = 56,
+                 kOffCodecParam = 60;
+constexpr uint8_t kNumCodecs = static_cast<uint8_t>(kernels::CodecKind::kTopK) + 1;
 
 template <typename T>
 void Put(OpDigest::Wire& w, size_t off, T v) {
@@ -35,8 +37,12 @@ bool Rooted(scheduler::OpKind op) {
 
 }  // namespace
 
-OpDigest OpDigest::Of(const scheduler::RankRequest& r, uint64_t seq, const std::string& algorithm) {
+OpDigest OpDigest::Of(const scheduler::RankRequest& r, uint64_t seq, const std::string& algorithm,
+                      const kernels::Codec& codec) {
   OpDigest d;
+  d.codec = codec;
+  // What the wire can say: a topk ratio as the float32 it travels as.
+  if (codec.kind == kernels::CodecKind::kTopK) d.codec.topk_ratio = float(codec.topk_ratio);
   d.op = r.op;
   d.dtype = r.dtype;
   d.has_red_op = scheduler::IsReduction(r.op);
@@ -59,6 +65,11 @@ OpDigest::Wire OpDigest::Encode() const {
   Put<uint64_t>(w, kOffCount, count);
   Put<uint64_t>(w, kOffSeq, seq);
   std::memcpy(w.data() + kOffAlgo, algorithm.data(), std::min(algorithm.size(), kMaxAlgorithm));
+  Put<uint8_t>(w, kOffCodec, static_cast<uint8_t>(codec.kind));
+  if (codec.kind == kernels::CodecKind::kInt8) Put<uint32_t>(w, kOffCodecParam, codec.block);
+  if (codec.kind == kernels::CodecKind::kTopK) {
+    Put<float>(w, kOffCodecParam, static_cast<float>(codec.topk_ratio));
+  }
   return w;
 }
 
@@ -92,6 +103,13 @@ absl::StatusOr<OpDigest> OpDigest::Decode(const Wire& w) {
     if (c < 0x20 || c > 0x7e) return bad("algorithm name is not printable");
     d.algorithm.push_back(c);
   }
+  const uint8_t codec = Get<uint8_t>(w, kOffCodec);
+  if (codec >= kNumCodecs) return bad(absl::StrCat("codec ", codec, " out of range"));
+  d.codec.kind = static_cast<kernels::CodecKind>(codec);
+  if (d.codec.kind == kernels::CodecKind::kInt8) d.codec.block = Get<uint32_t>(w, kOffCodecParam);
+  if (d.codec.kind == kernels::CodecKind::kTopK) {
+    d.codec.topk_ratio = Get<float>(w, kOffCodecParam);
+  }
   return d;
 }
 
@@ -105,6 +123,9 @@ std::string OpDigest::Describe(bool with_algorithm) const {
   p.set_root(root);
   std::string out = diagnose::Describe(p);
   if (with_algorithm) absl::StrAppend(&out, " by ", algorithm);
+  if (codec.kind != kernels::CodecKind::kNone) {
+    absl::StrAppend(&out, " compressed ", kernels::CodecName(codec));
+  }
   return out;
 }
 
@@ -117,6 +138,11 @@ std::string OpDigest::Differs(const OpDigest& o) const {
   if (root != o.root) return "root";
   if (seq != o.seq) return "seq";
   if (algorithm != o.algorithm) return "algorithm";
+  if (codec.kind != o.codec.kind ||
+      (codec.kind == kernels::CodecKind::kInt8 && codec.block != o.codec.block) ||
+      (codec.kind == kernels::CodecKind::kTopK && codec.topk_ratio != o.codec.topk_ratio)) {
+    return "compression";
+  }
   return "";
 }
 

@@ -33,19 +33,23 @@ struct OpDigest {
   uint64_t count = 0;  // 0 for AllToAllv (its counts differ per rank by design)
   uint64_t seq = 0;
   std::string algorithm;  // at most kMaxAlgorithm bytes, printable
+  // The codec its inter-node steps run with (none: exact); topk's ratio travels as a float32.
+  kernels::Codec codec;
 
   static constexpr size_t kMaxAlgorithm = 24;
 
-  // The digest of a merged request (every local rank's agrees) run with `algorithm`.
-  static OpDigest Of(const scheduler::RankRequest& r, uint64_t seq, const std::string& algorithm);
+  // The digest of a merged request (every local rank's agrees) run with `algorithm` and `codec`.
+  static OpDigest Of(const scheduler::RankRequest& r, uint64_t seq, const std::string& algorithm,
+                     const kernels::Codec& codec = {});
   Wire Encode() const;
   // INVALID_ARGUMENT saying which field is not one this daemon could have sent.
   static absl::StatusOr<OpDigest> Decode(const Wire& wire);
 
-  // "allreduce float count=1024 (4 KiB) sum", with " by ALGO" when with_algorithm.
+  // "allreduce float count=1024 (4 KiB) sum", with " by ALGO" when with_algorithm and
+  // " compressed CODEC" when it is.
   std::string Describe(bool with_algorithm = false) const;
   // The first field where other differs ("op", "dtype", "count", "red_op", "root", "seq",
-  // "algorithm"), or empty when they agree.
+  // "algorithm", "compression"), or empty when they agree.
   std::string Differs(const OpDigest& other) const;
 };
 

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/scheduler/compressed.h"
+#include "daemon/scheduler/cost/compression.h"
 #include "daemon/scheduler/node_executor.h"
 #include "daemon/scheduler/tags.h"
 
@@ -57,6 +59,27 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
   // on one node. Elsewhere the tuner picks.
   const std::string algo = !r0.algo.empty() ? r0.algo : default_algo_;
   const bool forced = Forces(algo, r0.op, one_node);
+  // Compression (docs/compression.md) replaces the algorithm where it applies; elsewhere the
+  // operation runs exact.
+  if ((r0.codec_auto || r0.codec.kind != kernels::CodecKind::kNone) &&
+      scheduler::CompressionApplies(r0.op, r0.dtype, r0.red_op, layout_.nnodes)) {
+    if (!r0.codec_auto) return PlanCompressed(r0, r0.codec);
+    if (tuner_ != nullptr) {
+      absl::StatusOr<scheduler::cost::CompressionChoice> c = scheduler::cost::ChooseCompression(
+          *tuner_, shape, layout_.nnodes, scheduler::cost::AutoCandidates());
+      if (!c.ok()) return c.status();
+      if (c->codec.kind != kernels::CodecKind::kNone) {
+        absl::StatusOr<PlannedOp> out = PlanCompressed(r0, c->codec);
+        if (out.ok()) {
+          out->exact_s = c->exact_s;
+          out->compressed_s = c->compressed_s;
+          out->predicted_s = c->compressed_s;
+          out->compression_reason = c->reason;
+        }
+        return out;
+      }
+    }
+  }
   if (r0.op == OpKind::kAllToAllv) {
     const bool direct = forced && algo == scheduler::kAlgoDirect;
     if (one_node && !direct) {
@@ -154,6 +177,35 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
   out.schedule = *std::move(projected);
   out.algorithm = ran;
   out.predicted_s = predict(ran);
+  return out;
+}
+
+absl::StatusOr<PlannedOp> OpPlanner::PlanCompressed(const scheduler::RankRequest& r0,
+                                                    const kernels::Codec& codec) {
+  PlannedOp out;
+  out.algorithm = scheduler::kAlgoCompressed;
+  out.codec = codec;
+  // Units of the default chunk; on paced rails, small enough that their encoding fits the slice.
+  size_t unit = chunk_bytes_;
+  if (max_chunk_bytes_ > 0) {
+    const double ratio = kernels::CompressionRatio(codec, 1 << 20);
+    const auto cap = static_cast<size_t>(static_cast<double>(max_chunk_bytes_) * ratio);
+    if (unit == 0 || unit > cap) unit = cap;
+  }
+  out.chunk_bytes = unit;
+  const std::string key = absl::StrCat(out.algorithm, "|", kernels::CodecName(codec), "|",
+                                       codec.topk_ratio, "|", unit, "|", r0.count);
+  if (auto it = cache_.find(key); it != cache_.end()) {
+    out.schedule = it->second.schedule;
+    return out;
+  }
+  absl::StatusOr<scheduler::NodeSchedule> schedule =
+      scheduler::BuildCompressedAllReduce(layout_, my_node_, r0.count, codec, unit);
+  if (!schedule.ok()) return schedule.status();
+  auto shared = std::make_shared<const scheduler::NodeSchedule>(*std::move(schedule));
+  if (cache_.size() >= 64) cache_.clear();
+  cache_[key] = {shared, out.algorithm};
+  out.schedule = std::move(shared);
   return out;
 }
 

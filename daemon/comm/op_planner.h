@@ -25,6 +25,12 @@ struct PlannedOp {
   double predicted_s = -1;  // the cost model's prediction for what runs; < 0: none
   // Null for the local plan (the communicator lowers the requests with BuildLocalPlan).
   std::shared_ptr<const scheduler::NodeSchedule> schedule;
+  // The compressed AllReduce (algorithm "compressed"): its codec; none otherwise.
+  kernels::Codec codec;
+  // compression=auto: what the tuner predicted (exact_s < 0: not asked).
+  double exact_s = -1;
+  double compressed_s = -1;
+  std::string compression_reason;
   bool local() const { return schedule == nullptr; }
 };
 
@@ -65,6 +71,9 @@ class OpPlanner {
   // count matrix changes from call to call).
   absl::StatusOr<PlannedOp> PlanAllToAllv(const std::vector<const scheduler::RankRequest*>& reqs,
                                           scheduler::OpShape shape, bool forced_direct);
+  // A float32 sum/avg AllReduce across nodes under codec (compressed.h), cached like the rest.
+  absl::StatusOr<PlannedOp> PlanCompressed(const scheduler::RankRequest& r0,
+                                           const kernels::Codec& codec);
   absl::StatusOr<std::shared_ptr<const scheduler::NodeSchedule>> Project(
       const scheduler::RankSchedule& schedule, const scheduler::OpShape& shape,
       const std::string& algorithm, size_t chunk) const;

@@ -549,6 +549,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
     const v1::NodeInfo& node = layout.nodes(n);
     net.node_names.push_back(node.node_name());
     net.node_addresses.push_back(node.peer_address());
+    net.links.emplace_back(l.rails, nullptr);
     if (n == my_node) continue;
     net.endpoints[n].resize(l.rails);
     for (int r = 0; r < l.rails; ++r) {
@@ -567,6 +568,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
                                         ? topology_.rails(r).name()
                                         : absl::StrCat("rail", r);
       const metrics::LinkCounters* link = metrics_->ForLink(node.node_name(), rail_name);
+      net.links[n][r] = link;
       std::shared_ptr<transport::Endpoint> wire = *std::move(ep);
       if (config_.test_flip_bit_every > 0) {  // TEST ONLY: fault injection under the frame
         wire = std::make_shared<transport::BitFlipEndpoint>(

@@ -59,6 +59,14 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
           "link to peer node `peer` on rail `rail`")),
       link_messages_(registry_.AddCounter("railyard_link_messages_total",
                                           "Transport messages completed on the link")),
+      link_uncompressed_bytes_(registry_.AddCounter(
+          "railyard_link_uncompressed_bytes_total",
+          "Float32 bytes that compressed collectives' messages on the link stood for, before "
+          "compression (railyard_link_compressed_bytes_total is what they took)")),
+      link_compressed_bytes_(registry_.AddCounter(
+          "railyard_link_compressed_bytes_total",
+          "Bytes compressed collectives' messages took on the link (a part of "
+          "railyard_link_bytes_total)")),
       link_errors_(registry_.AddCounter("railyard_link_errors_total",
                                         "Transport messages on the link that failed")),
       link_throughput_(registry_.AddGauge(
@@ -176,6 +184,10 @@ const LinkCounters* DaemonMetrics::ForLink(const std::string& peer, const std::s
     slot->rx_bytes = &link_bytes_.Add(labels("rx"));
     slot->tx_messages = &link_messages_.Add(labels("tx"));
     slot->rx_messages = &link_messages_.Add(labels("rx"));
+    slot->tx_uncompressed_bytes = &link_uncompressed_bytes_.Add(labels("tx"));
+    slot->rx_uncompressed_bytes = &link_uncompressed_bytes_.Add(labels("rx"));
+    slot->tx_compressed_bytes = &link_compressed_bytes_.Add(labels("tx"));
+    slot->rx_compressed_bytes = &link_compressed_bytes_.Add(labels("rx"));
     slot->tx_errors = &link_errors_.Add(labels("tx"));
     slot->rx_errors = &link_errors_.Add(labels("rx"));
     link_throughput_.Add(labels("tx"));

@@ -43,6 +43,12 @@ struct LinkCounters {
   // Received messages that were not the member's (wrong secret, magic or length): dropped, and
   // the receive posted again (daemon/transport/framed_endpoint.h).
   Counter* rejected_messages = nullptr;
+  // Compressed operations (docs/compression.md): the float32 bytes their messages stood for, and
+  // the bytes those messages took (also counted in tx_bytes/rx_bytes, with the exact traffic).
+  Counter* tx_uncompressed_bytes = nullptr;
+  Counter* rx_uncompressed_bytes = nullptr;
+  Counter* tx_compressed_bytes = nullptr;
+  Counter* rx_compressed_bytes = nullptr;
 };
 
 // Power-of-4 bucket of a message size, as a bounded label: "0", "1", "4", "16", ... "4294967296"
@@ -163,6 +169,8 @@ class DaemonMetrics {
   Registry registry_;
   Family<Counter>& link_bytes_;
   Family<Counter>& link_messages_;
+  Family<Counter>& link_uncompressed_bytes_;
+  Family<Counter>& link_compressed_bytes_;
   Family<Counter>& link_errors_;
   Family<Gauge>& link_throughput_;
   Family<Counter>& link_integrity_errors_;

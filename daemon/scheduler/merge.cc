@@ -65,6 +65,18 @@ absl::Status CheckAgreement(const RankRequest& a, int rank_a, const RankRequest&
     return mismatch("algo (RAILYARD_ALGO)", a.algo.empty() ? "<daemon default>" : a.algo,
                     b.algo.empty() ? "<daemon default>" : b.algo);
   }
+  // Compression applies to AllReduce only (elsewhere it is ignored, so it need not agree).
+  if (a.op == OpKind::kAllReduce) {
+    const std::string ca = a.codec_auto ? "auto" : kernels::CodecName(a.codec);
+    const std::string cb = b.codec_auto ? "auto" : kernels::CodecName(b.codec);
+    if (ca != cb) return mismatch("compression (RAILYARD_COMPRESSION)", ca, cb);
+    if (a.error_feedback != b.error_feedback || a.feedback_key != b.feedback_key) {
+      auto key = [](const RankRequest& r) {
+        return r.error_feedback ? absl::StrCat("key ", r.feedback_key) : std::string("none");
+      };
+      return mismatch("compression_key (error feedback)", key(a), key(b));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -94,14 +94,14 @@ void NodeRun::Ready(uint32_t i) {
   switch (s.kind) {
     case NodeStep::Kind::kCopy:
     case NodeStep::Kind::kReduce:
+    case NodeStep::Kind::kEncode:
+    case NodeStep::Kind::kDecode:
+    case NodeStep::Kind::kDecodeAdd:
       if (s.bytes <= p_.inline_local_max_bytes) {
         RunInline(i);
         return;
       }
-      p_.pool->Post([this, i] {
-        RunLocal(i);
-        Finished(i, absl::OkStatus());
-      });
+      p_.pool->Post([this, i] { Finished(i, RunLocal(i)); });
       return;
     case NodeStep::Kind::kSend:
     case NodeStep::Kind::kRecv: {
@@ -174,38 +174,72 @@ void NodeRun::RunInline(uint32_t i) {
   }
   std::vector<std::pair<NodeRun*, uint32_t>> queue;
   inline_queue = &queue;
-  RunLocal(i);
-  Finished(i, absl::OkStatus());
+  Finished(i, RunLocal(i));
   while (!queue.empty()) {
     const auto [run, step] = queue.back();
     queue.pop_back();
-    run->RunLocal(step);
-    run->Finished(step, absl::OkStatus());
+    run->Finished(step, run->RunLocal(step));
   }
   inline_queue = nullptr;
 }
 
-void NodeRun::RunLocal(uint32_t i) {
+absl::Status NodeRun::RunLocal(uint32_t i) {
   const NodeStep& s = p_.schedule->steps[i];
   std::byte* dst = Resolve(s.dst);
   const std::byte* src = Resolve(s.src);
   const size_t esize = kernels::ElementSize(p_.dtype);
   const uint64_t count = s.bytes / esize;
   const bool divide = s.finalize && p_.red_op == kernels::RedOp::kAvg;
-  if (s.kind == NodeStep::Kind::kCopy) {
-    if (divide) {
-      const void* srcs[1] = {src};
-      kernels::Reduce(p_.dtype, kernels::RedOp::kAvg, dst, srcs, 1, count, p_.nranks);
-    } else {
-      kernels::Copy(dst, src, s.bytes);
+  switch (s.kind) {
+    case NodeStep::Kind::kCopy:
+      if (divide) {
+        const void* srcs[1] = {src};
+        kernels::Reduce(p_.dtype, kernels::RedOp::kAvg, dst, srcs, 1, count, p_.nranks);
+      } else {
+        kernels::Copy(dst, src, s.bytes);
+      }
+      return absl::OkStatus();
+    case NodeStep::Kind::kEncode: {
+      // Compressed schedules are float32 (CompressionApplies); bytes / 4 elements.
+      const auto* in = reinterpret_cast<const float*>(src);
+      auto* out = reinterpret_cast<uint8_t*>(dst);
+      const size_t n = s.bytes / sizeof(float);
+      if (p_.residual != nullptr) {
+        kernels::EncodeWithFeedback(p_.codec, in, p_.residual + s.aux, n, out);
+      } else {
+        kernels::Encode(p_.codec, in, n, out);
+      }
+      return absl::OkStatus();
     }
-    return;
+    case NodeStep::Kind::kDecode:
+    case NodeStep::Kind::kDecodeAdd: {
+      const auto* in = reinterpret_cast<const uint8_t*>(src);
+      auto* out = reinterpret_cast<float*>(dst);
+      const size_t n = s.bytes / sizeof(float);
+      const size_t wire = kernels::EncodedBytes(p_.codec, n);
+      absl::Status st = s.kind == NodeStep::Kind::kDecode
+                            ? kernels::Decode(p_.codec, in, wire, n, out)
+                            : kernels::DecodeAdd(p_.codec, in, wire, n, out);
+      if (!st.ok()) {
+        const NodeStep& from = p_.schedule->steps[s.deps.empty() ? i : s.deps[0]];
+        return absl::InvalidArgumentError(
+            absl::StrCat("compressed data from node ", from.peer, " on rail ", from.rail,
+                         " is malformed: ", st.message()));
+      }
+      return absl::OkStatus();
+    }
+    case NodeStep::Kind::kReduce:
+      break;
+    case NodeStep::Kind::kSend:
+    case NodeStep::Kind::kRecv:
+      return absl::InternalError("a transfer step ran as a local step");
   }
   // dst <- dst (op) src; avg accumulates sums until the finalizing step divides.
   kernels::RedOp op = p_.red_op;
   if (op == kernels::RedOp::kAvg && !divide) op = kernels::RedOp::kSum;
   const void* srcs[2] = {dst, src};
   kernels::Reduce(p_.dtype, op, dst, srcs, 2, count, p_.nranks);
+  return absl::OkStatus();
 }
 
 void NodeRun::Finished(uint32_t i, const absl::Status& status) {

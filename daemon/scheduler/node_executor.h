@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/kernels/codec.h"
 #include "daemon/kernels/types.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/schedule.h"
@@ -75,6 +76,11 @@ class NodeRun {
     // more than the whole transfer) unless that thread is already inside such a call; false:
     // always on the pool.
     bool complete_inline = false;
+    // Compressed schedules (compressed.h): the codec of their kEncode/kDecode steps, and the
+    // error-feedback residual (schedule->residual_elems floats) their encodes add in and update;
+    // null: encode without feedback.
+    kernels::Codec codec;
+    float* residual = nullptr;
     // Keeps `schedule` alive for Progress() after the run (optional: without it Progress()
     // reports nothing).
     std::shared_ptr<const NodeSchedule> schedule_owner;
@@ -92,7 +98,8 @@ class NodeRun {
 
  private:
   void Ready(uint32_t step);
-  void RunLocal(uint32_t step);
+  // A local step; a decode of malformed peer bytes fails it (INVALID_ARGUMENT).
+  absl::Status RunLocal(uint32_t step);
   // RunLocal + Finished on this thread; steps that become ready meanwhile and run inline too are
   // queued (per thread) rather than recursed into.
   void RunInline(uint32_t step);

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/kernels/codec.h"
 #include "daemon/kernels/types.h"
 
 namespace railyard::scheduler {
@@ -55,6 +56,12 @@ struct RankRequest {
   uint64_t count = 0;  // elements, NCCL semantics (docs/local-api.md)
   int root = 0;        // root for Broadcast/Reduce, peer for Send/Recv
   std::string algo;    // forced algorithm, empty = daemon's choice
+  // Compression of the inter-node steps (docs/compression.md): the codec (none: exact), or
+  // codec_auto: the tuner's choice. error_feedback: a residual per (communicator, feedback_key).
+  kernels::Codec codec;
+  bool codec_auto = false;
+  bool error_feedback = false;
+  uint64_t feedback_key = 0;
   std::byte* send = nullptr;
   std::byte* recv = nullptr;
   // AllToAllv only: elements per peer rank.

@@ -113,6 +113,11 @@ struct NodeStep {
     kReduce,  // local: dst <- dst (op) src
     kSend,    // src bytes to node `peer` on `rail`, matched by (this node, peer, tag)
     kRecv,    // bytes from node `peer` on `rail` into dst
+    // Compressed inter-node steps (compressed.h); `bytes` counts the float32 side, the wire side
+    // is kernels::EncodedBytes(codec, bytes / 4).
+    kEncode,     // local: dst (wire) <- C(src + residual), residual updated (error feedback)
+    kDecode,     // local: dst <- D(src (wire)); a peer's bytes: checked
+    kDecodeAdd,  // local: dst <- dst + D(src (wire)); checked
   };
   Kind kind = Kind::kCopy;
   RankRef src;  // kCopy, kReduce, kSend
@@ -123,6 +128,11 @@ struct NodeStep {
   int rail = 0;
   uint64_t tag = 0;  // unique per (sender node, receiver node) within one operation
   Deps deps;         // indices into NodeSchedule::steps
+  // kEncode: the first element of src in the operation's residual (the error-feedback state of
+  // its key): every element is encoded by exactly one step of a node, so the residual holds one
+  // float per element of the operation. kSend/kRecv of encoded data: the float32 bytes it stands
+  // for (0 for uncompressed messages).
+  uint64_t aux = 0;
 };
 
 struct NodeSchedule {
@@ -130,6 +140,9 @@ struct NodeSchedule {
   std::vector<NodeStep> steps;
   // The rank schedule's scratch plus this node's staging slots for inter-node reductions.
   uint64_t scratch_bytes_per_rank = 0;
+  // Compressed schedules (compressed.h): elements of the residual its kEncode steps index (0:
+  // the schedule compresses nothing).
+  uint64_t residual_elems = 0;
 };
 
 // Cuts a rank schedule into node `node`'s steps. Inter-node reductions receive into scratch

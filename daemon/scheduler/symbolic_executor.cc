@@ -89,6 +89,12 @@ const char* KindName(NodeStep::Kind k) {
       return "send";
     case NodeStep::Kind::kRecv:
       return "recv";
+    case NodeStep::Kind::kEncode:
+      return "encode";
+    case NodeStep::Kind::kDecode:
+      return "decode";
+    case NodeStep::Kind::kDecodeAdd:
+      return "decode-add";
   }
   return "?";
 }
@@ -282,6 +288,46 @@ class Run {
         }
         stats_.local_bytes += s.bytes;
         if (s.src.rank != s.dst.rank) stats_.rank_bytes_sent[s.src.rank] += s.bytes;
+        Finish(g);
+        return absl::OkStatus();
+      }
+      case NodeStep::Kind::kEncode:
+      case NodeStep::Kind::kDecode:
+      case NodeStep::Kind::kDecodeAdd: {
+        const size_t n = s.bytes / sizeof(float);
+        const uint64_t wire = kernels::EncodedBytes(options_.codec, n);
+        const bool encode = s.kind == NodeStep::Kind::kEncode;
+        auto src = Resolve(g, s.src, encode ? s.bytes : wire, false);
+        if (!src.ok()) return src.status();
+        auto dst = Resolve(g, s.dst, encode ? wire : s.bytes, true);
+        if (!dst.ok()) return dst.status();
+        if (encode) {
+          const auto* in = reinterpret_cast<const float*>(src->ptr);
+          auto* out = reinterpret_cast<uint8_t*>(dst->ptr);
+          if (options_.residuals != nullptr) {
+            auto& all = *options_.residuals;
+            if (all.size() < nodes_.size()) all.resize(nodes_.size());
+            std::vector<float>& e = all[node];
+            if (e.size() != nodes_[node].residual_elems) e.assign(nodes_[node].residual_elems, 0.f);
+            if (s.aux > e.size() || n > e.size() - s.aux) {
+              return absl::InternalError(absl::StrCat(Describe(g), " has residual offset ", s.aux,
+                                                      " past the schedule's ", e.size()));
+            }
+            kernels::EncodeWithFeedback(options_.codec, in, e.data() + s.aux, n, out);
+          } else {
+            kernels::Encode(options_.codec, in, n, out);
+          }
+        } else {
+          const auto* in = reinterpret_cast<const uint8_t*>(src->ptr);
+          auto* out = reinterpret_cast<float*>(dst->ptr);
+          absl::Status st = s.kind == NodeStep::Kind::kDecode
+                                ? kernels::Decode(options_.codec, in, wire, n, out)
+                                : kernels::DecodeAdd(options_.codec, in, wire, n, out);
+          if (!st.ok()) {
+            return absl::InternalError(absl::StrCat(Describe(g), ": ", st.message()));
+          }
+        }
+        stats_.local_bytes += s.bytes;
         Finish(g);
         return absl::OkStatus();
       }

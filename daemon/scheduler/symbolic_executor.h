@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/kernels/codec.h"
 #include "daemon/scheduler/schedule.h"
 
 namespace railyard::scheduler {
@@ -78,6 +79,10 @@ struct SimOptions {
   bool check_races = true;
   // The race check keeps steps^2 bits; above this many steps it is skipped (races_checked false).
   uint64_t max_race_steps = 40000;
+  // Compressed schedules (compressed.h): the codec of their encode and decode steps, and per node
+  // the error-feedback residual (residual_elems floats, zeroed when missing); null: no feedback.
+  kernels::Codec codec;
+  std::vector<std::vector<float>>* residuals = nullptr;
 };
 
 // Runs nodes[k] (the NodeSchedule of node k, for every node of layout) over memory. scratch is

@@ -175,6 +175,19 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
                                                    scheduler::algorithms::AlgorithmNames(), ")"));
   }
   r.algo = in.algo();
+  if (in.compression() == "auto") {
+    r.codec_auto = true;
+  } else if (!in.compression().empty()) {
+    absl::StatusOr<kernels::Codec> codec = kernels::ParseCodec(in.compression());
+    if (!codec.ok()) return codec.status();
+    r.codec = *codec;
+  }
+  if (in.compression_key() != 0 && !in.error_feedback()) {
+    return absl::InvalidArgumentError(
+        "compression_key is set but error_feedback is not (the key names a residual)");
+  }
+  r.error_feedback = in.error_feedback();
+  r.feedback_key = in.compression_key();
   r.count = in.count();
   r.root = in.root();
   r.send_counts.assign(in.send_counts().begin(), in.send_counts().end());

@@ -26,6 +26,8 @@ constexpr std::array<ResourceInfo, kResourceCount> kInfo = {{
      16384},
     {"bytes of completion backlog", "max_completion_backlog_bytes_per_session",
      "max_completion_backlog_bytes_per_job", 16u << 20, 64u << 20},
+    {"bytes of error-feedback residuals", "max_residual_bytes_per_session",
+     "max_residual_bytes_per_job", 16 * kGiB, 32 * kGiB},
 }};
 
 const ResourceInfo& Info(Resource r) { return kInfo[static_cast<int>(r)]; }

@@ -22,6 +22,7 @@ enum class Resource : int {
   kQueuedOps,        // collectives submitted that have not started (ahead of the slowest rank)
   kQueuedP2p,        // send/recv messages waiting for their peer
   kCompletionBytes,  // bytes of completion events not yet written to the client's stream
+  kResidualBytes,    // bytes of error-feedback residuals (docs/compression.md)
   kCount
 };
 constexpr int kResourceCount = static_cast<int>(Resource::kCount);

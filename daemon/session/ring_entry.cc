@@ -19,6 +19,34 @@ T Load(absl::Span<const std::byte> bytes, size_t offset) {
   return v;
 }
 
+// A NUL-padded printable-ASCII name of `bytes` bytes at offset (what a client writes is untrusted:
+// a name must end within its field and leave nothing after its terminator).
+absl::StatusOr<std::string> ReadName(absl::Span<const std::byte> entry, size_t offset,
+                                     size_t bytes, const char* field) {
+  const char* p = reinterpret_cast<const char*>(entry.data() + offset);
+  size_t len = 0;
+  while (len < bytes && p[len] != '\0') ++len;
+  if (len == bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ring entry's ", field,
+                                                   " is not NUL-terminated within ", bytes,
+                                                   " bytes"));
+  }
+  for (size_t i = 0; i < len; ++i) {
+    const auto c = static_cast<unsigned char>(p[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring entry's ", field, " has a non-printable byte at ", i));
+    }
+  }
+  for (size_t i = len; i < bytes; ++i) {
+    if (p[i] != '\0') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring entry's ", field, " has bytes after its NUL terminator"));
+    }
+  }
+  return std::string(p, len);
+}
+
 }  // namespace
 
 uint64_t RingEntryRequestId(absl::Span<const std::byte> entry) {
@@ -43,27 +71,16 @@ absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry
                                                    " has unknown bits 0x",
                                                    absl::Hex(flags & ~rp::kKnownFlags)));
   }
-  if (Load<uint64_t>(entry, rp::kSqReserved) != 0) {
-    return absl::InvalidArgumentError("ring entry's reserved field (byte 120) is not 0");
-  }
-  const char* algo = reinterpret_cast<const char*>(entry.data() + rp::kSqAlgo);
-  size_t algo_len = 0;
-  while (algo_len < rp::kAlgoBytes && algo[algo_len] != '\0') ++algo_len;
-  if (algo_len == rp::kAlgoBytes) {
+  absl::StatusOr<std::string> algo = ReadName(entry, rp::kSqAlgo, rp::kAlgoBytes, "algo");
+  if (!algo.ok()) return algo.status();
+  absl::StatusOr<std::string> compression =
+      ReadName(entry, rp::kSqCompression, rp::kCompressionBytes, "compression");
+  if (!compression.ok()) return compression.status();
+  const bool feedback = (flags & rp::kFlagErrorFeedback) != 0;
+  const uint64_t key = Load<uint64_t>(entry, rp::kSqCompressionKey);
+  if (!feedback && key != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ring entry's algo is not NUL-terminated within ", rp::kAlgoBytes, " bytes"));
-  }
-  for (size_t i = 0; i < algo_len; ++i) {
-    const auto c = static_cast<unsigned char>(algo[i]);
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ring entry's algo has a non-printable byte at ", i));
-    }
-  }
-  for (size_t i = algo_len; i < rp::kAlgoBytes; ++i) {
-    if (algo[i] != '\0') {
-      return absl::InvalidArgumentError("ring entry's algo has bytes after its NUL terminator");
-    }
+        "ring entry has a compression_key (byte 120) but not the error-feedback flag");
   }
   RingSubmission out;
   out.group_next = (flags & rp::kFlagGroupNext) != 0;
@@ -90,7 +107,10 @@ absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry
   } else if (Load<uint64_t>(entry, rp::kSqRecvOffset) != 0) {
     return absl::InvalidArgumentError("ring entry has a recv offset but no recv buffer");
   }
-  if (algo_len > 0) r.set_algo(std::string(algo, algo_len));
+  r.set_algo(*std::move(algo));
+  r.set_compression(*std::move(compression));
+  r.set_error_feedback(feedback);
+  r.set_compression_key(key);
 
   const uint32_t ext_slots = Load<uint32_t>(entry, rp::kSqExtSlots);
   const uint32_t vec_len = Load<uint32_t>(entry, rp::kSqVecLen);

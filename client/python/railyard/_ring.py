@@ -19,14 +19,16 @@ from typing import Callable, Optional
 from . import _memfd
 
 MAGIC = 0x47525952
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 4096
 SQ_ENTRY = 128
 CQ_ENTRY = 512
 CQ_MESSAGE_OFFSET = 32
 CQ_MESSAGE_BYTES = CQ_ENTRY - CQ_MESSAGE_OFFSET
-ALGO_BYTES = 32
+ALGO_BYTES = 16
+COMPRESSION_BYTES = 16
 FLAG_GROUP_NEXT = 1
+FLAG_ERROR_FEEDBACK = 2
 DEFAULT_ENTRIES = 1024
 
 OFF_SQ_TAIL = 64
@@ -41,8 +43,9 @@ OFF_CLIENT_WAITERS = 388
 ALL_TO_ALL_V = 7
 
 # request_id, comm_handle, count, send buffer, send offset, recv buffer, recv offset, op, dtype,
-# red_op, root, timeout_ms, flags, ext_slots, vec_len, algo (32 bytes), reserved.
-_ENTRY = struct.Struct("<QQQQQQQIIIiIIII32sQ")
+# red_op, root, timeout_ms, flags, ext_slots, vec_len, algo (16 bytes), compression (16 bytes),
+# compression_key.
+_ENTRY = struct.Struct("<QQQQQQQIIIiIIII16s16sQ")
 _CQ_HEAD = struct.Struct("<QQiI")
 assert _ENTRY.size == SQ_ENTRY
 
@@ -142,18 +145,26 @@ class Rings:
     @staticmethod
     def encode(out: bytearray, request_id: int, comm_handle: int, op: int, dtype: int,
                red_op: int, count: int, root: int, send: tuple, recv: tuple, timeout_ms: int,
-               algo: str, group_next: bool, vectors: Optional[tuple] = None) -> None:
+               algo: str, group_next: bool, vectors: Optional[tuple] = None,
+               compression: str = "", error_feedback: bool = False,
+               compression_key: int = 0) -> None:
         """Appends one entry (and its AllToAllv vector slots) to ``out``."""
         algo_b = algo.encode()
         if len(algo_b) >= ALGO_BYTES:
             raise ValueError(f"algorithm name {algo!r} is longer than {ALGO_BYTES - 1} "
                              "characters")
+        compression_b = compression.encode()
+        if len(compression_b) >= COMPRESSION_BYTES:
+            raise ValueError(f"compression {compression!r} is longer than "
+                             f"{COMPRESSION_BYTES - 1} characters")
+        flags = (FLAG_GROUP_NEXT if group_next else 0) | (FLAG_ERROR_FEEDBACK if error_feedback
+                                                           else 0)
         vec_len = len(vectors[0]) if vectors else 0
         ext = ext_slots_for(vec_len) if op == ALL_TO_ALL_V else 0
         out += _ENTRY.pack(request_id, comm_handle, count, send[0], send[1] if send[0] else 0,
                            recv[0], recv[1] if recv[0] else 0, op, dtype, red_op, root,
-                           timeout_ms, FLAG_GROUP_NEXT if group_next else 0, ext,
-                           vec_len if op == ALL_TO_ALL_V else 0, algo_b, 0)
+                           timeout_ms, flags, ext, vec_len if op == ALL_TO_ALL_V else 0, algo_b,
+                           compression_b, compression_key if error_feedback else 0)
         if ext:
             flat = b"".join(struct.pack(f"<{vec_len}Q", *v) for v in vectors)
             out += flat + bytes(ext * SQ_ENTRY - len(flat))

@@ -18,7 +18,7 @@ import stat
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import grpc.experimental
@@ -293,6 +293,7 @@ class Client:
         self.job: str = job or _env("RAILYARD_JOB", "default")
         token = token if token is not None else _env("RAILYARD_TOKEN", "")
         self.default_algo: str = _env("RAILYARD_ALGO", "") or ""
+        self.default_compression: str = _env("RAILYARD_COMPRESSION", "") or ""
         #: End-to-end check asked for on the inter-node transfers of every communicator this
         #: client joins ("none", "crc32c"; "" leaves the daemon's ``--integrity``).
         self.integrity: str = _check_integrity(
@@ -716,7 +717,8 @@ class Client:
                     request.red_op, request.count, request.root,
                     (request.send.buffer_id, request.send.offset),
                     (request.recv.buffer_id, request.recv.offset), request.timeout_ms,
-                    request.algo, i + 1 < len(items), vectors)
+                    request.algo, i + 1 < len(items), vectors, request.compression,
+                    request.error_feedback, request.compression_key)
             except ValueError as e:
                 work._complete(_invalid(str(e)))
                 continue
@@ -818,6 +820,9 @@ class Comm:
     daemon raise from the call (or from ``Work.wait``). ``timeout`` (seconds) bounds how long the
     daemon waits for the other ranks' matching call (default: the daemon's ``--op_timeout``);
     ``algo`` forces an algorithm (default ``$RAILYARD_ALGO``; all ranks must agree).
+    ``all_reduce`` also takes ``compression`` (default ``$RAILYARD_COMPRESSION``: ``"none"``,
+    ``"fp16"``, ``"bf16"``, ``"int8"``, ``"topk:0.01"`` or ``"auto"``; docs/compression.md) and
+    ``compression_key``, which turns on error feedback under that key.
     """
 
     def __init__(self, client: Client, comm_id: str, handle: int, rank: int, nranks: int,
@@ -919,7 +924,8 @@ class Comm:
     def all_reduce(self, x: ArrayLike, op: RedOpLike = ReduceOp.SUM, *,
                    out: Optional[ArrayLike] = None, async_op: bool = False,
                    timeout: Optional[float] = None, algo: Optional[str] = None,
-                   dtype: Any = None) -> OpResult:
+                   dtype: Any = None, compression: Optional[str] = None,
+                   compression_key: Optional[int] = None) -> OpResult:
         """Reduces ``x`` element-wise over all ranks; every rank gets the result.
 
         Args:
@@ -928,6 +934,10 @@ class Comm:
                 :class:`ReduceOp`.
             out: where the result goes (same size as ``x``); default ``x`` itself (in place).
             dtype: only ``"bfloat16"``, for 2-byte arrays holding bfloat16 bits.
+            compression: the inter-node codec (default ``$RAILYARD_COMPRESSION``, else none):
+                float32 sum/avg across nodes only, elsewhere exact. All ranks must agree.
+            compression_key: error feedback under this key (an int in [0, 2**64), one per
+                tensor or bucket that recurs); ``None``: no feedback.
 
         Returns:
             ``out`` (or ``x``), or a :class:`Work` with ``async_op=True``.
@@ -936,9 +946,18 @@ class Comm:
         out = x if out is None else self._check_array("out", out)
         if out.size != x.size:
             raise _invalid(f"all_reduce: out has {out.size} elements, x has {x.size}")
+        extra: Dict[str, Any] = {
+            "compression": (compression if compression is not None
+                            else self.client.default_compression)}
+        if compression_key is not None:
+            key = int(compression_key)
+            if not 0 <= key < 1 << 64:
+                raise _invalid(f"compression_key {compression_key} is not in [0, 2**64)")
+            extra["error_feedback"] = True
+            extra["compression_key"] = key
         return self._run(common_pb2.COLLECTIVE_OP_ALL_REDUCE, dtype=self._dtype(dtype, x, out),
                          count=x.size, red_op=self._red(op), send=x, recv=out, result=out,
-                         async_op=async_op, timeout=timeout, algo=algo)
+                         async_op=async_op, timeout=timeout, algo=algo, **extra)
 
     def reduce_scatter(self, x: ArrayLike, op: RedOpLike = ReduceOp.SUM, *,
                        out: Optional[ArrayLike] = None, async_op: bool = False,

@@ -29,10 +29,11 @@
 //    0 u64 request_id     8 u64 comm_handle    16 u64 count
 //   24 u64 send.buffer_id 32 u64 send.offset   40 u64 recv.buffer_id  48 u64 recv.offset
 //   56 u32 op (CollectiveOp)   60 u32 dtype (DataType)   64 u32 red_op (RedOp)   68 i32 root
-//   72 u32 timeout_ms    76 u32 flags (kFlagGroupNext)
+//   72 u32 timeout_ms    76 u32 flags (kFlagGroupNext, kFlagErrorFeedback)
 //   80 u32 ext_slots: slots right after this one (wrapping) that hold the AllToAllv vectors
 //   84 u32 vec_len: entries in each vector (the communicator's nranks)
-//   88 char algo[32], NUL-padded     120 u64 reserved (0)
+//   88 char algo[16], NUL-padded     104 char compression[16], NUL-padded
+//  120 u64 compression_key (0 unless kFlagErrorFeedback)
 // The AllToAllv vectors follow in the ext_slots slots as one array of u64: send_counts,
 // send_displs, recv_counts, recv_displs, vec_len each (ext_slots = ceil(32 vec_len / 128)).
 //
@@ -53,13 +54,14 @@
 namespace railyard::ringproto {
 
 inline constexpr uint32_t kMagic = 0x47525952;  // "RYRG" read as little-endian bytes
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: algo[16], compression[16], compression_key
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t kSqEntryBytes = 128;
 inline constexpr size_t kCqEntryBytes = 512;
 inline constexpr size_t kCqMessageOffset = 32;
 inline constexpr size_t kCqMessageBytes = kCqEntryBytes - kCqMessageOffset;
-inline constexpr size_t kAlgoBytes = 32;
+inline constexpr size_t kAlgoBytes = 16;
+inline constexpr size_t kCompressionBytes = 16;
 inline constexpr uint32_t kMinEntries = 8;
 inline constexpr uint32_t kMaxEntries = 65536;
 inline constexpr uint32_t kDefaultSqEntries = 1024;
@@ -96,12 +98,15 @@ inline constexpr size_t kSqFlags = 76;
 inline constexpr size_t kSqExtSlots = 80;
 inline constexpr size_t kSqVecLen = 84;
 inline constexpr size_t kSqAlgo = 88;
-inline constexpr size_t kSqReserved = 120;
+inline constexpr size_t kSqCompression = 104;
+inline constexpr size_t kSqCompressionKey = 120;
 
 // flags: the next entry belongs to the same group (ncclGroupStart/End); the group ends at the
 // first entry without it.
 inline constexpr uint32_t kFlagGroupNext = 1;
-inline constexpr uint32_t kKnownFlags = kFlagGroupNext;
+// SubmitRequest.error_feedback: compression_key names the residual.
+inline constexpr uint32_t kFlagErrorFeedback = 2;
+inline constexpr uint32_t kKnownFlags = kFlagGroupNext | kFlagErrorFeedback;
 
 // Completion entry field offsets.
 inline constexpr size_t kCqRequestId = 0;

@@ -1,0 +1,155 @@
+#include "daemon/scheduler/compressed.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/scheduler/tags.h"
+
+namespace railyard::scheduler {
+
+bool CompressionApplies(OpKind op, kernels::DataType dtype, kernels::RedOp red_op, int nnodes) {
+  return op == OpKind::kAllReduce && dtype == kernels::DataType::kFloat32 &&
+         (red_op == kernels::RedOp::kSum || red_op == kernels::RedOp::kAvg) && nnodes > 1;
+}
+
+namespace {
+
+struct Unit {
+  int owner = 0;
+  uint64_t start = 0;  // elements
+  uint64_t len = 0;
+  uint64_t index = 0;  // within the owner's shard: the tag and the rail
+};
+
+constexpr uint64_t kWireAlign = 64;
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, int node,
+                                                      uint64_t count, const kernels::Codec& codec,
+                                                      size_t chunk_bytes) {
+  const int n = layout.nnodes;
+  if (codec.kind == kernels::CodecKind::kNone) {
+    return absl::InvalidArgumentError("the compressed allreduce needs a codec other than none");
+  }
+  if (n < 2 || node < 0 || node >= n || layout.ranks_of_node.size() != static_cast<size_t>(n) ||
+      layout.ranks_of_node[node].empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the compressed allreduce runs across nodes; this layout has ", n,
+                     " node(s) and node ", node, " holds no rank"));
+  }
+  const int rails = std::max(1, layout.rails);
+  // Units are whole int8 blocks, so that each unit encodes as the whole would.
+  const uint64_t align = codec.kind == kernels::CodecKind::kInt8 ? codec.block : 1;
+  // Tags between two nodes number the receiver's units then the sender's: at most 2 * units.
+  const uint64_t max_units = (tags::kDigestStep - 1) / 2;
+  std::vector<Unit> units;
+  for (int o = 0; o < n; ++o) {
+    const uint64_t lo = o == 0 ? 0 : count * o / n / align * align;
+    const uint64_t hi = o == n - 1 ? count : count * (o + 1) / n / align * align;
+    if (hi <= lo) continue;
+    const uint64_t len = hi - lo;
+    uint64_t unit = chunk_bytes == 0 ? (len + rails - 1) / rails : std::max<uint64_t>(1, chunk_bytes / 4);
+    unit = std::max<uint64_t>(unit, (len + max_units - 1) / max_units);
+    unit = AlignUp(unit, align);
+    uint64_t k = 0;
+    for (uint64_t s = lo; s < hi; s += unit, ++k) {
+      units.push_back({o, s, std::min(unit, hi - s), k});
+    }
+  }
+  std::vector<uint64_t> units_of(n, 0);
+  for (const Unit& u : units) units_of[u.owner] = std::max(units_of[u.owner], u.index + 1);
+
+  NodeSchedule out;
+  out.node = node;
+  out.residual_elems = count;
+  const std::vector<int>& local = layout.ranks_of_node[node];
+  const int r0 = local[0];
+  auto scratch = [r0](uint64_t offset) { return RankRef{r0, RankRef::Space::kScratch, offset}; };
+  uint64_t next = AlignUp(count * 4, kWireAlign);  // P: the node's float32 partial, then wire
+  auto wire_area = [&](uint64_t bytes) {
+    const uint64_t at = next;
+    next = AlignUp(next + bytes, kWireAlign);
+    return at;
+  };
+  // Steps are built in place (a NodeStep moved through a temporary trips GCC 12's
+  // maybe-uninitialized on its inline deps).
+  auto step = [&out](NodeStep::Kind kind, const RankRef& src, const RankRef& dst, uint64_t bytes,
+                     std::initializer_list<uint32_t> deps) -> uint32_t {
+    NodeStep& s = out.steps.emplace_back();
+    s.kind = kind;
+    s.src = src;
+    s.dst = dst;
+    s.bytes = bytes;
+    s.deps.assign(deps.begin(), deps.end());
+    return static_cast<uint32_t>(out.steps.size() - 1);
+  };
+  auto transfer = [&](NodeStep::Kind kind, const RankRef& buf, uint64_t wbytes, uint64_t fbytes,
+                      int peer, int rail, uint64_t tag,
+                      std::initializer_list<uint32_t> deps) -> uint32_t {
+    const bool send = kind == NodeStep::Kind::kSend;
+    const uint32_t i = step(kind, send ? buf : RankRef{}, send ? RankRef{} : buf, wbytes, deps);
+    NodeStep& s = out.steps[i];
+    s.aux = fbytes;
+    s.peer = peer;
+    s.rail = rail;
+    s.tag = tag;
+    return i;
+  };
+  using K = NodeStep::Kind;
+  for (const Unit& u : units) {
+    const uint64_t fbytes = u.len * 4;
+    const uint64_t wbytes = kernels::EncodedBytes(codec, u.len);
+    const RankRef p = scratch(u.start * 4);
+    const int rail = static_cast<int>(u.index % rails);
+    // 1. The node's exact partial.
+    uint32_t last = step(K::kCopy, RankRef{r0, RankRef::Space::kSend, u.start * 4}, p, fbytes, {});
+    for (size_t li = 1; li < local.size(); ++li) {
+      last = step(K::kReduce, RankRef{local[li], RankRef::Space::kSend, u.start * 4}, p, fbytes,
+                  {last});
+    }
+    uint32_t result = 0;  // the step after which P[u] holds the final (decoded) value
+    if (u.owner == node) {
+      // 2. Every peer's contribution, decoded and added in float32.
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer == node) continue;
+        const RankRef in = scratch(wire_area(wbytes));
+        const uint32_t r = transfer(K::kRecv, in, wbytes, fbytes, peer, rail, u.index, {});
+        last = step(K::kDecodeAdd, in, p, fbytes, {r, last});
+      }
+      // 3. The result, encoded once; this node keeps what it sends.
+      const RankRef w = scratch(wire_area(wbytes));
+      const uint32_t e = step(K::kEncode, p, w, fbytes, {last});
+      out.steps[e].aux = u.start;
+      result = step(K::kDecode, w, p, fbytes, {e});
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer == node) continue;
+        transfer(K::kSend, w, wbytes, fbytes, peer, rail, units_of[peer] + u.index, {e});
+      }
+    } else {
+      // 2. This node's contribution, encoded once, to the owner.
+      const RankRef w = scratch(wire_area(wbytes));
+      const uint32_t e = step(K::kEncode, p, w, fbytes, {last});
+      out.steps[e].aux = u.start;
+      transfer(K::kSend, w, wbytes, fbytes, u.owner, rail, u.index, {e});
+      // 3. The owner's result; P[u] is read by the encode before the decode overwrites it.
+      const RankRef in = scratch(wire_area(wbytes));
+      const uint32_t r =
+          transfer(K::kRecv, in, wbytes, fbytes, u.owner, rail, units_of[node] + u.index, {});
+      result = step(K::kDecode, in, p, fbytes, {r, e});
+    }
+    // 4. Every local rank's result (avg divides here, the same on every rank).
+    for (int g : local) {
+      const uint32_t c = step(K::kCopy, p, RankRef{g, RankRef::Space::kRecv, u.start * 4}, fbytes,
+                              {result});
+      out.steps[c].finalize = true;
+    }
+  }
+  out.scratch_bytes_per_rank = units.empty() ? 0 : next;
+  return out;
+}
+
+}  // namespace railyard::scheduler

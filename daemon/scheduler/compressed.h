@@ -1,0 +1,47 @@
+// The compressed AllReduce: what runs when an AllReduce across nodes asks for a lossy codec
+// (docs/compression.md). It is a node-level schedule, not a rank schedule, because encoding is a
+// node's business: the node's ranks are reduced exactly in float32 first, and only what crosses
+// the fabric is compressed.
+//
+// The element range is cut into one shard per node; node o owns shard o. Each shard is cut into
+// units of about chunk_bytes (whole int8 blocks), unit k of a shard going over rail k % rails.
+//   1. local:   P[u] = sum of the node's ranks' send[u] (exact, float32 scratch)
+//   2. reduce-scatter, direct: a non-owner encodes P[u] once, with error feedback, and sends it
+//      to the owner; the owner decodes and adds every peer's contribution into its own P[u] in
+//      float32 (its own contribution is never compressed)
+//   3. all-gather: the owner encodes the reduced P[u] once (with its own residual), decodes that
+//      same message into its own P[u], and sends the message to every other node, which decodes
+//      it: every rank of every node ends with the same bits
+//   4. local:   recv[u] of every local rank = P[u] (divided by nranks for avg)
+// Every value is compressed exactly twice whatever N is: once as one node's contribution and once
+// as the reduced result. Per element, |error| <= sum over the N-1 other nodes of their codec
+// error + the codec error of the result (int8: scale/2 each, the scale of its block), against
+// N-1 successive re-compressions of growing partial sums on a ring.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "daemon/kernels/codec.h"
+#include "daemon/kernels/types.h"
+#include "daemon/scheduler/op.h"
+#include "daemon/scheduler/schedule.h"
+
+namespace railyard::scheduler {
+
+inline constexpr const char* kAlgoCompressed = "compressed";
+
+// True when an operation of this kind runs compressed under a codec other than none: AllReduce
+// of float32 with sum or avg across more than one node. Elsewhere a codec does not apply and the
+// operation runs exact (like NCCL's env knobs, a setting that does not apply changes nothing).
+bool CompressionApplies(OpKind op, kernels::DataType dtype, kernels::RedOp red_op, int nnodes);
+
+// Node `node`'s steps of the compressed AllReduce of `count` float32 elements. chunk_bytes: the
+// float32 bytes of one unit (0: one unit per shard and rail). INVALID_ARGUMENT for a codec of
+// none, a one-node layout, or a count whose units would not fit the tag space.
+absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, int node,
+                                                      uint64_t count, const kernels::Codec& codec,
+                                                      size_t chunk_bytes);
+
+}  // namespace railyard::scheduler

@@ -1,0 +1,45 @@
+// When compression pays (docs/compression.md): the tuner's call for compression=auto. A codec
+// cuts an AllReduce's wire bytes by its ratio r but costs encode and decode time on the node, so
+// it is worth it only when codec_s(M) < T(M) - T(M / r), with T the tuner's best prediction on
+// the communicator's calibrated fabric. Deterministic, like the tuner: every daemon of a
+// communicator decides the same from the same inputs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/kernels/codec.h"
+#include "daemon/scheduler/cost/tuner.h"
+
+namespace railyard::scheduler::cost {
+
+// Codec throughput in float32 bytes per second on one core (kernels_bench's Codec benchmarks on
+// the reference machine; docs/compression.md).
+struct CodecRates {
+  double encode_bytes_per_s = 0;
+  double decode_bytes_per_s = 0;
+};
+CodecRates DefaultCodecRates(const kernels::Codec& codec);
+
+// Per node, the compressed AllReduce (compressed.h) encodes every element once (its own shard's
+// result or its contribution to another's) and decodes about 2 (N - 1) / N + 1 / N of them.
+double CodecSeconds(const kernels::Codec& codec, double message_bytes, int nnodes);
+
+struct CompressionChoice {
+  kernels::Codec codec;     // none: run exact
+  double exact_s = -1;      // T(M): the tuner's best uncompressed prediction
+  double compressed_s = -1;  // T(M / r) + codec_s of the best codec considered
+  double codec_s = 0;
+  std::string considered;  // that codec's name
+  std::string reason;
+};
+
+// The cheapest of `candidates` when it beats exact, else none. shape: an AllReduce.
+absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape,
+                                                    int nnodes,
+                                                    const std::vector<kernels::Codec>& candidates);
+// What compression=auto considers: int8 and bf16.
+std::vector<kernels::Codec> AutoCandidates();
+
+}  // namespace railyard::scheduler::cost
