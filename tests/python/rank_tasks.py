@@ -784,3 +784,48 @@ def noop(rank: int) -> int:
 
 def pid(rank: int) -> Optional[int]:
     return os.getpid()
+
+
+def ddp_compressed(rank: int, n: int, store_path: str, codec: str, feedback: bool,
+                   steps: int, seed: int = 0) -> Dict[str, Any]:
+    """examples/python/ddp_train.py's MLP and data under DDP, its buckets all-reduced by
+    railyard.torch.compression_hook(codec) (codec "": DDP's own allreduce); returns the loss
+    averaged over ranks per step and the final parameters."""
+    import gc
+    import weakref
+
+    import torch
+    import railyard.torch as rt
+    dist = _init_torch(rank, n, "railyard", store_path)
+    ddp = loss = None
+    try:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 1))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        if codec:
+            ddp.register_comm_hook(None, rt.compression_hook(codec, error_feedback=feedback))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(seed + 1 + rank)
+        w_true = torch.randn(32, 1, generator=torch.Generator().manual_seed(seed)) / 32 ** 0.5
+        mean_losses: List[float] = []
+        for _ in range(steps):
+            x = torch.randn(128, 32, generator=gen)
+            y = x @ w_true + 0.05 * torch.randn(128, 1, generator=gen)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            mean_losses.append(mean.item() / n)
+        params = [p.detach().numpy().copy() for p in model.parameters()]
+    finally:
+        if ddp is not None:  # see ddp_train
+            alive = weakref.ref(ddp.reducer)
+            ddp = loss = None
+            if alive() is not None:
+                gc.collect()
+        dist.destroy_process_group()
+    return {"mean_losses": mean_losses, "params": params}

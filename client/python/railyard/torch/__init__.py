@@ -66,7 +66,8 @@ import torch.distributed as dist
 import railyard
 from railyard import errors as _errors
 
-__all__ = ["ProcessGroupRailyard", "BACKEND", "empty", "create_process_group"]
+__all__ = ["ProcessGroupRailyard", "BACKEND", "empty", "create_process_group",
+           "compression_hook"]
 
 #: The backend name, for ``dist.init_process_group(BACKEND, ...)``.
 BACKEND = "railyard"
@@ -783,6 +784,20 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         return self._start([t], io, lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw),
                            opts=opts)
 
+    def allreduce_compressed(self, tensor: torch.Tensor, compression: str,
+                             key: Optional[int] = None, op: str = "avg",
+                             timeout: Optional[float] = None) -> Work:
+        """All-reduce of ``tensor`` in place whose inter-node steps run under ``compression``
+        (docs/compression.md; float32 only, other dtypes run exact), with error feedback under
+        ``key`` unless it is None. What :func:`compression_hook` submits per DDP bucket."""
+        t = _check_tensor(tensor, "all_reduce")
+        io = _Io()
+        buf = io.output(t)
+        arr, dt = _as_numpy(buf, op)
+        return self._start([t], io, lambda kw: self.comm.all_reduce(
+            arr, op, dtype=dt, compression=compression, compression_key=key, **kw),
+            timeout=timeout)
+
     def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> Work:
         """Sum of sparse COO tensors, as gloo does it: every rank gathers every rank's indices
         and values (one all_gather of the sizes, one all_to_all_v of the bytes) and coalesces
@@ -1222,6 +1237,47 @@ def empty(*size: Any, dtype: torch.dtype = torch.float32,
         return torch.from_numpy(client.empty(size, np.int16)).view(torch.bfloat16)
     np_dtype = probe.numpy().dtype if dtype != torch.bool else np.dtype(np.bool_)
     return torch.from_numpy(client.empty(size, np_dtype))
+
+
+def _railyard_group(group: Any) -> "ProcessGroupRailyard":
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, ProcessGroupRailyard):
+        return pg
+    get_backend = getattr(pg, "_get_backend", None)  # torch >= 2.0 wraps backends
+    if get_backend is not None:
+        backend = get_backend(torch.device("cpu"))
+        if isinstance(backend, ProcessGroupRailyard):
+            return backend
+    raise ValueError(f"railyard.torch.compression_hook needs a railyard process group, got "
+                     f"{type(pg).__name__}")
+
+
+def compression_hook(codec: str = "int8", *, error_feedback: bool = True, group: Any = None,
+                     key_base: int = 0) -> Callable[[Any, Any], torch.futures.Future]:
+    """A ``DistributedDataParallel`` communication hook whose bucket all-reduces compress their
+    inter-node steps with ``codec`` ("fp16", "bf16", "int8", "int8:B", "topk:R" or "auto";
+    docs/compression.md) and average, like DDP's own allreduce::
+
+        ddp.register_comm_hook(None, railyard.torch.compression_hook("int8"))
+
+    With ``error_feedback`` (the default) the daemon keeps a residual per bucket, keyed by
+    ``key_base + bucket.index()`` (give each DDP model of one process group its own key_base),
+    which keeps the compression unbiased over steps. The state passed to ``register_comm_hook``
+    may be the railyard process group (default: ``group``, else the default group). Applies
+    across nodes to float32 gradients; elsewhere the all-reduce is exact."""
+    if not isinstance(codec, str) or not codec:
+        raise ValueError(f"railyard: compression_hook needs a codec name, got {codec!r}")
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        pg = _railyard_group(state if state is not None else group)
+        tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+        key = key_base + bucket.index() if error_feedback else None
+        work = pg.allreduce_compressed(tensor, codec, key)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    # DDP checks a hook's annotations (register_comm_hook): real objects, not strings.
+    hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    return hook
 
 
 def create_process_group(store: Any, rank: int, world_size: int,
