@@ -122,7 +122,7 @@ class ClientCore {
   std::string job_;
   std::string default_algo_;
   std::string default_compression_;  // RAILYARD_COMPRESSION
-  std::string integrity_;  // InitCommRequest.integrity of every InitComm
+  std::string integrity_;            // InitCommRequest.integrity of every InitComm
   std::string session_id_;
   std::string node_name_;
   std::unique_ptr<internal::FdChannelClient> fd_channel_;

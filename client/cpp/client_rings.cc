@@ -79,9 +79,9 @@ absl::Status ClientRings::Encode(const v1::SubmitRequest& req, bool group_next,
         "algorithm name \"", req.algo(), "\" is longer than ", rp::kAlgoBytes - 1, " characters"));
   }
   if (req.compression().size() >= rp::kCompressionBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compression \"", req.compression(), "\" is longer than ",
-                     rp::kCompressionBytes - 1, " characters"));
+    return absl::InvalidArgumentError(absl::StrCat("compression \"", req.compression(),
+                                                   "\" is longer than ", rp::kCompressionBytes - 1,
+                                                   " characters"));
   }
   const uint64_t ext = vectors ? rp::ExtSlotsFor(vec_len) : 0;
   out->resize(at + (1 + ext) * rp::kSqEntryBytes, std::byte{0});
@@ -98,9 +98,9 @@ absl::Status ClientRings::Encode(const v1::SubmitRequest& req, bool group_next,
   Put<uint32_t>(e, rp::kSqRedOp, static_cast<uint32_t>(req.red_op()));
   Put<int32_t>(e, rp::kSqRoot, req.root());
   Put<uint32_t>(e, rp::kSqTimeoutMs, req.timeout_ms());
-  Put<uint32_t>(e, rp::kSqFlags,
-                (group_next ? rp::kFlagGroupNext : 0) |
-                    (req.error_feedback() ? rp::kFlagErrorFeedback : 0));
+  Put<uint32_t>(
+      e, rp::kSqFlags,
+      (group_next ? rp::kFlagGroupNext : 0) | (req.error_feedback() ? rp::kFlagErrorFeedback : 0));
   Put<uint32_t>(e, rp::kSqExtSlots, static_cast<uint32_t>(ext));
   Put<uint32_t>(e, rp::kSqVecLen, vectors ? static_cast<uint32_t>(vec_len) : 0);
   std::memcpy(e + rp::kSqAlgo, req.algo().data(), req.algo().size());

@@ -270,9 +270,8 @@ void Communicator::NextCollectiveLocked(Outcomes* out) {
     // Error feedback: the key's residual, charged to the first local rank's session.
     float* residual = nullptr;
     if (plan.ok() && plan->codec.kind != kernels::CodecKind::kNone && r0.error_feedback) {
-      absl::StatusOr<float*> e = residuals_.Get(r0.feedback_key, plan->codec,
-                                                plan->schedule->residual_elems,
-                                                slot.requests[0]->quota);
+      absl::StatusOr<float*> e = residuals_.Get(
+          r0.feedback_key, plan->codec, plan->schedule->residual_elems, slot.requests[0]->quota);
       if (e.ok()) {
         residual = *e;
       } else {
@@ -467,8 +466,10 @@ void Communicator::CountCompressedBytesLocked() {
     }
     const metrics::LinkCounters* link = net_.links[s.peer][s.rail];
     if (link == nullptr || link->tx_uncompressed_bytes == nullptr) continue;
-    (send ? link->tx_uncompressed_bytes : link->rx_uncompressed_bytes)->Increment(static_cast<double>(s.aux));
-    (send ? link->tx_compressed_bytes : link->rx_compressed_bytes)->Increment(static_cast<double>(s.bytes));
+    (send ? link->tx_uncompressed_bytes : link->rx_uncompressed_bytes)
+        ->Increment(static_cast<double>(s.aux));
+    (send ? link->tx_compressed_bytes : link->rx_compressed_bytes)
+        ->Increment(static_cast<double>(s.bytes));
   }
 }
 

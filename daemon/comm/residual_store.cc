@@ -6,8 +6,8 @@
 
 namespace railyard {
 
-absl::StatusOr<float*> ResidualStore::Get(uint64_t key, const kernels::Codec& codec,
-                                          uint64_t elems, std::shared_ptr<QuotaAccount> quota) {
+absl::StatusOr<float*> ResidualStore::Get(uint64_t key, const kernels::Codec& codec, uint64_t elems,
+                                          std::shared_ptr<QuotaAccount> quota) {
   const std::string name = kernels::CodecName(codec);
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second.codec == name && it->second.residual.size() == elems) {

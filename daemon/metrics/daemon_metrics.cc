@@ -63,10 +63,10 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
           "railyard_link_uncompressed_bytes_total",
           "Float32 bytes that compressed collectives' messages on the link stood for, before "
           "compression (railyard_link_compressed_bytes_total is what they took)")),
-      link_compressed_bytes_(registry_.AddCounter(
-          "railyard_link_compressed_bytes_total",
-          "Bytes compressed collectives' messages took on the link (a part of "
-          "railyard_link_bytes_total)")),
+      link_compressed_bytes_(
+          registry_.AddCounter("railyard_link_compressed_bytes_total",
+                               "Bytes compressed collectives' messages took on the link (a part of "
+                               "railyard_link_bytes_total)")),
       link_errors_(registry_.AddCounter("railyard_link_errors_total",
                                         "Transport messages on the link that failed")),
       link_throughput_(registry_.AddGauge(

@@ -52,7 +52,8 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
     const uint64_t hi = o == n - 1 ? count : count * (o + 1) / n / align * align;
     if (hi <= lo) continue;
     const uint64_t len = hi - lo;
-    uint64_t unit = chunk_bytes == 0 ? (len + rails - 1) / rails : std::max<uint64_t>(1, chunk_bytes / 4);
+    uint64_t unit =
+        chunk_bytes == 0 ? (len + rails - 1) / rails : std::max<uint64_t>(1, chunk_bytes / 4);
     unit = std::max<uint64_t>(unit, (len + max_units - 1) / max_units);
     unit = AlignUp(unit, align);
     uint64_t k = 0;
@@ -143,8 +144,8 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
     }
     // 4. Every local rank's result (avg divides here, the same on every rank).
     for (int g : local) {
-      const uint32_t c = step(K::kCopy, p, RankRef{g, RankRef::Space::kRecv, u.start * 4}, fbytes,
-                              {result});
+      const uint32_t c =
+          step(K::kCopy, p, RankRef{g, RankRef::Space::kRecv, u.start * 4}, fbytes, {result});
       out.steps[c].finalize = true;
     }
   }

@@ -222,9 +222,9 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
                             : kernels::DecodeAdd(p_.codec, in, wire, n, out);
       if (!st.ok()) {
         const NodeStep& from = p_.schedule->steps[s.deps.empty() ? i : s.deps[0]];
-        return absl::InvalidArgumentError(
-            absl::StrCat("compressed data from node ", from.peer, " on rail ", from.rail,
-                         " is malformed: ", st.message()));
+        return absl::InvalidArgumentError(absl::StrCat("compressed data from node ", from.peer,
+                                                       " on rail ", from.rail,
+                                                       " is malformed: ", st.message()));
       }
       return absl::OkStatus();
     }

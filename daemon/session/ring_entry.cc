@@ -21,15 +21,14 @@ T Load(absl::Span<const std::byte> bytes, size_t offset) {
 
 // A NUL-padded printable-ASCII name of `bytes` bytes at offset (what a client writes is untrusted:
 // a name must end within its field and leave nothing after its terminator).
-absl::StatusOr<std::string> ReadName(absl::Span<const std::byte> entry, size_t offset,
-                                     size_t bytes, const char* field) {
+absl::StatusOr<std::string> ReadName(absl::Span<const std::byte> entry, size_t offset, size_t bytes,
+                                     const char* field) {
   const char* p = reinterpret_cast<const char*>(entry.data() + offset);
   size_t len = 0;
   while (len < bytes && p[len] != '\0') ++len;
   if (len == bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("ring entry's ", field,
-                                                   " is not NUL-terminated within ", bytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring entry's ", field, " is not NUL-terminated within ", bytes, " bytes"));
   }
   for (size_t i = 0; i < len; ++i) {
     const auto c = static_cast<unsigned char>(p[i]);

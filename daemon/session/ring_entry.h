@@ -25,9 +25,9 @@ uint32_t RingEntryExtSlots(absl::Span<const std::byte> entry);
 
 // entry: kSqEntryBytes; ext: the ext_slots slots after it, concatenated. INVALID_ARGUMENT naming
 // the field for an unknown flag, a compression key without the error-feedback flag, an algorithm
-// or compression name that is not NUL-terminated printable ASCII, vectors on an operation that takes none, or vectors that do not
-// fit (or do not fill) the extension slots. Enum values are passed through: DecodeSubmit judges
-// them as it judges a gRPC Submit's.
+// or compression name that is not NUL-terminated printable ASCII, vectors on an operation that
+// takes none, or vectors that do not fit (or do not fill) the extension slots. Enum values are
+// passed through: DecodeSubmit judges them as it judges a gRPC Submit's.
 absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry,
                                                absl::Span<const std::byte> ext);
 

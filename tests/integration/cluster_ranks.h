@@ -30,7 +30,8 @@ struct RankPerNode {
   bool ok = false;
 };
 inline RankPerNode JoinRankPerNode(VirtualCluster& cluster, size_t buffer_bytes = 0,
-                            const std::string& job = "itest", const std::string& integrity = "") {
+                                   const std::string& job = "itest",
+                                   const std::string& integrity = "") {
   RankPerNode out;
   const int n = cluster.size();
   for (int i = 0; i < n; ++i) {

@@ -2,10 +2,10 @@
 // each codec's documented bound and the same bits on every rank, the link counters showing the
 // codec's ratio, error feedback under a compression_key, and the bad inputs refused.
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <sstream>
-#include <cstring>
 #include <string>
 #include <vector>
 

@@ -18,10 +18,10 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "railyard/v1/peer.grpc.pb.h"
+#include "tests/integration/cluster_ranks.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/peer_tls.h"
 #include "tests/integration/rank_cases.h"
-#include "tests/integration/cluster_ranks.h"
 #include "tests/integration/virtual_cluster.h"
 
 namespace railyard::testing {

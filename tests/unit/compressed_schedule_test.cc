@@ -2,8 +2,6 @@
 // with the real codecs: every rank ends with the same bits, within the documented error bound of
 // the exact sum, the links carry the codec's bytes, and error feedback keeps the sum over many
 // steps unbiased where dropping the residual does not.
-#include "daemon/scheduler/compressed.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "daemon/scheduler/compressed.h"
 #include "daemon/scheduler/symbolic_executor.h"
 
 namespace railyard::scheduler {
@@ -121,9 +120,9 @@ TEST(CompressedAllReduceTest, EveryRankGetsTheSameBitsWithinTheCodecsBound) {
     for (const char* name : {"fp16", "bf16", "int8", "int8:32", "topk:0.1"}) {
       for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{4099}}) {
         for (bool in_place : {false, true}) {
-          SCOPED_TRACE(testing::Message() << c.nodes << "x" << c.ranks_per_node << " rails "
-                                          << c.rails << " " << name << " count " << count
-                                          << (in_place ? " in place" : ""));
+          SCOPED_TRACE(testing::Message()
+                       << c.nodes << "x" << c.ranks_per_node << " rails " << c.rails << " " << name
+                       << " count " << count << (in_place ? " in place" : ""));
           const Codec codec = C(name);
           const auto in = RandomInputs(layout.nranks, count, 7 + count);
           const Result r = RunOnce(layout, in, codec, 512, kernels::RedOp::kSum, in_place, nullptr);
@@ -238,16 +237,16 @@ TEST(CompressedAllReduceTest, ErrorFeedbackKeepsTheSumOverStepsUnbiased) {
 TEST(CompressedAllReduceTest, RefusesWhatItCannotRun) {
   EXPECT_FALSE(BuildCompressedAllReduce(CommLayout::Uniform(1, 2, 1), 0, 10, C("int8"), 0).ok());
   EXPECT_FALSE(BuildCompressedAllReduce(CommLayout::Uniform(2, 1, 1), 0, 10, Codec{}, 0).ok());
-  EXPECT_TRUE(CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32,
-                                 kernels::RedOp::kAvg, 2));
-  EXPECT_FALSE(CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32,
-                                  kernels::RedOp::kMax, 2));
-  EXPECT_FALSE(CompressionApplies(OpKind::kAllReduce, kernels::DataType::kInt32,
-                                  kernels::RedOp::kSum, 2));
-  EXPECT_FALSE(CompressionApplies(OpKind::kAllGather, kernels::DataType::kFloat32,
-                                  kernels::RedOp::kSum, 2));
-  EXPECT_FALSE(CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32,
-                                  kernels::RedOp::kSum, 1));
+  EXPECT_TRUE(
+      CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32, kernels::RedOp::kAvg, 2));
+  EXPECT_FALSE(
+      CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32, kernels::RedOp::kMax, 2));
+  EXPECT_FALSE(
+      CompressionApplies(OpKind::kAllReduce, kernels::DataType::kInt32, kernels::RedOp::kSum, 2));
+  EXPECT_FALSE(
+      CompressionApplies(OpKind::kAllGather, kernels::DataType::kFloat32, kernels::RedOp::kSum, 2));
+  EXPECT_FALSE(
+      CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32, kernels::RedOp::kSum, 1));
 }
 
 }  // namespace

@@ -40,8 +40,7 @@ std::vector<kernels::Codec> AutoCandidates() {
   return {int8, bf16};
 }
 
-absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape,
-                                                    int nnodes,
+absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape, int nnodes,
                                                     const std::vector<kernels::Codec>& candidates) {
   absl::StatusOr<std::shared_ptr<const Choice>> exact = tuner.Choose(shape);
   if (!exact.ok()) return exact.status();

@@ -27,8 +27,8 @@ CodecRates DefaultCodecRates(const kernels::Codec& codec);
 double CodecSeconds(const kernels::Codec& codec, double message_bytes, int nnodes);
 
 struct CompressionChoice {
-  kernels::Codec codec;     // none: run exact
-  double exact_s = -1;      // T(M): the tuner's best uncompressed prediction
+  kernels::Codec codec;      // none: run exact
+  double exact_s = -1;       // T(M): the tuner's best uncompressed prediction
   double compressed_s = -1;  // T(M / r) + codec_s of the best codec considered
   double codec_s = 0;
   std::string considered;  // that codec's name
@@ -36,8 +36,7 @@ struct CompressionChoice {
 };
 
 // The cheapest of `candidates` when it beats exact, else none. shape: an AllReduce.
-absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape,
-                                                    int nnodes,
+absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape, int nnodes,
                                                     const std::vector<kernels::Codec>& candidates);
 // What compression=auto considers: int8 and bf16.
 std::vector<kernels::Codec> AutoCandidates();

@@ -54,7 +54,7 @@
 namespace railyard::ringproto {
 
 inline constexpr uint32_t kMagic = 0x47525952;  // "RYRG" read as little-endian bytes
-inline constexpr uint32_t kVersion = 2;  // 2: algo[16], compression[16], compression_key
+inline constexpr uint32_t kVersion = 2;         // 2: algo[16], compression[16], compression_key
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t kSqEntryBytes = 128;
 inline constexpr size_t kCqEntryBytes = 512;
