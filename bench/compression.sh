@@ -2,13 +2,13 @@
 # Compressed AllReduce on an emulated fabric where bandwidth is scarce (issue 17): railyard-perf
 # AllReduce float32 sum across the daemons of scripts/fabric.sh (tbf-shaped veths), with
 # RAILYARD_COMPRESSION = none, fp16, int8, topk:0.01 and auto, launches interleaved, sizes
-# 64 KiB to 64 MiB (x4). Prints per size the median time (ms) of each, each codec's speed-up over
+# 4 KiB to 64 MiB (x4). Prints per size the median time (ms) of each, each codec's speed-up over
 # none, and per codec the break-even size (the smallest from which it stays faster than none).
 #   bench/compression.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); COMP_NODES (default 2), COMP_RAILS (1),
 # COMP_RATE (1gbit per rail), FABRIC_PACE (scripts/fabric.sh --pace; default its 88% of the rate).
 # railyard-perf runs -c 0: a lossy codec's results are checked by the tests
-# (tests/integration/compression_test.cc), not here. Each launch is two sweeps: 64K-1M -n 10 -w 2
+# (tests/integration/compression_test.cc), not here. Each launch is two sweeps: 4K-1M -n 50 -w 5
 # and 4M-64M -n 3 -w 1. Not a test: numbers depend on the machine and its load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,12 @@ trap 'exit 130' INT TERM
 scripts/fabric.sh up --nodes "$nodes" --rails "$rails" --ranks-per-node 1 --rate "$rate" \
   ${FABRIC_PACE:+--pace "$FABRIC_PACE"} --dir "$fdir" --prefix "$prefix" >"$out/nodes.txt"
 socks=$(awk '{print $6}' "$out/nodes.txt" | paste -sd,)
-sweeps=("64K 1M 4 10 2" "4M 64M 4 3 1")  # min max factor iters warmup
+# auto decides on the calibrated model (docs/cost-model.md): calibrate this fabric first, as an
+# operator would; the daemons' built-in defaults assume 1 GB/s per rail.
+"$build/tools/railctl" calibrate --daemons "$socks" --ranks-per-daemon 1 --algo ring -b 64K -e 16M \
+  -f 4 -n 5 -w 1 --perf "$build/tools/railyard-perf" >"$out/calibrate.txt" 2>&1 ||
+  { cat "$out/calibrate.txt" >&2; echo "compression: railctl calibrate failed" >&2; exit 1; }
+sweeps=("4K 1M 4 50 5" "4M 64M 4 3 1")  # min max factor iters warmup
 
 run() {  # codec file
   local f=$2 sw
@@ -56,6 +61,7 @@ run() {  # codec file
 echo "# railyard compressed AllReduce on scripts/fabric.sh: $nodes nodes x $rails rail(s) of $rate (tbf), 1 rank per node; float32 sum, out-of-place; medians of $reps interleaved launches"
 echo "# host $(hostname), $(nproc) CPUs, $(uname -r); railyard $(git describe --always --dirty 2>/dev/null) ($build)"
 echo "# rail pace: $(grep -o '"pace": "[^"]*"' "$fdir/n0.json" | head -1 || echo none)"
+echo "# calibration: $(grep '^fit:' "$out/calibrate.txt")"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 start=$(date +%s)
 for ((r = 1; r <= reps; r++)); do
@@ -72,7 +78,7 @@ for c in "${codecs[@]}"; do header+=$(printf ' %11s' "$c"); done
 for c in "${codecs[@]:1}"; do header+=$(printf ' %11s' "x:$c"); done
 echo "$header"
 declare -A even
-s=65536
+s=4096
 while [ "$s" -le $((64 << 20)) ]; do
   cells=()
   for c in "${codecs[@]}"; do
@@ -97,7 +103,11 @@ while [ "$s" -le $((64 << 20)) ]; do
 done
 echo
 for c in "${codecs[@]:1}"; do
-  echo "break-even $c: ${even[$c]:+from $((${even[$c]} / 1024)) KiB}${even[$c]:-not reached up to 64 MiB}"
+  if [ -n "${even[$c]:-}" ]; then
+    echo "break-even $c: faster than none from $((${even[$c]} / 1024)) KiB up"
+  else
+    echo "break-even $c: not faster than none at 64 MiB"
+  fi
 done
 echo "x:CODEC = time(none) / time(CODEC); auto: the tuner compresses where its model says it pays."
 echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

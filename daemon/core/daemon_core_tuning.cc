@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/cost_model_proto.h"
 #include "daemon/core/daemon_core.h"
+#include "daemon/scheduler/compressed.h"
+#include "daemon/scheduler/cost/compression.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/op.h"
@@ -163,6 +165,29 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
     out.set_forced(forced);
     out.set_chosen(forced);
     absl::StrAppend(out.mutable_reason(), "; but --algo/RAILYARD_ALGO forces ", forced);
+  }
+  if (!req.compression().empty() && req.compression() != "none") {
+    std::vector<kernels::Codec> codecs;
+    if (req.compression() == "auto") {
+      codecs = cost::AutoCandidates();
+    } else {
+      absl::StatusOr<kernels::Codec> c = kernels::ParseCodec(req.compression());
+      if (!c.ok()) return c.status();
+      codecs = {*c};
+    }
+    if (scheduler::CompressionApplies(op, dtype, kernels::RedOp::kSum, comm->layout().nnodes)) {
+      absl::StatusOr<cost::CompressionChoice> c =
+          cost::ChooseCompression(*comm->tuner(), shape, comm->layout().nnodes, codecs);
+      if (!c.ok()) return c.status();
+      // A codec asked for by name runs whatever the model says; auto runs what pays.
+      const bool named = req.compression() != "auto";
+      out.set_compression(kernels::CodecName(named ? codecs[0] : c->codec));
+      out.set_exact_s(c->exact_s);
+      out.set_compressed_s(c->compressed_s);
+      out.set_compression_reason(named ? absl::StrCat("asked for by name; the model says ",
+                                                      c->reason)
+                                       : c->reason);
+    }
   }
   return out;
 }

@@ -16,10 +16,12 @@ namespace railyard::railctl {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: railctl explain OP SIZE [--comm ID] [--dtype T] [--root R] [--socket S] [--json]\n"
+    "usage: railctl explain OP SIZE [--comm ID] [--dtype T] [--root R] [--compression C]\n"
+    "                       [--socket S] [--json]\n"
     "OP: allreduce reducescatter allgather broadcast reduce alltoall barrier; SIZE as in\n"
     "railctl model (PRIMER's M). --comm: a communicator id from railctl status (default: the\n"
-    "daemon's only multi-node communicator).\n";
+    "daemon's only multi-node communicator). --compression (allreduce): auto or a codec\n"
+    "(fp16, bf16, int8, topk:R): whether it pays, with both predictions.\n";
 
 nlohmann::json CostModelJson(const v1::CostModel& m) {
   return {{"intra_alpha_s", m.intra_alpha_s()},
@@ -63,7 +65,8 @@ std::string DescribeCostModel(const v1::CostModel& m) {
 
 absl::Status RunExplain(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedFlags> f =
-      ParseFlags(args, {"comm", "dtype", "root", "socket", "admin_socket"}, {"json"});
+      ParseFlags(args, {"comm", "dtype", "root", "compression", "socket", "admin_socket"},
+                 {"json"});
   if (!f.ok()) return f.status();
   if (f->Bool("help")) {
     std::fputs(kUsage, stdout);
@@ -87,6 +90,7 @@ absl::Status RunExplain(const std::vector<std::string>& args) {
   absl::StatusOr<int> root = IntFlag(*f, "root", 0, 0);
   if (!root.ok()) return root.status();
   req.set_root(*root);
+  req.set_compression(f->Get("compression"));
   AdminClient client(f->Get("socket", DefaultSocket()), f->Get("admin_socket", ""));
   absl::StatusOr<v1::ExplainResponse> r = client.Explain(req);
   if (!r.ok()) return r.status();
@@ -114,6 +118,12 @@ absl::Status RunExplain(const std::vector<std::string>& args) {
                           {"reason", r->reason()},
                           {"calibration", CostModelJson(r->cost_model())}};
     if (!r->forced().empty()) out["forced"] = r->forced();
+    if (!r->compression().empty()) {
+      out["compression"] = {{"codec", r->compression()},
+                            {"exact_s", r->exact_s()},
+                            {"compressed_s", r->compressed_s()},
+                            {"reason", r->compression_reason()}};
+    }
     std::printf("%s\n", out.dump(2).c_str());
     return absl::OkStatus();
   }
@@ -143,6 +153,12 @@ absl::Status RunExplain(const std::vector<std::string>& args) {
       topology::FormatDuration(r->predicted_s() - op_overhead).c_str(),
       topology::FormatDuration(op_overhead).c_str(), r->reason().c_str(),
       DescribeCostModel(r->cost_model()).c_str());
+  if (!r->compression().empty()) {
+    std::printf("compression: %s (exact predicted %s, compressed %s): %s\n",
+                r->compression().c_str(), topology::FormatDuration(r->exact_s()).c_str(),
+                topology::FormatDuration(r->compressed_s()).c_str(),
+                r->compression_reason().c_str());
+  }
   return absl::OkStatus();
 }
 

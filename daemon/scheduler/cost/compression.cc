@@ -35,9 +35,7 @@ double CodecSeconds(const kernels::Codec& codec, double message_bytes, int nnode
 std::vector<kernels::Codec> AutoCandidates() {
   kernels::Codec int8;
   int8.kind = kernels::CodecKind::kInt8;
-  kernels::Codec bf16;
-  bf16.kind = kernels::CodecKind::kBf16;
-  return {int8, bf16};
+  return {int8};
 }
 
 absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape, int nnodes,
@@ -55,12 +53,12 @@ absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape&
     absl::StatusOr<std::shared_ptr<const Choice>> wire = tuner.Choose(small);
     if (!wire.ok()) return wire.status();
     const double codec_s = CodecSeconds(c, m, nnodes);
-    const double t = (*wire)->predicted_s + codec_s;
+    const double t = (*wire)->predicted_s + codec_s + kCompressedFixedS;
     if (out.compressed_s < 0 || t < out.compressed_s) {
       out.compressed_s = t;
       out.codec_s = codec_s;
       out.considered = kernels::CodecName(c);
-      if (t < out.exact_s) out.codec = c;
+      if (t < kCompressionMargin * out.exact_s) out.codec = c;
     }
   }
   if (out.codec.kind != kernels::CodecKind::kNone) {
@@ -70,7 +68,7 @@ absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape&
   } else {
     out.reason = absl::StrFormat(
         "exact: %.3g s predicted; the best codec, %s, would take %.3g s (%.3g s of it encoding "
-        "and decoding)",
+        "and decoding), not 10%% less",
         out.exact_s, out.considered, out.compressed_s, out.codec_s);
   }
   return out;

@@ -35,10 +35,21 @@ struct CompressionChoice {
   std::string reason;
 };
 
-// The cheapest of `candidates` when it beats exact, else none. shape: an AllReduce.
+// The compressed path's own fixed cost per operation, beyond T(M / r) and the codec: its second
+// exchange and the encode/decode steps' hand-offs (measured: int8 against exact at 4 KiB).
+inline constexpr double kCompressedFixedS = 100e-6;
+// Compression runs only when predicted at least this much faster than exact: the model's
+// per-size error (railctl calibrate: up to ~15 % at 256 KiB here) must not turn a predicted gain
+// into a loss.
+inline constexpr double kCompressionMargin = 0.9;
+
+// The cheapest of `candidates` (compressed_s = T(M / r) + codec_s + kCompressedFixedS) when it is
+// below kCompressionMargin x exact, else none. shape: an AllReduce.
 absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape, int nnodes,
                                                     const std::vector<kernels::Codec>& candidates);
-// What compression=auto considers: int8 and bf16.
+// What compression=auto considers: int8 (the best ratio of the codecs with a per-element bound;
+// bf16 and fp16 save half of what int8 saves for about the same CPU per byte on the wire, and
+// top-k is no default: its error depends on the data).
 std::vector<kernels::Codec> AutoCandidates();
 
 }  // namespace railyard::scheduler::cost
