@@ -5,9 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/cost_model_proto.h"
 #include "daemon/core/daemon_core.h"
+#include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/compressed.h"
 #include "daemon/scheduler/cost/compression.h"
-#include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/op.h"
 #include "daemon/util/log.h"
@@ -184,9 +184,8 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
       out.set_compression(kernels::CodecName(named ? codecs[0] : c->codec));
       out.set_exact_s(c->exact_s);
       out.set_compressed_s(c->compressed_s);
-      out.set_compression_reason(named ? absl::StrCat("asked for by name; the model says ",
-                                                      c->reason)
-                                       : c->reason);
+      out.set_compression_reason(
+          named ? absl::StrCat("asked for by name; the model says ", c->reason) : c->reason);
     }
   }
   return out;

@@ -302,6 +302,16 @@ TEST_F(BadInputTest, BadEnumsRootsAndAlgorithmsAreInvalid) {
       {"dtype", [](auto* r) { r->set_dtype(v1::DATA_TYPE_UNSPECIFIED); }, "not a supported data"},
       {"red_op", [](auto* r) { r->set_red_op(static_cast<v1::RedOp>(42)); }, "not a reduction"},
       {"algo", [](auto* r) { r->set_algo("magic"); }, "unknown algo 'magic'"},
+      {"compression", [](auto* r) { r->set_compression("zstd"); },
+       "compression 'zstd' is not a codec"},
+      {"topk ratio", [](auto* r) { r->set_compression("topk:2"); }, "topk"},
+      {"int8 block", [](auto* r) { r->set_compression("int8:3"); }, "int8"},
+      {"compression_key",
+       [](auto* r) {
+         r->set_compression("int8");
+         r->set_compression_key(7);
+       },
+       "compression_key is set but error_feedback is not"},
       {"root",
        [](auto* r) {
          r->set_op(v1::COLLECTIVE_OP_BROADCAST);

@@ -61,6 +61,31 @@ TEST(OpDigestTest, TheFirstDifferingFieldIsNamed) {
   EXPECT_EQ(OpDigest::Of(v1, 0, "direct").Differs(OpDigest::Of(v2, 0, "direct")), "");
 }
 
+TEST(OpDigestTest, TheCodecTravelsAndADifferentOneIsNamed) {
+  auto codec = [](const char* name) { return *kernels::ParseCodec(name); };
+  const OpDigest a = OpDigest::Of(AllReduce(1024), 3, "compressed", codec("int8:64"));
+  absl::StatusOr<OpDigest> back = OpDigest::Decode(a.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->codec.kind, kernels::CodecKind::kInt8);
+  EXPECT_EQ(back->codec.block, 64u);
+  EXPECT_EQ(back->Differs(a), "");
+  EXPECT_THAT(back->Describe(), HasSubstr("compressed int8:64"));
+  const OpDigest t = OpDigest::Of(AllReduce(1024), 3, "compressed", codec("topk:0.01"));
+  back = OpDigest::Decode(t.Encode());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->Differs(t), "");
+  EXPECT_EQ(a.Differs(OpDigest::Of(AllReduce(1024), 3, "compressed", codec("int8"))),
+            "compression");
+  EXPECT_EQ(t.Differs(OpDigest::Of(AllReduce(1024), 3, "compressed", codec("topk:0.02"))),
+            "compression");
+  EXPECT_EQ(a.Differs(OpDigest::Of(AllReduce(1024), 3, "compressed", codec("fp16"))),
+            "compression");
+  // A codec this daemon does not know is refused.
+  OpDigest::Wire w = a.Encode();
+  w[56] = std::byte{9};
+  EXPECT_EQ(OpDigest::Decode(w).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OpDigestTest, WhatNoDaemonSendsIsRefusedSayingWhat) {
   const OpDigest::Wire good = OpDigest::Of(AllReduce(8), 0, "ring").Encode();
   struct Case {

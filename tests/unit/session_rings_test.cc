@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "client/cpp/client_rings.h"
+#include "daemon/session/ring_entry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/railyard/v1/ring.h"
@@ -390,6 +391,46 @@ TEST(SessionRingsTest, AllToAllvVectorsTravelInExtensionSlotsAcrossTheWrap) {
     EXPECT_EQ(got.recv_counts(i), static_cast<uint64_t>(200 + i));
     EXPECT_EQ(got.recv_displs(i), static_cast<uint64_t>(300 + i));
   }
+}
+
+// Compression (ring protocol v2): the codec name and the error-feedback key travel in the entry;
+// a key without the feedback flag, or a name that fills its field, is refused naming the field.
+TEST(RingEntryTest, CompressionAndItsKeyTravelAndMalformedOnesAreRefused) {
+  v1::SubmitRequest r;
+  r.set_request_id(5);
+  r.set_op(v1::COLLECTIVE_OP_ALL_REDUCE);
+  r.set_algo("ring");
+  r.set_compression("topk:0.01");
+  r.set_error_feedback(true);
+  r.set_compression_key(0xfeedfacecafe);
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(internal::ClientRings::Encode(r, false, &bytes).ok());
+  absl::StatusOr<RingSubmission> got = DecodeRingEntry(bytes, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->request.algo(), "ring");
+  EXPECT_EQ(got->request.compression(), "topk:0.01");
+  EXPECT_TRUE(got->request.error_feedback());
+  EXPECT_EQ(got->request.compression_key(), 0xfeedfacecafeu);
+
+  std::vector<std::byte> no_flag = bytes;
+  uint32_t flags = 0;
+  std::memcpy(no_flag.data() + rp::kSqFlags, &flags, 4);
+  got = DecodeRingEntry(no_flag, {});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got.status().message()), ::testing::HasSubstr("compression_key"));
+
+  std::vector<std::byte> unterminated = bytes;
+  std::memset(unterminated.data() + rp::kSqCompression, 'x', rp::kCompressionBytes);
+  got = DecodeRingEntry(unterminated, {});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got.status().message()),
+              ::testing::HasSubstr("compression is not NUL-terminated within 16 bytes"));
+
+  r.set_compression("topk:0.0000001234");  // 17 characters
+  bytes.clear();
+  absl::Status s = internal::ClientRings::Encode(r, false, &bytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("longer than 15 characters"));
 }
 
 TEST(SessionRingsTest, AGroupPublishedAtOnceIsHandedOverAsOneBatch) {

@@ -64,9 +64,8 @@ std::string DescribeCostModel(const v1::CostModel& m) {
 }
 
 absl::Status RunExplain(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedFlags> f =
-      ParseFlags(args, {"comm", "dtype", "root", "compression", "socket", "admin_socket"},
-                 {"json"});
+  absl::StatusOr<ParsedFlags> f = ParseFlags(
+      args, {"comm", "dtype", "root", "compression", "socket", "admin_socket"}, {"json"});
   if (!f.ok()) return f.status();
   if (f->Bool("help")) {
     std::fputs(kUsage, stdout);
