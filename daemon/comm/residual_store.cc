@@ -28,10 +28,4 @@ absl::StatusOr<float*> ResidualStore::Get(uint64_t key, const kernels::Codec& co
   return e.residual.data();
 }
 
-uint64_t ResidualStore::bytes() const {
-  uint64_t n = 0;
-  for (const auto& [key, e] : entries_) n += e.residual.size() * sizeof(float);
-  return n;
-}
-
 }  // namespace railyard

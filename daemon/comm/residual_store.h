@@ -28,9 +28,6 @@ class ResidualStore {
   absl::StatusOr<float*> Get(uint64_t key, const kernels::Codec& codec, uint64_t elems,
                              std::shared_ptr<QuotaAccount> quota);
 
-  size_t keys() const { return entries_.size(); }
-  uint64_t bytes() const;
-
  private:
   struct Entry {
     std::string codec;

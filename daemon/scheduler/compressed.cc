@@ -153,4 +153,23 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
   return out;
 }
 
+absl::Status RunCodecStep(NodeStep::Kind kind, const kernels::Codec& codec, const std::byte* src,
+                          std::byte* dst, size_t n, float* residual) {
+  if (kind == NodeStep::Kind::kEncode) {
+    const auto* in = reinterpret_cast<const float*>(src);
+    auto* out = reinterpret_cast<uint8_t*>(dst);
+    if (residual != nullptr) {
+      kernels::EncodeWithFeedback(codec, in, residual, n, out);
+    } else {
+      kernels::Encode(codec, in, n, out);
+    }
+    return absl::OkStatus();
+  }
+  const auto* in = reinterpret_cast<const uint8_t*>(src);
+  auto* out = reinterpret_cast<float*>(dst);
+  const size_t wire = kernels::EncodedBytes(codec, n);
+  return kind == NodeStep::Kind::kDecode ? kernels::Decode(codec, in, wire, n, out)
+                                         : kernels::DecodeAdd(codec, in, wire, n, out);
+}
+
 }  // namespace railyard::scheduler

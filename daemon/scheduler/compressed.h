@@ -44,4 +44,11 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
                                                       uint64_t count, const kernels::Codec& codec,
                                                       size_t chunk_bytes);
 
+// Runs one kEncode, kDecode or kDecodeAdd step of n float32 elements from src to dst: what NodeRun
+// and the symbolic executor both execute. residual: the step's slice of its key's residual (the
+// encode adds it in and updates it), null for no feedback. A decode of malformed bytes returns the
+// codec's INVALID_ARGUMENT and leaves nothing outside dst's n elements touched.
+absl::Status RunCodecStep(NodeStep::Kind kind, const kernels::Codec& codec, const std::byte* src,
+                          std::byte* dst, size_t n, float* residual);
+
 }  // namespace railyard::scheduler

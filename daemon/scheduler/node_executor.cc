@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce.h"
+#include "daemon/scheduler/compressed.h"
 
 namespace railyard::scheduler {
 
@@ -199,27 +200,14 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
         kernels::Copy(dst, src, s.bytes);
       }
       return absl::OkStatus();
-    case NodeStep::Kind::kEncode: {
-      // Compressed schedules are float32 (CompressionApplies); bytes / 4 elements.
-      const auto* in = reinterpret_cast<const float*>(src);
-      auto* out = reinterpret_cast<uint8_t*>(dst);
-      const size_t n = s.bytes / sizeof(float);
-      if (p_.residual != nullptr) {
-        kernels::EncodeWithFeedback(p_.codec, in, p_.residual + s.aux, n, out);
-      } else {
-        kernels::Encode(p_.codec, in, n, out);
-      }
-      return absl::OkStatus();
-    }
+    case NodeStep::Kind::kEncode:
     case NodeStep::Kind::kDecode:
     case NodeStep::Kind::kDecodeAdd: {
-      const auto* in = reinterpret_cast<const uint8_t*>(src);
-      auto* out = reinterpret_cast<float*>(dst);
-      const size_t n = s.bytes / sizeof(float);
-      const size_t wire = kernels::EncodedBytes(p_.codec, n);
-      absl::Status st = s.kind == NodeStep::Kind::kDecode
-                            ? kernels::Decode(p_.codec, in, wire, n, out)
-                            : kernels::DecodeAdd(p_.codec, in, wire, n, out);
+      // Compressed schedules are float32 (CompressionApplies): bytes / 4 elements.
+      float* residual = s.kind == NodeStep::Kind::kEncode && p_.residual != nullptr
+                            ? p_.residual + s.aux
+                            : nullptr;
+      absl::Status st = RunCodecStep(s.kind, p_.codec, src, dst, s.bytes / sizeof(float), residual);
       if (!st.ok()) {
         const NodeStep& from = p_.schedule->steps[s.deps.empty() ? i : s.deps[0]];
         return absl::InvalidArgumentError(absl::StrCat("compressed data from node ", from.peer,

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce.h"
+#include "daemon/scheduler/compressed.h"
 #include "daemon/scheduler/op.h"
 
 namespace railyard::scheduler {
@@ -301,31 +302,21 @@ class Run {
         if (!src.ok()) return src.status();
         auto dst = Resolve(g, s.dst, encode ? wire : s.bytes, true);
         if (!dst.ok()) return dst.status();
-        if (encode) {
-          const auto* in = reinterpret_cast<const float*>(src->ptr);
-          auto* out = reinterpret_cast<uint8_t*>(dst->ptr);
-          if (options_.residuals != nullptr) {
-            auto& all = *options_.residuals;
-            if (all.size() < nodes_.size()) all.resize(nodes_.size());
-            std::vector<float>& e = all[node];
-            if (e.size() != nodes_[node].residual_elems) e.assign(nodes_[node].residual_elems, 0.f);
-            if (s.aux > e.size() || n > e.size() - s.aux) {
-              return absl::InternalError(absl::StrCat(Describe(g), " has residual offset ", s.aux,
-                                                      " past the schedule's ", e.size()));
-            }
-            kernels::EncodeWithFeedback(options_.codec, in, e.data() + s.aux, n, out);
-          } else {
-            kernels::Encode(options_.codec, in, n, out);
+        float* residual = nullptr;
+        if (encode && options_.residuals != nullptr) {
+          auto& all = *options_.residuals;
+          if (all.size() < nodes_.size()) all.resize(nodes_.size());
+          std::vector<float>& e = all[node];
+          if (e.size() != nodes_[node].residual_elems) e.assign(nodes_[node].residual_elems, 0.f);
+          if (s.aux > e.size() || n > e.size() - s.aux) {
+            return absl::InternalError(absl::StrCat(Describe(g), " has residual offset ", s.aux,
+                                                    " past the schedule's ", e.size()));
           }
-        } else {
-          const auto* in = reinterpret_cast<const uint8_t*>(src->ptr);
-          auto* out = reinterpret_cast<float*>(dst->ptr);
-          absl::Status st = s.kind == NodeStep::Kind::kDecode
-                                ? kernels::Decode(options_.codec, in, wire, n, out)
-                                : kernels::DecodeAdd(options_.codec, in, wire, n, out);
-          if (!st.ok()) {
-            return absl::InternalError(absl::StrCat(Describe(g), ": ", st.message()));
-          }
+          residual = e.data() + s.aux;
+        }
+        if (absl::Status st = RunCodecStep(s.kind, options_.codec, src->ptr, dst->ptr, n, residual);
+            !st.ok()) {
+          return absl::InternalError(absl::StrCat(Describe(g), ": ", st.message()));
         }
         stats_.local_bytes += s.bytes;
         Finish(g);

@@ -14,8 +14,9 @@
 
 namespace railyard::scheduler::cost {
 
-// Codec throughput in float32 bytes per second on one core (kernels_bench's Codec benchmarks on
-// the reference machine; docs/compression.md).
+// Codec throughput in float32 bytes per second on one core: the encode rates are kernels_bench's
+// Codec benchmarks on the reference machine (docs/compression.md); the decode rates are not
+// measured there and are set near the encode rates.
 struct CodecRates {
   double encode_bytes_per_s = 0;
   double decode_bytes_per_s = 0;
