@@ -6,7 +6,8 @@
 # none, and per codec the break-even size (the smallest from which it stays faster than none).
 #   bench/compression.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); COMP_NODES (default 2), COMP_RAILS (1),
-# COMP_RATE (1gbit per rail), FABRIC_PACE (scripts/fabric.sh --pace; default its 88% of the rate).
+# COMP_RATE (1gbit per rail), FABRIC_PACE (scripts/fabric.sh --pace; default its 88% of the rate),
+# COMP_DTYPE (railyard-perf -d: float by default, half or bfloat16 for 16-bit gradients).
 # railyard-perf runs -c 0: a lossy codec's results are checked by the tests
 # (tests/integration/compression_test.cc), not here. Each launch is two sweeps: 4K-1M -n 50 -w 5
 # and 4M-64M -n 3 -w 1. Not a test: numbers depend on the machine and its load.
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
 reps=${1:-3}
 build=${RAILYARD_BUILD_DIR:-build}
-nodes=${COMP_NODES:-2} rails=${COMP_RAILS:-1} rate=${COMP_RATE:-1gbit}
+nodes=${COMP_NODES:-2} rails=${COMP_RAILS:-1} rate=${COMP_RATE:-1gbit} dtype=${COMP_DTYPE:-float}
 codecs=(none fp16 int8 topk:0.01 auto)
 if why=$(netns_unavailable); then
   echo "compression: cannot run: $why" >&2
@@ -51,14 +52,14 @@ run() {  # codec file
   : >"$f"
   for sw in "${sweeps[@]}"; do
     read -r lo hi fac it wu <<<"$sw"
-    RAILYARD_COMPRESSION=$1 timeout 600 "$build/tools/railyard-perf" --op allreduce -d float \
+    RAILYARD_COMPRESSION=$1 timeout 600 "$build/tools/railyard-perf" --op allreduce -d "$dtype" \
       -b "$lo" -e "$hi" -f "$fac" -n "$it" -w "$wu" -c 0 --daemons "$socks" \
       --ranks-per-daemon 1 >>"$f" 2>"$out/perf.err" ||
       { cat "$out/perf.err" >&2; tail -5 "$fdir"/n*.log >&2; echo "compression: railyard-perf failed ($1)" >&2; exit 1; }
   done
 }
 
-echo "# railyard compressed AllReduce on scripts/fabric.sh: $nodes nodes x $rails rail(s) of $rate (tbf), 1 rank per node; float32 sum, out-of-place; medians of $reps interleaved launches"
+echo "# railyard compressed AllReduce on scripts/fabric.sh: $nodes nodes x $rails rail(s) of $rate (tbf), 1 rank per node; $dtype sum, out-of-place; medians of $reps interleaved launches"
 echo "# host $(hostname), $(nproc) CPUs, $(uname -r); railyard $(git describe --always --dirty 2>/dev/null) ($build)"
 echo "# rail pace: $(grep -o '"pace": "[^"]*"' "$fdir/n0.json" | head -1 || echo none)"
 echo "# calibration: $(grep '^fit:' "$out/calibrate.txt")"

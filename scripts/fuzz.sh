@@ -11,6 +11,7 @@
 #   RAILYARD_FUZZ_TARGETS="a b"    only these targets (names as in tests/fuzz/<name>.cc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/ccache.sh
 start=$(date +%s)
 seconds=${1:-${RAILYARD_FUZZ_SECONDS:-30}}
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then

@@ -193,14 +193,15 @@ absl::StatusOr<PlannedOp> OpPlanner::PlanCompressed(const scheduler::RankRequest
     if (unit == 0 || unit > cap) unit = cap;
   }
   out.chunk_bytes = unit;
-  const std::string key = absl::StrCat(out.algorithm, "|", kernels::CodecName(codec), "|",
-                                       codec.topk_ratio, "|", unit, "|", r0.count);
+  const std::string key =
+      absl::StrCat(out.algorithm, "|", kernels::CodecName(codec), "|", codec.topk_ratio, "|", unit,
+                   "|", r0.count, "|", static_cast<int>(r0.dtype));
   if (auto it = cache_.find(key); it != cache_.end()) {
     out.schedule = it->second.schedule;
     return out;
   }
   absl::StatusOr<scheduler::NodeSchedule> schedule =
-      scheduler::BuildCompressedAllReduce(layout_, my_node_, r0.count, codec, unit);
+      scheduler::BuildCompressedAllReduce(layout_, my_node_, r0.count, r0.dtype, codec, unit);
   if (!schedule.ok()) return schedule.status();
   auto shared = std::make_shared<const scheduler::NodeSchedule>(*std::move(schedule));
   if (cache_.size() >= 64) cache_.clear();

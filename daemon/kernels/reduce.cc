@@ -332,6 +332,57 @@ void Swap(void* a, void* b, size_t bytes) {
   }
 }
 
+namespace {
+
+template <typename S>
+void WidenImpl(const void* src, float* dst, size_t n, bool add) {
+  const auto* in = static_cast<const typename S::T*>(src);
+  if (add) {
+    for (size_t i = 0; i < n; ++i) dst[i] += S::Load(in[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = S::Load(in[i]);
+  }
+}
+
+template <typename S>
+void NarrowImpl(const float* src, void* dst, size_t n, uint32_t divisor) {
+  auto* out = static_cast<typename S::T*>(dst);
+  if (divisor > 1) {
+    const auto d = static_cast<float>(divisor);
+    for (size_t i = 0; i < n; ++i) out[i] = S::Store(src[i] / d);
+  } else {
+    for (size_t i = 0; i < n; ++i) out[i] = S::Store(src[i]);
+  }
+}
+
+}  // namespace
+
+void WidenToFloat(DataType dtype, const void* src, float* dst, size_t n, bool add) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return WidenImpl<F32>(src, dst, n, add);
+    case DataType::kFloat16:
+      return WidenImpl<F16>(src, dst, n, add);
+    case DataType::kBFloat16:
+      return WidenImpl<BF16>(src, dst, n, add);
+    default:
+      assert(false && "WidenToFloat: float32, float16 or bfloat16 only");
+  }
+}
+
+void NarrowFromFloat(DataType dtype, const float* src, void* dst, size_t n, uint32_t divisor) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return NarrowImpl<F32>(src, dst, n, divisor);
+    case DataType::kFloat16:
+      return NarrowImpl<F16>(src, dst, n, divisor);
+    case DataType::kBFloat16:
+      return NarrowImpl<BF16>(src, dst, n, divisor);
+    default:
+      assert(false && "NarrowFromFloat: float32, float16 or bfloat16 only");
+  }
+}
+
 uint16_t FloatToHalf(float f) { return internal::FloatToHalfBits(f); }
 float HalfToFloat(uint16_t h) { return internal::HalfBitsToFloat(h); }
 uint16_t FloatToBFloat16(float f) { return internal::FloatToBFloat16Bits(f); }

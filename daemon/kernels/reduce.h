@@ -29,6 +29,14 @@ void Copy(void* dst, const void* src, size_t bytes);
 // Exchanges two non-overlapping regions in place (in-place AllToAll).
 void Swap(void* a, void* b, size_t bytes);
 
+// The compressed AllReduce's float32 partial of float32, float16 or bfloat16 data (compressed.h).
+// WidenToFloat: dst[i] = float(src[i]), or dst[i] += float(src[i]) when add (exact: every
+// float16/bfloat16 value is a float32). NarrowFromFloat: dst[i] = src[i] / divisor stored as
+// dtype, rounded once (round-to-nearest-even); divisor 0 or 1 stores src[i] unchanged. Other
+// dtypes are not supported (assert; they do nothing in release builds).
+void WidenToFloat(DataType dtype, const void* src, float* dst, size_t n, bool add);
+void NarrowFromFloat(DataType dtype, const float* src, void* dst, size_t n, uint32_t divisor);
+
 // Scalar conversions, round-to-nearest-even, NaN stays NaN, overflow goes to infinity.
 uint16_t FloatToHalf(float f);
 float HalfToFloat(uint16_t h);

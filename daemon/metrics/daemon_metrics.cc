@@ -61,8 +61,9 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
                                           "Transport messages completed on the link")),
       link_uncompressed_bytes_(registry_.AddCounter(
           "railyard_link_uncompressed_bytes_total",
-          "Float32 bytes that compressed collectives' messages on the link stood for, before "
-          "compression (railyard_link_compressed_bytes_total is what they took)")),
+          "Bytes of data that compressed collectives' messages on the link stood for, what "
+          "the exact path would have sent (railyard_link_compressed_bytes_total is what they "
+          "took)")),
       link_compressed_bytes_(
           registry_.AddCounter("railyard_link_compressed_bytes_total",
                                "Bytes compressed collectives' messages took on the link (a part of "

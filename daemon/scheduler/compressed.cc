@@ -10,7 +10,10 @@
 namespace railyard::scheduler {
 
 bool CompressionApplies(OpKind op, kernels::DataType dtype, kernels::RedOp red_op, int nnodes) {
-  return op == OpKind::kAllReduce && dtype == kernels::DataType::kFloat32 &&
+  const bool floating = dtype == kernels::DataType::kFloat32 ||
+                        dtype == kernels::DataType::kFloat16 ||
+                        dtype == kernels::DataType::kBFloat16;
+  return op == OpKind::kAllReduce && floating &&
          (red_op == kernels::RedOp::kSum || red_op == kernels::RedOp::kAvg) && nnodes > 1;
 }
 
@@ -29,7 +32,8 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, int node,
-                                                      uint64_t count, const kernels::Codec& codec,
+                                                      uint64_t count, kernels::DataType dtype,
+                                                      const kernels::Codec& codec,
                                                       size_t chunk_bytes) {
   const int n = layout.nnodes;
   if (codec.kind == kernels::CodecKind::kNone) {
@@ -41,6 +45,14 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
         absl::StrCat("the compressed allreduce runs across nodes; this layout has ", n,
                      " node(s) and node ", node, " holds no rank"));
   }
+  if (!CompressionApplies(OpKind::kAllReduce, dtype, kernels::RedOp::kSum, n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the compressed allreduce takes float32, float16 or bfloat16 data, not ",
+                     std::string(kernels::Name(dtype))));
+  }
+  // The data's element size; the partial and the codecs work in float32 (4 bytes an element).
+  const uint64_t esize = kernels::ElementSize(dtype);
+  const bool wide = dtype == kernels::DataType::kFloat32;
   const int rails = std::max(1, layout.rails);
   // Units are whole int8 blocks, so that each unit encodes as the whole would.
   const uint64_t align = codec.kind == kernels::CodecKind::kInt8 ? codec.block : 1;
@@ -103,14 +115,16 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
   using K = NodeStep::Kind;
   for (const Unit& u : units) {
     const uint64_t fbytes = u.len * 4;
+    const uint64_t dbytes = u.len * esize;  // what the exact path would send
     const uint64_t wbytes = kernels::EncodedBytes(codec, u.len);
     const RankRef p = scratch(u.start * 4);
     const int rail = static_cast<int>(u.index % rails);
-    // 1. The node's exact partial.
-    uint32_t last = step(K::kCopy, RankRef{r0, RankRef::Space::kSend, u.start * 4}, p, fbytes, {});
+    // 1. The node's exact partial (16-bit data widened to float32 as it is added).
+    const RankRef send0{r0, RankRef::Space::kSend, u.start * esize};
+    uint32_t last = step(wide ? K::kCopy : K::kWiden, send0, p, fbytes, {});
     for (size_t li = 1; li < local.size(); ++li) {
-      last = step(K::kReduce, RankRef{local[li], RankRef::Space::kSend, u.start * 4}, p, fbytes,
-                  {last});
+      last = step(wide ? K::kReduce : K::kWidenAdd,
+                  RankRef{local[li], RankRef::Space::kSend, u.start * esize}, p, fbytes, {last});
     }
     uint32_t result = 0;  // the step after which P[u] holds the final (decoded) value
     if (u.owner == node) {
@@ -118,7 +132,7 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
       for (int peer = 0; peer < n; ++peer) {
         if (peer == node) continue;
         const RankRef in = scratch(wire_area(wbytes));
-        const uint32_t r = transfer(K::kRecv, in, wbytes, fbytes, peer, rail, u.index, {});
+        const uint32_t r = transfer(K::kRecv, in, wbytes, dbytes, peer, rail, u.index, {});
         last = step(K::kDecodeAdd, in, p, fbytes, {r, last});
       }
       // 3. The result, encoded once; this node keeps what it sends.
@@ -128,24 +142,25 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
       result = step(K::kDecode, w, p, fbytes, {e});
       for (int peer = 0; peer < n; ++peer) {
         if (peer == node) continue;
-        transfer(K::kSend, w, wbytes, fbytes, peer, rail, units_of[peer] + u.index, {e});
+        transfer(K::kSend, w, wbytes, dbytes, peer, rail, units_of[peer] + u.index, {e});
       }
     } else {
       // 2. This node's contribution, encoded once, to the owner.
       const RankRef w = scratch(wire_area(wbytes));
       const uint32_t e = step(K::kEncode, p, w, fbytes, {last});
       out.steps[e].aux = u.start;
-      transfer(K::kSend, w, wbytes, fbytes, u.owner, rail, u.index, {e});
+      transfer(K::kSend, w, wbytes, dbytes, u.owner, rail, u.index, {e});
       // 3. The owner's result; P[u] is read by the encode before the decode overwrites it.
       const RankRef in = scratch(wire_area(wbytes));
       const uint32_t r =
-          transfer(K::kRecv, in, wbytes, fbytes, u.owner, rail, units_of[node] + u.index, {});
+          transfer(K::kRecv, in, wbytes, dbytes, u.owner, rail, units_of[node] + u.index, {});
       result = step(K::kDecode, in, p, fbytes, {r, e});
     }
-    // 4. Every local rank's result (avg divides here, the same on every rank).
+    // 4. Every local rank's result (avg divides here, in float32, the same on every rank; 16-bit
+    // data is rounded once, after the division).
     for (int g : local) {
-      const uint32_t c =
-          step(K::kCopy, p, RankRef{g, RankRef::Space::kRecv, u.start * 4}, fbytes, {result});
+      const uint32_t c = step(wide ? K::kCopy : K::kNarrow, p,
+                              RankRef{g, RankRef::Space::kRecv, u.start * esize}, fbytes, {result});
       out.steps[c].finalize = true;
     }
   }

@@ -33,15 +33,19 @@ namespace railyard::scheduler {
 inline constexpr const char* kAlgoCompressed = "compressed";
 
 // True when an operation of this kind runs compressed under a codec other than none: AllReduce
-// of float32 with sum or avg across more than one node. Elsewhere a codec does not apply and the
-// operation runs exact (like NCCL's env knobs, a setting that does not apply changes nothing).
+// of float32, float16 or bfloat16 with sum or avg across more than one node. 16-bit data is
+// widened to float32 for the node's partial and the codecs, and rounded back once at the end.
+// Elsewhere a codec does not apply and the operation runs exact (like NCCL's env knobs, a setting
+// that does not apply changes nothing).
 bool CompressionApplies(OpKind op, kernels::DataType dtype, kernels::RedOp red_op, int nnodes);
 
-// Node `node`'s steps of the compressed AllReduce of `count` float32 elements. chunk_bytes: the
+// Node `node`'s steps of the compressed AllReduce of `count` elements of dtype. chunk_bytes: the
 // float32 bytes of one unit (0: one unit per shard and rail). INVALID_ARGUMENT for a codec of
-// none, a one-node layout, or a count whose units would not fit the tag space.
+// none, a one-node layout, a dtype CompressionApplies refuses, or a count whose units would not
+// fit the tag space.
 absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, int node,
-                                                      uint64_t count, const kernels::Codec& codec,
+                                                      uint64_t count, kernels::DataType dtype,
+                                                      const kernels::Codec& codec,
                                                       size_t chunk_bytes);
 
 // Runs one kEncode, kDecode or kDecodeAdd step of n float32 elements from src to dst: what NodeRun

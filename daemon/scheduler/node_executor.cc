@@ -98,6 +98,9 @@ void NodeRun::Ready(uint32_t i) {
     case NodeStep::Kind::kEncode:
     case NodeStep::Kind::kDecode:
     case NodeStep::Kind::kDecodeAdd:
+    case NodeStep::Kind::kWiden:
+    case NodeStep::Kind::kWidenAdd:
+    case NodeStep::Kind::kNarrow:
       if (s.bytes <= p_.inline_local_max_bytes) {
         RunInline(i);
         return;
@@ -203,7 +206,7 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
     case NodeStep::Kind::kEncode:
     case NodeStep::Kind::kDecode:
     case NodeStep::Kind::kDecodeAdd: {
-      // Compressed schedules are float32 (CompressionApplies): bytes / 4 elements.
+      // Codec steps work on the float32 partial: bytes / 4 elements.
       float* residual = s.kind == NodeStep::Kind::kEncode && p_.residual != nullptr
                             ? p_.residual + s.aux
                             : nullptr;
@@ -216,6 +219,15 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
       }
       return absl::OkStatus();
     }
+    case NodeStep::Kind::kWiden:
+    case NodeStep::Kind::kWidenAdd:
+      kernels::WidenToFloat(p_.dtype, src, reinterpret_cast<float*>(dst), s.bytes / sizeof(float),
+                            s.kind == NodeStep::Kind::kWidenAdd);
+      return absl::OkStatus();
+    case NodeStep::Kind::kNarrow:
+      kernels::NarrowFromFloat(p_.dtype, reinterpret_cast<const float*>(src), dst,
+                               s.bytes / sizeof(float), divide ? p_.nranks : 1);
+      return absl::OkStatus();
     case NodeStep::Kind::kReduce:
       break;
     case NodeStep::Kind::kSend:

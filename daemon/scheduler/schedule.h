@@ -118,6 +118,11 @@ struct NodeStep {
     kEncode,     // local: dst (wire) <- C(src + residual), residual updated (error feedback)
     kDecode,     // local: dst <- D(src (wire)); a peer's bytes: checked
     kDecodeAdd,  // local: dst <- dst + D(src (wire)); checked
+    // The float32 partial of float16/bfloat16 data; `bytes` counts the float32 side, the data
+    // side is bytes / 4 elements of the operation's dtype.
+    kWiden,     // local: dst (float32) <- src (dtype)
+    kWidenAdd,  // local: dst (float32) <- dst + src (dtype)
+    kNarrow,    // local: dst (dtype) <- src (float32), divided by nranks when finalize and avg
   };
   Kind kind = Kind::kCopy;
   RankRef src;  // kCopy, kReduce, kSend
@@ -130,8 +135,9 @@ struct NodeStep {
   Deps deps;         // indices into NodeSchedule::steps
   // kEncode: the first element of src in the operation's residual (the error-feedback state of
   // its key): every element is encoded by exactly one step of a node, so the residual holds one
-  // float per element of the operation. kSend/kRecv of encoded data: the float32 bytes it stands
-  // for (0 for uncompressed messages).
+  // float per element of the operation. kSend/kRecv of encoded data: the bytes of the
+  // operation's dtype it stands for, what the exact path would carry (0 for uncompressed
+  // messages).
   uint64_t aux = 0;
 };
 

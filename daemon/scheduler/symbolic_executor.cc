@@ -96,6 +96,12 @@ const char* KindName(NodeStep::Kind k) {
       return "decode";
     case NodeStep::Kind::kDecodeAdd:
       return "decode-add";
+    case NodeStep::Kind::kWiden:
+      return "widen";
+    case NodeStep::Kind::kWidenAdd:
+      return "widen-add";
+    case NodeStep::Kind::kNarrow:
+      return "narrow";
   }
   return "?";
 }
@@ -317,6 +323,28 @@ class Run {
         if (absl::Status st = RunCodecStep(s.kind, options_.codec, src->ptr, dst->ptr, n, residual);
             !st.ok()) {
           return absl::InternalError(absl::StrCat(Describe(g), ": ", st.message()));
+        }
+        stats_.local_bytes += s.bytes;
+        Finish(g);
+        return absl::OkStatus();
+      }
+      case NodeStep::Kind::kWiden:
+      case NodeStep::Kind::kWidenAdd:
+      case NodeStep::Kind::kNarrow: {
+        // bytes counts the float32 side; the data side holds bytes / 4 elements of the dtype.
+        const size_t n = s.bytes / sizeof(float);
+        const bool narrow = s.kind == NodeStep::Kind::kNarrow;
+        auto src = Resolve(g, s.src, narrow ? s.bytes : n * esize_, false);
+        if (!src.ok()) return src.status();
+        auto dst = Resolve(g, s.dst, narrow ? n * esize_ : s.bytes, true);
+        if (!dst.ok()) return dst.status();
+        if (narrow) {
+          const bool divide = s.finalize && shape_.red_op == kernels::RedOp::kAvg;
+          kernels::NarrowFromFloat(shape_.dtype, reinterpret_cast<const float*>(src->ptr), dst->ptr,
+                                   n, divide ? static_cast<uint32_t>(layout_.nranks) : 1);
+        } else {
+          kernels::WidenToFloat(shape_.dtype, src->ptr, reinterpret_cast<float*>(dst->ptr), n,
+                                s.kind == NodeStep::Kind::kWidenAdd);
         }
         stats_.local_bytes += s.bytes;
         Finish(g);

@@ -346,9 +346,12 @@ class TwoDaemonsTest : public CommunicatorTest {
     }
   }
   // The communicator of job on node `me`, 2 nodes x ranks_per_node ranks, forced algo.
+  // wrap: an endpoint around this node's endpoint to its peer (a hostile peer's sends).
+  using WrapFn =
+      std::function<std::shared_ptr<transport::Endpoint>(std::shared_ptr<transport::Endpoint>)>;
   std::shared_ptr<Communicator> Make(int me, const std::string& id, int ranks_per_node,
                                      const std::vector<uint16_t>& node_slots,
-                                     const std::string& algo) {
+                                     const std::string& algo, const WrapFn& wrap = nullptr) {
     MultiNodeEnv net;
     net.layout = scheduler::CommLayout::Uniform(2, ranks_per_node, 1);
     net.my_node = me;
@@ -361,7 +364,7 @@ class TwoDaemonsTest : public CommunicatorTest {
     EXPECT_TRUE(addr.ok());
     auto ep = transports_[me]->Connect(*addr, 0);
     EXPECT_TRUE(ep.ok()) << ep.status();
-    net.endpoints[peer][0] = *ep;
+    net.endpoints[peer][0] = wrap ? wrap(*ep) : *ep;
     net.node_slots = node_slots;
     return std::make_shared<Communicator>(id, "job-" + id, Env(algo), std::move(net));
   }
@@ -519,6 +522,105 @@ TEST_F(TwoDaemonsTest, CollectivesQueuedBehindARunningOneAreBoundedByTheSessionQ
   EXPECT_EQ(s0->used(Resource::kQueuedOps), 0u);
   EXPECT_EQ(s0->job().used(Resource::kQueuedOps), 0u);
   EXPECT_EQ(bufs[0].data[0], 2.0f);
+}
+
+// A hostile (or broken) peer daemon: every message it sends a communicator, but the operation
+// digests, has its payload replaced by 0x80 bytes, the same length as the real one. Compressed
+// data of that shape is malformed for every codec (int8: a negative scale; top-k: an index past
+// the unit), so decoding must refuse it, never index out of bounds.
+class GarbageEndpoint final : public transport::Endpoint {
+ public:
+  explicit GarbageEndpoint(std::shared_ptr<transport::Endpoint> inner) : inner_(std::move(inner)) {}
+  void SendV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::CompletionFn done) override {
+    const scheduler::tags::Fields f = scheduler::tags::Decode(tag);
+    if (f.step == scheduler::tags::kDigestStep) {
+      inner_->SendV(tag, segments, count, std::move(done));
+      return;
+    }
+    auto junk = std::make_shared<std::vector<std::byte>>(transport::TotalSize(segments, count),
+                                                         std::byte{0x80});
+    const transport::Segment one{junk->data(), junk->size()};
+    inner_->SendV(tag, &one, 1, [junk, done = std::move(done)](absl::Status st) { done(st); });
+  }
+  void RecvV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::RecvCompletionFn done) override {
+    inner_->RecvV(tag, segments, count, std::move(done));
+  }
+  void Abort(const absl::Status& status) override { inner_->Abort(status); }
+
+ private:
+  std::shared_ptr<transport::Endpoint> inner_;
+};
+
+// A peer's malformed compressed bytes fail the operation on the receiving node with
+// INVALID_ARGUMENT naming the node and rail, for each codec; a bystander job on the same two
+// daemons, compressed and exact, runs at the same time and gets its results.
+TEST_F(TwoDaemonsTest, MalformedCompressedDataFromAPeerFailsTheOpAndNoOtherJob) {
+  // fp16 and bf16 have no malformed encodings (every 16-bit pattern is a value): a member's
+  // garbage in them is wrong data, which only --integrity=crc32c catches (docs/data-plane.md).
+  const std::vector<std::string> codecs = {"int8", "topk:0.1"};
+  for (size_t k = 0; k < codecs.size(); ++k) {
+    SCOPED_TRACE(codecs[k]);
+    auto codec = kernels::ParseCodec(codecs[k]);
+    ASSERT_TRUE(codec.ok());
+    const uint16_t slot = static_cast<uint16_t>(10 + 4 * k);
+    const std::string evil_id = "evil" + std::to_string(k);
+    const std::string good_id = "good" + std::to_string(k);
+    std::shared_ptr<Communicator> evil[2] = {
+        Make(0, evil_id, 1, {slot, slot}, ""),
+        Make(1, evil_id, 1, {slot, slot}, "", [](std::shared_ptr<transport::Endpoint> ep) {
+          return std::make_shared<GarbageEndpoint>(std::move(ep));
+        })};
+    std::shared_ptr<Communicator> good[2] = {
+        Make(0, good_id, 1, {uint16_t(slot + 1), uint16_t(slot + 1)}, "ring"),
+        Make(1, good_id, 1, {uint16_t(slot + 1), uint16_t(slot + 1)}, "ring")};
+    for (int n = 0; n < 2; ++n) {
+      JoinAll(*evil[n], {n});
+      JoinAll(*good[n], {n});
+    }
+    constexpr size_t kCount = 4096;
+    std::vector<RankBuffer> bad(2), by(2), exact(2);
+    const uint64_t base = 1000 * (k + 1);
+    for (int n = 0; n < 2; ++n) {
+      bad[n].data.assign(kCount, 1.0f + n);
+      by[n].data.assign(kCount, 0.25f * (n + 1));
+      exact[n].data.assign(kCount, 3.0f * (n + 1));
+      auto e = bad[n].Request(base + n, n, OpKind::kAllReduce, sink_);
+      e->req.codec = *codec;
+      ASSERT_TRUE(evil[n]->Submit(std::move(e)).ok());
+      auto g = by[n].Request(base + 10 + n, n, OpKind::kAllReduce, sink_);
+      g->req.codec = *codec;
+      ASSERT_TRUE(good[n]->Submit(std::move(g)).ok());
+      ASSERT_TRUE(
+          good[n]->Submit(exact[n].Request(base + 20 + n, n, OpKind::kAllReduce, sink_)).ok());
+    }
+    // Node 0 decodes what node 1 sent: refused, naming the sender.
+    const auto c = sink_->Wait(base);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(std::string(c.status.message()),
+                HasSubstr("compressed data from node 1 on rail 0 is malformed"));
+    EXPECT_TRUE(evil[0]->failed());
+    // What a real node 0 tells node 1 (Peer.AbortComm): its rank fails too, with node 0's reason.
+    evil[1]->Abort(c.status, /*notify=*/false);
+    EXPECT_FALSE(sink_->Wait(base + 1).status.ok());
+    // The bystander: both collectives complete, the compressed one within the codec's error of
+    // 0.25 + 0.5 (int8: half a step of each block's scale twice; top-k of a constant keeps an
+    // arbitrary 10%, so only the ranks' agreement is checked).
+    for (int n = 0; n < 2; ++n) {
+      const auto gc = sink_->Wait(base + 10 + n);
+      ASSERT_TRUE(gc.status.ok()) << gc.status;
+      const auto ec = sink_->Wait(base + 20 + n);
+      ASSERT_TRUE(ec.status.ok()) << ec.status;
+      for (float v : exact[n].data) ASSERT_EQ(v, 9.0f);
+      if (codecs[k] == "int8") {
+        for (float v : by[n].data) ASSERT_NEAR(v, 0.75f, 0.75f / 254 * 2 + 1e-6);
+      }
+      EXPECT_EQ(by[0].data, by[1].data);
+    }
+    EXPECT_FALSE(good[0]->failed());
+    EXPECT_FALSE(good[1]->failed());
+  }
 }
 
 TEST_F(TwoDaemonsTest, AnAllToAllvWhoseRankMatricesPassTheBoundIsRefusedBeforeQueueing) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "daemon/kernels/reduce.h"
 #include "daemon/scheduler/compressed.h"
 #include "daemon/scheduler/symbolic_executor.h"
 
@@ -42,7 +43,7 @@ Result RunOnce(const CommLayout& layout, const std::vector<std::vector<float>>& 
   shape.count = count;
   std::vector<NodeSchedule> nodes;
   for (int n = 0; n < layout.nnodes; ++n) {
-    auto s = BuildCompressedAllReduce(layout, n, count, codec, chunk);
+    auto s = BuildCompressedAllReduce(layout, n, count, kernels::DataType::kFloat32, codec, chunk);
     EXPECT_TRUE(s.ok()) << s.status();
     nodes.push_back(*std::move(s));
   }
@@ -154,7 +155,8 @@ TEST(CompressedAllReduceTest, EveryRankGetsTheSameBitsWithinTheCodecsBound) {
           for (const auto& [key, link] : r.stats.links) link_bytes += link.bytes;
           uint64_t expected = 0;
           for (int n = 0; n < layout.nnodes; ++n) {
-            const NodeSchedule s = *BuildCompressedAllReduce(layout, n, count, codec, 512);
+            const NodeSchedule s = *BuildCompressedAllReduce(
+                layout, n, count, kernels::DataType::kFloat32, codec, 512);
             for (const NodeStep& st : s.steps) {
               if (st.kind == NodeStep::Kind::kSend) {
                 EXPECT_EQ(st.bytes, kernels::EncodedBytes(codec, st.aux / 4));
@@ -234,9 +236,105 @@ TEST(CompressedAllReduceTest, ErrorFeedbackKeepsTheSumOverStepsUnbiased) {
   EXPECT_LT(with, without / 10);
 }
 
+// float16 and bfloat16 data: each node's partial is widened to float32 and summed exactly, the
+// codecs run on float32, and the result is rounded to the dtype once at the end (after avg's
+// division). The bound is int8's plus that final rounding; the links carry the codec's bytes,
+// counted against the data's own 2 bytes an element.
+TEST(CompressedAllReduceTest, SixteenBitDataIsWidenedForTheCodecAndRoundedOnce) {
+  const CommLayout layout = CommLayout::Uniform(3, 2, 2);
+  for (const auto dtype : {kernels::DataType::kFloat16, kernels::DataType::kBFloat16}) {
+    const bool half = dtype == kernels::DataType::kFloat16;
+    auto to_bits = [half](float f) {
+      return half ? kernels::FloatToHalf(f) : kernels::FloatToBFloat16(f);
+    };
+    auto from_bits = [half](uint16_t b) {
+      return half ? kernels::HalfToFloat(b) : kernels::BFloat16ToFloat(b);
+    };
+    for (const auto red : {kernels::RedOp::kSum, kernels::RedOp::kAvg}) {
+      for (size_t count : {size_t{1}, size_t{129}, size_t{3 * 128 * 20 + 5}}) {
+        SCOPED_TRACE(testing::Message()
+                     << kernels::Name(dtype) << " " << kernels::Name(red) << " count " << count);
+        const Codec codec = C("int8");
+        // Inputs exactly representable in the dtype.
+        auto in = RandomInputs(layout.nranks, count, 17 + count);
+        std::vector<std::vector<uint16_t>> bits(layout.nranks, std::vector<uint16_t>(count));
+        for (int r = 0; r < layout.nranks; ++r) {
+          for (size_t i = 0; i < count; ++i) {
+            bits[r][i] = to_bits(in[r][i]);
+            in[r][i] = from_bits(bits[r][i]);
+          }
+        }
+        OpShape shape;
+        shape.op = OpKind::kAllReduce;
+        shape.dtype = dtype;
+        shape.red_op = red;
+        shape.count = count;
+        std::vector<NodeSchedule> nodes;
+        uint64_t wire = 0, stands_for = 0;
+        for (int n = 0; n < layout.nnodes; ++n) {
+          auto s = BuildCompressedAllReduce(layout, n, count, dtype, codec, 4096);
+          ASSERT_TRUE(s.ok()) << s.status();
+          for (const NodeStep& st : s->steps) {
+            if (st.kind != NodeStep::Kind::kSend) continue;
+            EXPECT_EQ(st.bytes, kernels::EncodedBytes(codec, st.aux / 2));
+            wire += st.bytes;
+            stands_for += st.aux;
+          }
+          nodes.push_back(*std::move(s));
+        }
+        SimMemory mem = SimMemory::ForOp(shape, layout.nranks, false, std::byte{0x5A});
+        for (int r = 0; r < layout.nranks; ++r) {
+          std::memcpy(mem.send(r), bits[r].data(), count * 2);
+        }
+        SimOptions opt;
+        opt.codec = codec;
+        auto stats = RunSymbolic(nodes, layout, shape, &mem, opt);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        uint64_t link_bytes = 0;
+        for (const auto& [key, link] : stats->links) link_bytes += link.bytes;
+        EXPECT_EQ(link_bytes, wire);
+        // What the exact path would carry: each element of a non-owner twice, 2 bytes each.
+        EXPECT_EQ(stands_for, 2 * (layout.nnodes - 1) * count * 2);
+        std::vector<std::vector<uint16_t>> out(layout.nranks, std::vector<uint16_t>(count));
+        for (int r = 0; r < layout.nranks; ++r) std::memcpy(out[r].data(), mem.recv(r), count * 2);
+        for (int r = 1; r < layout.nranks; ++r) ASSERT_EQ(out[0], out[r]) << "rank " << r;
+        // The float32 result before rounding is within int8's bound of the exact sum; rounding
+        // to the dtype adds half an ulp of the result (2^-11 or 2^-8 relative).
+        const auto partials = NodePartials(layout, in);
+        std::vector<float> result(count);
+        const double div = red == kernels::RedOp::kAvg ? layout.nranks : 1;
+        for (size_t i = 0; i < count; ++i) result[i] = from_bits(out[0][i]);
+        std::vector<float> unrounded(count);
+        for (size_t i = 0; i < count; ++i) unrounded[i] = static_cast<float>(result[i] * div);
+        for (size_t i = 0; i < count; ++i) {
+          double exact = 0;
+          for (const auto& v : in) exact += v[i];
+          const double rounding = std::fabs(result[i]) * std::ldexp(1.0, half ? -11 : -8) * 1.01;
+          const double err = std::fabs(result[i] - exact / div);
+          ASSERT_LE(err,
+                    Int8Bound(partials, unrounded, i, codec.block) * 1.01 / div + rounding + 1e-6)
+              << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(CompressedAllReduceTest, RefusesWhatItCannotRun) {
-  EXPECT_FALSE(BuildCompressedAllReduce(CommLayout::Uniform(1, 2, 1), 0, 10, C("int8"), 0).ok());
-  EXPECT_FALSE(BuildCompressedAllReduce(CommLayout::Uniform(2, 1, 1), 0, 10, Codec{}, 0).ok());
+  const auto f32 = kernels::DataType::kFloat32;
+  EXPECT_FALSE(
+      BuildCompressedAllReduce(CommLayout::Uniform(1, 2, 1), 0, 10, f32, C("int8"), 0).ok());
+  EXPECT_FALSE(BuildCompressedAllReduce(CommLayout::Uniform(2, 1, 1), 0, 10, f32, Codec{}, 0).ok());
+  auto f64 = BuildCompressedAllReduce(CommLayout::Uniform(2, 1, 1), 0, 10,
+                                      kernels::DataType::kFloat64, C("int8"), 0);
+  EXPECT_THAT(f64.status().message(),
+              testing::HasSubstr("takes float32, float16 or bfloat16 data, not double"));
+  EXPECT_TRUE(
+      CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat16, kernels::RedOp::kSum, 2));
+  EXPECT_TRUE(CompressionApplies(OpKind::kAllReduce, kernels::DataType::kBFloat16,
+                                 kernels::RedOp::kAvg, 2));
+  EXPECT_FALSE(
+      CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat64, kernels::RedOp::kSum, 2));
   EXPECT_TRUE(
       CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32, kernels::RedOp::kAvg, 2));
   EXPECT_FALSE(

@@ -765,6 +765,42 @@ TEST(CopySwapTest, Swap) {
 // ---------------------------------------------------------------------------------------------
 // Names.
 
+// The compressed AllReduce's float32 partial of 16-bit data: widening is exact (and adds in
+// float32), narrowing divides in float32 and rounds once to nearest even; NaN and inf survive.
+TEST(WidenNarrowTest, SixteenBitRoundTripsAndRoundsOnce) {
+  for (const DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    const bool half = dtype == DataType::kFloat16;
+    auto bits = [half](float f) { return half ? FloatToHalf(f) : FloatToBFloat16(f); };
+    auto value = [half](uint16_t b) { return half ? HalfToFloat(b) : BFloat16ToFloat(b); };
+    const std::vector<float> xs = {
+        0.f,          -0.f,  1.f,      -2.5f,
+        65504.f,      1e-7f, 3.14159f, std::numeric_limits<float>::infinity(),
+        std::nanf("")};
+    std::vector<uint16_t> in(xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) in[i] = bits(xs[i]);
+    std::vector<float> wide(xs.size(), 0.f);
+    WidenToFloat(dtype, in.data(), wide.data(), in.size(), /*add=*/false);
+    for (size_t i = 0; i + 1 < xs.size(); ++i) EXPECT_EQ(wide[i], value(in[i])) << i;
+    EXPECT_TRUE(std::isnan(wide.back()));
+    WidenToFloat(dtype, in.data(), wide.data(), in.size(), /*add=*/true);
+    for (size_t i = 0; i + 1 < xs.size(); ++i) EXPECT_EQ(wide[i], 2 * value(in[i])) << i;
+    std::vector<uint16_t> out(xs.size());
+    NarrowFromFloat(dtype, wide.data(), out.data(), wide.size(), 2);
+    for (size_t i = 0; i + 1 < xs.size(); ++i) EXPECT_EQ(out[i], in[i]) << i;
+    EXPECT_TRUE(std::isnan(value(out.back())));
+    // 1/3 rounds once, from float32's quotient, to the dtype's nearest value.
+    const float three = 3.f;
+    NarrowFromFloat(dtype, &three, out.data(), 1, 9);
+    EXPECT_EQ(out[0], bits(3.f / 9.f));
+    NarrowFromFloat(dtype, &three, out.data(), 1, 1);
+    EXPECT_EQ(out[0], bits(3.f));
+  }
+  std::vector<float> f32 = {1.5f, -7.f};
+  std::vector<float> back(2);
+  NarrowFromFloat(DataType::kFloat32, f32.data(), back.data(), 2, 0);
+  EXPECT_EQ(back, f32);
+}
+
 TEST(TypesTest, ElementSize) {
   EXPECT_EQ(ElementSize(DataType::kFloat32), 4u);
   EXPECT_EQ(ElementSize(DataType::kFloat64), 8u);

@@ -935,7 +935,8 @@ class Comm:
             out: where the result goes (same size as ``x``); default ``x`` itself (in place).
             dtype: only ``"bfloat16"``, for 2-byte arrays holding bfloat16 bits.
             compression: the inter-node codec (default ``$RAILYARD_COMPRESSION``, else none):
-                float32 sum/avg across nodes only, elsewhere exact. All ranks must agree.
+                float32/float16/bfloat16 sum/avg across nodes only, elsewhere exact. All
+                ranks must agree.
             compression_key: error feedback under this key (an int in [0, 2**64), one per
                 tensor or bucket that recurs); ``None``: no feedback.
 

@@ -44,10 +44,13 @@ absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape&
   if (!exact.ok()) return exact.status();
   CompressionChoice out;
   out.exact_s = (*exact)->predicted_s;
+  // Codecs work on float32 (16-bit data is widened first): m is what they read and write, and
+  // their ratio against the data's own bytes is smaller by 4 / the element size.
   const double m = static_cast<double>(shape.count) * 4;
+  const double narrow = 4.0 / static_cast<double>(kernels::ElementSize(shape.dtype));
   for (const kernels::Codec& c : candidates) {
     const size_t n = static_cast<size_t>(std::max<uint64_t>(shape.count, 1));
-    const double ratio = kernels::CompressionRatio(c, n);
+    const double ratio = kernels::CompressionRatio(c, n) / narrow;
     OpShape small = shape;
     small.count = static_cast<uint64_t>(std::ceil(static_cast<double>(shape.count) / ratio));
     absl::StatusOr<std::shared_ptr<const Choice>> wire = tuner.Choose(small);

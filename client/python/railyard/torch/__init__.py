@@ -788,7 +788,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                              key: Optional[int] = None, op: str = "avg",
                              timeout: Optional[float] = None) -> Work:
         """All-reduce of ``tensor`` in place whose inter-node steps run under ``compression``
-        (docs/compression.md; float32 only, other dtypes run exact), with error feedback under
+        (docs/compression.md; float32, float16 and bfloat16; other dtypes run exact), with error feedback under
         ``key`` unless it is None. What :func:`compression_hook` submits per DDP bucket."""
         t = _check_tensor(tensor, "all_reduce")
         io = _Io()
