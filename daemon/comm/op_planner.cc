@@ -66,7 +66,7 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
     if (!r0.codec_auto) return PlanCompressed(r0, r0.codec);
     if (tuner_ != nullptr) {
       absl::StatusOr<scheduler::cost::CompressionChoice> c = scheduler::cost::ChooseCompression(
-          *tuner_, shape, layout_.nnodes, scheduler::cost::AutoCandidates());
+          *tuner_, shape, layout_.nnodes, layout_.nranks, scheduler::cost::AutoCandidates());
       if (!c.ok()) return c.status();
       if (c->codec.kind != kernels::CodecKind::kNone) {
         absl::StatusOr<PlannedOp> out = PlanCompressed(r0, c->codec);
@@ -195,13 +195,16 @@ absl::StatusOr<PlannedOp> OpPlanner::PlanCompressed(const scheduler::RankRequest
   out.chunk_bytes = unit;
   const std::string key =
       absl::StrCat(out.algorithm, "|", kernels::CodecName(codec), "|", codec.topk_ratio, "|", unit,
-                   "|", r0.count, "|", static_cast<int>(r0.dtype));
+                   "|", r0.count, "|", static_cast<int>(r0.dtype), "|", static_cast<int>(r0.op));
   if (auto it = cache_.find(key); it != cache_.end()) {
     out.schedule = it->second.schedule;
     return out;
   }
   absl::StatusOr<scheduler::NodeSchedule> schedule =
-      scheduler::BuildCompressedAllReduce(layout_, my_node_, r0.count, r0.dtype, codec, unit);
+      r0.op == scheduler::OpKind::kReduceScatter
+          ? scheduler::BuildCompressedReduceScatter(layout_, my_node_, r0.count, r0.dtype, codec,
+                                                    unit)
+          : scheduler::BuildCompressedAllReduce(layout_, my_node_, r0.count, r0.dtype, codec, unit);
   if (!schedule.ok()) return schedule.status();
   auto shared = std::make_shared<const scheduler::NodeSchedule>(*std::move(schedule));
   if (cache_.size() >= 64) cache_.clear();

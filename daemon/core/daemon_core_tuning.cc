@@ -176,8 +176,8 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
       codecs = {*c};
     }
     if (scheduler::CompressionApplies(op, dtype, kernels::RedOp::kSum, comm->layout().nnodes)) {
-      absl::StatusOr<cost::CompressionChoice> c =
-          cost::ChooseCompression(*comm->tuner(), shape, comm->layout().nnodes, codecs);
+      absl::StatusOr<cost::CompressionChoice> c = cost::ChooseCompression(
+          *comm->tuner(), shape, comm->layout().nnodes, comm->layout().nranks, codecs);
       if (!c.ok()) return c.status();
       // A codec asked for by name runs whatever the model says; auto runs what pays.
       const bool named = req.compression() != "auto";

@@ -13,7 +13,7 @@ bool CompressionApplies(OpKind op, kernels::DataType dtype, kernels::RedOp red_o
   const bool floating = dtype == kernels::DataType::kFloat32 ||
                         dtype == kernels::DataType::kFloat16 ||
                         dtype == kernels::DataType::kBFloat16;
-  return op == OpKind::kAllReduce && floating &&
+  return (op == OpKind::kAllReduce || op == OpKind::kReduceScatter) && floating &&
          (red_op == kernels::RedOp::kSum || red_op == kernels::RedOp::kAvg) && nnodes > 1;
 }
 
@@ -31,24 +31,38 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
-absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, int node,
-                                                      uint64_t count, kernels::DataType dtype,
-                                                      const kernels::Codec& codec,
-                                                      size_t chunk_bytes) {
+namespace {
+
+// The shards: AllReduce cuts the element range into one shard per node (node o owns shard o);
+// ReduceScatter's shards are the ranks' outputs, owned by the node of that rank. Each shard is cut
+// into units of about chunk_bytes (whole int8 blocks from the shard's start), numbered per owner
+// across its shards (the tag and the rail).
+struct Shard {
+  int owner = 0;
+  uint64_t lo = 0, hi = 0;  // elements of the op's input
+  int out_rank = -1;        // ReduceScatter: the rank whose output this is
+};
+
+absl::StatusOr<NodeSchedule> Build(const CommLayout& layout, int node, OpKind op, uint64_t count,
+                                   kernels::DataType dtype, const kernels::Codec& codec,
+                                   size_t chunk_bytes) {
   const int n = layout.nnodes;
+  const bool gather = op == OpKind::kAllReduce;
+  const char* what = gather ? "allreduce" : "reducescatter";
   if (codec.kind == kernels::CodecKind::kNone) {
-    return absl::InvalidArgumentError("the compressed allreduce needs a codec other than none");
+    return absl::InvalidArgumentError(
+        absl::StrCat("the compressed ", what, " needs a codec other than none"));
   }
   if (n < 2 || node < 0 || node >= n || layout.ranks_of_node.size() != static_cast<size_t>(n) ||
       layout.ranks_of_node[node].empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the compressed allreduce runs across nodes; this layout has ", n,
-                     " node(s) and node ", node, " holds no rank"));
+    return absl::InvalidArgumentError(absl::StrCat("the compressed ", what,
+                                                   " runs across nodes; this layout has ", n,
+                                                   " node(s) and node ", node, " holds no rank"));
   }
-  if (!CompressionApplies(OpKind::kAllReduce, dtype, kernels::RedOp::kSum, n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the compressed allreduce takes float32, float16 or bfloat16 data, not ",
-                     std::string(kernels::Name(dtype))));
+  if (!CompressionApplies(op, dtype, kernels::RedOp::kSum, n)) {
+    return absl::InvalidArgumentError(absl::StrCat("the compressed ", what,
+                                                   " takes float32, float16 or bfloat16 data, not ",
+                                                   std::string(kernels::Name(dtype))));
   }
   // The data's element size; the partial and the codecs work in float32 (4 bytes an element).
   const uint64_t esize = kernels::ElementSize(dtype);
@@ -58,31 +72,62 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
   const uint64_t align = codec.kind == kernels::CodecKind::kInt8 ? codec.block : 1;
   // Tags between two nodes number the receiver's units then the sender's: at most 2 * units.
   const uint64_t max_units = (tags::kDigestStep - 1) / 2;
-  std::vector<Unit> units;
-  for (int o = 0; o < n; ++o) {
-    const uint64_t lo = o == 0 ? 0 : count * o / n / align * align;
-    const uint64_t hi = o == n - 1 ? count : count * (o + 1) / n / align * align;
-    if (hi <= lo) continue;
-    const uint64_t len = hi - lo;
-    uint64_t unit =
-        chunk_bytes == 0 ? (len + rails - 1) / rails : std::max<uint64_t>(1, chunk_bytes / 4);
-    unit = std::max<uint64_t>(unit, (len + max_units - 1) / max_units);
-    unit = AlignUp(unit, align);
-    uint64_t k = 0;
-    for (uint64_t s = lo; s < hi; s += unit, ++k) {
-      units.push_back({o, s, std::min(unit, hi - s), k});
+  std::vector<Shard> shards;
+  uint64_t total = count;  // elements of each rank's input
+  if (gather) {
+    for (int o = 0; o < n; ++o) {
+      const uint64_t lo = o == 0 ? 0 : count * o / n / align * align;
+      const uint64_t hi = o == n - 1 ? count : count * (o + 1) / n / align * align;
+      if (hi > lo) shards.push_back({o, lo, hi, -1});
+    }
+  } else {
+    if (count > 0 && static_cast<uint64_t>(layout.nranks) > UINT64_MAX / count) {
+      return absl::InvalidArgumentError("the compressed reducescatter's input overflows");
+    }
+    total = count * static_cast<uint64_t>(layout.nranks);
+    for (int r = 0; r < layout.nranks; ++r) {
+      if (count > 0) {
+        shards.push_back({layout.node_of_rank[r], r * count, (r + 1) * count, r});
+      }
     }
   }
+  // An owner's units number at most sum(len / unit + 1) over its shards: at most max_units when
+  // unit >= its elements / (max_units - its shards).
+  std::vector<uint64_t> owned(n, 0), shards_of(n, 0);
+  for (const Shard& sh : shards) {
+    owned[sh.owner] += sh.hi - sh.lo;
+    ++shards_of[sh.owner];
+  }
+  std::vector<Unit> units;
   std::vector<uint64_t> units_of(n, 0);
-  for (const Unit& u : units) units_of[u.owner] = std::max(units_of[u.owner], u.index + 1);
+  std::vector<int> out_rank_of_unit;
+  for (const Shard& sh : shards) {
+    const uint64_t len = sh.hi - sh.lo;
+    uint64_t unit =
+        chunk_bytes == 0 ? (len + rails - 1) / rails : std::max<uint64_t>(1, chunk_bytes / 4);
+    const uint64_t room = max_units > shards_of[sh.owner] ? max_units - shards_of[sh.owner] : 1;
+    unit = std::max<uint64_t>(unit, (owned[sh.owner] + room - 1) / room);
+    unit = AlignUp(unit, align);
+    for (uint64_t s = sh.lo; s < sh.hi; s += unit) {
+      units.push_back({sh.owner, s, std::min(unit, sh.hi - s), units_of[sh.owner]++});
+      out_rank_of_unit.push_back(sh.out_rank);
+    }
+  }
+  for (uint64_t u : units_of) {
+    if (u > max_units) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the compressed ", what, " of ", count, " elements needs ", u,
+                       " units on one node, more than the ", max_units, " its tags number"));
+    }
+  }
 
   NodeSchedule out;
   out.node = node;
-  out.residual_elems = count;
+  out.residual_elems = total;
   const std::vector<int>& local = layout.ranks_of_node[node];
   const int r0 = local[0];
   auto scratch = [r0](uint64_t offset) { return RankRef{r0, RankRef::Space::kScratch, offset}; };
-  uint64_t next = AlignUp(count * 4, kWireAlign);  // P: the node's float32 partial, then wire
+  uint64_t next = AlignUp(total * 4, kWireAlign);  // P: the node's float32 partial, then wire
   auto wire_area = [&](uint64_t bytes) {
     const uint64_t at = next;
     next = AlignUp(next + bytes, kWireAlign);
@@ -100,20 +145,21 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
     s.deps.assign(deps.begin(), deps.end());
     return static_cast<uint32_t>(out.steps.size() - 1);
   };
-  auto transfer = [&](NodeStep::Kind kind, const RankRef& buf, uint64_t wbytes, uint64_t fbytes,
+  auto transfer = [&](NodeStep::Kind kind, const RankRef& buf, uint64_t wbytes, uint64_t dbytes,
                       int peer, int rail, uint64_t tag,
                       std::initializer_list<uint32_t> deps) -> uint32_t {
     const bool send = kind == NodeStep::Kind::kSend;
     const uint32_t i = step(kind, send ? buf : RankRef{}, send ? RankRef{} : buf, wbytes, deps);
     NodeStep& s = out.steps[i];
-    s.aux = fbytes;
+    s.aux = dbytes;
     s.peer = peer;
     s.rail = rail;
     s.tag = tag;
     return i;
   };
   using K = NodeStep::Kind;
-  for (const Unit& u : units) {
+  for (size_t ui = 0; ui < units.size(); ++ui) {
+    const Unit& u = units[ui];
     const uint64_t fbytes = u.len * 4;
     const uint64_t dbytes = u.len * esize;  // what the exact path would send
     const uint64_t wbytes = kernels::EncodedBytes(codec, u.len);
@@ -135,14 +181,17 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
         const uint32_t r = transfer(K::kRecv, in, wbytes, dbytes, peer, rail, u.index, {});
         last = step(K::kDecodeAdd, in, p, fbytes, {r, last});
       }
-      // 3. The result, encoded once; this node keeps what it sends.
-      const RankRef w = scratch(wire_area(wbytes));
-      const uint32_t e = step(K::kEncode, p, w, fbytes, {last});
-      out.steps[e].aux = u.start;
-      result = step(K::kDecode, w, p, fbytes, {e});
-      for (int peer = 0; peer < n; ++peer) {
-        if (peer == node) continue;
-        transfer(K::kSend, w, wbytes, dbytes, peer, rail, units_of[peer] + u.index, {e});
+      result = last;
+      if (gather) {
+        // 3. The result, encoded once; this node keeps what it sends.
+        const RankRef w = scratch(wire_area(wbytes));
+        const uint32_t e = step(K::kEncode, p, w, fbytes, {last});
+        out.steps[e].aux = u.start;
+        result = step(K::kDecode, w, p, fbytes, {e});
+        for (int peer = 0; peer < n; ++peer) {
+          if (peer == node) continue;
+          transfer(K::kSend, w, wbytes, dbytes, peer, rail, units_of[peer] + u.index, {e});
+        }
       }
     } else {
       // 2. This node's contribution, encoded once, to the owner.
@@ -150,22 +199,46 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
       const uint32_t e = step(K::kEncode, p, w, fbytes, {last});
       out.steps[e].aux = u.start;
       transfer(K::kSend, w, wbytes, dbytes, u.owner, rail, u.index, {e});
+      if (!gather) continue;  // a reducescatter's other shards end on their owners
       // 3. The owner's result; P[u] is read by the encode before the decode overwrites it.
       const RankRef in = scratch(wire_area(wbytes));
       const uint32_t r =
           transfer(K::kRecv, in, wbytes, dbytes, u.owner, rail, units_of[node] + u.index, {});
       result = step(K::kDecode, in, p, fbytes, {r, e});
     }
-    // 4. Every local rank's result (avg divides here, in float32, the same on every rank; 16-bit
-    // data is rounded once, after the division).
-    for (int g : local) {
+    // 4. The output (avg divides here, in float32, the same on every rank; 16-bit data is
+    // rounded once, after the division): every local rank's for an AllReduce, the shard's rank's
+    // for a ReduceScatter.
+    auto output = [&](int g, uint64_t at) {
       const uint32_t c = step(wide ? K::kCopy : K::kNarrow, p,
-                              RankRef{g, RankRef::Space::kRecv, u.start * esize}, fbytes, {result});
+                              RankRef{g, RankRef::Space::kRecv, at * esize}, fbytes, {result});
       out.steps[c].finalize = true;
+    };
+    if (gather) {
+      for (int g : local) output(g, u.start);
+    } else {
+      const int g = out_rank_of_unit[ui];
+      output(g, u.start - static_cast<uint64_t>(g) * count);
     }
   }
   out.scratch_bytes_per_rank = units.empty() ? 0 : next;
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, int node,
+                                                      uint64_t count, kernels::DataType dtype,
+                                                      const kernels::Codec& codec,
+                                                      size_t chunk_bytes) {
+  return Build(layout, node, OpKind::kAllReduce, count, dtype, codec, chunk_bytes);
+}
+
+absl::StatusOr<NodeSchedule> BuildCompressedReduceScatter(const CommLayout& layout, int node,
+                                                          uint64_t count, kernels::DataType dtype,
+                                                          const kernels::Codec& codec,
+                                                          size_t chunk_bytes) {
+  return Build(layout, node, OpKind::kReduceScatter, count, dtype, codec, chunk_bytes);
 }
 
 absl::Status RunCodecStep(NodeStep::Kind kind, const kernels::Codec& codec, const std::byte* src,

@@ -33,10 +33,10 @@ namespace railyard::scheduler {
 inline constexpr const char* kAlgoCompressed = "compressed";
 
 // True when an operation of this kind runs compressed under a codec other than none: AllReduce
-// of float32, float16 or bfloat16 with sum or avg across more than one node. 16-bit data is
-// widened to float32 for the node's partial and the codecs, and rounded back once at the end.
-// Elsewhere a codec does not apply and the operation runs exact (like NCCL's env knobs, a setting
-// that does not apply changes nothing).
+// or ReduceScatter of float32, float16 or bfloat16 with sum or avg across more than one node.
+// 16-bit data is widened to float32 for the node's partial and the codecs, and rounded back once at
+// the end. Elsewhere a codec does not apply and the operation runs exact (like NCCL's env knobs, a
+// setting that does not apply changes nothing).
 bool CompressionApplies(OpKind op, kernels::DataType dtype, kernels::RedOp red_op, int nnodes);
 
 // Node `node`'s steps of the compressed AllReduce of `count` elements of dtype. chunk_bytes: the
@@ -47,6 +47,18 @@ absl::StatusOr<NodeSchedule> BuildCompressedAllReduce(const CommLayout& layout, 
                                                       uint64_t count, kernels::DataType dtype,
                                                       const kernels::Codec& codec,
                                                       size_t chunk_bytes);
+
+// The compressed ReduceScatter: the reduce-scatter half of the AllReduce above, with the ranks'
+// outputs as the shards (rank r's, count elements from r * count, owned by r's node). Non-owners
+// encode their partial of a shard once, with error feedback, and send it to the owner, which
+// decodes and adds every contribution into its exact partial and writes rank r's output. Each
+// element is compressed once per other node and never on its owner: |error| <= sum over the N-1
+// other nodes of their codec error. Same arguments and refusals as BuildCompressedAllReduce,
+// count being each rank's output.
+absl::StatusOr<NodeSchedule> BuildCompressedReduceScatter(const CommLayout& layout, int node,
+                                                          uint64_t count, kernels::DataType dtype,
+                                                          const kernels::Codec& codec,
+                                                          size_t chunk_bytes);
 
 // Runs one kEncode, kDecode or kDecodeAdd step of n float32 elements from src to dst: what NodeRun
 // and the symbolic executor both execute. residual: the step's slice of its key's residual (the

@@ -201,6 +201,63 @@ TEST(CompressionTest, SixteenBitDataIsCompressedAgainstItsOwnBytes) {
   }
 }
 
+// The compressed ReduceScatter across three daemons: rank r's chunk within the codec's error on
+// each of the other two nodes' contributions, and the links carrying the codec's ratio of what
+// the exact reduce-scatter sends ((N - 1) / N of the input per node). Out of place: the output is
+// the second half of each rank's buffer.
+TEST(CompressionTest, ReduceScatterIsCompressedOnTheWayToEachOwnerOnly) {
+  VirtualCluster cluster(3, {"--metrics_listen=127.0.0.1:0"}, PeerPlane::kInsecure);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  constexpr size_t kChunk = size_t{1} << 16;  // each rank's output
+  constexpr size_t kTotal = 3 * kChunk;
+  RankPerNode ranks = JoinRankPerNode(cluster, (kTotal + kChunk) * 4, "compress-rs");
+  ASSERT_TRUE(ranks.ok);
+  for (const auto& [codec, ratio] :
+       std::vector<std::pair<std::string, double>>{{"int8", 4.0 * 128 / 132}, {"fp16", 2.0}}) {
+    SCOPED_TRACE(codec);
+    CollectiveOptions o;
+    o.timeout = std::chrono::milliseconds(30000);
+    o.compression = codec;
+    const Totals before = Scrape(cluster);
+    std::vector<Work> w(3);
+    for (int r = 0; r < 3; ++r) {
+      float* x = ranks.bufs[r].span<float>().data();
+      for (size_t i = 0; i < kTotal; ++i) x[i] = Value(r, i);
+      w[r] = ranks.comms[r].ReduceScatter(ranks.bufs[r], BufferRef(ranks.bufs[r], kTotal * 4),
+                                          kChunk, DataType::kFloat32, RedOp::kSum, o);
+    }
+    for (int r = 0; r < 3; ++r) {
+      absl::Status st = w[r].wait(std::chrono::seconds(60));
+      ASSERT_TRUE(st.ok()) << "rank " << r << ": " << st;
+    }
+    const Totals after = Scrape(cluster);
+    for (int r = 0; r < 3; ++r) {
+      const float* out = ranks.bufs[r].span<float>().data() + kTotal;
+      for (size_t j = 0; j < kChunk; ++j) {
+        const size_t e = r * kChunk + j;
+        double exact = 0, bound = 0;
+        for (int q = 0; q < 3; ++q) {
+          exact += Value(q, e);
+          if (q == r) continue;  // one rank per node: rank q is node q's partial
+          if (codec == "fp16") {
+            bound += std::fabs(Value(q, e)) * std::ldexp(1.0, -11);
+          } else {
+            const size_t lo = r * kChunk + j / 128 * 128, hi = lo + 128;
+            double m = 0;
+            for (size_t k = lo; k < hi; ++k) m = std::max(m, std::fabs(double(Value(q, k))));
+            bound += m / 254;
+          }
+        }
+        ASSERT_LE(std::fabs(out[j] - exact), bound * 1.001 + 1e-5) << "rank " << r << " " << j;
+      }
+    }
+    const double unc = after.uncompressed_tx - before.uncompressed_tx;
+    const double comp = after.compressed_tx - before.compressed_tx;
+    EXPECT_NEAR(unc, 3 * 2.0 / 3 * kTotal * 4, unc * 0.01) << "(N-1)/N of the input per node";
+    EXPECT_NEAR(unc / comp, ratio, ratio * 0.03);
+  }
+}
+
 // Error feedback (compression_key): over K AllReduces of the same data, the mean of what top-k
 // 1% delivers converges to the exact sum; without the key the same small elements are dropped
 // every time.

@@ -829,3 +829,26 @@ def ddp_compressed(rank: int, n: int, store_path: str, codec: str, feedback: boo
                 gc.collect()
         dist.destroy_process_group()
     return {"mean_losses": mean_losses, "params": params}
+
+
+def compressed_reduce_scatter(rank: int, n: int, comm_id: str, codec: str,
+                              count: int) -> Dict[str, Any]:
+    """reduce_scatter of n * count float32 under ``codec`` (docs/compression.md); also the
+    refusals of a bad codec and a bad key. Rank r's input element i is sin(0.01 i + r)."""
+    import railyard
+    c = client()
+    comm = c.comm(comm_id, rank, n, timeout=OP_TIMEOUT)
+    try:
+        x = np.sin(0.01 * np.arange(n * count, dtype=np.float64) + rank).astype(np.float32)
+        out = comm.reduce_scatter(x, "sum", compression=codec, timeout=OP_TIMEOUT)
+        refused = {}
+        for name, kw in (("codec", {"compression": "int9"}),
+                         ("key", {"compression": codec, "compression_key": -1})):
+            try:
+                comm.reduce_scatter(x, "sum", timeout=OP_TIMEOUT, **kw)
+                refused[name] = None
+            except railyard.RailyardError as e:
+                refused[name] = str(e)
+        return {"out": np.asarray(out).tolist(), "refused": refused}
+    finally:
+        comm.close()

@@ -83,3 +83,48 @@ def test_ddp_int8_with_error_feedback_matches_exact_and_topk_without_is_worse(tw
           f"feedback {i:.6f}, top-k 1% without {t:.6f}")
     assert abs(i - e) <= 0.02 * e, f"int8 + error feedback ends at {i}, exact at {e}"
     assert t > i and t > e * 1.02, f"top-k 1% without error feedback ends at {t}"
+
+
+def test_reduce_scatter_takes_a_codec_and_refuses_bad_ones(two_nodes):
+    """The Python reduce_scatter passes compression through: across the two daemons every rank's
+    chunk is within int8's error of the exact sum, and a bad codec or key is refused before
+    anything runs (the communicator goes on)."""
+    import railyard
+    count = 4096
+    creator = railyard.connect(two_nodes[0].env["RAILYARD_SOCKET"], job="pytest-compress")
+    try:
+        comm_id = creator.new_comm_id()
+    finally:
+        creator.close()
+    n = 2 * PER_NODE
+    results = [None, None]
+    errors = []
+
+    def node(i):
+        try:
+            results[i] = two_nodes[i].run(
+                rank_tasks.compressed_reduce_scatter,
+                [(i * PER_NODE + r, n, comm_id, "int8", count) for r in range(PER_NODE)],
+                timeout=120)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    got = results[0] + results[1]
+    inputs = [np.sin(0.01 * np.arange(n * count, dtype=np.float64) + r).astype(np.float32)
+              for r in range(n)]
+    exact = np.sum(np.array(inputs, dtype=np.float64), axis=0)
+    for r in range(n):
+        out = np.asarray(got[r]["out"], dtype=np.float64)
+        want = exact[r * count:(r + 1) * count]
+        # int8: each of the other node's partials (|partial| <= 2 here) off by at most
+        # scale / 2 = 2 / 254; this node's own contribution is exact.
+        assert np.max(np.abs(out - want)) <= 2 / 254 + 1e-5, f"rank {r}"
+        assert np.max(np.abs(out - want)) > 0, "int8 ran exact: the codec was not passed"
+        assert "int9" in got[r]["refused"]["codec"], got[r]["refused"]
+        assert "compression_key" in got[r]["refused"]["key"], got[r]["refused"]

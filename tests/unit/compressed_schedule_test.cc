@@ -320,6 +320,98 @@ TEST(CompressedAllReduceTest, SixteenBitDataIsWidenedForTheCodecAndRoundedOnce) 
   }
 }
 
+// The compressed ReduceScatter: rank r's output is the exact sum of every rank's r-th chunk up to
+// the codec's error on each of the other nodes' partials (never on the owner's, and the result is
+// not compressed again); it crosses the fabric once per other node, to the owner only.
+TEST(CompressedReduceScatterTest, EachOutputIsWithinTheOtherNodesCodecErrors) {
+  for (const Case c : {Case{2, 1, 1}, Case{3, 2, 2}, Case{4, 3, 2}}) {
+    const CommLayout layout = CommLayout::Uniform(c.nodes, c.ranks_per_node, c.rails);
+    for (const char* name : {"fp16", "int8", "int8:32", "topk:0.1"}) {
+      for (size_t count : {size_t{1}, size_t{300}, size_t{1031}}) {
+        for (const auto red : {kernels::RedOp::kSum, kernels::RedOp::kAvg}) {
+          for (bool in_place : {false, true}) {
+            SCOPED_TRACE(testing::Message() << c.nodes << "x" << c.ranks_per_node << " rails "
+                                            << c.rails << " " << name << " count " << count << " "
+                                            << kernels::Name(red) << (in_place ? " in place" : ""));
+            const Codec codec = C(name);
+            const size_t total = count * layout.nranks;
+            const auto in = RandomInputs(layout.nranks, total, 3 + count);
+            OpShape shape;
+            shape.op = OpKind::kReduceScatter;
+            shape.dtype = kernels::DataType::kFloat32;
+            shape.red_op = red;
+            shape.count = count;
+            std::vector<NodeSchedule> nodes;
+            uint64_t wire = 0;
+            for (int n = 0; n < layout.nnodes; ++n) {
+              auto sch = BuildCompressedReduceScatter(layout, n, count, shape.dtype, codec, 512);
+              ASSERT_TRUE(sch.ok()) << sch.status();
+              for (const NodeStep& st : sch->steps) {
+                if (st.kind == NodeStep::Kind::kSend) {
+                  EXPECT_EQ(st.bytes, kernels::EncodedBytes(codec, st.aux / 4));
+                  wire += st.bytes;
+                }
+              }
+              nodes.push_back(*std::move(sch));
+            }
+            SimMemory mem = SimMemory::ForOp(shape, layout.nranks, in_place, std::byte{0x5A});
+            for (int r = 0; r < layout.nranks; ++r) {
+              std::memcpy(mem.send(r), in[r].data(), total * 4);
+            }
+            SimOptions opt;
+            opt.codec = codec;
+            auto stats = RunSymbolic(nodes, layout, shape, &mem, opt);
+            ASSERT_TRUE(stats.ok()) << stats.status();
+            uint64_t link_bytes = 0;
+            for (const auto& [key, link] : stats->links) link_bytes += link.bytes;
+            EXPECT_EQ(link_bytes, wire);
+            // Every element crossed once from each non-owner node: (N - 1) / N of the input.
+            const auto partials = NodePartials(layout, in);
+            const double div = red == kernels::RedOp::kAvg ? layout.nranks : 1;
+            uint64_t exact_bytes = 0;
+            for (int r = 0; r < layout.nranks; ++r) {
+              std::vector<float> out(count);
+              std::memcpy(out.data(), mem.recv(r), count * 4);
+              const int owner = layout.node_of_rank[r];
+              for (size_t j = 0; j < count; ++j) {
+                const size_t e = r * count + j;
+                double exact = 0, mag = 0, bound = 0;
+                for (const auto& v : in) {
+                  exact += v[e];
+                  mag += std::fabs(v[e]);
+                }
+                for (int n = 0; n < layout.nnodes; ++n) {
+                  if (n == owner) continue;
+                  if (codec.kind == kernels::CodecKind::kFp16) {
+                    bound += std::fabs(partials[n][e]) * std::ldexp(1.0, -11);
+                  } else if (codec.kind == kernels::CodecKind::kInt8) {
+                    // Blocks start at the output's first element (units are whole blocks).
+                    const size_t lo = r * count + j / codec.block * codec.block;
+                    const size_t hi = std::min((r + 1) * count, lo + codec.block);
+                    double m = 0;
+                    for (size_t k = lo; k < hi; ++k)
+                      m = std::max(m, std::fabs(double(partials[n][k])));
+                    bound += m / 127 / 2;
+                  } else {
+                    bound += std::fabs(partials[n][e]);  // top-k may drop the whole partial
+                  }
+                }
+                const double err = std::fabs(out[j] - exact / div);
+                ASSERT_LE(err, (bound * (1 + 1e-5) + mag * 1e-6 + 1e-6) / div)
+                    << "rank " << r << " elem " << j;
+              }
+              exact_bytes += count * 4 * (layout.nnodes - 1);
+            }
+            if (codec.kind == kernels::CodecKind::kFp16) {
+              EXPECT_NEAR(double(exact_bytes) / link_bytes, 2.0, 0.01);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CompressedAllReduceTest, RefusesWhatItCannotRun) {
   const auto f32 = kernels::DataType::kFloat32;
   EXPECT_FALSE(
@@ -343,6 +435,12 @@ TEST(CompressedAllReduceTest, RefusesWhatItCannotRun) {
       CompressionApplies(OpKind::kAllReduce, kernels::DataType::kInt32, kernels::RedOp::kSum, 2));
   EXPECT_FALSE(
       CompressionApplies(OpKind::kAllGather, kernels::DataType::kFloat32, kernels::RedOp::kSum, 2));
+  EXPECT_TRUE(CompressionApplies(OpKind::kReduceScatter, kernels::DataType::kFloat32,
+                                 kernels::RedOp::kSum, 2));
+  EXPECT_FALSE(CompressionApplies(OpKind::kReduceScatter, kernels::DataType::kFloat32,
+                                  kernels::RedOp::kMax, 2));
+  EXPECT_FALSE(
+      BuildCompressedReduceScatter(CommLayout::Uniform(1, 2, 1), 0, 10, f32, C("int8"), 0).ok());
   EXPECT_FALSE(
       CompressionApplies(OpKind::kAllReduce, kernels::DataType::kFloat32, kernels::RedOp::kSum, 1));
 }

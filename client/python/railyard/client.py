@@ -947,6 +947,14 @@ class Comm:
         out = x if out is None else self._check_array("out", out)
         if out.size != x.size:
             raise _invalid(f"all_reduce: out has {out.size} elements, x has {x.size}")
+        extra = self._compression(compression, compression_key)
+        return self._run(common_pb2.COLLECTIVE_OP_ALL_REDUCE, dtype=self._dtype(dtype, x, out),
+                         count=x.size, red_op=self._red(op), send=x, recv=out, result=out,
+                         async_op=async_op, timeout=timeout, algo=algo, **extra)
+
+    def _compression(self, compression: Optional[str],
+                     compression_key: Optional[int]) -> Dict[str, Any]:
+        """The request fields of a compression setting (docs/compression.md)."""
         extra: Dict[str, Any] = {
             "compression": (compression if compression is not None
                             else self.client.default_compression)}
@@ -956,14 +964,13 @@ class Comm:
                 raise _invalid(f"compression_key {compression_key} is not in [0, 2**64)")
             extra["error_feedback"] = True
             extra["compression_key"] = key
-        return self._run(common_pb2.COLLECTIVE_OP_ALL_REDUCE, dtype=self._dtype(dtype, x, out),
-                         count=x.size, red_op=self._red(op), send=x, recv=out, result=out,
-                         async_op=async_op, timeout=timeout, algo=algo, **extra)
+        return extra
 
     def reduce_scatter(self, x: ArrayLike, op: RedOpLike = ReduceOp.SUM, *,
                        out: Optional[ArrayLike] = None, async_op: bool = False,
                        timeout: Optional[float] = None, algo: Optional[str] = None,
-                       dtype: Any = None) -> OpResult:
+                       dtype: Any = None, compression: Optional[str] = None,
+                       compression_key: Optional[int] = None) -> OpResult:
         """Reduces ``x`` over all ranks and gives rank ``r`` the ``r``-th of ``nranks`` equal
         chunks of the result (in C order).
 
@@ -971,6 +978,8 @@ class Comm:
             x: ``nranks * c`` elements on every rank.
             out: ``c`` elements; default a new array of shape ``x.shape[1:]`` when
                 ``x.shape[0] == nranks``, else of shape ``(c,)`` (shared when ``x`` is).
+            compression, compression_key: as for :meth:`all_reduce` (each rank's chunk is
+                compressed on its way to its owner only).
 
         Returns:
             ``out``, or a :class:`Work` with ``async_op=True``.
@@ -990,7 +999,7 @@ class Comm:
         return self._run(common_pb2.COLLECTIVE_OP_REDUCE_SCATTER,
                          dtype=self._dtype(dtype, x, out), count=count, red_op=self._red(op),
                          send=x, recv=out, result=out, async_op=async_op, timeout=timeout,
-                         algo=algo)
+                         algo=algo, **self._compression(compression, compression_key))
 
     def all_gather(self, x: ArrayLike, *, out: Optional[ArrayLike] = None,
                    async_op: bool = False, timeout: Optional[float] = None,

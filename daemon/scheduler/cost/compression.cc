@@ -1,5 +1,6 @@
 #include "daemon/scheduler/cost/compression.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -24,12 +25,13 @@ CodecRates DefaultCodecRates(const kernels::Codec& codec) {
   return {0, 0};
 }
 
-double CodecSeconds(const kernels::Codec& codec, double message_bytes, int nnodes) {
+double CodecSeconds(const kernels::Codec& codec, double message_bytes, int nnodes, bool gather) {
   const CodecRates r = DefaultCodecRates(codec);
   if (r.encode_bytes_per_s <= 0) return 0;
   const double n = nnodes > 1 ? nnodes : 2;
-  const double decoded = message_bytes * (2 * (n - 1) / n + 1 / n);
-  return message_bytes / r.encode_bytes_per_s + decoded / r.decode_bytes_per_s;
+  const double encoded = gather ? message_bytes : message_bytes * (n - 1) / n;
+  const double decoded = message_bytes * (gather ? 2 * (n - 1) / n + 1 / n : (n - 1) / n);
+  return encoded / r.encode_bytes_per_s + decoded / r.decode_bytes_per_s;
 }
 
 std::vector<kernels::Codec> AutoCandidates() {
@@ -39,6 +41,7 @@ std::vector<kernels::Codec> AutoCandidates() {
 }
 
 absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape, int nnodes,
+                                                    int nranks,
                                                     const std::vector<kernels::Codec>& candidates) {
   absl::StatusOr<std::shared_ptr<const Choice>> exact = tuner.Choose(shape);
   if (!exact.ok()) return exact.status();
@@ -46,7 +49,9 @@ absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape&
   out.exact_s = (*exact)->predicted_s;
   // Codecs work on float32 (16-bit data is widened first): m is what they read and write, and
   // their ratio against the data's own bytes is smaller by 4 / the element size.
-  const double m = static_cast<double>(shape.count) * 4;
+  const bool gather = shape.op != OpKind::kReduceScatter;
+  const double m = static_cast<double>(shape.count) * 4 *
+                   (gather ? 1.0 : static_cast<double>(std::max(nranks, 1)));
   const double narrow = 4.0 / static_cast<double>(kernels::ElementSize(shape.dtype));
   for (const kernels::Codec& c : candidates) {
     const size_t n = static_cast<size_t>(std::max<uint64_t>(shape.count, 1));
@@ -55,7 +60,7 @@ absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape&
     small.count = static_cast<uint64_t>(std::ceil(static_cast<double>(shape.count) / ratio));
     absl::StatusOr<std::shared_ptr<const Choice>> wire = tuner.Choose(small);
     if (!wire.ok()) return wire.status();
-    const double codec_s = CodecSeconds(c, m, nnodes);
+    const double codec_s = CodecSeconds(c, m, nnodes, gather);
     const double t = (*wire)->predicted_s + codec_s + kCompressedFixedS;
     if (out.compressed_s < 0 || t < out.compressed_s) {
       out.compressed_s = t;

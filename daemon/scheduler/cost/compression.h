@@ -1,8 +1,8 @@
 // When compression pays (docs/compression.md): the tuner's call for compression=auto. A codec
-// cuts an AllReduce's wire bytes by its ratio r but costs encode and decode time on the node, so
-// it is worth it only when codec_s(M) < T(M) - T(M / r), with T the tuner's best prediction on
-// the communicator's calibrated fabric. Deterministic, like the tuner: every daemon of a
-// communicator decides the same from the same inputs.
+// cuts an AllReduce's (or a ReduceScatter's) wire bytes by its ratio r but costs encode and decode
+// time on the node, so it is worth it only when codec_s(M) < T(M) - T(M / r), with T the tuner's
+// best prediction on the communicator's calibrated fabric. Deterministic, like the tuner: every
+// daemon of a communicator decides the same from the same inputs.
 #pragma once
 
 #include <string>
@@ -24,8 +24,11 @@ struct CodecRates {
 CodecRates DefaultCodecRates(const kernels::Codec& codec);
 
 // Per node, the compressed AllReduce (compressed.h) encodes every element once (its own shard's
-// result or its contribution to another's) and decodes about 2 (N - 1) / N + 1 / N of them.
-double CodecSeconds(const kernels::Codec& codec, double message_bytes, int nnodes);
+// result or its contribution to another's) and decodes about 2 (N - 1) / N + 1 / N of them; the
+// compressed ReduceScatter (gather false) encodes and decodes (N - 1) / N of them.
+// message_bytes: the float32 bytes of one rank's input.
+double CodecSeconds(const kernels::Codec& codec, double message_bytes, int nnodes,
+                    bool gather = true);
 
 struct CompressionChoice {
   kernels::Codec codec;      // none: run exact
@@ -45,8 +48,9 @@ inline constexpr double kCompressedFixedS = 100e-6;
 inline constexpr double kCompressionMargin = 0.9;
 
 // The cheapest of `candidates` (compressed_s = T(M / r) + codec_s + kCompressedFixedS) when it is
-// below kCompressionMargin x exact, else none. shape: an AllReduce.
+// below kCompressionMargin x exact, else none. shape: an AllReduce or a ReduceScatter.
 absl::StatusOr<CompressionChoice> ChooseCompression(Tuner& tuner, const OpShape& shape, int nnodes,
+                                                    int nranks,
                                                     const std::vector<kernels::Codec>& candidates);
 // What compression=auto considers: int8 (the best ratio of the codecs with a per-element bound;
 // bf16 and fp16 save half of what int8 saves for about the same CPU per byte on the wire, and

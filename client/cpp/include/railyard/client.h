@@ -97,9 +97,9 @@ struct CollectiveOptions {
   std::chrono::milliseconds timeout{0};
   // Forced algorithm; empty: $RAILYARD_ALGO, else the daemon's choice.
   std::string algo;
-  // Compression of an AllReduce's inter-node steps (docs/compression.md): "none", "fp16", "bf16",
+  // Compression of the inter-node steps (docs/compression.md): "none", "fp16", "bf16",
   // "int8[:B]", "topk:R" or "auto"; empty: $RAILYARD_COMPRESSION, else none. Applies to float32,
-  // float16 and bfloat16 sum/avg AllReduce across nodes.
+  // float16 and bfloat16 sum/avg AllReduce and ReduceScatter across nodes.
   std::string compression;
   // Error feedback under a lossy codec: the daemon keeps a residual under this key (one per
   // tensor or bucket that recurs across iterations) and adds it to the next operation's data.
