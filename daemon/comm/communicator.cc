@@ -492,7 +492,8 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
   node_codec_ = plan.codec;
   node_residual_ = residual;
   const uint64_t per_rank = node_schedule_->scratch_bytes_per_rank;
-  const size_t need = per_rank * local_ranks_.size();
+  const bool first_only = node_schedule_->scratch_first_rank_only;
+  const size_t need = per_rank * (first_only ? 1 : local_ranks_.size());
   if (scratch_.size() < need) scratch_.resize(need);  // grows once per larger shape, then reused
   node_memory_.send.assign(nranks_, nullptr);
   node_memory_.recv.assign(nranks_, nullptr);
@@ -501,7 +502,7 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
     const int g = local_ranks_[li];
     node_memory_.send[g] = slot.requests[li]->req.send;
     node_memory_.recv[g] = slot.requests[li]->req.recv;
-    node_memory_.scratch[g] = scratch_.data() + li * per_rank;
+    node_memory_.scratch[g] = first_only && li > 0 ? nullptr : scratch_.data() + li * per_rank;
   }
   node_dtype_ = slot.requests[0]->req.dtype;
   node_red_op_ = slot.requests[0]->req.red_op;

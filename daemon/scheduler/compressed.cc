@@ -222,6 +222,7 @@ absl::StatusOr<NodeSchedule> Build(const CommLayout& layout, int node, OpKind op
     }
   }
   out.scratch_bytes_per_rank = units.empty() ? 0 : next;
+  out.scratch_first_rank_only = true;  // every scratch step is r0's
   return out;
 }
 

@@ -146,6 +146,9 @@ struct NodeSchedule {
   std::vector<NodeStep> steps;
   // The rank schedule's scratch plus this node's staging slots for inter-node reductions.
   uint64_t scratch_bytes_per_rank = 0;
+  // Only the node's first rank (layout.ranks_of_node[node][0]) has scratch: the compressed
+  // schedules keep one float32 partial per node, not per local rank.
+  bool scratch_first_rank_only = false;
   // Compressed schedules (compressed.h): elements of the residual its kEncode steps index (0:
   // the schedule compresses nothing).
   uint64_t residual_elems = 0;

@@ -346,7 +346,14 @@ TEST(CompressedReduceScatterTest, EachOutputIsWithinTheOtherNodesCodecErrors) {
             for (int n = 0; n < layout.nnodes; ++n) {
               auto sch = BuildCompressedReduceScatter(layout, n, count, shape.dtype, codec, 512);
               ASSERT_TRUE(sch.ok()) << sch.status();
+              // One float32 partial per node: only the node's first rank has scratch.
+              EXPECT_TRUE(sch->scratch_first_rank_only);
               for (const NodeStep& st : sch->steps) {
+                for (const RankRef& ref : {st.src, st.dst}) {
+                  if (ref.space == RankRef::Space::kScratch) {
+                    ASSERT_EQ(ref.rank, layout.ranks_of_node[n][0]);
+                  }
+                }
                 if (st.kind == NodeStep::Kind::kSend) {
                   EXPECT_EQ(st.bytes, kernels::EncodedBytes(codec, st.aux / 4));
                   wire += st.bytes;
