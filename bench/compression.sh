@@ -7,7 +7,9 @@
 #   bench/compression.sh [REPS=3]
 # Environment: RAILYARD_BUILD_DIR (default build); COMP_NODES (default 2), COMP_RAILS (1),
 # COMP_RATE (1gbit per rail), FABRIC_PACE (scripts/fabric.sh --pace; default its 88% of the rate),
-# COMP_DTYPE (railyard-perf -d: float by default, half or bfloat16 for 16-bit gradients).
+# COMP_DTYPE (railyard-perf -d: float by default, half or bfloat16 for 16-bit gradients),
+# COMP_CODECS (default "none fp16 int8 topk:0.01 auto"; the first is the baseline of the ratios),
+# COMP_SWEEPS (default "4K 1M 4 50 5;4M 64M 4 3 1": sweeps of min max factor iters warmup).
 # railyard-perf runs -c 0: a lossy codec's results are checked by the tests
 # (tests/integration/compression_test.cc), not here. Each launch is two sweeps: 4K-1M -n 50 -w 5
 # and 4M-64M -n 3 -w 1. Not a test: numbers depend on the machine and its load.
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/.."
 reps=${1:-3}
 build=${RAILYARD_BUILD_DIR:-build}
 nodes=${COMP_NODES:-2} rails=${COMP_RAILS:-1} rate=${COMP_RATE:-1gbit} dtype=${COMP_DTYPE:-float}
-codecs=(none fp16 int8 topk:0.01 auto)
+read -r -a codecs <<<"${COMP_CODECS:-none fp16 int8 topk:0.01 auto}"
 if why=$(netns_unavailable); then
   echo "compression: cannot run: $why" >&2
   exit 2
@@ -45,7 +47,19 @@ socks=$(awk '{print $6}' "$out/nodes.txt" | paste -sd,)
 "$build/tools/railctl" calibrate --daemons "$socks" --ranks-per-daemon 1 --algo ring -b 64K -e 16M \
   -f 4 -n 5 -w 1 --perf "$build/tools/railyard-perf" >"$out/calibrate.txt" 2>&1 ||
   { cat "$out/calibrate.txt" >&2; echo "compression: railctl calibrate failed" >&2; exit 1; }
-sweeps=("4K 1M 4 50 5" "4M 64M 4 3 1")  # min max factor iters warmup
+IFS=';' read -r -a sweeps <<<"${COMP_SWEEPS:-4K 1M 4 50 5;4M 64M 4 3 1}"  # min max factor iters warmup
+
+# What node 0 completed, by algorithm and size bucket (railyard_collective_ops_total), to record
+# which path auto took: "compressed" or an exact algorithm.
+ns0=$(awk 'NR == 1 { print $4 }' "$out/nodes.txt") metrics0=$(awk 'NR == 1 { print $10 }' "$out/nodes.txt")
+ops_by_algo() {
+  ip netns exec "$ns0" curl -s "http://$metrics0/metrics" |
+    awk -F'[{}]' '/^railyard_collective_ops_total\{/ && /op="allreduce"/ {
+      match($2, /algorithm="[^"]*"/); a = substr($2, RSTART + 11, RLENGTH - 12)
+      match($2, /size_bucket="[^"]*"/); b = substr($2, RSTART + 13, RLENGTH - 14)
+      split($3, v, " "); n[b " " a] += v[1] } END { for (k in n) print k, n[k] }'
+}
+: >"$out/auto-paths.txt"
 
 run() {  # codec file
   local f=$2 sw
@@ -66,7 +80,12 @@ echo "# calibration: $(grep '^fit:' "$out/calibrate.txt")"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 start=$(date +%s)
 for ((r = 1; r <= reps; r++)); do
-  for c in "${codecs[@]}"; do run "$c" "$out/$(tr -c 'a-z0-9\n' _ <<<"$c")-$r.txt"; done
+  for c in "${codecs[@]}"; do
+    [ "$c" != auto ] || ops_by_algo >"$out/before.txt"
+    run "$c" "$out/$(tr -c 'a-z0-9\n' _ <<<"$c")-$r.txt"
+    [ "$c" != auto ] || ops_by_algo | awk 'NR == FNR { b[$1 " " $2] = $3; next }
+      { d = $3 - b[$1 " " $2]; if (d > 0) print $1, $2, d }' "$out/before.txt" - >>"$out/auto-paths.txt"
+  done
   echo "# launch $r done ($(($(date +%s) - start)) s)"
 done
 
@@ -79,8 +98,9 @@ for c in "${codecs[@]}"; do header+=$(printf ' %11s' "$c"); done
 for c in "${codecs[@]:1}"; do header+=$(printf ' %11s' "x:$c"); done
 echo "$header"
 declare -A even
-s=4096
-while [ "$s" -le $((64 << 20)) ]; do
+# The sizes measured: those of the first codec's first launch.
+first="$out/$(tr -c 'a-z0-9\n' _ <<<"${codecs[0]}")-1.txt"
+for s in $(awk '$1 ~ /^[0-9]+$/ { print $1 }' "$first" | sort -un); do
   cells=()
   for c in "${codecs[@]}"; do
     vals=()
@@ -100,15 +120,19 @@ while [ "$s" -le $((64 << 20)) ]; do
     fi
   done
   echo "$line"
-  s=$((s * 4))
 done
 echo
 for c in "${codecs[@]:1}"; do
   if [ -n "${even[$c]:-}" ]; then
-    echo "break-even $c: faster than none from $((${even[$c]} / 1024)) KiB up"
+    echo "break-even $c: faster than ${codecs[0]} from $((${even[$c]} / 1024)) KiB up"
   else
-    echo "break-even $c: not faster than none at 64 MiB"
+    echo "break-even $c: not faster than ${codecs[0]} at the largest size"
   fi
 done
-echo "x:CODEC = time(none) / time(CODEC); auto: the tuner compresses where its model says it pays."
+if [ -s "$out/auto-paths.txt" ]; then
+  echo "auto ran, on node 0 (size bucket: the power of 4 at or below the size; algorithm: operations):"
+  awk '{ n[$1 " " $2] += $3 } END { for (k in n) print k, n[k] }' "$out/auto-paths.txt" |
+    sort -n | awk '{ printf "  %s B: %s %d\n", $1, $2, $3 }'
+fi
+echo "x:CODEC = time(${codecs[0]}) / time(CODEC); auto: the tuner compresses where its model says it pays."
 echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -65,9 +65,18 @@ absl::StatusOr<PlannedOp> OpPlanner::Plan(
       scheduler::CompressionApplies(r0.op, r0.dtype, r0.red_op, layout_.nnodes)) {
     if (!r0.codec_auto) return PlanCompressed(r0, r0.codec);
     if (tuner_ != nullptr) {
-      absl::StatusOr<scheduler::cost::CompressionChoice> c = scheduler::cost::ChooseCompression(
-          *tuner_, shape, layout_.nnodes, layout_.nranks, scheduler::cost::AutoCandidates());
-      if (!c.ok()) return c.status();
+      const auto key = std::make_tuple(static_cast<int>(r0.op), static_cast<int>(r0.dtype),
+                                       static_cast<int>(r0.red_op), r0.count);
+      auto it = auto_choices_.find(key);
+      if (it == auto_choices_.end()) {
+        absl::StatusOr<scheduler::cost::CompressionChoice> decided =
+            scheduler::cost::ChooseCompression(*tuner_, shape, layout_.nnodes, layout_.nranks,
+                                               scheduler::cost::AutoCandidates());
+        if (!decided.ok()) return decided.status();
+        if (auto_choices_.size() >= 64) auto_choices_.clear();
+        it = auto_choices_.emplace(key, *std::move(decided)).first;
+      }
+      const scheduler::cost::CompressionChoice* c = &it->second;
       if (c->codec.kind != kernels::CodecKind::kNone) {
         absl::StatusOr<PlannedOp> out = PlanCompressed(r0, c->codec);
         if (out.ok()) {
