@@ -39,18 +39,16 @@ def two_nodes(tmp_path_factory):
             d.stop()
 
 
-def train(pools, store_path, codec, feedback):
-    """Ranks 0-1 on vnode0 and 2-3 on vnode1; returns every rank's result."""
-    n = 2 * PER_NODE
+def on_both_nodes(pools, task, args, timeout):
+    """Runs task on ranks 0-1 (vnode0) and 2-3 (vnode1) at once, args(rank) giving each rank's
+    arguments; returns every rank's result, in rank order."""
     results = [None, None]
     errors = []
 
     def node(i):
         try:
-            results[i] = pools[i].run(
-                rank_tasks.ddp_compressed,
-                [(i * PER_NODE + r, n, store_path, codec, feedback, STEPS)
-                 for r in range(PER_NODE)], timeout=240)
+            results[i] = pools[i].run(task, [args(i * PER_NODE + r) for r in range(PER_NODE)],
+                                      timeout=timeout)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
@@ -61,6 +59,13 @@ def train(pools, store_path, codec, feedback):
     if errors:
         raise errors[0]
     return results[0] + results[1]
+
+
+def train(pools, store_path, codec, feedback):
+    """Ranks 0-1 on vnode0 and 2-3 on vnode1; returns every rank's result."""
+    n = 2 * PER_NODE
+    return on_both_nodes(pools, rank_tasks.ddp_compressed,
+                         lambda r: (r, n, store_path, codec, feedback, STEPS), 240)
 
 
 def final_loss(run):
@@ -97,25 +102,8 @@ def test_reduce_scatter_takes_a_codec_and_refuses_bad_ones(two_nodes):
     finally:
         creator.close()
     n = 2 * PER_NODE
-    results = [None, None]
-    errors = []
-
-    def node(i):
-        try:
-            results[i] = two_nodes[i].run(
-                rank_tasks.compressed_reduce_scatter,
-                [(i * PER_NODE + r, n, comm_id, "int8", count) for r in range(PER_NODE)],
-                timeout=120)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    got = results[0] + results[1]
+    got = on_both_nodes(two_nodes, rank_tasks.compressed_reduce_scatter,
+                        lambda r: (r, n, comm_id, "int8", count), 120)
     inputs = [np.sin(0.01 * np.arange(n * count, dtype=np.float64) + r).astype(np.float32)
               for r in range(n)]
     exact = np.sum(np.array(inputs, dtype=np.float64), axis=0)
