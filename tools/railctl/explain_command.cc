@@ -20,8 +20,8 @@ constexpr const char* kUsage =
     "                       [--socket S] [--json]\n"
     "OP: allreduce reducescatter allgather broadcast reduce alltoall barrier; SIZE as in\n"
     "railctl model (PRIMER's M). --comm: a communicator id from railctl status (default: the\n"
-    "daemon's only multi-node communicator). --compression (allreduce): auto or a codec\n"
-    "(fp16, bf16, int8, topk:R): whether it pays, with both predictions.\n";
+    "daemon's only multi-node communicator). --compression (allreduce, reducescatter): auto\n"
+    "or a codec (fp16, bf16, int8, topk:R): whether it pays, with both predictions.\n";
 
 nlohmann::json CostModelJson(const v1::CostModel& m) {
   return {{"intra_alpha_s", m.intra_alpha_s()},
