@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/kernels/reduce.h"
 #include "daemon/scheduler/tags.h"
 
 namespace railyard::scheduler {
@@ -259,6 +260,16 @@ absl::Status RunCodecStep(NodeStep::Kind kind, const kernels::Codec& codec, cons
   const size_t wire = kernels::EncodedBytes(codec, n);
   return kind == NodeStep::Kind::kDecode ? kernels::Decode(codec, in, wire, n, out)
                                          : kernels::DecodeAdd(codec, in, wire, n, out);
+}
+
+void RunConvertStep(NodeStep::Kind kind, kernels::DataType dtype, const std::byte* src,
+                    std::byte* dst, size_t n, uint32_t divisor) {
+  if (kind == NodeStep::Kind::kNarrow) {
+    kernels::NarrowFromFloat(dtype, reinterpret_cast<const float*>(src), dst, n, divisor);
+  } else {
+    kernels::WidenToFloat(dtype, src, reinterpret_cast<float*>(dst), n,
+                          kind == NodeStep::Kind::kWidenAdd);
+  }
 }
 
 }  // namespace railyard::scheduler

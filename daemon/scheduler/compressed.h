@@ -67,4 +67,10 @@ absl::StatusOr<NodeSchedule> BuildCompressedReduceScatter(const CommLayout& layo
 absl::Status RunCodecStep(NodeStep::Kind kind, const kernels::Codec& codec, const std::byte* src,
                           std::byte* dst, size_t n, float* residual);
 
+// Runs one kWiden, kWidenAdd or kNarrow step of n elements between dtype data and the float32
+// partial: what NodeRun and the symbolic executor both execute. divisor: nranks for a finalizing
+// narrow of an avg, else 1.
+void RunConvertStep(NodeStep::Kind kind, kernels::DataType dtype, const std::byte* src,
+                    std::byte* dst, size_t n, uint32_t divisor);
+
 }  // namespace railyard::scheduler

@@ -221,12 +221,8 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
     }
     case NodeStep::Kind::kWiden:
     case NodeStep::Kind::kWidenAdd:
-      kernels::WidenToFloat(p_.dtype, src, reinterpret_cast<float*>(dst), s.bytes / sizeof(float),
-                            s.kind == NodeStep::Kind::kWidenAdd);
-      return absl::OkStatus();
     case NodeStep::Kind::kNarrow:
-      kernels::NarrowFromFloat(p_.dtype, reinterpret_cast<const float*>(src), dst,
-                               s.bytes / sizeof(float), divide ? p_.nranks : 1);
+      RunConvertStep(s.kind, p_.dtype, src, dst, s.bytes / sizeof(float), divide ? p_.nranks : 1);
       return absl::OkStatus();
     case NodeStep::Kind::kReduce:
       break;

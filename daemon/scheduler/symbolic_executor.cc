@@ -338,14 +338,9 @@ class Run {
         if (!src.ok()) return src.status();
         auto dst = Resolve(g, s.dst, narrow ? n * esize_ : s.bytes, true);
         if (!dst.ok()) return dst.status();
-        if (narrow) {
-          const bool divide = s.finalize && shape_.red_op == kernels::RedOp::kAvg;
-          kernels::NarrowFromFloat(shape_.dtype, reinterpret_cast<const float*>(src->ptr), dst->ptr,
-                                   n, divide ? static_cast<uint32_t>(layout_.nranks) : 1);
-        } else {
-          kernels::WidenToFloat(shape_.dtype, src->ptr, reinterpret_cast<float*>(dst->ptr), n,
-                                s.kind == NodeStep::Kind::kWidenAdd);
-        }
+        const bool divide = s.finalize && shape_.red_op == kernels::RedOp::kAvg;
+        RunConvertStep(s.kind, shape_.dtype, src->ptr, dst->ptr, n,
+                       divide ? static_cast<uint32_t>(layout_.nranks) : 1);
         stats_.local_bytes += s.bytes;
         Finish(g);
         return absl::OkStatus();
