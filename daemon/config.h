@@ -71,6 +71,11 @@ struct DaemonConfig {
   // How long a session's ring thread spins after its last submission before it sleeps on the
   // doorbell (--spin_us): the price of a fast next operation is this much CPU after each one.
   absl::Duration spin = absl::Microseconds(10);
+  // On a multi-node daemon, while a session has operations in flight its ring thread keeps
+  // polling (the ring and the UCX rails, running their transfers itself) until this long after
+  // its last submission or completion (--poll_us), instead of sleeping after `spin` and leaving
+  // the transfers to the rails' progress threads. CPU only while operations are in flight.
+  absl::Duration poll = absl::Microseconds(200);
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).
   size_t inline_max_bytes = 64 * 1024;

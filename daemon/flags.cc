@@ -100,6 +100,11 @@ ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per step of a local plan");
 ABSL_FLAG(int64_t, spin_us, 10,
           "Microseconds a session's ring thread spins after its last submission before it sleeps "
           "on the doorbell (0: sleep at once)");
+ABSL_FLAG(int64_t, poll_us, 200,
+          "On a multi-node daemon, how long a session's ring thread keeps polling (its ring and "
+          "the UCX rails, running inter-node transfers on its own thread) after its last "
+          "submission or completion while operations are in flight, before it sleeps (0: spin_us "
+          "only)");
 ABSL_FLAG(int64_t, inline_max_bytes, 64 * 1024,
           "One-node collectives moving at most this many bytes run on the thread of the last "
           "submission, without waking the worker pool (0: always the pool)");
@@ -184,6 +189,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "max_pending_joins",
                                    "chunk_bytes",
                                    "spin_us",
+                                   "poll_us",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
                                    "shutdown_grace",
@@ -336,6 +342,11 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--spin_us must be in [0, 1000000]");
   }
   c.spin = absl::Microseconds(spin_us);
+  const int64_t poll_us = absl::GetFlag(FLAGS_poll_us);
+  if (poll_us < 0 || poll_us > 1000000) {
+    return absl::InvalidArgumentError("--poll_us must be in [0, 1000000]");
+  }
+  c.poll = absl::Microseconds(poll_us);
   const int64_t inline_max = absl::GetFlag(FLAGS_inline_max_bytes);
   if (inline_max < 0 || inline_max > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("--inline_max_bytes must be in [0, 2^30]");

@@ -777,7 +777,7 @@ absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint
                         absl::StrCat("rings memfd refused: ", seg.status().message()));
   }
   absl::StatusOr<std::shared_ptr<SessionRings>> rings =
-      SessionRings::Create(*std::move(seg), sq_entries, cq_entries, config_.spin);
+      SessionRings::Create(*std::move(seg), sq_entries, cq_entries, config_.spin, config_.poll);
   if (!rings.ok()) return rings.status();
   if (absl::Status s = session->AttachRings(*rings); !s.ok()) return s;
   std::weak_ptr<Session> weak = session;
@@ -794,7 +794,7 @@ absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint
         for (const RingSubmission& e : entries) reqs.push_back(&e.request);
         return SubmitBatch(s, reqs, sink);
       },
-      session->id().substr(0, 8));
+      session->id().substr(0, 8), transport_.get());
   Log(LogLevel::kInfo, "session", "rings open",
       {F("session", session->id().substr(0, 8)), F("job", session->job()),
        F("sq_entries", sq_entries), F("cq_entries", cq_entries)});

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <string>
@@ -47,7 +48,7 @@ uint32_t* SessionRings::Word32(size_t offset) const {
 
 absl::StatusOr<std::shared_ptr<SessionRings>> SessionRings::Create(
     std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
-    absl::Duration spin) {
+    absl::Duration spin, absl::Duration poll) {
   if (!rp::ValidEntries(sq_entries) || !rp::ValidEntries(cq_entries)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ring entries must be powers of two in [", rp::kMinEntries, ", ", rp::kMaxEntries,
@@ -80,17 +81,18 @@ absl::StatusOr<std::shared_ptr<SessionRings>> SessionRings::Create(
                                                    " and ", cq_entries));
   }
   std::shared_ptr<SessionRings> rings(
-      new SessionRings(std::move(segment), sq_entries, cq_entries, spin));
+      new SessionRings(std::move(segment), sq_entries, cq_entries, spin, poll));
   return rings;
 }
 
 SessionRings::SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_entries,
-                           uint32_t cq_entries, absl::Duration spin)
+                           uint32_t cq_entries, absl::Duration spin, absl::Duration poll)
     : segment_(std::move(segment)),
       base_(segment_->data()),
       sq_entries_(sq_entries),
       cq_entries_(cq_entries),
       spin_(spin),
+      poll_(std::max(spin, poll)),
       entry_copy_(rp::kSqEntryBytes) {
   __atomic_store_n(Word64(rp::kOffSqHead), 0, __ATOMIC_RELEASE);
   __atomic_store_n(Word64(rp::kOffCqTail), 0, __ATOMIC_RELEASE);
@@ -102,8 +104,9 @@ SessionRings::~SessionRings() {
   if (thread_.joinable()) thread_.detach();  // only when the thread itself let go last
 }
 
-void SessionRings::Start(SubmitFn submit, std::string name) {
+void SessionRings::Start(SubmitFn submit, std::string name, transport::Transport* poller) {
   submit_ = std::move(submit);
+  poller_ = poller;
   // The thread keeps the rings (and their mapping) alive until it has stopped.
   thread_ = std::thread([self = shared_from_this(), name = std::move(name)] {
     self->ring_tid_.store(std::this_thread::get_id());
@@ -150,35 +153,67 @@ RingStats SessionRings::stats() const {
 }
 
 void SessionRings::Loop() {
-  absl::Time last = absl::Now();
+  // Last entry taken (or wake-up); completions count too, through last_completion_ns_.
+  int64_t last_ns = absl::GetCurrentTimeNanos();
   uint32_t spins = 0;
+  // Registered with the transport as a poller: from every wake-up to the next sleep, so that the
+  // transfers this thread starts are not handed to a progress thread that must be woken.
+  bool polling = false;
+  auto begin_polling = [&] {
+    if (poller_ != nullptr && !polling) {
+      poller_->BeginPolling();
+      polling = true;
+    }
+  };
+  auto end_polling = [&] {
+    if (polling) {
+      poller_->EndPolling();
+      polling = false;
+    }
+  };
+  const int64_t spin_ns = absl::ToInt64Nanoseconds(spin_);
+  const int64_t poll_ns = poller_ != nullptr ? absl::ToInt64Nanoseconds(poll_) : spin_ns;
+  begin_polling();
   while (!stop_.load(std::memory_order_acquire)) {
     bool blocked = false;
     if (Drain(&blocked) > 0) {
-      last = absl::Now();
+      last_ns = absl::GetCurrentTimeNanos();
       spins = 0;
       continue;
     }
-    // Nothing to take (or no room for its completion): spin a while, yielding the CPU to the
-    // client threads we wait for, then sleep.
-    if (!blocked && (++spins & 63) != 0) {
+    // Nothing to take (or no room for its completion: the client reads completions, and its
+    // operations in flight make more). With operations in flight, make their progress here
+    // (a client that queues many keeps both daemons' ring threads polling, so no message waits
+    // for a progress thread to wake); either way spin a while, yielding the CPU to the threads
+    // we wait for (on a small host they share our core), then sleep.
+    const bool in_flight = outstanding_.load(std::memory_order_relaxed) > 0;
+    const bool poll = polling && in_flight;
+    if (poll && poller_->Poll()) spins = 0;
+    if (!poll && (++spins & 63) != 0) {
       CpuRelax();
       continue;
     }
-    if (!blocked && absl::Now() - last < spin_) {
-      sched_yield();
+    const int64_t since = absl::GetCurrentTimeNanos() -
+                          std::max(last_ns, last_completion_ns_.load(std::memory_order_relaxed));
+    if (since < (in_flight ? poll_ns : (blocked ? 0 : spin_ns))) {
+      // Polling is a system call already (the transport's epoll); yielding after each would
+      // double what a poll costs where system calls are dear (a paravirtualised guest).
+      if (!poll || (++spins & 7) == 0) sched_yield();
       continue;
     }
+    end_polling();
     uint32_t* doorbell = Word32(rp::kOffSqDoorbell);
     __atomic_store_n(Word32(rp::kOffDaemonSleeping), 1, __ATOMIC_SEQ_CST);
     const uint32_t ring = __atomic_load_n(doorbell, __ATOMIC_SEQ_CST);
     blocked = false;
     if (stop_.load(std::memory_order_acquire)) break;
+    begin_polling();  // Drain may start transfers
     if (Drain(&blocked) > 0) {
       __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
-      last = absl::Now();
+      last_ns = absl::GetCurrentTimeNanos();
       continue;
     }
+    end_polling();
     FutexWait(doorbell, ring, kMaxSleep);
     __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
     {
@@ -186,7 +221,10 @@ void SessionRings::Loop() {
       ++stats_.wakeups;
     }
     spins = 0;
+    last_ns = absl::GetCurrentTimeNanos();
+    begin_polling();
   }
+  end_polling();
 }
 
 bool SessionRings::HasCqRoom() {
@@ -210,6 +248,7 @@ size_t SessionRings::Drain(bool* blocked, size_t limit) {
         bad_tail_reported_ = true;
         absl::MutexLock lock(&cq_mu_);
         ++reserved_;
+        outstanding_.store(reserved_, std::memory_order_relaxed);
         ++stats_.refused;
         PostLocked(0,
                    absl::InvalidArgumentError(absl::StrCat(
@@ -279,6 +318,7 @@ bool SessionRings::TakeOne(uint64_t avail) {
   {
     absl::MutexLock lock(&cq_mu_);
     ++reserved_;  // promised before anything can complete it
+    outstanding_.store(reserved_, std::memory_order_relaxed);
     ++stats_.submitted;
   }
   // The slots are ours now (copied): the client may reuse them.
@@ -303,6 +343,8 @@ void SessionRings::PostCompletion(uint64_t request_id, const absl::Status& statu
 void SessionRings::PostLocked(uint64_t request_id, const absl::Status& status, uint64_t seq) {
   if (stopped_) return;
   if (reserved_ > 0) --reserved_;
+  outstanding_.store(reserved_, std::memory_order_relaxed);
+  last_completion_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   std::byte* e =
       base_ + rp::CqOffset(sq_entries_) + (cq_tail_ & (cq_entries_ - 1)) * rp::kCqEntryBytes;
   const int32_t code = static_cast<int32_t>(status.code());

@@ -4,10 +4,16 @@
 // completes the operation.
 //
 // The thread spins for `spin` after its last entry, then sleeps on the submission doorbell (a
-// futex): an idle session costs no CPU. Everything in the shared memory is the client's to
-// scribble on: indices are bounded, entries are copied before they are read, and a client that
-// writes garbage gets error completions (or, for a garbage tail, one error completion naming it
-// and nothing taken until it is sane again), never a crash or another session's data.
+// futex): an idle session costs no CPU. Given a transport to poll (a multi-node daemon), it also
+// keeps going while the session has operations in flight, until `poll` has passed since its last
+// entry or completion, and makes the transport's progress itself meanwhile
+// (transport::Transport::Poll): a small inter-node operation then runs from submission to
+// completion on this one thread, with no progress thread to wake on either side.
+//
+// Everything in the shared memory is the client's to scribble on: indices are bounded, entries
+// are copied before they are read, and a client that writes garbage gets error completions (or,
+// for a garbage tail, one error completion naming it and nothing taken until it is sane again),
+// never a crash or another session's data.
 #pragma once
 
 #include <atomic>
@@ -26,6 +32,7 @@
 #include "daemon/comm/completion_sink.h"
 #include "daemon/session/ring_entry.h"
 #include "daemon/session/shm_segment.h"
+#include "daemon/transport/transport.h"
 
 namespace railyard {
 
@@ -49,13 +56,14 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   // differs. Resets the daemon-written indices to 0.
   static absl::StatusOr<std::shared_ptr<SessionRings>> Create(
       std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
-      absl::Duration spin);
+      absl::Duration spin, absl::Duration poll = absl::ZeroDuration());
   ~SessionRings() override;
   SessionRings(const SessionRings&) = delete;
   SessionRings& operator=(const SessionRings&) = delete;
 
-  // Starts the thread. `name` is for logs.
-  void Start(SubmitFn submit, std::string name);
+  // Starts the thread. `name` is for logs. `poller`, when not null, is the transport the thread
+  // polls while operations are in flight; it must outlive the thread (Stop() or Quiesce()).
+  void Start(SubmitFn submit, std::string name, transport::Transport* poller = nullptr);
   // Stops and joins the thread (from any thread but its own, where it only stops it); later
   // completions are dropped. Idempotent.
   void Stop();
@@ -75,7 +83,7 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
 
  private:
   SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
-               absl::Duration spin);
+               absl::Duration spin, absl::Duration poll);
   void Loop();
   // Rings the submission doorbell, so that a sleeping ring thread sees stop_.
   void WakeRingThread();
@@ -102,7 +110,9 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   const uint32_t sq_entries_;
   const uint32_t cq_entries_;
   const absl::Duration spin_;
+  const absl::Duration poll_;
   SubmitFn submit_;
+  transport::Transport* poller_ = nullptr;
   std::thread thread_;
   std::atomic<std::thread::id> ring_tid_{};  // set by the ring thread as it starts
   bool OnRingThread() const { return ring_tid_.load() == std::this_thread::get_id(); }
@@ -122,6 +132,10 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   uint64_t cq_tail_ ABSL_GUARDED_BY(cq_mu_) = 0;
   // Completions promised a slot: accepted requests (and refusals) not yet written.
   uint64_t reserved_ ABSL_GUARDED_BY(cq_mu_) = 0;
+  // reserved_ as the spinning ring thread reads it without the lock, and when the last
+  // completion was written (absl::GetCurrentTimeNanos).
+  std::atomic<uint64_t> outstanding_{0};
+  std::atomic<int64_t> last_completion_ns_{0};
   RingStats stats_ ABSL_GUARDED_BY(cq_mu_);
 };
 

@@ -79,6 +79,20 @@ class Transport {
                                                             int rail) = 0;
   // Stops progress; pending operations fail with CANCELLED.
   virtual void Shutdown() = 0;
+
+  // Polling by a caller's thread. A transport with progress threads hands every message to one
+  // and wakes it; on a small host each wake-up costs tens of microseconds, more than a small
+  // message's whole trip. A thread that spins anyway (a session's ring thread while its
+  // operations are in flight) registers with BeginPolling; while any thread is registered the
+  // transport does not wake its progress threads for new work and lets Poll() run it: Poll starts
+  // what was posted and progresses the wire on the calling thread, running completion callbacks
+  // there, and says whether anything happened. Poll never blocks (it returns at once when another
+  // thread is progressing); EndPolling hands progress back. Registered threads must call Poll or
+  // EndPolling soon (microseconds): meanwhile work posted by other threads waits for them. A
+  // transport without progress threads keeps these no-ops.
+  virtual void BeginPolling() {}
+  virtual bool Poll() { return false; }
+  virtual void EndPolling() {}
 };
 
 }  // namespace railyard::transport

@@ -121,7 +121,8 @@ std::vector<size_t> batches_seen;
 class RingPair {
  public:
   RingPair(uint32_t sq, uint32_t cq, std::shared_ptr<FakeSubmit> fake,
-           std::chrono::microseconds spin = std::chrono::microseconds(50))
+           std::chrono::microseconds spin = std::chrono::microseconds(50),
+           transport::Transport* poller = nullptr, absl::Duration poll = absl::ZeroDuration())
       : fake_(std::move(fake)) {
     int fd = -1;
     auto client = internal::ClientRings::Create("unit", sq, cq, spin, &fd);
@@ -137,8 +138,8 @@ class RingPair {
     auto seg = MappedSegment::MapMemfd(UniqueFd(fd), rp::RingBytes(sq, cq));
     EXPECT_TRUE(seg.ok()) << seg.status();
     segment_ = *seg;
-    auto rings =
-        SessionRings::Create(segment_, sq, cq, absl::FromChrono(std::chrono::microseconds(spin)));
+    auto rings = SessionRings::Create(segment_, sq, cq,
+                                      absl::FromChrono(std::chrono::microseconds(spin)), poll);
     EXPECT_TRUE(rings.ok()) << rings.status();
     daemon_ = *std::move(rings);
     daemon_->Start(
@@ -149,7 +150,7 @@ class RingPair {
           batches_seen.push_back(entries.size());
           return out;
         },
-        "unit");
+        "unit", poller);
   }
   ~RingPair() {
     daemon_->Stop();
@@ -496,6 +497,78 @@ TEST(SessionRingsTest, AnIdleRingThreadSleepsOnItsDoorbellAndWakesForTheNextEntr
   ASSERT_TRUE(rings.Submit(2).ok());
   ASSERT_TRUE(rings.WaitFor(2, std::chrono::milliseconds(500)));
   EXPECT_TRUE(rings.Get(2).status.ok());
+}
+
+// Stands in for the UCX transport's polling side: counts the calls, and its Poll completes what
+// the fake Submit holds once `complete_after` polls have passed (as a transfer's completion
+// callback would, on the polling thread).
+class FakePoller : public transport::Transport {
+ public:
+  explicit FakePoller(std::shared_ptr<FakeSubmit> fake, int complete_after)
+      : fake_(std::move(fake)), complete_after_(complete_after) {}
+  int num_rails() const override { return 0; }
+  absl::StatusOr<std::string> LocalAddress(int) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<std::shared_ptr<transport::Endpoint>> Connect(const std::string&, int) override {
+    return absl::UnimplementedError("fake");
+  }
+  void Shutdown() override {}
+  void BeginPolling() override { ++begins; }
+  void EndPolling() override { ++ends; }
+  bool Poll() override {
+    const int n = ++polls;
+    poller_thread = std::this_thread::get_id();
+    if (complete_after_ < 0 || n < complete_after_) return false;
+    fake_->CompleteHeld();
+    return true;
+  }
+  std::atomic<int> begins{0}, ends{0}, polls{0};
+  std::atomic<std::thread::id> poller_thread{};
+
+ private:
+  const std::shared_ptr<FakeSubmit> fake_;
+  const int complete_after_;  // -1: never
+};
+
+TEST(SessionRingsTest, WithOperationsInFlightTheRingThreadPollsTheTransportUntilTheyComplete) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kHold);
+  FakePoller poller(fake, /*complete_after=*/20);
+  RingPair rings(8, 8, fake, std::chrono::microseconds(10), &poller, absl::Seconds(5));
+  ASSERT_TRUE(rings.Submit(1).ok());
+  ASSERT_TRUE(rings.WaitFor(1));
+  EXPECT_TRUE(rings.Get(1).status.ok());
+  EXPECT_GE(poller.polls.load(), 20);
+  EXPECT_NE(poller.poller_thread.load(), std::this_thread::get_id());
+  // Nothing in flight: the thread stops polling within its spin, hands progress back (every
+  // BeginPolling has its EndPolling) and sleeps on the doorbell.
+  ASSERT_TRUE(Eventually(
+      [&] { return __atomic_load_n(&rings.Word32(rp::kOffDaemonSleeping), __ATOMIC_ACQUIRE) == 1; },
+      std::chrono::seconds(2)));
+  EXPECT_EQ(poller.begins.load(), poller.ends.load());
+  const int polls = poller.polls.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(poller.polls.load(), polls) << "an idle ring thread polled the transport";
+}
+
+TEST(SessionRingsTest, AnOperationOutlastingThePollWindowIsLeftToTheTransportsOwnThreads) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kHold);
+  FakePoller poller(fake, /*complete_after=*/-1);
+  RingPair rings(8, 8, fake, std::chrono::microseconds(10), &poller, absl::Milliseconds(5));
+  ASSERT_TRUE(rings.Submit(1).ok());
+  // In flight and polled for 5 ms, then the thread sleeps although the operation goes on.
+  ASSERT_TRUE(Eventually(
+      [&] { return __atomic_load_n(&rings.Word32(rp::kOffDaemonSleeping), __ATOMIC_ACQUIRE) == 1; },
+      std::chrono::seconds(2)));
+  EXPECT_GT(poller.polls.load(), 0);
+  EXPECT_EQ(poller.begins.load(), poller.ends.load());
+  const int polls = poller.polls.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(poller.polls.load(), polls);
+  EXPECT_FALSE(rings.Has(1));
+  fake->CompleteHeld();  // the transport's own thread completes it later
+  ASSERT_TRUE(rings.WaitFor(1));
+  EXPECT_TRUE(rings.Get(1).status.ok());
 }
 
 TEST(SessionRingsTest, StoppingWithOperationsInFlightIsPromptAndLaterCompletionsAreDropped) {

@@ -1,5 +1,7 @@
 #include "daemon/transport/ucx/ucx_rail.h"
 
+#include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -22,6 +24,10 @@ namespace {
 // events, so that UCX's timer-driven work (keepalive, which detects a hung peer) keeps running.
 // Idle, it sleeps until an event or a command arrives.
 constexpr int kPendingPollMs = 100;
+// While a polling thread is registered the progress thread sleeps unarmed, but wakes at least
+// this often and progresses the worker itself: a poller that is busy elsewhere (planning the next
+// operation) delays other traffic on the rail by at most this much.
+constexpr int kPolledSleepMs = 1;
 
 absl::Status UcxError(absl::string_view what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
@@ -137,7 +143,8 @@ bool UcxRail::Post(std::function<void()> fn) {
     absl::MutexLock lock(&mu_);
     if (stop_requested_) return false;
     commands_.push_back(std::move(fn));
-    if (sleeping_ && !wake_pending_) {
+    // A registered polling thread runs it (within microseconds, or wakes us when it stops).
+    if (sleeping_ && !wake_pending_ && pollers_ == 0) {
       wake_pending_ = true;
       wake = true;
     }
@@ -163,8 +170,9 @@ void UcxRail::RequestStop() {
 
 void UcxRail::StopAndWait() {
   RequestStop();
-  // From a completion callback: the thread finishes the stop after the callback returns.
-  if (std::this_thread::get_id() == thread_id_) return;
+  // From a completion callback: the thread finishes the stop after the callback returns (and a
+  // polling thread must not wait for a progress thread that waits for the rail it owns).
+  if (std::this_thread::get_id() == thread_id_ || OwnedHere()) return;
   const absl::Duration bound = config_.shutdown_timeout + absl::Seconds(5);
   if (!exited_.WaitForNotificationWithTimeout(bound)) {
     // A completion callback is blocking the progress thread. Leave it running (it holds its
@@ -312,8 +320,65 @@ void UcxRail::CloseGroupIfReleased(const std::string& remote) {
 
 // ---- Progress thread ----
 
+void UcxRail::Own() {
+  owner_mu_.lock();
+  owner_tid_.store(std::this_thread::get_id());
+}
+
+void UcxRail::Disown() {
+  owner_tid_.store(std::thread::id());
+  owner_mu_.unlock();
+}
+
+void UcxRail::BeginPolling() {
+  absl::MutexLock lock(&mu_);
+  ++pollers_;
+}
+
+void UcxRail::EndPolling() {
+  bool wake = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pollers_ > 0) --pollers_;
+    // The progress thread takes over: it re-arms the worker, and runs what the pollers left.
+    if (pollers_ == 0 && sleeping_ && !wake_pending_ && (sleep_unarmed_ || !commands_.empty())) {
+      wake_pending_ = true;
+      wake = true;
+    }
+  }
+  if (wake) Wake();
+}
+
+bool UcxRail::Poll() {
+  // Never from the owner itself (a completion callback): the mutex is not recursive.
+  if (OwnedHere() || !owner_mu_.try_lock()) return false;
+  owner_tid_.store(std::this_thread::get_id());
+  bool any = false;
+  // worker_ is null before InitUcx succeeded and after TeardownUcx; a stopping rail is the
+  // progress thread's to drain.
+  for (int round = 0; round < 4 && worker_ != nullptr; ++round) {
+    bool did = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_requested_) break;
+      batch_.swap(commands_);
+    }
+    did = !batch_.empty();
+    for (std::function<void()>& fn : batch_) fn();
+    batch_.clear();
+    while (ucp_worker_progress(worker_) != 0) did = true;
+    HandleFailedPeers();
+    if (!did) break;
+    any = true;  // callbacks may have posted more: another round
+  }
+  if (worker_ != nullptr) Sweep();
+  Disown();
+  return any;
+}
+
 void UcxRail::Run() {
   thread_id_ = std::this_thread::get_id();
+  Own();
   init_status_ = InitUcx();
   started_.Notify();
   if (init_status_.ok()) {
@@ -321,6 +386,7 @@ void UcxRail::Run() {
     DrainForStop();
   }
   TeardownUcx();
+  Disown();
   {
     absl::MutexLock lock(&mu_);
     stop_requested_ = true;  // Post refuses from now on
@@ -366,8 +432,8 @@ absl::Status UcxRail::InitUcx() {
 
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  // Only this thread ever touches the worker (see ucx_transport.h).
-  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // One thread at a time, the rail's owner, touches the worker (see ucx_transport.h).
+  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   status = ucp_worker_create(context_, &worker_params, &worker_);
   if (status != UCS_OK) {
     worker_ = nullptr;
@@ -428,11 +494,20 @@ void UcxRail::Loop() {
 void UcxRail::BusyPoll() {
   if (config_.busy_poll <= absl::ZeroDuration()) return;
   const absl::Time until = absl::Now() + config_.busy_poll;
-  do {
+  for (uint32_t polls = 1;; ++polls) {
     if (ucp_worker_progress(worker_) != 0) return;
-    absl::MutexLock lock(&mu_);
-    if (!commands_.empty() || stop_requested_) return;
-  } while (absl::Now() < until);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!commands_.empty() || stop_requested_) return;
+    }
+    if ((polls & 7) != 0) continue;
+    if (absl::Now() >= until) return;
+    // Let the threads we wait for run (on a small host they share our core), and a polling
+    // thread own the rail meanwhile.
+    Disown();
+    sched_yield();
+    Own();
+  }
 }
 
 bool UcxRail::RunCommands() {
@@ -448,10 +523,13 @@ bool UcxRail::RunCommands() {
 }
 
 void UcxRail::WaitForEvents() {
+  bool unarmed;
   {
     absl::MutexLock lock(&mu_);
     if (!commands_.empty() || stop_requested_) return;
     sleeping_ = true;
+    // A registered poller progresses the worker: armed, its traffic would wake us for nothing.
+    unarmed = sleep_unarmed_ = pollers_ > 0;
   }
   int timeout_ms = active_ops_ > 0 ? kPendingPollMs : -1;
   if (grace_peers_ > 0) {
@@ -461,24 +539,34 @@ void UcxRail::WaitForEvents() {
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     }
   }
-  Sleep(timeout_ms);
+  if (unarmed) timeout_ms = timeout_ms < 0 ? kPolledSleepMs : std::min(timeout_ms, kPolledSleepMs);
+  Sleep(timeout_ms, /*arm=*/!unarmed);
   absl::MutexLock lock(&mu_);
   sleeping_ = false;
   wake_pending_ = false;
+  sleep_unarmed_ = false;
 }
 
-void UcxRail::Sleep(int timeout_ms) {
-  const ucs_status_t status = ucp_worker_arm(worker_);
-  if (status == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress them first
-  // Without an armed event fd nothing would wake us for UCX events: poll instead.
-  if (status != UCS_OK) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
-  epoll_event events[2];
-  const int n = epoll_wait(epoll_fd_, events, 2, timeout_ms);
-  for (int i = 0; i < n; ++i) {
-    if (events[i].data.fd == wake_fd_) {
-      uint64_t value;
-      (void)!read(wake_fd_, &value, sizeof(value));
-    }
+void UcxRail::Sleep(int timeout_ms, bool arm) {
+  bool woken = false;
+  if (arm) {
+    const ucs_status_t status = ucp_worker_arm(worker_);
+    if (status == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress them first
+    // Without an armed event fd nothing would wake us for UCX events: poll instead.
+    if (status != UCS_OK) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
+    Disown();
+    epoll_event events[2];
+    const int n = epoll_wait(epoll_fd_, events, 2, timeout_ms);
+    for (int i = 0; i < n; ++i) woken = woken || events[i].data.fd == wake_fd_;
+  } else {
+    Disown();
+    pollfd fd{wake_fd_, POLLIN, 0};
+    woken = poll(&fd, 1, timeout_ms) == 1 && (fd.revents & POLLIN) != 0;
+  }
+  Own();
+  if (woken) {
+    uint64_t value;
+    (void)!read(wake_fd_, &value, sizeof(value));
   }
 }
 

@@ -1,5 +1,5 @@
 // One rail of UcxTransport: a UCX context and worker bound to one NIC, and the progress thread
-// that owns them. See ucx_transport.h for the threading model.
+// that owns them except while a polling thread does. See ucx_transport.h for the threading model.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -63,6 +64,13 @@ class UcxRail {
   void RequestStop();
   void StopAndWait();
 
+  // Polling by another thread (UcxTransport::BeginPolling). Poll runs the queued commands and
+  // progresses the worker on the calling thread when it can own the rail at once (else false);
+  // true when it did something.
+  void BeginPolling();
+  bool Poll();
+  void EndPolling();
+
  private:
   struct Peer;
   struct Op;
@@ -78,14 +86,22 @@ class UcxRail {
   void Wake();
   void Run();
 
-  // Everything below runs on the progress thread only, which is why it needs no lock.
+  // Owning the rail: owner_mu_ plus owner_tid_, which says who holds it.
+  void Own();
+  void Disown();
+  bool OwnedHere() const { return owner_tid_.load() == std::this_thread::get_id(); }
+
+  // Everything below runs on the rail's owner only (the progress thread, which owns the rail
+  // except while it waits, or a thread inside Poll), which is why it needs no further lock.
   absl::Status InitUcx();
   void TeardownUcx();
   void Loop();
   bool RunCommands();  // true once a stop was requested and every earlier command ran
   void WaitForEvents();
-  void BusyPoll();             // polls up to config_.busy_poll, returning early on any activity
-  void Sleep(int timeout_ms);  // arms the worker, then epoll_wait; -1 waits forever
+  void BusyPoll();  // polls up to config_.busy_poll, returning early on any activity
+  // Waits up to timeout_ms (-1: forever) for the wake eventfd and, when `arm`, the worker's
+  // events (arming it first), without owning the rail meanwhile.
+  void Sleep(int timeout_ms, bool arm = true);
   void Start(Op* op);
   void Complete(Op* op, ucs_status_t status, size_t length);
   absl::Status StatusFor(const Op& op, ucs_status_t status, size_t length) const;
@@ -117,6 +133,16 @@ class UcxRail {
   bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
   // Someone already wrote wake_fd_ for this sleep; saves redundant writes.
   bool wake_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // Threads between BeginPolling and EndPolling.
+  int pollers_ ABSL_GUARDED_BY(mu_) = 0;
+  // The progress thread sleeps without the worker armed (pollers were registered): only
+  // wake_fd_ or its short timeout wakes it.
+  bool sleep_unarmed_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Held by whoever makes UCX calls or touches the state below: the progress thread, or a
+  // polling thread inside Poll (which only ever tries it).
+  std::mutex owner_mu_;
+  std::atomic<std::thread::id> owner_tid_{};
 
   absl::Notification started_;
   absl::Status init_status_;  // written before started_ is notified
@@ -128,7 +154,7 @@ class UcxRail {
   // eventfd that posters write to wake the progress thread; created before started_ is notified.
   int wake_fd_ = -1;
 
-  // Progress-thread state.
+  // Owner state (see owner_mu_).
   int epoll_fd_ = -1;  // wake_fd_ + the worker's event fd
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

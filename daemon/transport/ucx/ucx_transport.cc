@@ -94,4 +94,18 @@ void UcxTransport::Shutdown() {
   for (auto& rail : rails_) rail->StopAndWait();
 }
 
+void UcxTransport::BeginPolling() {
+  for (auto& rail : rails_) rail->BeginPolling();
+}
+
+bool UcxTransport::Poll() {
+  bool any = false;
+  for (auto& rail : rails_) any = rail->Poll() || any;
+  return any;
+}
+
+void UcxTransport::EndPolling() {
+  for (auto& rail : rails_) rail->EndPolling();
+}
+
 }  // namespace railyard::transport

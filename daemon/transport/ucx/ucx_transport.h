@@ -2,19 +2,21 @@
 // sends and receives of whole chunks, and a progress thread per worker that sleeps on the
 // worker's event fd when there is nothing to do (no CPU when idle).
 //
-// Threading. Every UCX call of a rail happens on that rail's progress thread: Send, Recv, Abort
-// and Connect enqueue a command and wake the thread through an eventfd (only when it sleeps), and
-// the worker runs in UCS_THREAD_MODE_SINGLE. We chose this funnel over UCS_THREAD_MODE_MULTI with
-// direct posting because MULTI serialises every call on one worker lock anyway, and because an
-// endpoint that one thread closes (on Abort or peer failure) must never be used by another, which
-// direct posting could only guarantee with a lock of our own around every UCX call. One owner
-// thread also keeps the per-endpoint bookkeeping (the operations to fail on Abort or peer failure)
-// free of locks. The cost is one queue hand-off per operation: a mutex, plus an eventfd write
-// when the progress thread sleeps.
+// Threading. Every UCX call of a rail happens on the thread that owns the rail (holds its owner
+// mutex): the progress thread, or a thread that polls (Transport::Poll), and the worker runs in
+// UCS_THREAD_MODE_SERIALIZED, which that mutex guarantees. Send, Recv, Abort and Connect enqueue
+// a command; the owner runs it. The progress thread is woken for it through an eventfd only when
+// it sleeps and no polling thread is registered to run it. We chose this funnel over
+// UCS_THREAD_MODE_MULTI with direct posting because MULTI serialises every call on one worker
+// lock anyway, and because an endpoint that one thread closes (on Abort or peer failure) must
+// never be used by another, which direct posting could only guarantee with a lock of our own
+// around every UCX call. One owner at a time also keeps the per-endpoint bookkeeping (the
+// operations to fail on Abort or peer failure) free of further locks. The cost is one queue
+// hand-off per operation: a mutex, plus an eventfd write when the progress thread sleeps.
 //
-// Completion callbacks run on the rail's progress thread, inside UCX progress. They must not
-// block (no waiting for other operations, no locks held for long, no Shutdown()): while one runs,
-// nothing else on that rail makes progress. Posting more work from a callback is fine.
+// Completion callbacks run on the rail's owner, inside UCX progress. They must not block (no
+// waiting for other operations, no locks held for long, no Shutdown()): while one runs, nothing
+// else on that rail makes progress. Posting more work from a callback is fine.
 #pragma once
 
 #include <memory>
@@ -95,6 +97,13 @@ class UcxTransport : public Transport {
   // Fails pending operations with CANCELLED, closes endpoints and joins the progress threads.
   // Bounded by options.shutdown_timeout (+ slack) per rail, run in parallel. Idempotent.
   void Shutdown() override;
+
+  // Polling (see Transport): while a thread is registered, a rail's progress thread sleeps
+  // without arming the worker (so traffic does not wake it) and wakes at least every
+  // millisecond, so a registered thread that stops polling delays other work by at most that.
+  void BeginPolling() override;
+  bool Poll() override;
+  void EndPolling() override;
 
  private:
   explicit UcxTransport(std::vector<std::shared_ptr<UcxRail>> rails);
