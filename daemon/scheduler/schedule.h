@@ -165,6 +165,7 @@ NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, con
 inline constexpr const char* kAlgoRing = "ring";
 inline constexpr const char* kAlgoTree = "tree";  // double binary tree / pipelined tree
 inline constexpr const char* kAlgoRhd = "rhd";    // recursive halving-doubling
+inline constexpr const char* kAlgoRd = "rd";      // recursive doubling (short messages)
 inline constexpr const char* kAlgoHier = "hier";  // hierarchical rail-aligned
 inline constexpr const char* kAlgoDirect = "direct";
 inline constexpr const char* kAlgoTorus = "torus";  // dimension-ordered rings on a torus

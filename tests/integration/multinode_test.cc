@@ -65,7 +65,7 @@ TEST_P(MultiNodeTest, EveryCollectiveAcrossThreeDaemons) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, MultiNodeTest,
-                         ::testing::Values("", "ring", "tree", "rhd", "hier", "direct"),
+                         ::testing::Values("", "ring", "tree", "rhd", "rd", "hier", "direct"),
                          [](const auto& info) {
                            return info.param.empty() ? std::string("default") : info.param;
                          });

@@ -374,7 +374,7 @@ class TwoDaemonsTest : public CommunicatorTest {
 };
 
 TEST_F(TwoDaemonsTest, AllReduceAcrossNodesWithEachForcedAlgorithm) {
-  for (const std::string algo : {"ring", "tree", "rhd", "direct", "hier"}) {
+  for (const std::string algo : {"ring", "tree", "rhd", "rd", "direct", "hier"}) {
     std::shared_ptr<Communicator> comm[2] = {Make(0, "x-" + algo, 2, {3, 9}, algo),
                                              Make(1, "x-" + algo, 2, {3, 9}, algo)};
     JoinAll(*comm[0], {0, 1});

@@ -342,6 +342,20 @@ void CheckBytes(const Case& c, const Outcome& o) {
     } else {
       for (int r = 0; r < n; ++r) EXPECT_LE(sent[r], 2 * m);
     }
+  } else if (c.algo == kAlgoRd) {
+    // Recursive doubling: every core rank sends its whole partial in each of log2(p) rounds; a
+    // folded rank sends its input once, its partner the result back once.
+    int p = 1, logp = 0;
+    while (p * 2 <= n) {
+      p *= 2;
+      ++logp;
+    }
+    const int rem = n - p;
+    for (int r = 0; r < n; ++r) {
+      const bool folded = r < 2 * rem && r % 2 == 0;
+      const uint64_t want = folded ? m : logp * m + (r < 2 * rem ? m : 0);
+      EXPECT_EQ(sent[r], n == 1 ? 0 : want) << "rank " << r;
+    }
   } else if (c.algo == kAlgoRhd) {
     int p = 1, logp = 0;
     while (p * 2 <= n) {

@@ -35,6 +35,10 @@ const std::vector<AlgorithmInfo>& AlgorithmTable() {
        "recursive halving-doubling allreduce, non-powers of two folded into a neighbour first; "
        "dissemination barrier over the nodes",
        kAllReduce | kBarrier, &GenerateRhd},
+      {kAlgoRd,
+       "recursive doubling allreduce for short messages (partners swap whole partial sums: "
+       "half rhd's message steps), non-powers of two folded into a neighbour first",
+       kAllReduce, &GenerateRd},
       {kAlgoDirect,
        "every rank talks to every rank: pairwise alltoall(v), reduce-to-owner + copy-to-all for "
        "the others; all-pairs barrier over the nodes",

@@ -11,6 +11,42 @@
 #include <vector>
 
 namespace railyard::scheduler::algorithms {
+namespace {
+
+// The largest power of two p <= n and its rem = n - p extra ranks, folded away: rank 2i (i < rem)
+// adds its input into rank 2i + 1's recv region and sits out until Unfold gives it the result.
+struct Fold {
+  int p = 1;
+  int logp = 0;
+  int rem = 0;
+  std::vector<int> core;     // core index -> rank
+  std::vector<bool> folded;  // holds a folded pair's sum in its recv region (not its send)
+};
+
+Fold FoldToPowerOfTwo(ScheduleBuilder& b, uint64_t len) {
+  const int n = b.nranks();
+  Fold f;
+  while (f.p * 2 <= n) {
+    f.p *= 2;
+    ++f.logp;
+  }
+  f.rem = n - f.p;
+  f.folded.assign(n, false);
+  for (int i = 0; i < f.rem; ++i) {
+    b.Copy(b.Send(2 * i + 1), b.Recv(2 * i + 1), len);
+    b.Reduce(b.Send(2 * i), b.Recv(2 * i + 1), len);
+    f.folded[2 * i + 1] = true;
+    f.core.push_back(2 * i + 1);
+  }
+  for (int r = 2 * f.rem; r < n; ++r) f.core.push_back(r);
+  return f;
+}
+
+void Unfold(ScheduleBuilder& b, const Fold& f, uint64_t len) {
+  for (int i = 0; i < f.rem; ++i) b.Copy(b.Recv(2 * i + 1), b.Recv(2 * i), len);
+}
+
+}  // namespace
 
 void DisseminationBarrier(ScheduleBuilder& b) {
   const CommLayout& l = b.layout();
@@ -40,21 +76,10 @@ absl::Status GenerateRhd(ScheduleBuilder& b) {
     b.Copy(b.Send(0), b.Recv(0), len, /*finalize=*/true);
     return absl::OkStatus();
   }
-  int p = 1, logp = 0;
-  while (p * 2 <= n) {
-    p *= 2;
-    ++logp;
-  }
-  const int rem = n - p;
-  std::vector<int> core;  // core index -> rank
-  std::vector<bool> folded(n, false);
-  for (int i = 0; i < rem; ++i) {
-    b.Copy(b.Send(2 * i + 1), b.Recv(2 * i + 1), len);
-    b.Reduce(b.Send(2 * i), b.Recv(2 * i + 1), len);
-    folded[2 * i + 1] = true;
-    core.push_back(2 * i + 1);
-  }
-  for (int r = 2 * rem; r < n; ++r) core.push_back(r);
+  const Fold fold = FoldToPowerOfTwo(b, len);
+  const int p = fold.p, logp = fold.logp;
+  const std::vector<int>& core = fold.core;
+  const std::vector<bool>& folded = fold.folded;
   // Before the first round, a core rank's contribution is its send region, or its recv region
   // when it holds a folded pair's sum.
   const auto in = [&](int v, uint64_t at) {
@@ -92,7 +117,39 @@ absl::Status GenerateRhd(ScheduleBuilder& b) {
       b.Copy(acc(v, mine.offset), acc(w, mine.offset), mine.elems);
     }
   }
-  for (int i = 0; i < rem; ++i) b.Copy(b.Recv(2 * i + 1), b.Recv(2 * i), len);
+  Unfold(b, fold, len);
+  return absl::OkStatus();
+}
+
+absl::Status GenerateRd(ScheduleBuilder& b) {
+  const OpShape& s = b.shape();
+  if (s.op != OpKind::kAllReduce) return absl::InvalidArgumentError("rd implements allreduce");
+  const int n = b.nranks();
+  const uint64_t len = s.count;
+  if (n == 1) {
+    b.Copy(b.Send(0), b.Recv(0), len, /*finalize=*/true);
+    return absl::OkStatus();
+  }
+  const Fold fold = FoldToPowerOfTwo(b, len);
+  const std::vector<int>& core = fold.core;
+  const std::vector<bool>& folded = fold.folded;
+  const int p = fold.p;
+  for (int k = 0; k < fold.logp; ++k) {
+    const bool last = k + 1 == fold.logp;
+    // Every partner's partial into this rank's scratch before any partial changes: in round 0
+    // (in place, send == recv) that also reads every input before it is overwritten.
+    for (int v = 0; v < p; ++v) {
+      const int w = core[v ^ (1 << k)];
+      const bool input = k == 0 && !folded[w];
+      b.Copy(input ? b.Send(w) : b.Recv(w), b.Scratch(core[v]), len);
+    }
+    for (int v = 0; v < p; ++v) {
+      const int r = core[v];
+      if (k == 0 && !folded[r]) b.Copy(b.Send(r), b.Recv(r), len);
+      b.Reduce(b.Scratch(r), b.Recv(r), len, last);
+    }
+  }
+  Unfold(b, fold, len);
   return absl::OkStatus();
 }
 

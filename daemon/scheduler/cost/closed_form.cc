@@ -114,6 +114,21 @@ Estimate Rhd(const Links& l, double m) {
   return e;
 }
 
+// Recursive doubling: log2(p) rounds, each swapping the whole M with a partner; every round is
+// costed at the slowest hop and, across nodes, with the node's NICs shared by its ranks.
+// Non-powers of two fold as rhd does (+2 steps, +2 M/b).
+Estimate Rd(const Links& l, double m) {
+  const int p = FloorPow2(l.n);
+  const bool fold = p != l.n;
+  Estimate e;
+  e.algorithm = "rd";
+  e.latency_s = (CeilLog2(p) + (fold ? 2 : 0)) * (l.a_hop + l.o);
+  e.bandwidth_s = CeilLog2(p) * m / (l.k > 1 ? l.b_cross : l.b_intra);
+  if (fold) e.bandwidth_s += 2 * m / l.b_hop;
+  e.formula = "log2(N)(a+o) + log2(N) M/b (+ 2 steps and 2M/b folding non-powers of two)";
+  return e;
+}
+
 }  // namespace
 
 double CriticalSize(const LinkClass& link) { return link.alpha_s * link.beta_bytes_per_s; }
@@ -177,6 +192,7 @@ absl::StatusOr<std::vector<Estimate>> ClosedForms(OpKind op, double m, const Fab
       out.push_back(
           Make("tree", 2 * d, hop, 2.0 * d * m, l.b_hop, "2 log2(N)(a+o) + 2 log2(N) M/b"));
       out.push_back(Rhd(l, m));
+      out.push_back(Rd(l, m));
       out.push_back(Make("dbtree", 2 * d, hop, 2 * m, l.b_hop, "2 log2(N)(a+o) + 2 M/b"));
       if (hier) out.push_back(Hier(l, m, 2, 2.0 * (l.k - 1) / l.k, 2.0 * (l.k - 1)));
       Estimate direct = Make("direct", 2, l.a_hop + (n - 1) * l.o, 2 * (n - 1) / n * m,

@@ -35,9 +35,9 @@ struct Estimate {
 };
 
 // Model names (railctl model): ring, tree (binary tree, reduce then broadcast of full messages),
-// rhd, dbtree (double binary tree, pipelined), hier, direct, torus, innetwork. "tree" here is the
-// PRIMER's unsegmented tree; the executable "tree" algorithm of the scheduler is the pipelined
-// double binary tree, whose closed form is "dbtree".
+// rhd, rd (recursive doubling), dbtree (double binary tree, pipelined), hier, direct, torus,
+// innetwork. "tree" here is the PRIMER's unsegmented tree; the executable "tree" algorithm of
+// the scheduler is the pipelined double binary tree, whose closed form is "dbtree".
 //
 // Every algorithm with a closed form for op on fabric, in a fixed order. hier needs K > 1 and
 // G > 1; torus a torus fabric; innetwork fabric.in_network_reduction (AllReduce only).

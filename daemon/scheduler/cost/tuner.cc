@@ -20,8 +20,9 @@ struct ModelAlgo {
 
 // Fixed order: ties go to the earlier one (latency-optimal trees before rings).
 constexpr ModelAlgo kModelAlgos[] = {
-    {"dbtree", kAlgoTree}, {"tree", nullptr},       {"rhd", kAlgoRhd},  {"ring", kAlgoRing},
-    {"hier", kAlgoHier},   {"direct", kAlgoDirect}, {"torus", "torus"}, {"innetwork", nullptr},
+    {"dbtree", kAlgoTree},   {"tree", nullptr},   {"rhd", kAlgoRhd},
+    {"rd", kAlgoRd},         {"ring", kAlgoRing}, {"hier", kAlgoHier},
+    {"direct", kAlgoDirect}, {"torus", "torus"},  {"innetwork", nullptr},
 };
 
 std::string ShapeKey(const OpShape& s) {

@@ -25,7 +25,7 @@
 namespace railyard::scheduler::cost {
 
 struct Candidate {
-  std::string name;       // model name: ring, tree, dbtree, rhd, hier, direct, torus, innetwork
+  std::string name;       // model name: ring, tree, dbtree, rhd, rd, hier, direct, torus, innetwork
   std::string generator;  // the scheduler algorithm that runs it; empty: modelled only
   size_t chunk_bytes = 0;
   bool has_closed_form = false;
