@@ -571,6 +571,31 @@ TEST(SessionRingsTest, AnOperationOutlastingThePollWindowIsLeftToTheTransportsOw
   EXPECT_TRUE(rings.Get(1).status.ok());
 }
 
+// A client that submits again a little while after each completion (a Python loop: tens of
+// microseconds) teaches the ring thread to stay awake that long (up to the poll window), instead
+// of sleeping after `spin` and being woken by a system call for every operation.
+TEST(SessionRingsTest, TheIdleSpinAdaptsToHowSoonTheClientSubmitsAgain) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(8, 8, fake, std::chrono::microseconds(10), nullptr, absl::Milliseconds(20));
+  constexpr int kOps = 200;
+  uint64_t wakeups_at_half = 0;
+  for (int i = 1; i <= kOps; ++i) {
+    ASSERT_TRUE(rings.Submit(i).ok());
+    ASSERT_TRUE(rings.WaitFor(i));
+    if (i == kOps / 2) wakeups_at_half = rings.daemon_->stats().wakeups;
+    const auto until = Clock::now() + std::chrono::microseconds(300);  // longer than `spin`
+    while (Clock::now() < until) {
+    }
+  }
+  // Learnt after a few operations: the second half finds the thread awake (nearly) every time.
+  const uint64_t late = rings.daemon_->stats().wakeups - wakeups_at_half;
+  EXPECT_LT(late, kOps / 4u) << late << " wake-ups in the last " << kOps / 2 << " operations";
+  // Idle for good: it still goes to sleep, within the 20 ms cap.
+  EXPECT_TRUE(Eventually(
+      [&] { return __atomic_load_n(&rings.Word32(rp::kOffDaemonSleeping), __ATOMIC_ACQUIRE) == 1; },
+      std::chrono::seconds(2)));
+}
+
 TEST(SessionRingsTest, StoppingWithOperationsInFlightIsPromptAndLaterCompletionsAreDropped) {
   auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kHold);
   RingPair rings(8, 8, fake);
