@@ -74,7 +74,9 @@ struct DaemonConfig {
   // On a multi-node daemon, while a session has operations in flight its ring thread keeps
   // polling (the ring and the UCX rails, running their transfers itself) until this long after
   // its last submission or completion (--poll_us), instead of sleeping after `spin` and leaving
-  // the transfers to the rails' progress threads. CPU only while operations are in flight.
+  // the transfers to the rails' progress threads. Also the cap of the idle spin, which grows
+  // past `spin` to twice the time the session's client takes to submit again after a
+  // completion (SessionRings). CPU only while operations are in flight or just after.
   absl::Duration poll = absl::Microseconds(200);
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).

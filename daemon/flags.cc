@@ -101,10 +101,10 @@ ABSL_FLAG(int64_t, spin_us, 10,
           "Microseconds a session's ring thread spins after its last submission before it sleeps "
           "on the doorbell (0: sleep at once)");
 ABSL_FLAG(int64_t, poll_us, 200,
-          "On a multi-node daemon, how long a session's ring thread keeps polling (its ring and "
-          "the UCX rails, running inter-node transfers on its own thread) after its last "
-          "submission or completion while operations are in flight, before it sleeps (0: spin_us "
-          "only)");
+          "How long a session's ring thread keeps going after its last submission or completion "
+          "while operations are in flight (on a multi-node daemon it polls the UCX rails "
+          "meanwhile, running inter-node transfers on its own thread), and the most its idle spin "
+          "grows to for a client that submits again that soon (0: spin_us only)");
 ABSL_FLAG(int64_t, inline_max_bytes, 64 * 1024,
           "One-node collectives moving at most this many bytes run on the thread of the last "
           "submission, without waking the worker pool (0: always the pool)");
