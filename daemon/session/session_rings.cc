@@ -220,13 +220,11 @@ void SessionRings::Loop() {
       if (!poll || (++spins & 7) == 0) sched_yield();
       continue;
     }
-    end_polling();
     uint32_t* doorbell = Word32(rp::kOffSqDoorbell);
     __atomic_store_n(Word32(rp::kOffDaemonSleeping), 1, __ATOMIC_SEQ_CST);
     const uint32_t ring = __atomic_load_n(doorbell, __ATOMIC_SEQ_CST);
     blocked = false;
     if (stop_.load(std::memory_order_acquire)) break;
-    begin_polling();  // Drain may start transfers
     if (Drain(&blocked) > 0) {
       __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
       last_ns = absl::GetCurrentTimeNanos();

@@ -143,8 +143,10 @@ bool UcxRail::Post(std::function<void()> fn) {
     absl::MutexLock lock(&mu_);
     if (stop_requested_) return false;
     commands_.push_back(std::move(fn));
-    // A registered polling thread runs it (within microseconds, or wakes us when it stops).
-    if (sleeping_ && !wake_pending_ && pollers_ == 0) {
+    // Asleep unarmed (pollers were registered), we wake within kPolledSleepMs anyway and a
+    // poller most likely runs it sooner; asleep armed, nothing bounds the wait but a wake-up
+    // (a registered thread with nothing in flight does not poll).
+    if (sleeping_ && !wake_pending_ && !(sleep_unarmed_ && pollers_ > 0)) {
       wake_pending_ = true;
       wake = true;
     }
