@@ -3,12 +3,14 @@
 // DaemonCore::Submit) and writes every outcome to the completion ring, from whichever thread
 // completes the operation.
 //
-// The thread spins for `spin` after its last entry, then sleeps on the submission doorbell (a
-// futex): an idle session costs no CPU. Given a transport to poll (a multi-node daemon), it also
-// keeps going while the session has operations in flight, until `poll` has passed since its last
-// entry or completion, and makes the transport's progress itself meanwhile
-// (transport::Transport::Poll): a small inter-node operation then runs from submission to
-// completion on this one thread, with no progress thread to wake on either side.
+// The thread spins for `spin` after its last entry or completion (longer, up to `poll`, for a
+// client that comes back soon: twice the average time it takes to submit again after a
+// completion), then sleeps on the submission doorbell (a futex): an idle session costs no CPU.
+// Given a transport to poll (a multi-node daemon), it also keeps going while the session has
+// operations in flight, until `poll` has passed since its last entry or completion, and makes
+// the transport's progress itself meanwhile (transport::Transport::Poll): a small inter-node
+// operation then runs from submission to completion on this one thread, with no progress thread
+// to wake on either side.
 //
 // Everything in the shared memory is the client's to scribble on: indices are bounded, entries
 // are copied before they are read, and a client that writes garbage gets error completions (or,

@@ -84,12 +84,12 @@ class Transport {
   // and wakes it; on a small host each wake-up costs tens of microseconds, more than a small
   // message's whole trip. A thread that spins anyway (a session's ring thread while its
   // operations are in flight) registers with BeginPolling; while any thread is registered the
-  // transport does not wake its progress threads for new work and lets Poll() run it: Poll starts
-  // what was posted and progresses the wire on the calling thread, running completion callbacks
-  // there, and says whether anything happened. Poll never blocks (it returns at once when another
-  // thread is progressing); EndPolling hands progress back. Registered threads must call Poll or
-  // EndPolling soon (microseconds): meanwhile work posted by other threads waits for them. A
-  // transport without progress threads keeps these no-ops.
+  // transport lets its progress threads sleep on a short timeout instead of waking them for new
+  // work, and Poll() runs it: Poll starts what was posted and progresses the wire on the calling
+  // thread, running completion callbacks there, and says whether anything happened. Poll never
+  // blocks (it returns at once when another thread is progressing); EndPolling hands progress
+  // back. A registered thread that does not poll delays other threads' work by at most that
+  // timeout (UcxTransport: 1 ms). A transport without progress threads keeps these no-ops.
   virtual void BeginPolling() {}
   virtual bool Poll() { return false; }
   virtual void EndPolling() {}
