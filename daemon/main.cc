@@ -5,9 +5,11 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/flags.h"
 #include "daemon/server.h"
+#include "daemon/transport/ucx/ucx_transport.h"
 #include "daemon/util/log.h"
 
 int main(int argc, char** argv) {
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "railyardd: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  // Before any thread starts (setenv), and before UCX reads its configuration.
+  const std::vector<std::string> ucx_defaults = railyard::transport::SetUcxTcpDefaults();
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<railyard::DaemonConfig> config = railyard::ConfigFromFlags();
   if (!config.ok()) {
@@ -45,6 +49,10 @@ int main(int argc, char** argv) {
         railyard::LogLevel::kWarning, "daemon",
         "TEST ONLY fault injection on: one bit of every Nth inter-node message is flipped",
         {railyard::F("test_flip_bit_every", config->test_flip_bit_every)});
+  }
+  if (!ucx_defaults.empty()) {
+    railyard::Log(railyard::LogLevel::kInfo, "daemon", "UCX tcp settings (the environment may override)",
+                  {railyard::F("set", absl::StrJoin(ucx_defaults, " "))});
   }
   railyard::Server server(*config);
   if (absl::Status s = server.Start(); !s.ok()) {

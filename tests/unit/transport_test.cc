@@ -37,6 +37,41 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(20);  // generous; failures should never get near
 
+// Every UCX case runs with the tcp settings railyardd uses (SetUcxTcpDefaults, applied before any
+// test starts a thread, as the daemon's main does): byte-exactness is checked at the segment
+// sizes that run.
+bool operator_set_ucx_segments = false;
+std::vector<std::string> applied_ucx_defaults;
+class DaemonUcxSettings : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    operator_set_ucx_segments = std::getenv("UCX_TCP_RX_SEG_SIZE") != nullptr ||
+                                std::getenv("UCX_TCP_TX_SEG_SIZE") != nullptr;
+    applied_ucx_defaults = SetUcxTcpDefaults();
+  }
+};
+[[maybe_unused]] ::testing::Environment* const daemon_ucx_settings =
+    ::testing::AddGlobalTestEnvironment(new DaemonUcxSettings);
+
+TEST(UcxTcpDefaultsTest, SegmentsOf512KiBUnlessTheOperatorSetEither) {
+  const char* rx = std::getenv("UCX_TCP_RX_SEG_SIZE");
+  const char* tx = std::getenv("UCX_TCP_TX_SEG_SIZE");
+  if (operator_set_ucx_segments) {
+    EXPECT_TRUE(applied_ucx_defaults.empty()) << "an operator's UCX setting was overridden";
+  } else {
+    ASSERT_NE(rx, nullptr);
+    ASSERT_NE(tx, nullptr);
+    EXPECT_STREQ(rx, "512K");
+    EXPECT_STREQ(tx, "512K");
+    EXPECT_EQ(applied_ucx_defaults,
+              (std::vector<std::string>{"UCX_TCP_RX_SEG_SIZE=512K", "UCX_TCP_TX_SEG_SIZE=512K"}));
+  }
+  // Either is set now, so a second call (the operator's values) changes nothing.
+  EXPECT_TRUE(SetUcxTcpDefaults().empty());
+  EXPECT_EQ(std::getenv("UCX_TCP_RX_SEG_SIZE"), rx);
+  EXPECT_EQ(std::getenv("UCX_TCP_TX_SEG_SIZE"), tx);
+}
+
 // ---- Implementations under test ----
 
 class InProcEnv {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,21 @@ class UcxEndpoint : public Endpoint {
 };
 
 }  // namespace
+
+std::vector<std::string> SetUcxTcpDefaults() {
+  // TX must not exceed RX: UCX refuses the context otherwise. Both or neither are ours, so an
+  // operator who sets one does not get a pair UCX refuses.
+  static constexpr const char* kNames[] = {"UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE"};
+  static constexpr const char* kValue = "512K";
+  std::vector<std::string> set;
+  for (const char* name : kNames) {
+    if (std::getenv(name) != nullptr) return set;
+  }
+  for (const char* name : kNames) {
+    if (setenv(name, kValue, /*overwrite=*/0) == 0) set.push_back(absl::StrCat(name, "=", kValue));
+  }
+  return set;
+}
 
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Options options) {
   if (options.rails.empty()) {
