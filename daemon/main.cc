@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
         {railyard::F("test_flip_bit_every", config->test_flip_bit_every)});
   }
   if (!ucx_defaults.empty()) {
-    railyard::Log(railyard::LogLevel::kInfo, "daemon", "UCX tcp settings (the environment may override)",
+    railyard::Log(railyard::LogLevel::kInfo, "daemon",
+                  "UCX tcp settings (the environment may override)",
                   {railyard::F("set", absl::StrJoin(ucx_defaults, " "))});
   }
   railyard::Server server(*config);
