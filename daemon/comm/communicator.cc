@@ -186,7 +186,18 @@ absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingReque
                                                     Outcomes* out) {
   {
     if (state_ == State::kFailed) {
-      return absl::AbortedError(
+      // A peer's notice can fail the communicator before this rank submits the very collective
+      // it is about (another node found a disagreement first): that one fails, once, as the
+      // queued ones did, so a disagreement is INVALID_ARGUMENT on every rank. Anything else
+      // (a deadline this rank missed, a dead peer), and everything after, is ABORTED.
+      const int li = LocalIndex(request->rank);
+      const bool the_failed_one = li >= 0 && !scheduler::IsPointToPoint(request->req.op) &&
+                                  error_.code() == absl::StatusCode::kInvalidArgument &&
+                                  !members_[li].told_failure &&
+                                  collectives_.submitted(li) == failed_seq_;
+      if (the_failed_one) members_[li].told_failure = true;
+      return absl::Status(
+          the_failed_one ? error_.code() : absl::StatusCode::kAborted,
           absl::StrCat("communicator ", comm_id_, " was aborted: ", error_.message()));
     }
     if (state_ == State::kJoining) {
@@ -781,6 +792,7 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
   const bool was_joining = state_ == State::kJoining;
   state_ = State::kFailed;
   error_ = status;
+  failed_seq_ = collectives_.front_seq();
   if (multi_node_) {
     out->abort_transfers = status;
     out->abort_transfers_now = transfers_now;

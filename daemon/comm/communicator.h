@@ -181,6 +181,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   struct Member {
     bool joined = false;
     bool left = false;
+    // Refused the collective the failure was found at (failed_seq_) with the failure's code.
+    bool told_failure = false;
     JoinDone join_done;
   };
 
@@ -282,6 +284,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  // The collective the failure was found at (the front of the queue then): a rank that submits it
+  // only afterwards fails with a disagreement's INVALID_ARGUMENT, as the ranks that had queued it
+  // did.
+  uint64_t failed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   DeadlineTimer::Id join_timer_ ABSL_GUARDED_BY(mu_) = 0;

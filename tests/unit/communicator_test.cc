@@ -672,6 +672,29 @@ TEST_F(TwoDaemonsTest, ADeadPeerFailsTheRunningOperationWithUnavailable) {
   EXPECT_TRUE(comm->failed());
 }
 
+// Another node can find a disagreement at seq N (its digest against a third node's) and tell
+// this one before this node's rank has submitted seq N: that rank still gets the disagreement's
+// code (INVALID_ARGUMENT, as the ranks that had queued it do), and only later collectives get
+// ABORTED. Seen in CI: rank 0 got ABORTED where its peers got INVALID_ARGUMENT.
+TEST_F(TwoDaemonsTest, TheCollectiveAPeersNoticeIsAboutFailsWithItsCodeLaterOnesAreAborted) {
+  std::shared_ptr<Communicator> comm = Make(0, "told", 1, {1, 2}, "ring");
+  JoinAll(*comm, {0});
+  RankBuffer b{std::vector<float>(16, 1.0f)};
+  comm->Abort(absl::InvalidArgumentError("nodes disagree at seq 0 on compression: ..."),
+              /*notify=*/false);
+  auto first = comm->Submit(b.Request(1, 0, OpKind::kAllReduce, sink_));
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kInvalidArgument) << first.status();
+  EXPECT_THAT(first.status().message(),
+              HasSubstr("communicator told was aborted: nodes disagree at seq 0"));
+  // Told once: a retry, and any other operation, finds the communicator aborted.
+  auto again = comm->Submit(b.Request(2, 0, OpKind::kAllReduce, sink_));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAborted) << again.status();
+  EXPECT_THAT(again.status().message(), HasSubstr("was aborted: nodes disagree at seq 0"));
+  auto p2p = b.Request(3, 0, OpKind::kSend, sink_);
+  p2p->req.root = 0;
+  EXPECT_EQ(comm->Submit(std::move(p2p)).status().code(), absl::StatusCode::kAborted);
+}
+
 TEST_F(TwoDaemonsTest, AStalledPeerFailsTheOperationAtItsDeadline) {
   std::shared_ptr<Communicator> comm = Make(0, "stall", 1, {1, 2}, "ring");
   JoinAll(*comm, {0});
