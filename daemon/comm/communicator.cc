@@ -194,7 +194,7 @@ absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingReque
       const bool the_failed_one = li >= 0 && !scheduler::IsPointToPoint(request->req.op) &&
                                   error_.code() == absl::StatusCode::kInvalidArgument &&
                                   !members_[li].told_failure &&
-                                  collectives_.submitted(li) == failed_seq_;
+                                  collectives_.submitted(li) == noticed_seq_;
       if (the_failed_one) members_[li].told_failure = true;
       return absl::Status(
           the_failed_one ? error_.code() : absl::StatusCode::kAborted,
@@ -781,8 +781,15 @@ void Communicator::Abort(const absl::Status& status, bool notify, bool transfers
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
+    const bool was_failed = state_ == State::kFailed;
+    // A notice is about the collective at the front: what this node runs or its ranks submit
+    // next (this node has not finished it, or it would have failed on its own already).
+    const uint64_t front = collectives_.front_seq();
     AbortLocked(status, &out, transfers_now);
-    if (!notify) out.notify_peers = false;  // they told us
+    if (!notify) {
+      out.notify_peers = false;  // they told us
+      if (!was_failed) noticed_seq_ = front;
+    }
   }
   Deliver(out);
 }
@@ -792,7 +799,6 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
   const bool was_joining = state_ == State::kJoining;
   state_ = State::kFailed;
   error_ = status;
-  failed_seq_ = collectives_.front_seq();
   if (multi_node_) {
     out->abort_transfers = status;
     out->abort_transfers_now = transfers_now;

@@ -181,7 +181,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   struct Member {
     bool joined = false;
     bool left = false;
-    // Refused the collective the failure was found at (failed_seq_) with the failure's code.
+    // Refused the collective a peer's notice was about (noticed_seq_) with the notice's code.
     bool told_failure = false;
     JoinDone join_done;
   };
@@ -284,10 +284,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
-  // The collective the failure was found at (the front of the queue then): a rank that submits it
-  // only afterwards fails with a disagreement's INVALID_ARGUMENT, as the ranks that had queued it
-  // did.
-  uint64_t failed_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Failed by a peer's notice (Abort with notify false): the collective it is about, the front
+  // of the queue then. A rank that submits it only afterwards fails with a disagreement's
+  // INVALID_ARGUMENT, as the ranks that had queued it did. Never matches otherwise.
+  uint64_t noticed_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   DeadlineTimer::Id join_timer_ ABSL_GUARDED_BY(mu_) = 0;
