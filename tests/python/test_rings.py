@@ -210,6 +210,53 @@ def test_a_forked_child_fails_at_once_and_leaves_its_parents_session_alone(daemo
         c.close()
 
 
+def test_a_forked_child_touches_nothing_its_parent_shares_with_the_daemon(daemon):
+    """A child forked after its parent used a staging buffer: the child's operations fail at
+    once and publish nothing on the shared rings or into the shared staging buffers (a child's
+    entry once made its parent's next operation wait forever: the parent's ring tail went
+    back behind the entry the daemon had taken)."""
+    c = railyard.connect(daemon.socket, job="forker2")
+    try:
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        plain = np.full(3, 2.0, np.float32)  # not shared: goes through a staging buffer
+        comm.all_reduce(plain)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.close(read_end)
+            out = []
+            start = time.monotonic()
+            for attempt in range(3):
+                try:
+                    comm.all_reduce(plain, async_op=attempt == 1)
+                    out.append("op: no error")
+                except railyard.FailedPreconditionError as e:
+                    out.append("op: " + str(e))
+            out.append(f"{time.monotonic() - start:.3f}")
+            os.write(write_end, "\n".join(out).encode())
+            os._exit(0)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read_end) as f:
+            lines = f.read().splitlines()
+        assert os.WEXITSTATUS(status) == 0
+        for line in lines[:3]:
+            assert line.startswith("op: ") and "spawn" in line, lines
+        assert float(lines[3]) < 2.0, lines
+        # The parent's operations, staged and shared, run (nothing of the child's reached the
+        # rings or the buffers).
+        for _ in range(3):
+            plain[:] = 2.0
+            comm.all_reduce(plain, timeout=10)
+            assert list(plain) == [2.0] * 3
+        x = c.zeros(2, np.float32)
+        x[:] = 4
+        comm.all_reduce(x, timeout=10)
+        assert list(x) == [4.0, 4.0]
+    finally:
+        c.close()
+
+
 _DESTROY = textwrap.dedent("""
     import sys, torch, torch.distributed as dist, railyard.torch
     store = dist.FileStore(sys.argv[1], 1)

@@ -14,6 +14,7 @@ import platform
 import struct
 import threading
 import time
+import weakref
 from typing import Callable, Optional
 
 from . import _memfd
@@ -86,6 +87,22 @@ class RingError(Exception):
     pass
 
 
+class ForkedError(RingError):
+    """This process is a fork of the one that mapped the rings: it must not touch them (they are
+    shared with its parent and the daemon; a child's entry or read would corrupt the parent's)."""
+
+
+_live_rings: "weakref.WeakSet[Rings]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:  # pragma: no cover - runs in forked children
+    for rings in list(_live_rings):
+        rings._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Rings:
     """This process's end of one session's rings. Thread-safe.
 
@@ -122,6 +139,8 @@ class Rings:
         self._head = 0  # our cq_head
         self._cq_base = HEADER_BYTES + sq_entries * SQ_ENTRY
         self._closed = False
+        self._forked = False  # set in a forked child (_after_fork_in_child)
+        _live_rings.add(self)
         # Threads waiting in the foreground (Work.wait): the background reader stays out of
         # their way (it does not ask the daemon to wake it while they read the ring).
         self._foreground = 0
@@ -173,6 +192,7 @@ class Rings:
     def publish(self, entries: bytes) -> None:
         """Publishes whole entries at once (a group), waiting for room while reading
         completions. Raises :class:`RingError` once closed or when they can never fit."""
+        self._check_owner()
         need = len(entries) // SQ_ENTRY
         if need > self.sq_entries:
             raise RingError(f"submission of {need} ring slots does not fit the ring's "
@@ -205,6 +225,10 @@ class Rings:
             self._sq_tail.value = self._tail  # after the entries: TSO keeps the order
             self._ring_doorbell()
 
+    def _check_owner(self) -> None:
+        if self._forked:
+            raise ForkedError("the session's rings belong to the process this one was forked from")
+
     def _ring_doorbell(self) -> None:
         """Bumps the submission doorbell and wakes the daemon's thread if it sleeps on it.
 
@@ -230,6 +254,7 @@ class Rings:
 
     def drain(self, blocking: bool = True) -> int:
         """Reads the completions there are and hands each to ``on_completion``."""
+        self._check_owner()
         if not self._cq_lock.acquire(blocking):
             return 0
         got = []
@@ -261,6 +286,7 @@ class Rings:
     def wait_until(self, done: Callable[[], bool], deadline: Optional[float]) -> bool:
         """Reads completions on this thread until ``done()`` or the deadline (monotonic):
         spins for the spin time, then sleeps on the completion doorbell."""
+        self._check_owner()
         with self._waiters_lock:
             self._foreground += 1
         try:
@@ -316,6 +342,8 @@ class Rings:
 
     def close(self) -> None:
         """Wakes every waiter; later :meth:`publish` calls fail (the session has ended)."""
+        if self._forked:
+            return  # the parent's: nothing here to wake, nothing to close for it
         self._closed = True
         with self._cq_lock:
             pass  # a drain in progress has finished

@@ -143,7 +143,13 @@ class Work:
         (``time.monotonic()``)."""
         rings = self._rings
         if rings is not None and not self._event.is_set():
-            rings.wait_until(self._event.is_set, deadline)
+            try:
+                rings.wait_until(self._event.is_set, deadline)
+            except _ring.ForkedError:
+                raise FailedPreconditionError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"this operation was submitted by the process that process {os.getpid()} "
+                    f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits until the operation completes and returns its result (the output array).
@@ -261,7 +267,10 @@ _SPAWN_HINT = ("gRPC does not survive fork(): start worker processes with the \"
 
 
 def _after_fork_in_child() -> None:  # pragma: no cover - runs in forked children
-    # The parent's sessions are the parent's: the child must never disconnect them at exit.
+    # The parent's sessions are the parent's: the child must never disconnect them at exit, nor
+    # touch what they share with the parent and the daemon (rings, staging buffers).
+    for client in list(_live_clients):
+        client._forked = True
     _live_clients.clear()
 
 
@@ -316,6 +325,7 @@ class Client:
         self._staging_free: dict = {}
         self._stream = None
         self._rings: Optional[_ring.Rings] = None
+        self._forked = False  # this object was inherited by a forked child (_after_fork_in_child)
         self._pid = os.getpid()
 
         _check_forked_grpc()
@@ -473,7 +483,7 @@ class Client:
             work._complete(end)
 
     def _session_error(self) -> Optional[RailyardError]:
-        if self._pid != os.getpid():
+        if self._forked or self._pid != os.getpid():
             return FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this railyard.Client was connected by process {self._pid}; process "
@@ -709,6 +719,7 @@ class Client:
         for i, (request, work) in enumerate(items):
             request_id = next(self._request_ids)
             request.request_id = request_id
+            entry = bytearray()
             try:
                 vectors = None
                 if request.op == _ring.ALL_TO_ALL_V:
@@ -717,7 +728,7 @@ class Client:
                     if len({len(v) for v in vectors}) != 1:
                         raise ValueError("AllToAllv: the four vectors need one entry per rank")
                 _ring.Rings.encode(
-                    entries, request_id, request.comm_handle, request.op, request.dtype,
+                    entry, request_id, request.comm_handle, request.op, request.dtype,
                     request.red_op, request.count, request.root,
                     (request.send.buffer_id, request.send.offset),
                     (request.recv.buffer_id, request.recv.offset), request.timeout_ms,
@@ -728,7 +739,8 @@ class Client:
                 continue
             work._rings = rings
             if not self._register(request_id, work):
-                continue
+                continue  # not published: an entry nobody waits for (or a fork's) never goes out
+            entries += entry
             ids.append(request_id)
         if not entries:
             return
@@ -877,6 +889,9 @@ class Comm:
         if not self.handle:
             raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
                                           "communicator closed")
+        if self.client._forked:
+            # Before staging: the staging buffers are shared with the parent and the daemon.
+            raise self.client._session_error()  # type: ignore[misc]
         request = local_pb2.SubmitRequest(
             comm_handle=self.handle, op=op, dtype=dtype, red_op=red_op, count=count, root=root,
             timeout_ms=_timeout_ms(timeout),
