@@ -87,6 +87,11 @@ void PendingRequest::SetSeq(uint64_t seq) {
 }
 
 absl::Status PendingRequest::Wait(std::chrono::milliseconds timeout) {
+  if (rings_ != nullptr && rings_->forked() && !done()) {
+    return absl::FailedPreconditionError(
+        "this operation was submitted by the process this one was forked from: its completion "
+        "is the parent's to read");
+  }
   if (rings_ != nullptr && !done()) {
     const auto deadline = timeout >= kForever ? std::chrono::steady_clock::time_point::max()
                                               : std::chrono::steady_clock::now() +
@@ -129,7 +134,12 @@ absl::Status FromGrpc(const grpc::Status& status) {
 }  // namespace internal
 
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOptions& options) {
-  std::shared_ptr<ClientCore> core(new ClientCore());
+  // In a child forked after this, the last reference to the core must not destroy it: that
+  // would disconnect the parent's session over the parent's gRPC channel and join threads that
+  // do not exist in the child. The child leaks it instead (its memory is a copy).
+  std::shared_ptr<ClientCore> core(new ClientCore(), [](ClientCore* c) {
+    if (!c->forked()) delete c;
+  });
   core->socket_ = !options.socket.empty()
                       ? options.socket
                       : internal::EnvOr("RAILYARD_SOCKET", "/run/railyard/railyard.sock");
@@ -336,6 +346,7 @@ void ClientCore::ReadEvents() {
 }
 
 void ClientCore::Shutdown() {
+  if (forked()) return;  // the parent's session, threads and channel: nothing to end here
   std::call_once(shutdown_once_, [this] {
     bool disconnect = false;
     {
@@ -358,6 +369,7 @@ void ClientCore::Shutdown() {
 }
 
 bool ClientCore::alive() const {
+  if (forked()) return false;
   std::lock_guard<std::mutex> lock(mu_);
   return connected_ && !stream_ended_ && !shutting_down_;
 }
@@ -367,6 +379,12 @@ void ClientCore::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds
 }
 
 absl::Status ClientCore::SessionError() const {
+  if (forked()) {  // before the lock, which a thread of the parent may have held at the fork
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this railyard::Client was connected by process ", pid_, "; process ", getpid(),
+        " is a fork of it and cannot use its session: gRPC does not survive fork(); connect in "
+        "the child (after exec, or in a process started without fork)"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return absl::FailedPreconditionError("the client is disconnected");
   if (stream_ended_) return end_status_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -117,6 +118,13 @@ class ClientCore {
   absl::Status SessionError() const;
   // Adds which daemon to UNAVAILABLE errors of unary calls.
   absl::Status RpcError(const char* rpc, const grpc::Status& status) const;
+
+  // The process that connected, and its fork generation: in a child forked after Connect every
+  // call fails with FAILED_PRECONDITION before it touches the session (SessionError), and the
+  // core is never destroyed there (its threads and gRPC channel are the parent's; see Connect).
+  const pid_t pid_ = getpid();
+  const uint64_t fork_generation_ = internal::ForkGeneration();
+  bool forked() const { return internal::ForkGeneration() != fork_generation_; }
 
   std::string socket_;
   std::string job_;

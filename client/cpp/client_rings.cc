@@ -1,5 +1,6 @@
 #include "client_rings.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -15,6 +16,14 @@
 namespace railyard::internal {
 
 namespace rp = ringproto;
+
+namespace {
+std::atomic<uint64_t> fork_generation{0};
+void CountFork() { fork_generation.fetch_add(1, std::memory_order_relaxed); }
+[[maybe_unused]] const int fork_handler = pthread_atfork(nullptr, nullptr, &CountFork);
+}  // namespace
+
+uint64_t ForkGeneration() { return fork_generation.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -123,6 +132,10 @@ absl::Status ClientRings::Publish(const std::vector<std::byte>& entries) {
     return absl::InvalidArgumentError(
         absl::StrCat("submission of ", need, " ring slots does not fit the ring's ", sq_entries_));
   }
+  if (forked()) {
+    return absl::FailedPreconditionError(
+        "the session's rings belong to the process this one was forked from");
+  }
   std::unique_lock<std::mutex> lock(sq_mu_);
   auto started = std::chrono::steady_clock::now();
   for (uint32_t spins = 0;; ++spins) {
@@ -167,6 +180,7 @@ void ClientRings::WakeDaemonIfWaiting() {
 }
 
 size_t ClientRings::Drain() {
+  if (forked()) return 0;
   size_t n;
   {
     std::lock_guard<std::mutex> lock(cq_mu_);
@@ -206,6 +220,7 @@ size_t ClientRings::DrainLocked() {
 
 bool ClientRings::WaitUntil(const std::function<bool()>& done,
                             std::chrono::steady_clock::time_point deadline) {
+  if (forked()) return done();
   const auto spin_end = std::chrono::steady_clock::now() + spin_;
   // Spin: read completions as they come, yielding to the other threads on this CPU.
   for (uint32_t spins = 0;; ++spins) {
@@ -248,6 +263,7 @@ bool ClientRings::WaitUntil(const std::function<bool()>& done,
 }
 
 void ClientRings::Close() {
+  if (forked()) return;  // the parent's session: nothing of it to close here
   closed_.store(true, std::memory_order_release);
   { std::lock_guard<std::mutex> lock(cq_mu_); }  // a drain in progress has finished
   __atomic_fetch_add(Word32(rp::kOffCqDoorbell), 1, __ATOMIC_SEQ_CST);

@@ -18,6 +18,12 @@
 
 namespace railyard::internal {
 
+// How many fork()s separate this process from the program's first one (a pthread_atfork child
+// handler counts them): an object that recorded another value was inherited from a parent. Its
+// session, rings and buffers are the parent's, shared with the daemon: a child must not touch
+// them, nor take their locks (a parent's thread may have held one at the fork).
+uint64_t ForkGeneration();
+
 class ClientRings {
  public:
   // Called for every completion read, with the ring's lock held (it must not submit).
@@ -52,6 +58,9 @@ class ClientRings {
   // Wakes every waiter and makes later Publish calls fail (the session has ended).
   void Close();
   bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // In a child forked after the rings were made: Publish fails (FAILED_PRECONDITION), Drain reads
+  // nothing and WaitUntil returns at once.
+  bool forked() const { return ForkGeneration() != fork_generation_; }
 
   uint32_t sq_entries() const { return sq_entries_; }
   uint32_t cq_entries() const { return cq_entries_; }
@@ -72,6 +81,7 @@ class ClientRings {
   const std::chrono::microseconds spin_;
   OnCompletion on_completion_;
   std::atomic<bool> closed_{false};
+  const uint64_t fork_generation_ = ForkGeneration();
 
   std::mutex sq_mu_;
   uint64_t sq_tail_ = 0;  // guarded by sq_mu_

@@ -1,4 +1,9 @@
 // Processes that die, daemons that stop: nothing hangs, nothing leaks, survivors get a status.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -68,6 +73,69 @@ TEST(LifecycleTest, ClientKilledMidCollectiveFailsTheOthersAndLeaksNothing) {
   EXPECT_EQ(n0->Wait(std::chrono::seconds(120)).value_or(-1), 0) << n0->Output();
   EXPECT_EQ(n1->Wait(std::chrono::seconds(120)).value_or(-1), 0) << n1->Output();
   EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// A client inherited by a child forked after Connect: the child's calls fail at once with
+// FAILED_PRECONDITION without touching the session (the rings, their locks, the gRPC channel),
+// destroying its copy leaks rather than disconnects, and the parent goes on.
+TEST(LifecycleTest, AForkedChildCannotUseOrEndItsParentsSession) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready());
+  auto c = Client::Connect(daemon.Options("forker"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto id = (*c)->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  auto comm = (*c)->InitComm(*id, 0, 1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  auto buf = (*c)->Allocate(4 * sizeof(float));
+  ASSERT_TRUE(buf.ok());
+  std::span<float> x = buf->span<float>();
+  std::fill(x.begin(), x.end(), 2.0f);
+  ASSERT_TRUE(comm->AllReduce(BufferRef(*buf), BufferRef(*buf), 4, DataType::kFloat32, RedOp::kSum)
+                  .wait()
+                  .ok());
+  Work in_flight =
+      comm->AllReduce(BufferRef(*buf), BufferRef(*buf), 4, DataType::kFloat32, RedOp::kSum);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child: exit code 0 when every call failed as it should, else which one did not.
+    absl::Status op =
+        comm->AllReduce(BufferRef(*buf), BufferRef(*buf), 4, DataType::kFloat32, RedOp::kSum)
+            .wait(std::chrono::seconds(5));
+    if (op.code() != absl::StatusCode::kFailedPrecondition ||
+        op.message().find("is a fork of it") == std::string_view::npos) {
+      _exit(10);
+    }
+    absl::Status waited = in_flight.wait(std::chrono::seconds(5));  // the parent's to read
+    if (!waited.ok() && waited.code() != absl::StatusCode::kFailedPrecondition) _exit(11);
+    if ((*c)->Allocate(64).status().code() != absl::StatusCode::kFailedPrecondition) _exit(12);
+    c->reset();  // the child's copy of the client: leaked, not disconnected
+    _exit(0);
+  }
+  int status = 0;
+  for (int i = 0; i < 2000 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (waitpid(pid, &status, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "the forked child hung";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's call that did not fail at once (10: op, 11: "
+                                       "wait, 12: allocate)";
+  // The parent: its work in flight, its session and its communicator are intact.
+  EXPECT_TRUE(in_flight.wait(std::chrono::seconds(10)).ok());
+  for (int i = 0; i < 3; ++i) {
+    std::fill(x.begin(), x.end(), 3.0f);
+    ASSERT_TRUE(
+        comm->AllReduce(BufferRef(*buf), BufferRef(*buf), 4, DataType::kFloat32, RedOp::kSum)
+            .wait(std::chrono::seconds(10))
+            .ok());
+    EXPECT_EQ(x[0], 3.0f);
+  }
+  EXPECT_EQ(daemon.Status().sessions_size(), 1);
 }
 
 TEST(LifecycleTest, ShutdownCancelsInFlightCollectivesAndRemovesTheSocket) {
