@@ -170,37 +170,44 @@ def test_a_client_killed_with_operations_in_flight_fails_its_peer_promptly(fresh
         peer.close()
 
 
+def _in_forked_child(child):
+    """Runs ``child()`` (which returns lines of text) in a forked child; returns its lines and
+    how long it took, after checking that it exited cleanly."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        start = time.monotonic()
+        out = child()
+        out.append(f"{time.monotonic() - start:.3f}")
+        os.write(write_end, "\n".join(out).encode())
+        os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_end) as f:
+        lines = f.read().splitlines()
+    assert os.WEXITSTATUS(status) == 0
+    return lines[:-1], float(lines[-1])
+
+
+def _failure(what, fn):
+    try:
+        fn()
+        return f"{what}: no error"
+    except railyard.FailedPreconditionError as e:
+        return f"{what}: {e}"
+
+
 def test_a_forked_child_fails_at_once_and_leaves_its_parents_session_alone(daemon):
     c = railyard.connect(daemon.socket, job="forker")
     try:
         comm = c.comm(c.new_comm_id(), 0, 1)
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.close(read_end)
-            out = []
-            start = time.monotonic()
-            try:
-                comm.all_reduce(np.zeros(2, np.float32))
-                out.append("inherited client: no error")
-            except railyard.FailedPreconditionError as e:
-                out.append("inherited: " + str(e))
-            try:
-                railyard.connect(daemon.socket, job="forker")
-                out.append("new client: no error")
-            except railyard.FailedPreconditionError as e:
-                out.append("new: " + str(e))
-            out.append(f"{time.monotonic() - start:.3f}")
-            os.write(write_end, "\n".join(out).encode())
-            os._exit(0)
-        os.close(write_end)
-        _, status = os.waitpid(pid, 0)
-        with os.fdopen(read_end) as f:
-            lines = f.read().splitlines()
-        assert os.WEXITSTATUS(status) == 0
+        lines, took = _in_forked_child(lambda: [
+            _failure("inherited", lambda: comm.all_reduce(np.zeros(2, np.float32))),
+            _failure("new", lambda: railyard.connect(daemon.socket, job="forker"))])
         assert lines[0].startswith("inherited: ") and "spawn" in lines[0], lines
         assert lines[1].startswith("new: ") and "spawn" in lines[1], lines
-        assert float(lines[2]) < 2.0  # at once, not after a connect timeout
+        assert took < 2.0  # at once, not after a connect timeout
         # The parent's session survived the child's exit.
         x = c.zeros(2, np.float32)
         x[:] = 4
@@ -220,29 +227,13 @@ def test_a_forked_child_touches_nothing_its_parent_shares_with_the_daemon(daemon
         comm = c.comm(c.new_comm_id(), 0, 1)
         plain = np.full(3, 2.0, np.float32)  # not shared: goes through a staging buffer
         comm.all_reduce(plain)
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.close(read_end)
-            out = []
-            start = time.monotonic()
-            for attempt in range(3):
-                try:
-                    comm.all_reduce(plain, async_op=attempt == 1)
-                    out.append("op: no error")
-                except railyard.FailedPreconditionError as e:
-                    out.append("op: " + str(e))
-            out.append(f"{time.monotonic() - start:.3f}")
-            os.write(write_end, "\n".join(out).encode())
-            os._exit(0)
-        os.close(write_end)
-        _, status = os.waitpid(pid, 0)
-        with os.fdopen(read_end) as f:
-            lines = f.read().splitlines()
-        assert os.WEXITSTATUS(status) == 0
-        for line in lines[:3]:
+        lines, took = _in_forked_child(lambda: [
+            _failure("op", lambda: comm.all_reduce(plain)),
+            _failure("op", lambda: comm.all_reduce(plain, async_op=True).wait()),
+            _failure("op", lambda: comm.all_reduce(plain))])
+        for line in lines:
             assert line.startswith("op: ") and "spawn" in line, lines
-        assert float(lines[3]) < 2.0, lines
+        assert took < 2.0, lines
         # The parent's operations, staged and shared, run (nothing of the child's reached the
         # rings or the buffers).
         for _ in range(3):
