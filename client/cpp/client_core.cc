@@ -87,12 +87,12 @@ void PendingRequest::SetSeq(uint64_t seq) {
 }
 
 absl::Status PendingRequest::Wait(std::chrono::milliseconds timeout) {
-  if (rings_ != nullptr && rings_->forked() && !done()) {
-    return absl::FailedPreconditionError(
-        "this operation was submitted by the process this one was forked from: its completion "
-        "is the parent's to read");
-  }
   if (rings_ != nullptr && !done()) {
+    if (rings_->forked()) {
+      return absl::FailedPreconditionError(
+          "this operation was submitted by the process this one was forked from: its completion "
+          "is the parent's to read");
+    }
     const auto deadline = timeout >= kForever ? std::chrono::steady_clock::time_point::max()
                                               : std::chrono::steady_clock::now() +
                                                     std::max(timeout, std::chrono::milliseconds(0));
