@@ -55,6 +55,11 @@ DeadlineTimer::Id DeadlineTimer::Schedule(absl::Time deadline, std::function<voi
   return id;
 }
 
+uint64_t DeadlineTimer::Wakeups() const {
+  absl::MutexLock lock(&mu_);
+  return wakeups_;
+}
+
 void DeadlineTimer::Cancel(Id id) {
   absl::MutexLock lock(&mu_);
   auto it = deadlines_.find(id);
@@ -71,12 +76,15 @@ void DeadlineTimer::Loop() {
           +[](DeadlineTimer* t)
                ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->stopping_ || !t->pending_.empty(); },
           this));
+      ++wakeups_;
       continue;
     }
     auto first = pending_.begin();
     const absl::Time due = first->first.first;
     if (clock_->Now() < due) {
-      // Wake at the deadline, or earlier when an earlier deadline is scheduled or we stop.
+      // Wake at the deadline, or earlier when an earlier deadline is scheduled or we stop. A
+      // Cancel never wakes us (not even of the earliest, nor of the last one): we wake at its
+      // deadline at most, find nothing due, and sleep again.
       struct WakeArg {
         DeadlineTimer* timer;
         std::pair<absl::Time, Id> earliest;
@@ -85,11 +93,12 @@ void DeadlineTimer::Loop() {
       mu_.AwaitWithDeadline(absl::Condition(
                                 +[](WakeArg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                                   DeadlineTimer* t = a->timer;
-                                  return t->stopping_ || t->pending_.empty() ||
-                                         t->pending_.begin()->first < a->earliest;
+                                  return t->stopping_ || (!t->pending_.empty() &&
+                                                          t->pending_.begin()->first < a->earliest);
                                 },
                                 &arg),
                             due);
+      ++wakeups_;
       continue;
     }
     std::function<void()> fn = std::move(first->second);

@@ -1,5 +1,10 @@
 // One thread running callbacks at deadlines. Sleeps when nothing is due (no idle CPU). Unit tests
 // make it without a thread on a fake clock and run what is due themselves (RunDue).
+//
+// Only a deadline earlier than the one the thread sleeps until wakes it. Every collective
+// schedules its timeout and cancels it when it completes; waking the thread for those (as this
+// did when a Cancel emptied the set, and at the next Schedule) cost each operation two futex
+// wake-ups on the submitting thread and two context switches of this one.
 #pragma once
 
 #include <cstdint>
@@ -40,17 +45,20 @@ class DeadlineTimer {
   // Manual mode: runs, on the caller's thread, every callback due by Now() (including those the
   // callbacks schedule for no later than Now()); returns how many ran.
   int RunDue();
+  // How many times the thread has woken from a wait (for tests of what wakes it).
+  uint64_t Wakeups() const;
 
  private:
   void Loop();
 
   const Clock* const clock_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   // (deadline, id) -> callback, ordered by deadline.
   std::map<std::pair<absl::Time, Id>, std::function<void()>> pending_ ABSL_GUARDED_BY(mu_);
   std::map<Id, absl::Time> deadlines_ ABSL_GUARDED_BY(mu_);
   Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t wakeups_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

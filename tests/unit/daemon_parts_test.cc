@@ -122,6 +122,31 @@ TEST(DeadlineTimerTest, AnEarlierDeadlineWakesTheSleepingThread) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
+// Every collective schedules its timeout and cancels it when it completes. Those pairs must not
+// wake the timer thread (they used to, twice per operation: a futex wake on the submitting thread
+// and a context switch each), while an earlier deadline still does.
+TEST(DeadlineTimerTest, ScheduleAndCancelOfLaterDeadlinesDoNotWakeTheThread) {
+  DeadlineTimer timer;
+  const absl::Time start = absl::Now();
+  auto first = timer.Schedule(start + absl::Hours(1), [] {});
+  // The first Schedule may wake the thread from its empty wait; let it go back to sleep.
+  absl::SleepFor(absl::Milliseconds(50));
+  const uint64_t settled = timer.Wakeups();
+  ASSERT_LE(settled, 1u);
+  timer.Cancel(first);  // the set is empty now: still no wake-up
+  for (int i = 0; i < 1000; ++i) {
+    auto id = timer.Schedule(start + absl::Hours(2) + absl::Seconds(i), [] {});
+    timer.Cancel(id);
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(timer.Wakeups(), settled);
+  // An earlier deadline than the one it sleeps until still wakes it, and runs on time.
+  absl::Notification fired;
+  timer.Schedule(absl::Now() + absl::Milliseconds(10), [&] { fired.Notify(); });
+  ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_GT(timer.Wakeups(), settled);
+}
+
 // The CI's ASan run caught a bootstrap's deadline running on the timer thread while the daemon
 // destroyed the bootstrap: Cancel does not wait for a running callback, Stop does.
 TEST(DeadlineTimerTest, StopWaitsForTheRunningCallbackAndDropsTheRest) {
