@@ -15,6 +15,7 @@ import itertools
 import math
 import os
 import stat
+import struct
 import threading
 import time
 import weakref
@@ -124,17 +125,21 @@ class Work:
     shared memory have been copied out by the time the operation counts as completed.
     """
 
-    __slots__ = ("_event", "_lock", "_error", "_result", "_finish", "_callbacks", "_seq",
-                 "_rings", "__weakref__")
+    # Completion is the _done flag (read without a lock: it is set last, after _error and
+    # _seq). A threading.Event (~2 us to make) exists only once a thread must block for it:
+    # a thread on the session rings reads them itself until _done instead.
+    __slots__ = ("_done", "_event", "_lock", "_error", "_result", "_finish", "_callbacks",
+                 "_seq", "_rings", "__weakref__")
 
     def __init__(self, result: Any = None,
                  finish: Optional[Callable[[bool], None]] = None) -> None:
-        self._event = threading.Event()
+        self._done = False
+        self._event: Optional[threading.Event] = None
         self._lock = threading.Lock()
         self._error: Optional[RailyardError] = None
         self._result = result
         self._finish = finish
-        self._callbacks: List[Callable[["Work"], None]] = []
+        self._callbacks: Optional[List[Callable[["Work"], None]]] = None
         self._seq: Optional[int] = None
         self._rings: Optional[_ring.Rings] = None  # set when submitted on the session rings
 
@@ -142,14 +147,24 @@ class Work:
         """Reads the session's completion ring on this thread until done or the deadline
         (``time.monotonic()``)."""
         rings = self._rings
-        if rings is not None and not self._event.is_set():
+        if rings is not None and not self._done:
             try:
-                rings.wait_until(self._event.is_set, deadline)
+                rings.wait_until(self.is_completed, deadline)
             except _ring.ForkedError:
                 raise FailedPreconditionError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"this operation was submitted by the process that process {os.getpid()} "
                     f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
+
+    def _block(self, deadline: Optional[float]) -> bool:
+        """Sleeps until done or the deadline; False at the deadline."""
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits until the operation completes and returns its result (the output array).
@@ -163,25 +178,25 @@ class Work:
                 the daemon and can be waited on again.
             RailyardError: the operation failed (the subclass matches the daemon's code).
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._drive(deadline)
-        if not self._event.wait(None if deadline is None
-                                else max(0.0, deadline - time.monotonic())):
-            raise DeadlineExceededError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"operation not complete after {timeout} s (it keeps running in the daemon; "
-                "wait again or give up)")
+        if not self._done:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self._drive(deadline)
+            if not self._done and not self._block(deadline):
+                raise DeadlineExceededError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"operation not complete after {timeout} s (it keeps running in the daemon; "
+                    "wait again or give up)")
         if self._error is not None:
             raise self._error.with_traceback(None)
         return self._result
 
     def is_completed(self) -> bool:
         """True once the operation has completed, successfully or not."""
-        return self._event.is_set()
+        return self._done
 
     def exception(self) -> Optional[RailyardError]:
         """The error of a completed, failed operation; ``None`` while running or on success."""
-        return self._error if self._event.is_set() else None
+        return self._error if self._done else None
 
     @property
     def seq(self) -> Optional[int]:
@@ -196,14 +211,16 @@ class Work:
         other Railyard operations.
         """
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(fn)
                 return
         fn(self)
 
     def _complete(self, error: Optional[RailyardError], seq: Optional[int] = None) -> None:
         with self._lock:
-            if self._event.is_set() or self._finish is False:
+            if self._done or self._finish is False:
                 return
             finish, self._finish = self._finish, False  # False: completing (ignore repeats)
         if finish:
@@ -216,19 +233,76 @@ class Work:
             self._error = error
             if seq is not None:
                 self._seq = seq
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:  # pragma: no cover - a callback's bug must not kill the reader
-                import traceback
-                traceback.print_exc()
+            self._done = True
+            if self._event is not None:
+                self._event.set()
+            callbacks, self._callbacks = self._callbacks, None
+        if callbacks:
+            for fn in callbacks:
+                try:
+                    fn(self)
+                except Exception:  # pragma: no cover - a callback's bug must not kill the reader
+                    import traceback
+                    traceback.print_exc()
 
     def __repr__(self) -> str:
-        state = ("running" if not self._event.is_set()
+        state = ("running" if not self._done
                  else "ok" if self._error is None else f"failed ({self._error.code.name})")
         return f"<railyard.Work seq={self._seq} {state}>"
+
+
+class _Request:
+    """One operation's SubmitRequest fields. The ring path encodes them straight into a ring
+    entry; only the gRPC fallback builds the protobuf message (:meth:`proto`)."""
+
+    __slots__ = ("comm_handle", "op", "dtype", "red_op", "count", "root", "timeout_ms", "algo",
+                 "compression", "error_feedback", "compression_key", "vectors", "send", "recv",
+                 "request_id")
+
+    def __init__(self, comm_handle: int, op: int, dtype: int, red_op: int, count: int,
+                 root: int, timeout_ms: int, algo: str, compression: str = "",
+                 error_feedback: bool = False, compression_key: int = 0,
+                 send_counts: Optional[List[int]] = None,
+                 send_displs: Optional[List[int]] = None,
+                 recv_counts: Optional[List[int]] = None,
+                 recv_displs: Optional[List[int]] = None) -> None:
+        if not isinstance(algo, str):
+            raise TypeError(f"algo must be a str, not {type(algo).__name__}")
+        if not isinstance(compression, str):
+            raise TypeError(f"compression must be a str, not {type(compression).__name__}")
+        self.comm_handle = comm_handle
+        self.op = op
+        self.dtype = dtype
+        self.red_op = red_op
+        self.count = count
+        self.root = root
+        self.timeout_ms = timeout_ms
+        self.algo = algo
+        self.compression = compression
+        self.error_feedback = error_feedback
+        self.compression_key = compression_key
+        self.vectors: Optional[Tuple[List[int], ...]] = None
+        if send_counts is not None:
+            self.vectors = (send_counts, send_displs or [], recv_counts or [], recv_displs or [])
+        self.send: Optional[Tuple[int, int]] = None  # (buffer id, offset)
+        self.recv: Optional[Tuple[int, int]] = None
+        self.request_id = 0
+
+    def proto(self, session_id: str) -> Any:
+        r = local_pb2.SubmitRequest(
+            session_id=session_id, request_id=self.request_id, comm_handle=self.comm_handle,
+            op=self.op, dtype=self.dtype, red_op=self.red_op, count=self.count, root=self.root,
+            timeout_ms=self.timeout_ms, algo=self.algo, compression=self.compression,
+            error_feedback=self.error_feedback, compression_key=self.compression_key)
+        for field, ref in ((r.send, self.send), (r.recv, self.recv)):
+            if ref is not None:
+                field.buffer_id, field.offset = ref
+        if self.vectors is not None:
+            r.send_counts.extend(self.vectors[0])
+            r.send_displs.extend(self.vectors[1])
+            r.recv_counts.extend(self.vectors[2])
+            r.recv_displs.extend(self.vectors[3])
+        return r
 
 
 class _Region:
@@ -371,9 +445,10 @@ class Client:
         # The fast path: on unless RAILYARD_FASTPATH=0; "1" makes a failure to set it up an error.
         fastpath = _env("RAILYARD_FASTPATH", "") or ""
         if fastpath != "0" and (_ring.supported() or fastpath == "1"):
-            # 50 us, not the C++ client's 10: this client spends ~30 us of Python on each
-            # operation, so a shorter spin would sleep (and be woken by a system call) on
-            # every small one (4 B all_reduce on one daemon: ~110 us with 10, ~38 us with 50).
+            # 50 us, not the C++ client's 10: a peer rank in Python spends ~10 us of Python on
+            # each operation before its entry reaches the daemon, so a shorter spin would
+            # sleep (and be woken by a system call) waiting for it. One rank alone completes
+            # within either (4 B all_reduce, one process: 15.5-17.6 us with 10, 20 and 50).
             spin = _env("RAILYARD_SPIN_US", "") or str(_DEFAULT_SPIN_US)
             try:
                 spin_us = int(spin)
@@ -483,7 +558,9 @@ class Client:
             work._complete(end)
 
     def _session_error(self) -> Optional[RailyardError]:
-        if self._forked or self._pid != os.getpid():
+        # _forked, set by the at-fork hook, not os.getpid(): a system call (~1.4 us on a
+        # paravirtualised guest) on every operation.
+        if self._forked:
             return FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this railyard.Client was connected by process {self._pid}; process "
@@ -703,57 +780,39 @@ class Client:
             timeout=deadline)
         return Comm(self, comm_id, response.comm_handle, rank, nranks, response.nnodes)
 
-    def _submit(self, request: Any, work: Work) -> None:
-        self._submit_group([(request, work)])
-
-    def _submit_group(self, items: List[Tuple[Any, Work]]) -> None:
-        """Submits requests; on the rings as one group (published at once, marked so that the
-        daemon may fuse them), on gRPC one after the other."""
+    def _submit(self, request: _Request, work: Work) -> None:
+        """Submits one request: as an entry of the session rings, else over gRPC."""
         rings = self._rings
         if rings is None:
-            for request, work in items:
-                self._submit_rpc(request, work)
+            self._submit_rpc(request, work)
             return
-        entries = bytearray()
-        ids = []
-        for i, (request, work) in enumerate(items):
-            request_id = next(self._request_ids)
-            request.request_id = request_id
-            entry = bytearray()
-            try:
-                vectors = None
-                if request.op == _ring.ALL_TO_ALL_V:
-                    vectors = (request.send_counts, request.send_displs, request.recv_counts,
-                               request.recv_displs)
-                    if len({len(v) for v in vectors}) != 1:
-                        raise ValueError("AllToAllv: the four vectors need one entry per rank")
-                _ring.Rings.encode(
-                    entry, request_id, request.comm_handle, request.op, request.dtype,
-                    request.red_op, request.count, request.root,
-                    (request.send.buffer_id, request.send.offset),
-                    (request.recv.buffer_id, request.recv.offset), request.timeout_ms,
-                    request.algo, i + 1 < len(items), vectors, request.compression,
-                    request.error_feedback, request.compression_key)
-            except ValueError as e:
-                work._complete(_invalid(str(e)))
-                continue
-            work._rings = rings
-            if not self._register(request_id, work):
-                continue  # not published: an entry nobody waits for (or a fork's) never goes out
-            entries += entry
-            ids.append(request_id)
-        if not entries:
-            return
+        request_id = next(self._request_ids)
+        request.request_id = request_id
+        entry = bytearray()
         try:
-            rings.publish(bytes(entries))
+            if request.vectors is not None and len({len(v) for v in request.vectors}) != 1:
+                raise ValueError("AllToAllv: the four vectors need one entry per rank")
+            _ring.Rings.encode(
+                entry, request_id, request.comm_handle, request.op, request.dtype,
+                request.red_op, request.count, request.root, request.send or (0, 0),
+                request.recv or (0, 0), request.timeout_ms, request.algo, False,
+                request.vectors, request.compression, request.error_feedback,
+                request.compression_key)
+        except (ValueError, struct.error) as e:
+            work._complete(_invalid(str(e)))
+            return
+        work._rings = rings
+        if not self._register(request_id, work):
+            return  # not published: an entry nobody waits for (or a fork's) never goes out
+        try:
+            rings.publish(entry)
         except _ring.RingError as e:
             error = self._session_error() or FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION, str(e))
-            for request_id in ids:
-                with self._lock:
-                    work = self._pending.pop(request_id, None)
-                if work is not None:
-                    work._complete(error)
+            with self._lock:
+                pending = self._pending.pop(request_id, None)
+            if pending is not None:
+                pending._complete(error)
 
     def _register(self, request_id: int, work: Work) -> bool:
         with self._lock:
@@ -765,14 +824,14 @@ class Client:
             return False
         return True
 
-    def _submit_rpc(self, request: Any, work: Work) -> None:
+    def _submit_rpc(self, request: _Request, work: Work) -> None:
         request_id = next(self._request_ids)
-        request.session_id = self.session_id
         request.request_id = request_id
+        message = request.proto(self.session_id)
         if not self._register(request_id, work):
             return
         try:
-            response = self._stub.Submit(request, timeout=_RPC_TIMEOUT)
+            response = self._stub.Submit(message, timeout=_RPC_TIMEOUT)
         except grpc.RpcError as e:
             with self._lock:
                 self._pending.pop(request_id, None)
@@ -892,25 +951,25 @@ class Comm:
         if self.client._forked:
             # Before staging: the staging buffers are shared with the parent and the daemon.
             raise self.client._session_error()  # type: ignore[misc]
-        request = local_pb2.SubmitRequest(
-            comm_handle=self.handle, op=op, dtype=dtype, red_op=red_op, count=count, root=root,
-            timeout_ms=_timeout_ms(timeout),
-            algo=algo if algo is not None else self.client.default_algo, **extra)
-        staged = _Staged(self.client)
+        client = self.client
+        request = _Request(self.handle, op, dtype, red_op, count, root, _timeout_ms(timeout),
+                           algo if algo is not None else client.default_algo, **extra)
+        staged = _Staged(client)
         try:
             if send is not None:
-                buffer_id, offset = staged.ref(send, copy_in=True, copy_out=False)
-                request.send.buffer_id = buffer_id
-                request.send.offset = offset
+                request.send = staged.ref(send, copy_in=True, copy_out=False)
             if recv is not None:
-                buffer_id, offset = staged.ref(recv, copy_in=recv is send, copy_out=True)
-                request.recv.buffer_id = buffer_id
-                request.recv.offset = offset
+                if recv is send and not staged.entries:  # in place, in shared memory
+                    if not recv.flags.writeable:
+                        raise _invalid("the output array is read-only")
+                    request.recv = request.send
+                else:
+                    request.recv = staged.ref(recv, copy_in=recv is send, copy_out=True)
         except BaseException:
             staged.finish(False)
             raise
         work = Work(result, staged.finish if staged.entries else None)
-        self.client._submit(request, work)
+        client._submit(request, work)
         if async_op:
             return work
         return work.wait()
