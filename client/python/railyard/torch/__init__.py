@@ -148,6 +148,8 @@ class _Io:
         return tmp
 
     def finish(self) -> None:
+        if not self.copy_back:
+            return
         with torch.no_grad():
             for tmp, t in self.copy_back:
                 t.copy_(tmp)
@@ -226,7 +228,7 @@ _LIVE_PRUNE_AT = 4096
 def _keep_alive(work: "Work") -> None:
     with _live_lock:
         if len(_live_works) >= _LIVE_PRUNE_AT:
-            for key in [k for k, w in _live_works.items() if w._event.is_set()]:
+            for key in [k for k, w in _live_works.items() if w._done]:
                 del _live_works[key]
         _live_works[id(work)] = work
 
@@ -264,7 +266,10 @@ class Work(_Work):
         self._post = post
         self._timeout = timeout  # the operation's daemon-side timeout (for the error's words)
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        # _done is set last, after _error; an Event (~2 us to make) only for a thread that
+        # must sleep for it (a waiter on the session rings reads them itself until _done).
+        self._done = False
+        self._event: Optional[threading.Event] = None
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
         self._consumed = False
@@ -297,7 +302,7 @@ class Work(_Work):
     # Called once, when the operation ends (a client thread or the p2p worker).
     def _complete(self, error: Optional[BaseException]) -> None:
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return
             post, self._post = self._post, None
         if error is None and post is not None:
@@ -308,7 +313,9 @@ class Work(_Work):
         error = _worded(error, self._timeout)
         with self._lock:
             self._error = error
-            self._event.set()
+            self._done = True
+            if self._event is not None:
+                self._event.set()
             future = self._future
         if future is not None:
             _futures.submit(lambda: self._complete_future(future))
@@ -321,9 +328,19 @@ class Work(_Work):
             future.set_exception(self._error)
 
     def _maybe_release(self) -> None:
-        if self._consumed and self._event.is_set():
+        if self._consumed and self._done:
             with _live_lock:
                 _live_works.pop(id(self), None)
+
+    def _block(self, deadline: Optional[float]) -> bool:
+        """Sleeps until done or the deadline; False at the deadline."""
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def wait(self, timeout: Any = None) -> bool:
         """Waits for completion; raises the operation's error. ``timeout``: a ``timedelta`` or
@@ -335,10 +352,9 @@ class Work(_Work):
             timeout = None
         deadline = None if timeout is None else time.monotonic() + timeout
         rw = self._rw
-        if rw is not None and not self._event.is_set():
+        if rw is not None and not self._done:
             rw._drive(deadline)
-        if not self._event.wait(None if deadline is None
-                                else max(0.0, deadline - time.monotonic())):
+        if not self._done and not self._block(deadline):
             raise _timed_out(timeout, "the railyard operation is not complete (it keeps running "
                                       "in the daemon; wait again or give up)")
         self._consumed = True
@@ -352,7 +368,7 @@ class Work(_Work):
         with self._lock:
             if self._future is None:
                 self._future = torch.futures.Future()
-                if self._event.is_set():
+                if self._done:
                     future = self._future
                     _futures.submit(lambda: self._complete_future(future))
             future = self._future
@@ -361,10 +377,10 @@ class Work(_Work):
         return future
 
     def is_completed(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._event.is_set() and self._error is None
+        return self._done and self._error is None
 
     def exception(self) -> Optional[BaseException]:
         return self._error
