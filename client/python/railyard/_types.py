@@ -42,12 +42,18 @@ class ReduceOp(enum.IntEnum):
 
 RedOpLike = Union[ReduceOp, str]
 
+# By lowercase name, the names operations accept (a dict lookup per operation, not an enum's).
+_RED_OP_NUMBERS: Dict[str, int] = {o.name.lower(): int(o) for o in ReduceOp}
+
 
 def red_op_number(op: RedOpLike) -> int:
     """Wire number of a reduction operator given as :class:`ReduceOp` or name."""
     if isinstance(op, ReduceOp):
         return int(op)
     if isinstance(op, str):
+        number = _RED_OP_NUMBERS.get(op)
+        if number is not None:
+            return number
         try:
             return int(ReduceOp[op.upper()])
         except KeyError:
@@ -58,6 +64,10 @@ def red_op_number(op: RedOpLike) -> int:
 
 def dtype_number(dtype: np.dtype, override: object = None) -> int:
     """Wire number of ``dtype``; ``override="bfloat16"`` marks 2-byte arrays holding bfloat16."""
+    if override is None and isinstance(dtype, np.dtype):
+        number = _DTYPE_NUMBERS.get(dtype)  # the keys are native: '>f4' != '<f4' misses
+        if number is not None:
+            return number
     if override is not None:
         if override == "bfloat16" or override == DTYPE_BFLOAT16:
             if dtype.itemsize != 2:

@@ -82,10 +82,12 @@ _MAX_TIMEOUT = 4_000_000.0  # seconds (the daemon takes up to 2^32 - 1 ms)
 # Tensors <-> numpy views
 
 
+_RED_OPS = (("sum", dist.ReduceOp.SUM), ("prod", dist.ReduceOp.PRODUCT),
+            ("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX), ("avg", dist.ReduceOp.AVG))
+
+
 def _red_op(op: Any) -> str:
-    for name, ref in (("sum", dist.ReduceOp.SUM), ("prod", dist.ReduceOp.PRODUCT),
-                      ("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX),
-                      ("avg", dist.ReduceOp.AVG)):
+    for name, ref in _RED_OPS:
         if op == ref:
             return name
     raise ValueError(f"railyard: reduce op {op} is not supported "
@@ -109,7 +111,8 @@ def _as_numpy(t: torch.Tensor, red: Optional[str]) -> Tuple[np.ndarray, Optional
 
     Reductions need a dtype the daemon reduces; other operations move any dtype as bytes.
     """
-    t = t.detach()
+    if t.requires_grad:  # numpy() refuses it; detach() costs ~3 us, so only then
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy(), "bfloat16"
     if t.is_complex():
