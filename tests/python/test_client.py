@@ -137,6 +137,9 @@ def test_work_handle(pair):
     xb += 2
     wa = a.all_reduce(xa, async_op=True, timeout=10)
     assert not wa.is_completed()  # rank 1 has not submitted yet
+    with pytest.raises(railyard.DeadlineExceededError, match="keeps running in the daemon"):
+        wa.wait(0.2)  # gives up waiting; the operation goes on and can be waited on again
+    assert not wa.is_completed() and wa.exception() is None
     seen = []
     wa.add_done_callback(lambda w: seen.append(w.is_completed()))
     wb = b.all_reduce(xb, async_op=True, timeout=10)

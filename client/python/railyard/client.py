@@ -117,6 +117,21 @@ def _address(arr: np.ndarray) -> int:
     return arr.__array_interface__["data"][0]
 
 
+def _sleep_until_done(work: Any, deadline: Optional[float]) -> bool:
+    """Sleeps until ``work._done`` (True) or the ``time.monotonic()`` deadline (False).
+
+    For a work whose completion is a ``_done`` flag, set under ``work._lock``, that sets
+    ``work._event`` too once one exists: the Event (~2 us to make) is made only here, for a thread
+    that must sleep (this client's Work and the torch backend's)."""
+    with work._lock:
+        if work._done:
+            return True
+        if work._event is None:
+            work._event = threading.Event()
+        event = work._event
+    return event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
 class Work:
     """An operation in flight, returned by every collective called with ``async_op=True``.
 
@@ -156,16 +171,6 @@ class Work:
                     f"this operation was submitted by the process that process {os.getpid()} "
                     f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
 
-    def _block(self, deadline: Optional[float]) -> bool:
-        """Sleeps until done or the deadline; False at the deadline."""
-        with self._lock:
-            if self._done:
-                return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits until the operation completes and returns its result (the output array).
 
@@ -181,7 +186,7 @@ class Work:
         if not self._done:
             deadline = None if timeout is None else time.monotonic() + timeout
             self._drive(deadline)
-            if not self._done and not self._block(deadline):
+            if not self._done and not _sleep_until_done(self, deadline):
                 raise DeadlineExceededError(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"operation not complete after {timeout} s (it keeps running in the daemon; "

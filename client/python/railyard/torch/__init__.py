@@ -65,6 +65,7 @@ import torch.distributed as dist
 
 import railyard
 from railyard import errors as _errors
+from railyard.client import _sleep_until_done
 
 __all__ = ["ProcessGroupRailyard", "BACKEND", "empty", "create_process_group",
            "compression_hook"]
@@ -335,16 +336,6 @@ class Work(_Work):
             with _live_lock:
                 _live_works.pop(id(self), None)
 
-    def _block(self, deadline: Optional[float]) -> bool:
-        """Sleeps until done or the deadline; False at the deadline."""
-        with self._lock:
-            if self._done:
-                return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
     def wait(self, timeout: Any = None) -> bool:
         """Waits for completion; raises the operation's error. ``timeout``: a ``timedelta`` or
         seconds (``None`` or zero: until the daemon answers, which the operation's own timeout
@@ -357,7 +348,7 @@ class Work(_Work):
         rw = self._rw
         if rw is not None and not self._done:
             rw._drive(deadline)
-        if not self._done and not self._block(deadline):
+        if not self._done and not _sleep_until_done(self, deadline):
             raise _timed_out(timeout, "the railyard operation is not complete (it keeps running "
                                       "in the daemon; wait again or give up)")
         self._consumed = True
