@@ -877,7 +877,7 @@ class _Staged:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        # (mapping, array to copy the result into or None, buffer id)
+        # (mapping, array to copy the result into or None, the array staged)
         self.entries: List[Tuple[_memfd.Mapping, Optional[np.ndarray], np.ndarray]] = []
 
     def ref(self, arr: np.ndarray, *, copy_in: bool, copy_out: bool) -> Tuple[int, int]:
@@ -886,12 +886,6 @@ class _Staged:
         loc = self.client._locate(arr)
         if loc is not None:
             return loc
-        for mapping, out, arr_seen in self.entries:  # same array as send and recv: one staging
-            if arr_seen is arr:
-                if copy_out and out is None:
-                    self.entries.remove((mapping, out, arr_seen))
-                    self.entries.append((mapping, arr, arr_seen))
-                return mapping.buffer_id, 0
         mapping = self.client._staging_acquire(max(arr.nbytes, 1))
         if copy_in and arr.nbytes:
             _copy_in(mapping, arr)
@@ -984,10 +978,10 @@ class Comm:
         if not self.handle:
             raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
                                           "communicator closed")
-        if self.client._forked:
-            # Before staging: the staging buffers are shared with the parent and the daemon.
-            raise self.client._session_error()  # type: ignore[misc]
         client = self.client
+        if client._forked:
+            # Before staging: the staging buffers are shared with the parent and the daemon.
+            raise client._session_error()  # type: ignore[misc]
         request = _Request(self.handle, op, dtype, red_op, count, root, _timeout_ms(timeout),
                            algo if algo is not None else client.default_algo, **extra)
         staged = _Staged(client)
