@@ -524,11 +524,6 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
     digest_out_ = digest_mine_.Encode();
     digest_in_.resize(static_cast<size_t>(net_.layout.nnodes));
   }
-  // Latency-bound: the hand-off to a worker is a large part of such an operation's time (at
-  // 16 KiB over tcp on lo, a third); beyond, it is noise and the rail thread had better go on.
-  constexpr double kCompleteInlineMaxBytes = 16 * 1024;
-  node_run_small_ = scheduler::MessageBytes(r0.op, r0.dtype, r0.count, nranks_) <=
-                    std::min<double>(kCompleteInlineMaxBytes, env_.inline_max_bytes);
 }
 
 void Communicator::OnOpDeadline(uint64_t seq) {
@@ -875,7 +870,12 @@ void Communicator::Deliver(Outcomes& out) {
     p.node_slots = &net_.node_slots;
     p.seq = node_run_seq_;
     p.pool = env_.executor;
-    p.complete_inline = node_run_small_;
+    // Completing an operation (its ranks' completions, and the start of a queued next one) costs
+    // the same at any size, less than the hand-off to a worker: that woke a worker, which woke
+    // the client, for every operation (measured: 4 wake-ups per 512 KiB AllReduce per daemon
+    // with the hand-off, ~0.3 without; docs/data-plane.md, "Completing on the last step's
+    // thread"). A large operation's local steps still go to the pool (inline_local_max_bytes).
+    p.complete_inline = true;
     p.codec = node_codec_;
     p.residual = node_residual_;
     const int peers = multi_node_ ? net_.layout.nnodes - 1 : 0;
@@ -886,7 +886,7 @@ void Communicator::Deliver(Outcomes& out) {
     }
     run_parts_.store(1 + 2 * peers);
     if (peers > 0) StartDigestExchange();
-    node_run_.Start(p, [this](absl::Status s) { RunPartDone(s, /*digest_part=*/false); });
+    node_run_.Start(p, [this](absl::Status s) { RunPartDone(s); });
   }
   if (out.collective != nullptr) {
     env_.executor->RunInlineOrQueue(out.collective, env_.inline_max_bytes);
@@ -1034,8 +1034,8 @@ void Communicator::StartDigestExchange() {
             : nullptr;
     if (ep == nullptr || static_cast<size_t>(n) >= net_.node_slots.size()) {
       const absl::Status s = absl::InternalError(absl::StrCat("no endpoint to node ", n));
-      RunPartDone(s, true);
-      RunPartDone(s, true);
+      RunPartDone(s);
+      RunPartDone(s);
       continue;
     }
     ep->Recv(
@@ -1045,7 +1045,7 @@ void Communicator::StartDigestExchange() {
     ep->Send(
         scheduler::tags::CollectiveTag(net_.node_slots[n], me, seq, scheduler::tags::kDigestStep),
         reinterpret_cast<const std::byte*>(digest_out_.data()), OpDigest::kBytes,
-        [this](absl::Status st) { RunPartDone(st, true); });
+        [this](absl::Status st) { RunPartDone(st); });
   }
 }
 
@@ -1078,10 +1078,10 @@ void Communicator::OnPeerDigest(int node, const absl::Status& status) {
     // The schedules may wait for messages the other side never sends: fail them now.
     AbortTransfers(verdict);
   }
-  RunPartDone(status, true);
+  RunPartDone(status);
 }
 
-void Communicator::RunPartDone(const absl::Status& status, bool digest_part) {
+void Communicator::RunPartDone(const absl::Status& status) {
   absl::Status final_status;
   {
     absl::MutexLock lock(&run_parts_mu_);
@@ -1089,12 +1089,7 @@ void Communicator::RunPartDone(const absl::Status& status, bool digest_part) {
     if (run_parts_.fetch_sub(1) != 1) return;
     final_status = !digest_status_.ok() ? digest_status_ : run_status_;
   }
-  // The last part: a large operation's completion (which plans the next) does not run on a rail's
-  // progress thread (see NodeRun::Finished).
-  if (digest_part && !node_run_small_) {
-    env_.executor->Post([this, final_status] { OnCollectiveDone(final_status); });
-    return;
-  }
+  // The last part, on the thread that finished it, like NodeRun's own completion.
   OnCollectiveDone(final_status);
 }
 

@@ -306,7 +306,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<std::byte> scratch_;  // per-rank scratch, grown when a schedule needs more
   scheduler::NodeRun node_run_;
   uint64_t node_run_seq_ = 0;
-  bool node_run_small_ = false;  // completes on the thread of its last step (NodeRun::Params)
   DeadlineTimer::Id run_timer_ ABSL_GUARDED_BY(mu_) = 0;
   // Error-feedback residuals by compression_key (compressed AllReduce), released with the
   // communicator; the running compressed operation's codec and residual (null: no feedback).
@@ -333,10 +332,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t ops_fused_ ABSL_GUARDED_BY(mu_) = 0;
   // The digest exchange beside a running multi-node collective (op_digest.h): its run and each
   // digest send and receive are parts, and the collective completes when the last one has, with
-  // a disagreement (or an unreadable digest) before the run's own status.
+  // a disagreement (or an unreadable digest) before the run's own status; on the thread that
+  // finished the last part.
   void StartDigestExchange();
   void OnPeerDigest(int node, const absl::Status& status);
-  void RunPartDone(const absl::Status& status, bool digest_part);
+  void RunPartDone(const absl::Status& status);
   OpDigest digest_mine_;
   OpDigest::Wire digest_out_{};
   std::vector<OpDigest::Wire> digest_in_;  // by node

@@ -275,9 +275,9 @@ void NodeRun::Finished(uint32_t i, const absl::Status& status) {
       result = error_;
     }
   }
-  // Transport callbacks run on a rail's progress thread, which must not block for long: the
-  // completion of a large operation (which plans the next) goes to the pool; a small one's runs
-  // here. Last touch of this run either way.
+  // Transport callbacks run on a rail's progress thread, which must not block for long: with
+  // complete_inline the completion (bounded work, whatever the size) runs here, else on the pool.
+  // Last touch of this run either way.
   if (!call) return;
   static thread_local int completing_inline = 0;
   if (p_.complete_inline && completing_inline == 0) {

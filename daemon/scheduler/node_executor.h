@@ -71,10 +71,10 @@ class NodeRun {
     // cost more than a small reduction). Larger ones go to the pool so that a transport thread
     // never stops progressing its rail for long. 0: every local step on the pool.
     size_t inline_local_max_bytes = kDefaultInlineLocalMaxBytes;
-    // done runs on the thread that finished the last step (for a small operation: what done
-    // does, completing it and starting the next, is cheap, and the hand-off to a worker costs
-    // more than the whole transfer) unless that thread is already inside such a call; false:
-    // always on the pool.
+    // done runs on the thread that finished the last step (often a rail's progress thread)
+    // unless that thread is already inside such a call: what done does, completing the
+    // operation and starting the next, costs the same at any size and less than the hand-off to
+    // a worker, which costs a wake-up. false: always on the pool.
     bool complete_inline = false;
     // Compressed schedules (compressed.h): the codec of their kEncode/kDecode steps, and the
     // error-feedback residual (schedule->residual_elems floats) their encodes add in and update;
