@@ -4,7 +4,8 @@
 #   1  one railyardd, 2 ranks          vs OpenMPI --mca btl vader,self, np 2 (shared memory)
 #   2  one railyardd, 4 ranks          vs OpenMPI --mca btl vader,self, np 4
 #   3  2 railyardd x 1 rank, UCX tcp on lo (peer plane mutual TLS on 127.0.0.1)
-#                                      vs OpenMPI --mca btl tcp,self on lo, np 2
+#                                      vs OpenMPI --mca btl tcp,self on lo, np 2, and vs
+#                                      OpenMPI --mca pml ucx over UCX_TLS=tcp (railyard's transport)
 #   4  2 railyardd x 1 rank in two network namespaces joined by an unshaped veth pair (one
 #      daemon and one OpenMPI rank per namespace, data over the veth; peer plane mutual TLS on
 #      the veth addresses) vs OpenMPI --mca btl tcp,self on the veth subnet, np 2 across the
@@ -164,37 +165,61 @@ run_railyard() {  # case file
   stop_daemons
 }
 
-ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables" --mca pml ob1
+ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables"
   ${yield:+--mca mpi_yield_when_idle "$yield"})
-run_openmpi() {  # case file
-  local c=$1 f=$2 s
+# OpenMPI over UCX's tcp transport, the one railyardd's rails use, with the segment sizes
+# railyardd sets (transport::SetUcxTcpDefaults): pml_ucx_tls/devices "any" let the UCX PML run
+# without an RDMA device; UCX_NET_DEVICES is each rank's own (per namespace in case 4).
+# shellcheck disable=SC2054 # the commas are UCX_TLS's and --mca btl's lists
+ucx_pml=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self
+  -x UCX_TLS=tcp,self -x UCX_TCP_RX_SEG_SIZE=512K -x UCX_TCP_TX_SEG_SIZE=512K)
+run_openmpi() {  # case file [pml: ob1 (default) or ucx]
+  local c=$1 f=$2 pml=${3:-ob1} s
   : >"$f"
   for s in "${sweeps[@]}"; do
     read -r lo hi fac it wu <<<"$(sweep_args "$s")"
     local args=("$lo" "$hi" "$fac" "$it" "$wu")
     local ok=0
-    case $c in
-      1 | 2)
-        GLIBC_TUNABLES=$tunables timeout 300 "$mpirun" "${ompi_common[@]}" --mca btl vader,self \
-          -np $((c == 1 ? 2 : 4)) "$out/ar_openmpi" "${args[@]}" >>"$f" 2>"$out/mpi.err" || ok=$?
+    case $c$pml in
+      1ob1 | 2ob1)
+        GLIBC_TUNABLES=$tunables timeout 300 "$mpirun" "${ompi_common[@]}" --mca pml ob1 \
+          --mca btl vader,self -np $((c == 1 ? 2 : 4)) "$out/ar_openmpi" "${args[@]}" \
+          >>"$f" 2>"$out/mpi.err" || ok=$?
         ;;
-      3)
-        GLIBC_TUNABLES=$tunables timeout 300 "$mpirun" "${ompi_common[@]}" --mca btl tcp,self \
-          --mca btl_tcp_if_include lo -np 2 "$out/ar_openmpi" "${args[@]}" >>"$f" 2>"$out/mpi.err" || ok=$?
+      3ob1)
+        GLIBC_TUNABLES=$tunables timeout 300 "$mpirun" "${ompi_common[@]}" --mca pml ob1 \
+          --mca btl tcp,self --mca btl_tcp_if_include lo -np 2 "$out/ar_openmpi" "${args[@]}" \
+          >>"$f" 2>"$out/mpi.err" || ok=$?
         ;;
-      4)
+      3ucx)
+        GLIBC_TUNABLES=$tunables timeout 300 "$mpirun" "${ompi_common[@]}" "${ucx_pml[@]}" \
+          -x UCX_NET_DEVICES=lo -np 2 "$out/ar_openmpi" "${args[@]}" >>"$f" 2>"$out/mpi.err" || ok=$?
+        ;;
+      4ob1 | 4ucx)
         # mpirun runs in namespace A with rank 0; rank 1 is exec'd into namespace B. The ranks
         # reach mpirun's PMIx server over TCP, by default on 127.0.0.1 -- rank 1's loopback is
         # another namespace's, so the server listens on the veth (remote connections) instead.
-        # Only start-up and MPI_Finalize use that channel; MPI traffic is btl tcp on the veth.
+        # Only start-up and MPI_Finalize use that channel; MPI traffic is tcp on the veth.
+        # shellcheck disable=SC2054 # a list of BTLs
+        local via=(--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$veth_net.0/24")
+        local dev_a=() dev_b=()
+        if [ "$pml" = ucx ]; then
+          via=("${ucx_pml[@]}")
+          # Set on each rank's own command line too: the -x copies did not reach the rank that
+          # `ip netns exec` starts (UCX aborted on a 512K segment its 64K receive side refused).
+          # shellcheck disable=SC2054 # UCX_TLS takes a list
+          local ucx_env=(UCX_TLS=tcp,self UCX_TCP_RX_SEG_SIZE=512K UCX_TCP_TX_SEG_SIZE=512K)
+          dev_a=(env "${ucx_env[@]}" "UCX_NET_DEVICES=va$$")
+          dev_b=(env "${ucx_env[@]}" "UCX_NET_DEVICES=vb$$")
+        fi
         ip netns exec "$ns_a" env GLIBC_TUNABLES="$tunables" PMIX_MCA_ptl_tcp_remote_connections=1 \
           PMIX_MCA_ptl_tcp_if_include="$veth_net.0/24" timeout 300 "$mpirun" "${ompi_common[@]}" \
-          --mca btl tcp,self --mca btl_tcp_if_include "$veth_net.0/24" \
-          -np 1 "$out/ar_openmpi" "${args[@]}" : \
-          -np 1 ip netns exec "$ns_b" "$out/ar_openmpi" "${args[@]}" >>"$f" 2>"$out/mpi.err" || ok=$?
+          "${via[@]}" -np 1 "${dev_a[@]}" "$out/ar_openmpi" "${args[@]}" : \
+          -np 1 ip netns exec "$ns_b" "${dev_b[@]}" "$out/ar_openmpi" "${args[@]}" \
+          >>"$f" 2>"$out/mpi.err" || ok=$?
         ;;
     esac
-    [ "$ok" = 0 ] || { cat "$out/mpi.err" >&2; echo "sidebyside: OpenMPI failed (case $c, rc $ok)" >&2; exit 1; }
+    [ "$ok" = 0 ] || { cat "$out/mpi.err" >&2; echo "sidebyside: OpenMPI ($pml) failed (case $c, rc $ok)" >&2; exit 1; }
   done
 }
 
@@ -203,6 +228,7 @@ echo "# host $(hostname), $(nproc) CPUs, $(uname -r); railyard $(git describe --
 ry_env=$(env | grep '^RAILYARD_' | grep -v '^RAILYARD_BUILD_DIR=' | sort | tr '\n' ' ' || true)
 echo "# railyard env (passed to railyard-perf's ranks): ${ry_env:-(none)}"
 echo "# OpenMPI: pml ob1, --bind-to none, mpi_yield_when_idle ${yield:-"OpenMPI's default (yields when oversubscribed)"}, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
+echo "# cases 3 and 4 also launch OpenMPI over UCX's tcp transport (pml ucx, UCX_TLS=tcp,self, 512K tcp segments), the transport railyardd's rails use"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# sweeps per launch: 8 B -n 5000 -w 500; 128K, 512K -n 500 -w 50; 2M..32M -n 40 -w 5 (railyard-perf -c 0)"
 start=$(date +%s)
@@ -211,6 +237,7 @@ for ((r = 1; r <= reps; r++)); do
     if [ "$c" = 4 ] && [ -n "$skip4" ]; then continue; fi
     run_railyard "$c" "$out/c$c-ry-$r.txt"
     run_openmpi "$c" "$out/c$c-om-$r.txt"
+    if [ "$c" = 3 ] || [ "$c" = 4 ]; then run_openmpi "$c" "$out/c$c-ux-$r.txt" ucx; fi
     echo "# launch $r case $c done ($(($(date +%s) - start)) s)"
   done
 done
@@ -244,9 +271,11 @@ print("# each launch, time per op in us (railyard | OpenMPI) at 8 B, 128K, 512K,
 for c in cases:
     if c == "4" and skip4:
         continue
-    for r, (ry, om) in enumerate(zip(samples(c, "ry"), samples(c, "om")), 1):
+    ux = samples(c, "ux") if c in ("3", "4") else [None] * reps
+    for r, (ry, om, u) in enumerate(zip(samples(c, "ry"), samples(c, "om"), ux), 1):
         print(f"#   case {c} launch {r}: " + " ".join(us(ry[s]) for s in sizes) + " | "
-              + " ".join(us(om[s]) for s in sizes))
+              + " ".join(us(om[s]) for s in sizes)
+              + ("" if u is None else " | over UCX: " + " ".join(us(u[s]) for s in sizes)))
 print()
 print("| case | 8 B railyard / OpenMPI (µs) | 128 KiB busbw ratio | 512 KiB | 2 MiB | 8 MiB | 32 MiB |")
 print("|---|---|---|---|---|---|---|")
@@ -260,7 +289,18 @@ for c in cases:
     cells = [f"{us(med(ry, 8))} / {us(med(om, 8))}"]
     cells += [f"{med(om, s) / med(ry, s):.2f}" for s in sizes[1:]]
     print(f"| {names[c]} | " + " | ".join(cells) + " |")
+    if c in ("3", "4"):
+        # The same railyard launches against OpenMPI on railyard's own transport (UCX tcp).
+        ux = samples(c, "ux")
+        cells = [f"{us(med(ry, 8))} / {us(med(ux, 8))}"]
+        cells += [f"{med(ux, s) / med(ry, s):.2f}" for s in sizes[1:]]
+        print(f"| {names[c].replace('btl tcp', 'pml ucx (UCX tcp)')} | " + " | ".join(cells) + " |")
+        cells = ["(OpenMPI: ucx / ob1)"]
+        cells += [f"{med(om, s) / med(ux, s):.2f}" for s in sizes[1:]]
+        print("| same, OpenMPI over UCX tcp against its own btl tcp | " + " | ".join(cells) + " |")
 print()
 print("busbw ratio = railyard / OpenMPI (>1: railyard faster), from the median times of the launches.")
+print("The pml ucx rows compare with OpenMPI on the transport railyardd's rails use (UCX tcp); the last")
+print("row of a case is what that transport itself reaches against OpenMPI's own tcp BTL.")
 PY
 echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
