@@ -1,5 +1,8 @@
 #include "daemon/comm/communicator.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -522,7 +525,27 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
   if (multi_node_) {
     digest_mine_ = OpDigest::Of(r0, node_run_seq_, plan.algorithm, plan.codec);
     digest_out_ = digest_mine_.Encode();
-    digest_in_.resize(static_cast<size_t>(net_.layout.nnodes));
+    const int nodes = net_.layout.nnodes;
+    digest_in_.resize(static_cast<size_t>(nodes));
+    // The schedule's first message to and from each peer (step tag 0: Project numbers each node
+    // pair's messages from 0) rides in the digest when it is small and on the digest's rail; a
+    // send only when it depends on nothing, as it leaves with the digest when the run starts.
+    // The receiver tells from the length whether it did (NodeRun::Carried).
+    carried_send_.assign(static_cast<size_t>(nodes), -1);
+    carried_recv_.assign(static_cast<size_t>(nodes), -1);
+    node_carried_.clear();
+    const auto& steps = node_schedule_->steps;
+    for (uint32_t i = 0; i < steps.size(); ++i) {
+      const scheduler::NodeStep& s = steps[i];
+      const bool send = s.kind == scheduler::NodeStep::Kind::kSend;
+      if ((!send && s.kind != scheduler::NodeStep::Kind::kRecv) || s.tag != 0 || s.rail != 0 ||
+          s.bytes == 0 || s.bytes > OpDigest::kMaxCarriedBytes || s.peer < 0 || s.peer >= nodes ||
+          s.peer == net_.my_node || (send && !s.deps.empty())) {
+        continue;
+      }
+      (send ? carried_send_ : carried_recv_)[s.peer] = i;
+      node_carried_.push_back(i);
+    }
   }
 }
 
@@ -879,14 +902,17 @@ void Communicator::Deliver(Outcomes& out) {
     p.codec = node_codec_;
     p.residual = node_residual_;
     const int peers = multi_node_ ? net_.layout.nnodes - 1 : 0;
+    p.carried = peers > 0 ? &node_carried_ : nullptr;
     {
       absl::MutexLock lock(&run_parts_mu_);
       run_status_ = absl::OkStatus();
       digest_status_ = absl::OkStatus();
     }
     run_parts_.store(1 + 2 * peers);
-    if (peers > 0) StartDigestExchange();
+    // The run first: the digests' completions report its carried steps to it (NodeRun::Carried),
+    // and it cannot finish before they have.
     node_run_.Start(p, [this](absl::Status s) { RunPartDone(s); });
+    if (peers > 0) StartDigestExchange();
   }
   if (out.collective != nullptr) {
     env_.executor->RunInlineOrQueue(out.collective, env_.inline_max_bytes);
@@ -1032,29 +1058,50 @@ void Communicator::StartDigestExchange() {
         static_cast<size_t>(n) < net_.endpoints.size() && !net_.endpoints[n].empty()
             ? net_.endpoints[n][0].get()
             : nullptr;
+    const int64_t send_step = carried_send_[n];
+    const int64_t recv_step = carried_recv_[n];
     if (ep == nullptr || static_cast<size_t>(n) >= net_.node_slots.size()) {
       const absl::Status s = absl::InternalError(absl::StrCat("no endpoint to node ", n));
+      if (send_step >= 0) node_run_.Carried(static_cast<uint32_t>(send_step), s);
+      if (recv_step >= 0) node_run_.Carried(static_cast<uint32_t>(recv_step), s);
       RunPartDone(s);
       RunPartDone(s);
       continue;
     }
-    ep->Recv(
+    // Room for whatever a peer may carry, whether or not this node expects it: a longer message
+    // would be dropped as foreign, and a disagreement would then wait for its deadline.
+    const transport::Segment in{digest_in_[n].data(), digest_in_[n].size()};
+    ep->RecvV(
         scheduler::tags::CollectiveTag(net_.node_slots[me], n, seq, scheduler::tags::kDigestStep),
-        reinterpret_cast<std::byte*>(digest_in_[n].data()), OpDigest::kBytes,
-        [this, n](absl::Status st) { OnPeerDigest(n, st); });
-    ep->Send(
+        &in, 1, [this, n](absl::Status st, size_t length) { OnPeerDigest(n, st, length); });
+    transport::Segment out[2] = {{digest_out_.data(), OpDigest::kBytes}, {}};
+    if (send_step >= 0) {
+      const scheduler::NodeStep& s = node_schedule_->steps[send_step];
+      out[1] = {scheduler::Resolve(node_memory_, s.src), s.bytes};
+    }
+    ep->SendV(
         scheduler::tags::CollectiveTag(net_.node_slots[n], me, seq, scheduler::tags::kDigestStep),
-        reinterpret_cast<const std::byte*>(digest_out_.data()), OpDigest::kBytes,
-        [this](absl::Status st) { RunPartDone(st); });
+        out, send_step >= 0 ? 2 : 1, [this, send_step](absl::Status st) {
+          if (send_step >= 0) node_run_.Carried(static_cast<uint32_t>(send_step), st);
+          RunPartDone(st);
+        });
   }
 }
 
-void Communicator::OnPeerDigest(int node, const absl::Status& status) {
+void Communicator::OnPeerDigest(int node, const absl::Status& status, size_t length) {
   absl::Status verdict;
+  const int64_t recv_step = carried_recv_[node];
+  const size_t carried = length > OpDigest::kBytes ? length - OpDigest::kBytes : 0;
   if (status.ok()) {
     const std::string peer = NodeName(node);
     const std::string me = NodeName(net_.my_node);
-    absl::StatusOr<OpDigest> theirs = OpDigest::Decode(digest_in_[node]);
+    OpDigest::Wire wire{};
+    std::memcpy(wire.data(), digest_in_[node].data(), std::min(length, OpDigest::kBytes));
+    absl::StatusOr<OpDigest> theirs =
+        length < OpDigest::kBytes
+            ? absl::InvalidArgumentError(
+                  absl::StrCat("a ", length, "-byte operation digest, not ", OpDigest::kBytes))
+            : OpDigest::Decode(wire);
     if (!theirs.ok()) {
       verdict = absl::InvalidArgumentError(
           absl::StrCat("seq ", node_run_seq_, ": ", peer, " sent ", theirs.status().message()));
@@ -1066,6 +1113,10 @@ void Communicator::OnPeerDigest(int node, const absl::Status& status) {
                                                            : std::vector<int>(),
           digest_mine_, peer,
           static_cast<size_t>(node) < ranks.size() ? ranks[node] : std::vector<int>(), *theirs);
+    } else if (carried > 0 && recv_step < 0) {
+      verdict = absl::InvalidArgumentError(
+          absl::StrCat("seq ", node_run_seq_, ": ", peer, " sent ", carried,
+                       " bytes with its operation digest, where ", me, " receives none"));
     }
   }
   if (!verdict.ok()) {
@@ -1077,6 +1128,10 @@ void Communicator::OnPeerDigest(int node, const absl::Status& status) {
         {F("comm", comm_id_), F("job", job_), F("reason", verdict.message())});
     // The schedules may wait for messages the other side never sends: fail them now.
     AbortTransfers(verdict);
+  }
+  if (recv_step >= 0) {
+    node_run_.Carried(static_cast<uint32_t>(recv_step), !verdict.ok() ? verdict : status,
+                      digest_in_[node].data() + OpDigest::kBytes, carried);
   }
   RunPartDone(status);
 }

@@ -335,11 +335,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // a disagreement (or an unreadable digest) before the run's own status; on the thread that
   // finished the last part.
   void StartDigestExchange();
-  void OnPeerDigest(int node, const absl::Status& status);
+  void OnPeerDigest(int node, const absl::Status& status, size_t length);
   void RunPartDone(const absl::Status& status);
   OpDigest digest_mine_;
   OpDigest::Wire digest_out_{};
-  std::vector<OpDigest::Wire> digest_in_;  // by node
+  std::vector<OpDigest::Received> digest_in_;  // by node
+  // By node: the step of the running schedule whose message the digest to (send) or from
+  // (recv) that node carries (OpDigest::kMaxCarriedBytes), -1 for none; and all of them, for
+  // NodeRun::Params::carried.
+  std::vector<int64_t> carried_send_;
+  std::vector<int64_t> carried_recv_;
+  std::vector<uint32_t> node_carried_;
   std::atomic<int> run_parts_{0};
   absl::Mutex run_parts_mu_;
   absl::Status run_status_ ABSL_GUARDED_BY(run_parts_mu_);

@@ -21,7 +21,10 @@ uint64_t MaxStepTag(const NodeSchedule& schedule) {
 }
 
 std::byte* NodeRun::Resolve(const RankRef& ref) const {
-  const RankMemory& m = *p_.memory;
+  return scheduler::Resolve(*p_.memory, ref);
+}
+
+std::byte* Resolve(const RankMemory& m, const RankRef& ref) {
   std::byte* base = nullptr;
   switch (ref.space) {
     case RankRef::Space::kSend:
@@ -69,6 +72,19 @@ void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done
     done_(absl::OkStatus());
     return;
   }
+  carried_count_ = p_.carried == nullptr ? 0 : p_.carried->size();
+  if (carried_count_ > carried_capacity_) {
+    carried_ = std::make_unique<CarriedStep[]>(carried_count_);
+    carried_capacity_ = carried_count_;
+  }
+  for (size_t c = 0; c < carried_count_; ++c) {
+    CarriedStep& cs = carried_[c];
+    cs.step = (*p_.carried)[c];
+    cs.state.store(0, std::memory_order_relaxed);
+    cs.status = absl::OkStatus();
+    cs.payload = nullptr;
+    cs.size = 0;
+  }
   successors_.resize(n);
   for (auto& s : successors_) s.clear();
   pending_deps_ = std::make_unique<std::atomic<uint32_t>[]>(n);
@@ -108,32 +124,80 @@ void NodeRun::Ready(uint32_t i) {
       p_.pool->Post([this, i] { Finished(i, RunLocal(i)); });
       return;
     case NodeStep::Kind::kSend:
-    case NodeStep::Kind::kRecv: {
-      const EndpointTable& eps = *p_.endpoints;
-      transport::Endpoint* ep = nullptr;
-      if (s.peer >= 0 && static_cast<size_t>(s.peer) < eps.size() && s.rail >= 0 &&
-          static_cast<size_t>(s.rail) < eps[s.peer].size()) {
-        ep = eps[s.peer][s.rail].get();
-      }
-      const std::vector<uint16_t>& slots = *p_.node_slots;
-      const int me = p_.schedule->node;
-      if (ep == nullptr || static_cast<size_t>(s.peer) >= slots.size() ||
-          static_cast<size_t>(me) >= slots.size()) {
-        Finished(
-            i, absl::InternalError(absl::StrCat("no endpoint to node ", s.peer, " rail ", s.rail)));
+    case NodeStep::Kind::kRecv:
+      if (CarriedStep* c = FindCarried(i)) {
+        issued_[i].store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                         std::memory_order_relaxed);
+        if (c->state.fetch_or(kReady, std::memory_order_acq_rel) & kArrived) FinishCarried(*c);
         return;
       }
-      issued_[i].store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                       std::memory_order_relaxed);
-      if (s.kind == NodeStep::Kind::kSend) {
-        const transport::Tag tag = tags::CollectiveTag(slots[s.peer], me, p_.seq, s.tag);
-        ep->Send(tag, Resolve(s.src), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
-      } else {
-        const transport::Tag tag = tags::CollectiveTag(slots[me], s.peer, p_.seq, s.tag);
-        ep->Recv(tag, Resolve(s.dst), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
-      }
+      Post(i);
       return;
-    }
+  }
+}
+
+NodeRun::CarriedStep* NodeRun::FindCarried(uint32_t step) {
+  for (size_t c = 0; c < carried_count_; ++c) {
+    if (carried_[c].step == step) return &carried_[c];
+  }
+  return nullptr;
+}
+
+void NodeRun::Carried(uint32_t step, absl::Status status, const std::byte* payload, size_t size) {
+  CarriedStep* c = FindCarried(step);
+  if (c == nullptr) return;
+  c->status = std::move(status);
+  c->payload = payload;
+  c->size = size;
+  if (c->state.fetch_or(kArrived, std::memory_order_acq_rel) & kReady) FinishCarried(*c);
+}
+
+void NodeRun::FinishCarried(CarriedStep& c) {
+  const uint32_t i = c.step;
+  const NodeStep& s = p_.schedule->steps[i];
+  if (!c.status.ok() || s.kind == NodeStep::Kind::kSend) {
+    Finished(i, c.status);
+    return;
+  }
+  if (c.size == 0) {  // the peer sent it on its own: receive it as usual
+    Post(i);
+    return;
+  }
+  if (c.size != s.bytes) {
+    Finished(i, absl::InvalidArgumentError(absl::StrCat("node ", s.peer, " sent ", c.size,
+                                                        " bytes with its operation digest for a ",
+                                                        s.bytes, "-byte receive")));
+    return;
+  }
+  kernels::Copy(Resolve(s.dst), c.payload, c.size);
+  Finished(i, absl::OkStatus());
+}
+
+// Posts transfer step i (a send or a receive) to its endpoint; in_flight_ already counts it.
+void NodeRun::Post(uint32_t i) {
+  const NodeStep& s = p_.schedule->steps[i];
+  const EndpointTable& eps = *p_.endpoints;
+  transport::Endpoint* ep = nullptr;
+  if (s.peer >= 0 && static_cast<size_t>(s.peer) < eps.size() && s.rail >= 0 &&
+      static_cast<size_t>(s.rail) < eps[s.peer].size()) {
+    ep = eps[s.peer][s.rail].get();
+  }
+  const std::vector<uint16_t>& slots = *p_.node_slots;
+  const int me = p_.schedule->node;
+  if (ep == nullptr || static_cast<size_t>(s.peer) >= slots.size() ||
+      static_cast<size_t>(me) >= slots.size()) {
+    Finished(i,
+             absl::InternalError(absl::StrCat("no endpoint to node ", s.peer, " rail ", s.rail)));
+    return;
+  }
+  issued_[i].store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                   std::memory_order_relaxed);
+  if (s.kind == NodeStep::Kind::kSend) {
+    const transport::Tag tag = tags::CollectiveTag(slots[s.peer], me, p_.seq, s.tag);
+    ep->Send(tag, Resolve(s.src), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
+  } else {
+    const transport::Tag tag = tags::CollectiveTag(slots[me], s.peer, p_.seq, s.tag);
+    ep->Recv(tag, Resolve(s.dst), s.bytes, [this, i](absl::Status st) { Finished(i, st); });
   }
 }
 

@@ -29,6 +29,9 @@ struct RankMemory {
   std::vector<std::byte*> scratch;
 };
 
+// Where ref is in memory: null when its rank has no such region here.
+std::byte* Resolve(const RankMemory& memory, const RankRef& ref);
+
 // Endpoints to the other daemons of a communicator: endpoints[node][rail]; null for this node.
 using EndpointTable = std::vector<std::vector<std::shared_ptr<transport::Endpoint>>>;
 
@@ -84,6 +87,11 @@ class NodeRun {
     // Keeps `schedule` alive for Progress() after the run (optional: without it Progress()
     // reports nothing).
     std::shared_ptr<const NodeSchedule> schedule_owner;
+    // Transfer steps whose message the caller carries in one of its own (the operation digest,
+    // daemon/comm/op_digest.h): the run does not post them; Carried() reports each one's
+    // outcome, and the step finishes once it is also ready. A send listed here must have no
+    // dependencies (its bytes leave with the caller's message, before the run could order them).
+    const std::vector<uint32_t>* carried = nullptr;  // null: none
   };
   static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
 
@@ -92,11 +100,35 @@ class NodeRun {
   // in use by the transport when done runs).
   void Start(const Params& params, std::function<void(absl::Status)> done);
 
+  // The outcome of carried step `step` (Params::carried), once, from any thread, after Start:
+  // for a send, whether the caller's message has left; for a receive, its status and the
+  // payload that came with it (copied into the step's destination once the step is ready; it
+  // must stay valid until the run is done). A receive that arrived OK with no payload (size 0)
+  // is posted as usual when ready: the peer sent it on its own. A payload of another size than
+  // the step's fails the step (INVALID_ARGUMENT).
+  void Carried(uint32_t step, absl::Status status, const std::byte* payload = nullptr,
+               size_t size = 0);
+
   // The current (or last) run's steps: from any thread, at any time. Costs the run nothing but
   // a clock read per transfer it issues.
   RunProgress Progress() const;
 
  private:
+  struct CarriedStep {
+    uint32_t step = 0;
+    // kReady | kArrived: whoever sets the second one finishes the step.
+    std::atomic<uint8_t> state{0};
+    absl::Status status;  // written before kArrived is set
+    const std::byte* payload = nullptr;
+    size_t size = 0;
+  };
+  static constexpr uint8_t kReady = 1;
+  static constexpr uint8_t kArrived = 2;
+  CarriedStep* FindCarried(uint32_t step);
+  // Both halves are in: finish a carried step (its receive posted, its payload copied, or its
+  // outcome passed on).
+  void FinishCarried(CarriedStep& c);
+  void Post(uint32_t step);  // posts transfer step `step` to its endpoint
   void Ready(uint32_t step);
   // A local step; a decode of malformed peer bytes fails it (INVALID_ARGUMENT).
   absl::Status RunLocal(uint32_t step);
@@ -123,6 +155,11 @@ class NodeRun {
   // The same arrays, for the steps themselves (valid while the run that Start made them for runs).
   std::atomic<int64_t>* issued_ = nullptr;
   std::atomic<bool>* done_flags_ = nullptr;
+  // This run's carried steps (Params::carried); few (one send and one receive per peer at most),
+  // in an array reused while they fit.
+  std::unique_ptr<CarriedStep[]> carried_;
+  size_t carried_count_ = 0;
+  size_t carried_capacity_ = 0;
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool failed_ ABSL_GUARDED_BY(mu_) = false;

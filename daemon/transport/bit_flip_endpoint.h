@@ -10,8 +10,8 @@
 // same number of bytes at its end from the draw, which only narrows where the bit lands; its
 // separate 16-byte trailer is neither counted nor flipped. The message is copied into scratch
 // memory and flipped there, never in the caller's buffer. Messages `spare` says are not data
-// (the daemons' operation digests, daemon/comm/op_digest.h) pass untouched and uncounted, so the
-// flips land in what the schedules move.
+// (the daemons' operation digests, daemon/comm/op_digest.h, with the small payload one may
+// carry) pass untouched and uncounted, so the flips land in what the schedules move.
 #pragma once
 
 #include <atomic>

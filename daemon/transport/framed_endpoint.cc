@@ -35,6 +35,32 @@ uint32_t PayloadCrc(const Segment* segments, int count) {
   return crc;
 }
 
+// The CRC-32C of the first `bytes` bytes of the segments' concatenation.
+uint32_t PrefixCrc(const Segment* segments, int count, size_t bytes) {
+  uint32_t crc = 0;
+  for (int i = 0; i < count && bytes > 0; ++i) {
+    const size_t n = std::min(bytes, segments[i].size);
+    crc = kernels::Crc32c(segments[i].data, n, crc);
+    bytes -= n;
+  }
+  return crc;
+}
+
+// Copies bytes [from, from + size) of the segments' concatenation to out.
+void Gather(const Segment* segments, int count, size_t from, size_t size, unsigned char* out) {
+  for (int i = 0; i < count && size > 0; ++i) {
+    if (from >= segments[i].size) {
+      from -= segments[i].size;
+      continue;
+    }
+    const size_t n = std::min(size, segments[i].size - from);
+    std::memcpy(out, static_cast<const unsigned char*>(segments[i].data) + from, n);
+    out += n;
+    size -= n;
+    from = 0;
+  }
+}
+
 }  // namespace
 
 void WriteFrameTrailer(uint64_t secret, Integrity integrity, const Segment* segments, int count,
@@ -92,6 +118,8 @@ struct FramedEndpoint::Receive {
   int count = 0;  // payload segments; segments[count] is the trailer
   size_t payload = 0;
   unsigned char trailer[kFrameTrailerSize] = {};
+  // The payload bytes the accepted message carried: payload, or fewer for a shorter message.
+  size_t received = 0;
   int rejections = 0;
   RecvCompletionFn done;
   // Split receives (Options::split_min_bytes): the payload and the trailer arrive as two
@@ -212,6 +240,7 @@ void FramedEndpoint::RecvV(Tag tag, const Segment* segments, int count, RecvComp
   std::memcpy(r->segments, segments, sizeof(Segment) * count);
   r->count = count;
   r->payload = TotalSize(segments, count);
+  r->received = r->payload;
   r->segments[count] = {r->trailer, kFrameTrailerSize};
   r->done = std::move(done);
   if (IsSplit(shared_->options, r->payload)) {
@@ -320,7 +349,7 @@ std::string FramedEndpoint::CheckTrailer(const std::shared_ptr<Receive>& r) {
 void FramedEndpoint::Accept(const std::shared_ptr<Receive>& r) {
   const Options& o = r->shared->options;
   const bool has_crc = (GetLe32(r->trailer + 12) & kFrameFlagCrc32c) != 0;
-  if (has_crc && o.offload && r->payload >= o.offload_min_bytes) {
+  if (has_crc && o.offload && r->received >= o.offload_min_bytes) {
     o.offload([r, has_crc] { Verify(r, has_crc); });
     return;
   }
@@ -363,10 +392,18 @@ void FramedEndpoint::OnReceived(const std::shared_ptr<Receive>& r, absl::Status 
     done(std::move(status), 0);
     return;
   }
-  if (length != want) {
-    Reject(r, absl::StrCat(length, " bytes, the frame has ", want));
+  if (length < kFrameTrailerSize) {
+    Reject(r, absl::StrCat(length, " bytes, shorter than a frame trailer"));
     return;
   }
+  if (length < want) {
+    // A shorter frame (RecvV's contract: it fills the first bytes): its trailer is its last 16
+    // bytes, wherever in the segments they landed.
+    unsigned char trailer[kFrameTrailerSize];
+    Gather(r->segments, r->count + 1, length - kFrameTrailerSize, kFrameTrailerSize, trailer);
+    std::memcpy(r->trailer, trailer, kFrameTrailerSize);
+  }
+  r->received = length - kFrameTrailerSize;
   if (std::string why = CheckTrailer(r); !why.empty()) {
     Reject(r, why);
     return;
@@ -379,13 +416,15 @@ void FramedEndpoint::Verify(const std::shared_ptr<Receive>& r, bool has_crc) {
   if (has_crc || o.integrity == Integrity::kCrc32c) {
     std::string error;
     if (!has_crc) {
-      error = absl::StrCat("the ", r->payload, "-byte message tagged 0x", absl::Hex(r->tag),
+      error = absl::StrCat("the ", r->received, "-byte message tagged 0x", absl::Hex(r->tag),
                            " carries no CRC-32C but the communicator runs with integrity crc32c");
     } else {
       const uint32_t sent = GetLe32(r->trailer + 8);
-      const uint32_t got = PayloadCrc(r->segments, r->count);
+      const uint32_t got = r->received == r->payload
+                               ? PayloadCrc(r->segments, r->count)
+                               : PrefixCrc(r->segments, r->count, r->received);
       if (sent != got) {
-        error = absl::StrCat("CRC-32C 0x", absl::Hex(got, absl::kZeroPad8), " of the ", r->payload,
+        error = absl::StrCat("CRC-32C 0x", absl::Hex(got, absl::kZeroPad8), " of the ", r->received,
                              "-byte message tagged 0x", absl::Hex(r->tag), " does not match the ",
                              "sender's 0x", absl::Hex(sent, absl::kZeroPad8));
       }
@@ -400,7 +439,7 @@ void FramedEndpoint::Verify(const std::shared_ptr<Receive>& r, bool has_crc) {
     }
   }
   RecvCompletionFn done = std::move(r->done);
-  done(absl::OkStatus(), r->payload);
+  done(absl::OkStatus(), r->received);
 }
 
 }  // namespace railyard::transport

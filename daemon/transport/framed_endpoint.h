@@ -15,8 +15,10 @@
 // into one bounce buffer; it applies only where splitting is off.) docs/data-plane.md says what
 // the frame defends against, what it does not, and what it costs.
 //
-// Receiving a one-message frame, FramedEndpoint accepts a message only when it is exactly
-// payload + 16 bytes long, has the magic, carries the secret and has no split flag. Anything
+// Receiving a one-message frame, FramedEndpoint accepts a message only when it is at most
+// payload + 16 bytes long (a shorter one, at least 16, fills the first bytes of the segments
+// and its last 16 are its trailer: RecvV reports its payload's length, which Endpoint::Recv
+// refuses unless exact), has the magic, carries the secret and has no split flag. Anything
 // else was not sent by a member of this communicator (UCX matches tags worker-wide, so whoever
 // reaches the worker can aim at a posted receive): it is counted (on_rejected) and the receive is
 // posted again with the same tag, so the member's message still lands; the destination is
@@ -101,8 +103,9 @@ class FramedEndpoint : public Endpoint {
 
   // At most kMaxSegments - 1 segments: the trailer takes one.
   void SendV(Tag tag, const Segment* segments, int count, CompletionFn done) override;
-  // Completes OK only with a member's message of exactly the segments' total (the reported
-  // length is that total); see the header comment for everything else.
+  // Completes OK only with a member's message of at most the segments' total, and of exactly
+  // that for a split frame (the reported length is the message's payload); see the header
+  // comment for everything else.
   void RecvV(Tag tag, const Segment* segments, int count, RecvCompletionFn done) override;
   void Abort(const absl::Status& status) override { inner_->Abort(status); }
 

@@ -3,12 +3,14 @@
 // "daemons" in one process). No processes, no sleeping for deadlines.
 #include "daemon/comm/communicator.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/transport/inproc/inproc_transport.h"
@@ -620,6 +622,121 @@ TEST_F(TwoDaemonsTest, MalformedCompressedDataFromAPeerFailsTheOpAndNoOtherJob) 
     }
     EXPECT_FALSE(good[0]->failed());
     EXPECT_FALSE(good[1]->failed());
+  }
+}
+
+// Counts the messages an endpoint sends (one per SendV) and the bytes in them.
+class SendCounter final : public transport::Endpoint {
+ public:
+  SendCounter(std::shared_ptr<transport::Endpoint> inner, std::atomic<int>* messages,
+              std::atomic<size_t>* bytes)
+      : inner_(std::move(inner)), messages_(messages), bytes_(bytes) {}
+  void SendV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::CompletionFn done) override {
+    ++*messages_;
+    *bytes_ += transport::TotalSize(segments, count);
+    inner_->SendV(tag, segments, count, std::move(done));
+  }
+  void RecvV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::RecvCompletionFn done) override {
+    inner_->RecvV(tag, segments, count, std::move(done));
+  }
+  void Abort(const absl::Status& status) override { inner_->Abort(status); }
+
+ private:
+  std::shared_ptr<transport::Endpoint> inner_;
+  std::atomic<int>* messages_;
+  std::atomic<size_t>* bytes_;
+};
+
+// A small operation's first message to the peer rides in the operation digest (OpDigest::
+// kMaxCarriedBytes): with rd between two nodes of one rank, one message per node per operation
+// up to 1 KiB, two from 1 KiB + 4 B, the same bytes either way, exact results with every
+// algorithm and size.
+TEST_F(TwoDaemonsTest, ASmallOperationsFirstMessageRidesInTheDigest) {
+  uint16_t slot = 40;
+  for (const std::string algo : {"rd", "ring", "tree", "rhd", "direct"}) {
+    for (const size_t count : {size_t{1}, size_t{7}, size_t{256}, size_t{257}, size_t{2000}}) {
+      SCOPED_TRACE(algo + " count " + std::to_string(count));
+      std::atomic<int> messages[2] = {0, 0};
+      std::atomic<size_t> bytes[2] = {0, 0};
+      std::shared_ptr<Communicator> comm[2];
+      const std::string id = "carry-" + algo + std::to_string(count);
+      for (int n = 0; n < 2; ++n) {
+        comm[n] =
+            Make(n, id, 1, {slot, slot}, algo, [&, n](std::shared_ptr<transport::Endpoint> ep) {
+              return std::make_shared<SendCounter>(std::move(ep), &messages[n], &bytes[n]);
+            });
+        JoinAll(*comm[n], {n});
+      }
+      ++slot;
+      for (int iter = 0; iter < 3; ++iter) {
+        std::vector<RankBuffer> bufs(2);
+        for (int n = 0; n < 2; ++n) {
+          bufs[n].data.resize(count);
+          for (size_t e = 0; e < count; ++e) bufs[n].data[e] = float(n + 1) + float(e % 5);
+          ASSERT_TRUE(
+              comm[n]->Submit(bufs[n].Request(10 * iter + n, n, OpKind::kAllReduce, sink_)).ok());
+        }
+        for (int n = 0; n < 2; ++n) {
+          const auto c = sink_->Wait(10 * iter + n);
+          ASSERT_TRUE(c.status.ok()) << c.status;
+          for (size_t e = 0; e < count; ++e) ASSERT_EQ(bufs[n].data[e], 3.0f + 2.0f * float(e % 5));
+        }
+      }
+      if (algo == "rd" && count <= 257) {  // one message each way, 2 with the digest
+        const int per_op = count * sizeof(float) <= OpDigest::kMaxCarriedBytes ? 1 : 2;
+        for (int n = 0; n < 2; ++n) {
+          EXPECT_EQ(messages[n].load(), 3 * per_op) << "node " << n;
+          EXPECT_EQ(bytes[n].load(), 3 * (OpDigest::kBytes + count * sizeof(float)))
+              << "node " << n;
+        }
+      }
+      sink_ = std::make_shared<RecordingSink>();
+    }
+  }
+}
+
+// Nodes that disagree on a small count fail at once with both shapes named, whether both,
+// one or neither carries its first message in the digest (the digest receive has room for
+// whatever a peer may carry), not at the deadline (which this test's clock never reaches). The
+// first node to read the other's digest fails; it aborts its transfers, which may cancel its
+// own digest before it was delivered, so the other learns it from that node's notice, as
+// between real daemons (Peer.AbortComm).
+TEST_F(TwoDaemonsTest, NodesThatDisagreeOnASmallCountFailAtOnce) {
+  uint16_t slot = 80;
+  const std::pair<size_t, size_t> counts[] = {{8, 9}, {8, 300}, {300, 8}, {300, 301}};
+  for (const auto& [c0, c1] : counts) {
+    SCOPED_TRACE(std::to_string(c0) + " vs " + std::to_string(c1));
+    const std::string id = "disagree" + std::to_string(c0) + "-" + std::to_string(c1);
+    std::shared_ptr<Communicator> comm[2] = {Make(0, id, 1, {slot, slot}, "rd"),
+                                             Make(1, id, 1, {slot, slot}, "rd")};
+    ++slot;
+    JoinAll(*comm[0], {0});
+    JoinAll(*comm[1], {1});
+    std::vector<RankBuffer> bufs(2);
+    bufs[0].data.assign(c0, 1.0f);
+    bufs[1].data.assign(c1, 2.0f);
+    for (int n = 0; n < 2; ++n) {
+      ASSERT_TRUE(comm[n]->Submit(bufs[n].Request(500 + n, n, OpKind::kAllReduce, sink_)).ok());
+    }
+    int first = -1;
+    for (int tries = 0; tries < 4000 && first < 0; ++tries) {
+      for (int n = 0; n < 2 && first < 0; ++n) {
+        if (sink_->Count(500 + n) > 0) first = n;
+      }
+      if (first < 0) absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_GE(first, 0) << "neither node saw the disagreement";
+    const auto c = sink_->Wait(500 + first);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(std::string(c.status.message()), HasSubstr("disagree at seq 0 on count"))
+        << c.status;
+    EXPECT_THAT(std::string(c.status.message()), HasSubstr("count=" + std::to_string(c0)));
+    EXPECT_THAT(std::string(c.status.message()), HasSubstr("count=" + std::to_string(c1)));
+    comm[1 - first]->Abort(c.status, /*notify=*/false);
+    EXPECT_FALSE(sink_->Wait(500 + 1 - first).status.ok());
+    sink_ = std::make_shared<RecordingSink>();
   }
 }
 

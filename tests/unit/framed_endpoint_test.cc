@@ -313,6 +313,94 @@ TEST(FramedEndpointTest, SpoofedMessagesAreDroppedAndTheRealOneLands) {
   EXPECT_EQ(l.integrity_errors.load(), 0);
 }
 
+void PostRecvV(Endpoint& ep, Tag tag, const Segment* segments, int count, Result* r) {
+  ep.RecvV(tag, segments, count, [r](absl::Status s, size_t length) {
+    r->status = std::move(s);
+    r->length = length;
+    r->done.Notify();
+  });
+}
+
+// RecvV's contract: a shorter message fills the first bytes and reports its length. A member's
+// shorter frame is accepted wherever its trailer lands among the receive's segments (in the
+// first, across the first and the second, in the second), its CRC checked over what it carried.
+TEST(FramedEndpointTest, AShorterFrameFillsTheFirstBytesAndReportsItsLength) {
+  for (const Integrity integrity : {Integrity::kNone, Integrity::kCrc32c}) {
+    for (const size_t sent : {size_t{0}, size_t{1}, size_t{40}, size_t{63}, size_t{64}, size_t{70},
+                              size_t{100}, size_t{127}}) {
+      Link l;
+      FramedEndpoint sender(l.ab_raw, l.Options(integrity, "a", "b"));
+      FramedEndpoint receiver(l.ba_raw, l.Options(integrity, "b", "a"));
+      const std::vector<uint8_t> payload = Random(sent, 7 + sent);
+      std::vector<uint8_t> head(64, 0xEE), tail(64, 0xEE);
+      const Segment segs[2] = {{head.data(), head.size()}, {tail.data(), tail.size()}};
+      Result r;
+      PostRecvV(receiver, 9, segs, 2, &r);
+      Result s;
+      sender.Send(9, payload.data(), payload.size(), [&s](absl::Status st) {
+        s.status = std::move(st);
+        s.done.Notify();
+      });
+      ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait)) << sent;
+      ASSERT_TRUE(r.status.ok()) << sent << ": " << r.status;
+      EXPECT_EQ(r.length, sent);
+      std::vector<uint8_t> got(head);
+      got.insert(got.end(), tail.begin(), tail.end());
+      got.resize(sent);
+      EXPECT_EQ(got, payload) << sent;
+      EXPECT_EQ(l.rejected.load(), 0);
+      EXPECT_EQ(l.integrity_errors.load(), 0);
+    }
+  }
+}
+
+TEST(FramedEndpointTest, AShorterFrameStillNeedsTheSecretAndItsCrc) {
+  Link l;
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kCrc32c, "b", "a"));
+  std::vector<uint8_t> got(256, 0);
+  Result r;
+  PostRecvV(receiver, 12, std::vector<Segment>{{got.data(), got.size()}}.data(), 1, &r);
+  // A foreign shorter frame: 32 bytes of payload with another secret, then 20 bytes of payload
+  // with the right secret but a CRC over other bytes.
+  const std::vector<uint8_t> forged = Random(32, 5);
+  const Segment fseg{const_cast<uint8_t*>(forged.data()), forged.size()};
+  std::vector<uint8_t> frame(forged);
+  frame.resize(forged.size() + kFrameTrailerSize);
+  WriteFrameTrailer(kSecret ^ 1, Integrity::kCrc32c, &fseg, 1, frame.data() + forged.size());
+  ASSERT_TRUE(SendAndWait(*l.spoofer, 12, frame.data(), frame.size()));
+  EXPECT_TRUE(l.WaitRejected(1)) << l.rejected.load();
+  EXPECT_FALSE(r.done.HasBeenNotified()) << r.status;
+  std::vector<uint8_t> flipped = Random(20, 6);
+  const Segment gseg{flipped.data(), flipped.size()};
+  std::vector<uint8_t> bad(flipped);
+  bad.resize(flipped.size() + kFrameTrailerSize);
+  WriteFrameTrailer(kSecret, Integrity::kCrc32c, &gseg, 1, bad.data() + flipped.size());
+  bad[3] ^= 0x10;  // after the CRC was computed
+  ASSERT_TRUE(SendAndWait(*l.spoofer, 12, bad.data(), bad.size()));
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss) << r.status;
+  EXPECT_TRUE(absl::StrContains(r.status.message(), "of the 20-byte message")) << r.status;
+  EXPECT_EQ(l.integrity_errors.load(), 1);
+}
+
+// Endpoint::Recv wants exactly its size: a member's shorter message fails it at once, saying
+// both lengths, instead of being dropped as foreign and leaving the receive to its deadline.
+TEST(FramedEndpointTest, AnExactReceiveRefusesAShorterMembersMessage) {
+  Link l;
+  FramedEndpoint sender(l.ab_raw, l.Options(Integrity::kNone, "a", "b"));
+  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));
+  std::vector<uint8_t> got(36, 0);
+  Result r;
+  PostRecv(receiver, 3, got.data(), got.size(), &r);
+  const std::vector<uint8_t> payload = Random(32, 8);
+  ASSERT_TRUE(SendAndWait(sender, 3, payload.data(), payload.size()));
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInternal) << r.status;
+  EXPECT_TRUE(absl::StrContains(r.status.message(), "received 32 bytes")) << r.status;
+  EXPECT_TRUE(absl::StrContains(r.status.message(), "expected 36")) << r.status;
+  EXPECT_EQ(l.rejected.load(), 0);
+}
+
 TEST(FramedEndpointTest, TooManyForeignMessagesFailTheReceiveWithPermissionDenied) {
   Link l;
   FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));  // max 4
