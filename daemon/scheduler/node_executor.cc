@@ -159,7 +159,17 @@ void NodeRun::FinishCarried(CarriedStep& c) {
     Finished(i, c.status);
     return;
   }
-  if (c.size == 0) {  // the peer sent it on its own: receive it as usual
+  if (c.size == 0) {  // the peer sent it on its own: receive it as usual, unless failing
+    bool failed;
+    {
+      absl::MutexLock lock(&mu_);
+      failed = failed_;
+    }
+    if (failed) {
+      // A receive posted now would hold the run (and its done) until the deadline's abort.
+      Finished(i, absl::CancelledError("the run failed before this receive was posted"));
+      return;
+    }
     Post(i);
     return;
   }
