@@ -526,13 +526,32 @@ TEST_F(TwoDaemonsTest, CollectivesQueuedBehindARunningOneAreBoundedByTheSessionQ
   EXPECT_EQ(bufs[0].data[0], 2.0f);
 }
 
+// Passes everything to the endpoint it wraps; the test endpoints below change their sends.
+class ForwardingEndpoint : public transport::Endpoint {
+ public:
+  explicit ForwardingEndpoint(std::shared_ptr<transport::Endpoint> inner)
+      : inner_(std::move(inner)) {}
+  void SendV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::CompletionFn done) override {
+    inner_->SendV(tag, segments, count, std::move(done));
+  }
+  void RecvV(transport::Tag tag, const transport::Segment* segments, int count,
+             transport::RecvCompletionFn done) override {
+    inner_->RecvV(tag, segments, count, std::move(done));
+  }
+  void Abort(const absl::Status& status) override { inner_->Abort(status); }
+
+ protected:
+  std::shared_ptr<transport::Endpoint> inner_;
+};
+
 // A hostile (or broken) peer daemon: every message it sends a communicator, but the operation
 // digests, has its payload replaced by 0x80 bytes, the same length as the real one. Compressed
 // data of that shape is malformed for every codec (int8: a negative scale; top-k: an index past
 // the unit), so decoding must refuse it, never index out of bounds.
-class GarbageEndpoint final : public transport::Endpoint {
+class GarbageEndpoint final : public ForwardingEndpoint {
  public:
-  explicit GarbageEndpoint(std::shared_ptr<transport::Endpoint> inner) : inner_(std::move(inner)) {}
+  using ForwardingEndpoint::ForwardingEndpoint;
   void SendV(transport::Tag tag, const transport::Segment* segments, int count,
              transport::CompletionFn done) override {
     const scheduler::tags::Fields f = scheduler::tags::Decode(tag);
@@ -545,14 +564,6 @@ class GarbageEndpoint final : public transport::Endpoint {
     const transport::Segment one{junk->data(), junk->size()};
     inner_->SendV(tag, &one, 1, [junk, done = std::move(done)](absl::Status st) { done(st); });
   }
-  void RecvV(transport::Tag tag, const transport::Segment* segments, int count,
-             transport::RecvCompletionFn done) override {
-    inner_->RecvV(tag, segments, count, std::move(done));
-  }
-  void Abort(const absl::Status& status) override { inner_->Abort(status); }
-
- private:
-  std::shared_ptr<transport::Endpoint> inner_;
 };
 
 // A peer's malformed compressed bytes fail the operation on the receiving node with
@@ -626,25 +637,19 @@ TEST_F(TwoDaemonsTest, MalformedCompressedDataFromAPeerFailsTheOpAndNoOtherJob) 
 }
 
 // Counts the messages an endpoint sends (one per SendV) and the bytes in them.
-class SendCounter final : public transport::Endpoint {
+class SendCounter final : public ForwardingEndpoint {
  public:
   SendCounter(std::shared_ptr<transport::Endpoint> inner, std::atomic<int>* messages,
               std::atomic<size_t>* bytes)
-      : inner_(std::move(inner)), messages_(messages), bytes_(bytes) {}
+      : ForwardingEndpoint(std::move(inner)), messages_(messages), bytes_(bytes) {}
   void SendV(transport::Tag tag, const transport::Segment* segments, int count,
              transport::CompletionFn done) override {
     ++*messages_;
     *bytes_ += transport::TotalSize(segments, count);
     inner_->SendV(tag, segments, count, std::move(done));
   }
-  void RecvV(transport::Tag tag, const transport::Segment* segments, int count,
-             transport::RecvCompletionFn done) override {
-    inner_->RecvV(tag, segments, count, std::move(done));
-  }
-  void Abort(const absl::Status& status) override { inner_->Abort(status); }
 
  private:
-  std::shared_ptr<transport::Endpoint> inner_;
   std::atomic<int>* messages_;
   std::atomic<size_t>* bytes_;
 };
