@@ -530,22 +530,29 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
     // The schedule's first message to and from each peer (step tag 0: Project numbers each node
     // pair's messages from 0) rides in the digest when it is small and on the digest's rail; a
     // send only when it depends on nothing, as it leaves with the digest when the run starts.
-    // The receiver tells from the length whether it did (NodeRun::Carried).
-    carried_send_.assign(static_cast<size_t>(nodes), -1);
-    carried_recv_.assign(static_cast<size_t>(nodes), -1);
-    node_carried_.clear();
-    const auto& steps = node_schedule_->steps;
-    for (uint32_t i = 0; i < steps.size(); ++i) {
-      const scheduler::NodeStep& s = steps[i];
-      const bool send = s.kind == scheduler::NodeStep::Kind::kSend;
-      if ((!send && s.kind != scheduler::NodeStep::Kind::kRecv) || s.tag != 0 || s.rail != 0 ||
-          s.bytes == 0 || s.bytes > OpDigest::kMaxCarriedBytes || s.peer < 0 || s.peer >= nodes ||
-          s.peer == net_.my_node || (send && !s.deps.empty())) {
-        continue;
-      }
-      (send ? carried_send_ : carried_recv_)[s.peer] = i;
-      node_carried_.push_back(i);
+    // The receiver tells from the length whether it did (NodeRun::Carried). Found once per
+    // schedule (the planner caches them by shape; holding it keeps its address from reuse).
+    if (carried_for_ != node_schedule_) PickCarriedSteps();
+  }
+}
+
+void Communicator::PickCarriedSteps() {
+  const int nodes = net_.layout.nnodes;
+  carried_for_ = node_schedule_;
+  carried_send_.assign(static_cast<size_t>(nodes), -1);
+  carried_recv_.assign(static_cast<size_t>(nodes), -1);
+  node_carried_.clear();
+  const auto& steps = node_schedule_->steps;
+  for (uint32_t i = 0; i < steps.size(); ++i) {
+    const scheduler::NodeStep& s = steps[i];
+    const bool send = s.kind == scheduler::NodeStep::Kind::kSend;
+    if ((!send && s.kind != scheduler::NodeStep::Kind::kRecv) || s.tag != 0 || s.rail != 0 ||
+        s.bytes == 0 || s.bytes > OpDigest::kMaxCarriedBytes || s.peer < 0 || s.peer >= nodes ||
+        s.peer == net_.my_node || (send && !s.deps.empty())) {
+      continue;
     }
+    (send ? carried_send_ : carried_recv_)[s.peer] = i;
+    node_carried_.push_back(i);
   }
 }
 

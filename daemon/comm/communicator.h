@@ -346,6 +346,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<int64_t> carried_send_;
   std::vector<int64_t> carried_recv_;
   std::vector<uint32_t> node_carried_;
+  std::shared_ptr<const scheduler::NodeSchedule> carried_for_;  // the schedule they are of
+  void PickCarriedSteps();                                      // of node_schedule_
   std::atomic<int> run_parts_{0};
   absl::Mutex run_parts_mu_;
   absl::Status run_status_ ABSL_GUARDED_BY(run_parts_mu_);
