@@ -77,9 +77,12 @@ void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done
     carried_ = std::make_unique<CarriedStep[]>(carried_count_);
     carried_capacity_ = carried_count_;
   }
+  // By step, its index in carried_ (-1: not carried); only built when there are any.
+  if (carried_count_ > 0) carried_at_.assign(n, -1);
   for (size_t c = 0; c < carried_count_; ++c) {
     CarriedStep& cs = carried_[c];
     cs.step = (*p_.carried)[c];
+    if (cs.step < n) carried_at_[cs.step] = static_cast<int32_t>(c);
     cs.state.store(0, std::memory_order_relaxed);
     cs.status = absl::OkStatus();
     cs.payload = nullptr;
@@ -137,10 +140,13 @@ void NodeRun::Ready(uint32_t i) {
 }
 
 NodeRun::CarriedStep* NodeRun::FindCarried(uint32_t step) {
-  for (size_t c = 0; c < carried_count_; ++c) {
-    if (carried_[c].step == step) return &carried_[c];
-  }
-  return nullptr;
+  if (carried_count_ == 0 || step >= carried_at_.size() || carried_at_[step] < 0) return nullptr;
+  return &carried_[carried_at_[step]];
+}
+
+bool NodeRun::Failing() {
+  absl::MutexLock lock(&mu_);
+  return failed_;
 }
 
 void NodeRun::Carried(uint32_t step, absl::Status status, const std::byte* payload, size_t size) {
@@ -160,12 +166,7 @@ void NodeRun::FinishCarried(CarriedStep& c) {
     return;
   }
   if (c.size == 0) {  // the peer sent it on its own: receive it as usual, unless failing
-    bool failed;
-    {
-      absl::MutexLock lock(&mu_);
-      failed = failed_;
-    }
-    if (failed) {
+    if (Failing()) {
       // A receive posted now would hold the run (and its done) until the deadline's abort.
       Finished(i, absl::CancelledError("the run failed before this receive was posted"));
       return;
@@ -314,12 +315,7 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
 
 void NodeRun::Finished(uint32_t i, const absl::Status& status) {
   done_flags_[i].store(true, std::memory_order_relaxed);
-  bool failed;
-  {
-    absl::MutexLock lock(&mu_);
-    failed = failed_;
-  }
-  if (status.ok() && !failed) {
+  if (status.ok() && !Failing()) {
     for (uint32_t succ : successors_[i]) {
       if (pending_deps_[succ].fetch_sub(1) == 1) {
         {

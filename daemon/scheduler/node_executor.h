@@ -124,7 +124,8 @@ class NodeRun {
   };
   static constexpr uint8_t kReady = 1;
   static constexpr uint8_t kArrived = 2;
-  CarriedStep* FindCarried(uint32_t step);
+  CarriedStep* FindCarried(uint32_t step);  // null: step is not carried
+  bool Failing();                           // failed_, under mu_
   // Both halves are in: finish a carried step (its receive posted, its payload copied, or its
   // outcome passed on).
   void FinishCarried(CarriedStep& c);
@@ -160,6 +161,7 @@ class NodeRun {
   std::unique_ptr<CarriedStep[]> carried_;
   size_t carried_count_ = 0;
   size_t carried_capacity_ = 0;
+  std::vector<int32_t> carried_at_;  // by step: its index in carried_, or -1
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
