@@ -170,9 +170,10 @@ ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABL
 # OpenMPI over UCX's tcp transport, the one railyardd's rails use, with the segment sizes
 # railyardd sets (transport::SetUcxTcpDefaults): pml_ucx_tls/devices "any" let the UCX PML run
 # without an RDMA device; UCX_NET_DEVICES is each rank's own (per namespace in case 4).
-# shellcheck disable=SC2054 # the commas are UCX_TLS's and --mca btl's lists
-ucx_pml=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self
-  -x UCX_TLS=tcp,self -x UCX_TCP_RX_SEG_SIZE=512K -x UCX_TCP_TX_SEG_SIZE=512K)
+# shellcheck disable=SC2054 # the comma is UCX_TLS's list
+ucx_vars=(UCX_TLS=tcp,self UCX_TCP_RX_SEG_SIZE=512K UCX_TCP_TX_SEG_SIZE=512K)
+ucx_pml=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self)
+for v in "${ucx_vars[@]}"; do ucx_pml+=(-x "$v"); done
 run_openmpi() {  # case file [pml: ob1 (default) or ucx]
   local c=$1 f=$2 pml=${3:-ob1} s
   : >"$f"
@@ -207,10 +208,8 @@ run_openmpi() {  # case file [pml: ob1 (default) or ucx]
           via=("${ucx_pml[@]}")
           # Set on each rank's own command line too: the -x copies did not reach the rank that
           # `ip netns exec` starts (UCX aborted on a 512K segment its 64K receive side refused).
-          # shellcheck disable=SC2054 # UCX_TLS takes a list
-          local ucx_env=(UCX_TLS=tcp,self UCX_TCP_RX_SEG_SIZE=512K UCX_TCP_TX_SEG_SIZE=512K)
-          dev_a=(env "${ucx_env[@]}" "UCX_NET_DEVICES=va$$")
-          dev_b=(env "${ucx_env[@]}" "UCX_NET_DEVICES=vb$$")
+          dev_a=(env "${ucx_vars[@]}" "UCX_NET_DEVICES=va$$")
+          dev_b=(env "${ucx_vars[@]}" "UCX_NET_DEVICES=vb$$")
         fi
         ip netns exec "$ns_a" env GLIBC_TUNABLES="$tunables" PMIX_MCA_ptl_tcp_remote_connections=1 \
           PMIX_MCA_ptl_tcp_if_include="$veth_net.0/24" timeout 300 "$mpirun" "${ompi_common[@]}" \
