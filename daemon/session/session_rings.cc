@@ -379,6 +379,7 @@ void SessionRings::PostLocked(uint64_t request_id, const absl::Status& status, u
   uint32_t* doorbell = Word32(rp::kOffCqDoorbell);
   __atomic_fetch_add(doorbell, 1, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(Word32(rp::kOffClientWaiters), __ATOMIC_SEQ_CST) != 0) {
+    ++stats_.client_wakes;
     FutexWake(doorbell, INT_MAX);
   }
 }

@@ -39,10 +39,11 @@
 namespace railyard {
 
 struct RingStats {
-  uint64_t submitted = 0;  // entries taken off the submission ring
-  uint64_t refused = 0;    // of them, failed at once (malformed or refused by Submit)
-  uint64_t completed = 0;  // completions written
-  uint64_t wakeups = 0;    // times the thread slept and woke
+  uint64_t submitted = 0;     // entries taken off the submission ring
+  uint64_t refused = 0;       // of them, failed at once (malformed or refused by Submit)
+  uint64_t completed = 0;     // completions written
+  uint64_t wakeups = 0;       // times the thread slept and woke
+  uint64_t client_wakes = 0;  // completions that woke a client thread asleep on the doorbell
 };
 
 class SessionRings : public CompletionSink, public std::enable_shared_from_this<SessionRings> {

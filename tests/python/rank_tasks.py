@@ -266,6 +266,46 @@ def _init_torch(rank: int, n: int, backend: str, store_path: str):
     return dist
 
 
+def torch_completions_nobody_drives(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """A torch future waited for in C++ and a polled is_completed(), while the session's
+    background reader dozes for 30 s (it does after operations this thread waited for itself):
+    both must see their completion without it."""
+    import torch
+    import railyard.torch
+    from railyard import _ring
+    dist = _init_torch(rank, n, "railyard", store_path)
+    old = _ring.READER_DOZE_S
+    _ring.READER_DOZE_S = 30.0
+    out: Dict[str, Any] = {}
+    try:
+        t = torch.full((3,), float(rank + 1))
+        for _ in range(3):
+            dist.all_reduce(t)
+        time.sleep(0.2)
+        for _ in range(3):
+            dist.all_reduce(t)  # the reader wakes for the first and dozes
+        t = torch.full((3,), float(rank + 1))
+        work = dist.all_reduce(t, async_op=True)
+        start = time.monotonic()
+        value = work.get_future().wait()  # torch's C++ wait: it reads no ring
+        out["future_s"] = time.monotonic() - start
+        out["future"] = value[0].tolist()
+        t = torch.full((2,), 10.0 * (rank + 1))
+        work = dist.all_reduce(t, async_op=True)
+        start = time.monotonic()
+        while not work.is_completed() and time.monotonic() - start < 20:
+            pass
+        out["poll_s"] = time.monotonic() - start
+        out["polled"] = t.tolist()
+    finally:
+        _ring.READER_DOZE_S = old
+        rings = railyard.torch._shared_client()._rings
+        if rings is not None:
+            rings.background_wanted()  # out of the long doze, for the next test in this process
+        dist.destroy_process_group()
+    return out
+
+
 def torch_collectives(rank: int, n: int, store_path: str, dtype_name: str) -> Dict[str, Any]:
     """The torch.distributed API on the railyard backend; returns the results for the test."""
     import torch

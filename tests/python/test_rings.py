@@ -91,6 +91,78 @@ def test_two_ring_sessions_allreduce_and_alltoallv(pair):
     assert list(out[1]) == [2, 3, 5]
 
 
+def _busy(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_loop_that_waits_for_its_own_operations_costs_the_daemon_no_wake_ups(daemon):
+    """A loop like torch's all_reduce: submit, ~40 us of Python, wait. The thread reads its own
+    completions, so the background reader must not ask the daemon to wake it for each one (that
+    was a futex wake in the daemon and a thread switch and GIL hand-off here, per operation)."""
+    with railyard.connect(daemon.socket, job="rings-quiet") as c:
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        x = c.zeros(1, np.float32)
+        x[:] = 3.0
+        for _ in range(20):
+            comm.all_reduce(x)
+        before = _session(daemon, c)
+        n = 400
+        for _ in range(n):
+            w = comm.all_reduce(x, async_op=True)
+            _busy(40e-6)
+            w.wait(30)
+        after = _session(daemon, c)
+        assert after.ring_completed - before.ring_completed >= n  # (status reads count too)
+        assert list(x) == [3.0]
+        # The loop's own thread may sleep now and then (a descheduled daemon thread); the reader
+        # must not wake for every one: before, ~0.2-0.5 wakes per operation here.
+        assert after.ring_client_wakes - before.ring_client_wakes <= n // 20
+
+
+def _dozing_reader(daemon, monkeypatch, job):
+    """A client whose background reader has gone into a 30 s doze (after a few operations the
+    thread waited for itself): what it then does promptly is not the reader's doing."""
+    monkeypatch.setattr(_ring, "READER_DOZE_S", 30.0)
+    c = railyard.connect(daemon.socket, job=job)
+    comm = c.comm(c.new_comm_id(), 0, 1)
+    x = c.zeros(4, np.int64)
+    x[:] = [5, 6, 7, 8]
+    for _ in range(3):
+        comm.all_reduce(x)
+    time.sleep(0.2)  # the reader's grace ends: it sleeps as a waiter on the doorbell
+    for _ in range(3):
+        comm.all_reduce(x)  # the first completion wakes it, in the grace: it dozes
+    return c, comm, x
+
+
+def test_a_callback_nobody_waits_for_runs_promptly(daemon, monkeypatch):
+    """The reader leaves the ring to a thread that submits and waits, but a work with a callback
+    and nobody waiting for it is read at once (add_done_callback wakes the reader), not at the
+    reader's next look."""
+    c, comm, x = _dozing_reader(daemon, monkeypatch, "rings-callback")
+    with c:
+        done = threading.Event()
+        seen = []
+        w = comm.all_reduce(x, async_op=True)
+        w.add_done_callback(lambda work: (seen.append(work.exception()), done.set()))
+        assert done.wait(10), "the callback waited for the reader's doze"
+        assert seen == [None] and list(x) == [5, 6, 7, 8]
+
+
+def test_is_completed_reads_the_ring_itself(daemon, monkeypatch):
+    """Polling is_completed() sees the completion without wait() and without the background
+    reader."""
+    c, comm, x = _dozing_reader(daemon, monkeypatch, "rings-poll")
+    with c:
+        w = comm.all_reduce(x, async_op=True)
+        deadline = time.monotonic() + 10
+        while not w.is_completed():
+            assert time.monotonic() < deadline, "is_completed() waited for the reader's doze"
+        assert w.exception() is None and list(x) == [5, 6, 7, 8]
+
+
 def test_garbage_in_a_clients_own_ring_gets_errors_and_nobody_else_notices(fresh_daemon):
     vandal = railyard.connect(fresh_daemon.socket, job="vandal")
     bystander = railyard.connect(fresh_daemon.socket, job="bystander")

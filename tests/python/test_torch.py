@@ -92,6 +92,16 @@ def test_errors_surface_from_wait(ranks, store_path):
         assert got["int16"] is not None and "cannot be reduced" in got["int16"]["message"]
 
 
+def test_futures_and_polling_complete_without_the_background_reader(ranks, store_path):
+    results = ranks.run(rank_tasks.torch_completions_nobody_drives,
+                        [(r, 2, store_path) for r in range(2)], timeout=90)
+    for got in results:
+        assert got["future"] == [3.0, 3.0, 3.0] and got["polled"] == [30.0, 30.0], got
+        # The reader dozes for 30 s: these came from get_future() waking it and from
+        # is_completed() reading the ring itself.
+        assert got["future_s"] < 10 and got["poll_s"] < 10, got
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_ddp_matches_gloo(ranks, tmp_path, n):
     steps = 20

@@ -164,7 +164,7 @@ class Work:
         rings = self._rings
         if rings is not None and not self._done:
             try:
-                rings.wait_until(self.is_completed, deadline)
+                rings.wait_until(lambda: self._done, deadline)
             except _ring.ForkedError:
                 raise FailedPreconditionError(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -196,8 +196,17 @@ class Work:
         return self._result
 
     def is_completed(self) -> bool:
-        """True once the operation has completed, successfully or not."""
+        """True once the operation has completed, successfully or not. Reads the session's
+        completions on this thread when it has not (a loop that polls is not kept waiting for
+        the background reader)."""
+        if not self._done:
+            self._poll()
         return self._done
+
+    def _poll(self) -> None:
+        rings = self._rings
+        if rings is not None and not rings._forked:
+            rings.drain(blocking=False)
 
     def exception(self) -> Optional[RailyardError]:
         """The error of a completed, failed operation; ``None`` while running or on success."""
@@ -215,13 +224,22 @@ class Work:
         Callbacks run on the client's event thread: they must be quick and must not wait for
         other Railyard operations.
         """
+        if self._on_done(fn):
+            rings = self._rings
+            if rings is not None:
+                rings.background_wanted()  # nobody may wait: the reader must read it promptly
+
+    def _on_done(self, fn: Callable[["Work"], None]) -> bool:
+        """``add_done_callback`` for a caller that waits for the work itself (no prompt read by
+        the background reader needed); True when ``fn`` was queued, False when it ran."""
         with self._lock:
             if not self._done:
                 if self._callbacks is None:
                     self._callbacks = []
                 self._callbacks.append(fn)
-                return
+                return True
         fn(self)
+        return False
 
     def _complete(self, error: Optional[RailyardError], seq: Optional[int] = None) -> None:
         with self._lock:

@@ -287,7 +287,8 @@ class Work(_Work):
         """Completes once every one of ``rws`` has (with the first error among them)."""
         self._rw = rws[-1]
         if len(rws) == 1:
-            rws[0].add_done_callback(lambda rw: self._complete(rw.exception()))
+            # wait() reads the rings for it itself: the background reader need not hurry.
+            rws[0]._on_done(lambda rw: self._complete(rw.exception()))
             return
         left = [len(rws)]
         lock = threading.Lock()
@@ -367,10 +368,15 @@ class Work(_Work):
                     _futures.submit(lambda: self._complete_future(future))
             future = self._future
             self._consumed = True
+        rw = self._rw
+        if not self._done and rw is not None and rw._rings is not None:
+            rw._rings.background_wanted()  # the future's waiters do not read the rings
         self._maybe_release()
         return future
 
     def is_completed(self) -> bool:
+        if not self._done and self._rw is not None:
+            self._rw._poll()
         return self._done
 
     def is_success(self) -> bool:
