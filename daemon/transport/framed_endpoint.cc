@@ -1,6 +1,7 @@
 #include "daemon/transport/framed_endpoint.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -29,14 +30,8 @@ uint32_t GetLe32(const unsigned char* p) {
   return v;
 }
 
-uint32_t PayloadCrc(const Segment* segments, int count) {
-  uint32_t crc = 0;
-  for (int i = 0; i < count; ++i) crc = kernels::Crc32c(segments[i].data, segments[i].size, crc);
-  return crc;
-}
-
-// The CRC-32C of the first `bytes` bytes of the segments' concatenation.
-uint32_t PrefixCrc(const Segment* segments, int count, size_t bytes) {
+// The CRC-32C of the first `bytes` bytes of the segments' concatenation (default: all of it).
+uint32_t PayloadCrc(const Segment* segments, int count, size_t bytes = SIZE_MAX) {
   uint32_t crc = 0;
   for (int i = 0; i < count && bytes > 0; ++i) {
     const size_t n = std::min(bytes, segments[i].size);
@@ -420,9 +415,7 @@ void FramedEndpoint::Verify(const std::shared_ptr<Receive>& r, bool has_crc) {
                            " carries no CRC-32C but the communicator runs with integrity crc32c");
     } else {
       const uint32_t sent = GetLe32(r->trailer + 8);
-      const uint32_t got = r->received == r->payload
-                               ? PayloadCrc(r->segments, r->count)
-                               : PrefixCrc(r->segments, r->count, r->received);
+      const uint32_t got = PayloadCrc(r->segments, r->count, r->received);
       if (sent != got) {
         error = absl::StrCat("CRC-32C 0x", absl::Hex(got, absl::kZeroPad8), " of the ", r->received,
                              "-byte message tagged 0x", absl::Hex(r->tag), " does not match the ",
