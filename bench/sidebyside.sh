@@ -5,7 +5,11 @@
 #   2  one railyardd, 4 ranks          vs OpenMPI --mca btl vader,self, np 4
 #   3  2 railyardd x 1 rank, UCX tcp on lo (peer plane mutual TLS on 127.0.0.1)
 #                                      vs OpenMPI --mca btl tcp,self on lo, np 2, and vs
-#                                      OpenMPI --mca pml ucx over UCX_TLS=tcp (railyard's transport)
+#                                      OpenMPI --mca pml ucx over UCX_TLS=tcp (railyard's transport);
+#                                      and the floor of that transport: build/tools/ucx-pingpong's
+#                                      --exchange (two processes send each other the size at once
+#                                      over railyardd's UcxTransport, nothing else: the traffic any
+#                                      two-node AllReduce needs), best of 1 and 4 messages
 #   4  2 railyardd x 1 rank in two network namespaces joined by an unshaped veth pair (one
 #      daemon and one OpenMPI rank per namespace, data over the veth; peer plane mutual TLS on
 #      the veth addresses) vs OpenMPI --mca btl tcp,self on the veth subnet, np 2 across the
@@ -33,9 +37,11 @@ mpicc=${MPICC:-mpicc.openmpi}
 # OpenMPI's temporary reduction buffers stay faulted in: no mmap for large mallocs, no trimming.
 tunables="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 yield=${OMPI_YIELD:-}
-if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ]; then scripts/build.sh; fi
+if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ] ||
+  [ ! -x "$build/tools/ucx-pingpong/ucx-pingpong" ]; then scripts/build.sh; fi
 daemon_bin=$build/daemon/railyardd
 perf_bin=$build/tools/railyard-perf
+pingpong_bin=$build/tools/ucx-pingpong/ucx-pingpong
 out=$(mktemp -d /tmp/railyard-sidebyside.XXXXXX)
 chmod 755 "$out"  # ranks in other namespaces run as root too, but keep the dir traversable
 pids=()
@@ -165,6 +171,23 @@ run_railyard() {  # case file
   stop_daemons
 }
 
+# The transport's floor (case 3): each size exchanged both ways, medians over 100 exchanges,
+# the better of one message and four per exchange; the rail polls 200 us after traffic as a
+# session's ring thread polls the rails (--poll_us) while an operation is in flight.
+run_floor() {  # file
+  local f=$1 p
+  : >"$f.raw"
+  for p in 1 4; do
+    timeout 300 "$pingpong_bin" --iters=200 --bw_bytes=1048576 --bw_iters=1 --busy_poll=200us \
+      --exchange=8,128K,512K,2M,8M,32M --exchange_iters=100 --exchange_pieces=$p \
+      >>"$f.raw" 2>"$out/floor.err" ||
+      { cat "$out/floor.err" >&2; echo "sidebyside: ucx-pingpong failed" >&2; exit 1; }
+  done
+  # "exchange BYTES B each way in P message(s): median US us ..." -> the lower median per size
+  awk '$1 == "exchange" { if (!($2 in best) || $10 < best[$2]) best[$2] = $10 }
+       END { for (b in best) print b, best[b] }' "$f.raw" | sort -n >"$f"
+}
+
 ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables"
   ${yield:+--mca mpi_yield_when_idle "$yield"})
 # OpenMPI over UCX's tcp transport, the one railyardd's rails use, with the segment sizes
@@ -237,6 +260,7 @@ for ((r = 1; r <= reps; r++)); do
     run_railyard "$c" "$out/c$c-ry-$r.txt"
     run_openmpi "$c" "$out/c$c-om-$r.txt"
     if [ "$c" = 3 ] || [ "$c" = 4 ]; then run_openmpi "$c" "$out/c$c-ux-$r.txt" ucx; fi
+    if [ "$c" = 3 ]; then run_floor "$out/c$c-fl-$r.txt"; fi
     echo "# launch $r case $c done ($(($(date +%s) - start)) s)"
   done
 done
@@ -271,10 +295,12 @@ for c in cases:
     if c == "4" and skip4:
         continue
     ux = samples(c, "ux") if c in ("3", "4") else [None] * reps
-    for r, (ry, om, u) in enumerate(zip(samples(c, "ry"), samples(c, "om"), ux), 1):
+    fl = samples(c, "fl") if c == "3" else [None] * reps
+    for r, (ry, om, u, x) in enumerate(zip(samples(c, "ry"), samples(c, "om"), ux, fl), 1):
         print(f"#   case {c} launch {r}: " + " ".join(us(ry[s]) for s in sizes) + " | "
               + " ".join(us(om[s]) for s in sizes)
-              + ("" if u is None else " | over UCX: " + " ".join(us(u[s]) for s in sizes)))
+              + ("" if u is None else " | over UCX: " + " ".join(us(u[s]) for s in sizes))
+              + ("" if x is None else " | floor: " + " ".join(us(x[s]) for s in sizes)))
 print()
 print("| case | 8 B railyard / OpenMPI (µs) | 128 KiB busbw ratio | 512 KiB | 2 MiB | 8 MiB | 32 MiB |")
 print("|---|---|---|---|---|---|---|")
@@ -297,9 +323,22 @@ for c in cases:
         cells = ["(OpenMPI: ucx / ob1)"]
         cells += [f"{med(om, s) / med(ux, s):.2f}" for s in sizes[1:]]
         print("| same, OpenMPI over UCX tcp against its own btl tcp | " + " | ".join(cells) + " |")
+    if c == "3":
+        # The traffic alone on railyardd's transport: a ratio below 1 is a size at which no
+        # AllReduce through that transport can match OpenMPI's whole operation.
+        fl = samples(c, "fl")
+        cells = [f"{us(med(fl, 8))} / {us(med(om, 8))}"]
+        cells += [f"{med(om, s) / med(fl, s):.2f}" for s in sizes[1:]]
+        print("| floor: UCX exchange alone (ucx-pingpong) vs btl tcp np2 | " + " | ".join(cells) + " |")
+        cells = [f"{us(med(ry, 8))} / {us(med(fl, 8))}"]
+        cells += [f"{med(fl, s) / med(ry, s):.2f}" for s in sizes[1:]]
+        print("| railyard vs that floor (1.0: all of the transport's speed) | " + " | ".join(cells) + " |")
 print()
 print("busbw ratio = railyard / OpenMPI (>1: railyard faster), from the median times of the launches.")
 print("The pml ucx rows compare with OpenMPI on the transport railyardd's rails use (UCX tcp); the last")
 print("row of a case is what that transport itself reaches against OpenMPI's own tcp BTL.")
+if "3" in cases:
+    print("floor (case 3): the size sent both ways at once over railyardd's UcxTransport and nothing")
+    print("else (no client, no reduction); its ratio is OpenMPI's whole AllReduce time / the exchange's.")
 PY
 echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -3,7 +3,12 @@
 // launcher spawns the echo side as a child of itself and talks to it over pipes for bootstrap.
 //
 //   ucx-pingpong [--tls=tcp] [--device=lo] [--busy_poll=0] [--iters=2000] [--bw_bytes=67108864]
-//                [--bw_iters=5]
+//                [--bw_iters=5] [--exchange=512K,2M] [--exchange_iters=200] [--exchange_pieces=1]
+//
+// --exchange: for each size S, both processes send S bytes to each other and receive S at the
+// same time, one exchange after the other (the next posted when both of a side's transfers are
+// done): the traffic of a two-node AllReduce (each node must send and receive S), with nothing
+// else, so its time bounds from below what any two-node AllReduce over this transport costs.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -11,10 +16,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +31,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -35,6 +44,10 @@ ABSL_FLAG(int64_t, bw_bytes, int64_t{64} << 20, "bytes per bandwidth message");
 ABSL_FLAG(int, bw_iters, 5, "bandwidth messages (after one warm-up)");
 ABSL_FLAG(absl::Duration, busy_poll, absl::ZeroDuration(),
           "UcxTransport::Options::busy_poll for both sides, e.g. 50us");
+ABSL_FLAG(std::vector<std::string>, exchange, {},
+          "sizes (bytes, K/M suffixes) for the two-way exchange; empty: skip it");
+ABSL_FLAG(int, exchange_iters, 200, "exchanges per size (after 10% warm-up)");
+ABSL_FLAG(int, exchange_pieces, 1, "messages each exchange is cut into, all posted at once");
 ABSL_FLAG(std::string, role, "", "internal: 'echo' for the spawned side");
 ABSL_FLAG(int, in_fd, -1, "internal: bootstrap pipe to read");
 ABSL_FLAG(int, out_fd, -1, "internal: bootstrap pipe to write");
@@ -100,6 +113,74 @@ void Wait(absl::Notification& n, const char* what) {
   if (!n.WaitForNotificationWithTimeout(absl::Seconds(120))) Die(absl::StrCat(what, " timed out"));
 }
 
+size_t ParseSize(const std::string& text) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(text.c_str(), &end, 10);
+  const std::string unit = end ? end : "";
+  if (end == text.c_str()) Die(absl::StrCat("bad --exchange size '", text, "'"));
+  if (unit.empty()) return n;
+  if (unit == "K") return n << 10;
+  if (unit == "M") return n << 20;
+  if (unit == "G") return n << 30;
+  Die(absl::StrCat("bad --exchange size '", text, "': use a number with K, M or G"));
+}
+
+char Pattern(bool launcher, size_t i) { return static_cast<char>(i * 131 + (launcher ? 7 : 11)); }
+
+// Both sides run this at once: per size, exchange_iters (+10% warm-up) exchanges of `bytes`
+// each way in exchange_pieces messages, the next exchange posted from the completion that ends
+// the previous one (no thread hop, as the daemon's schedules complete). Returns the median time
+// of an exchange per size in microseconds (as this side saw it); false in *exact if the last
+// exchange's data was not the peer's pattern.
+std::vector<double> RunExchanges(Endpoint& ep, bool launcher, bool* exact) {
+  constexpr Tag kExTag = Tag{1} << 41;
+  const int iters = absl::GetFlag(FLAGS_exchange_iters);
+  const int total = iters + iters / 10;
+  const int pieces = std::max(1, absl::GetFlag(FLAGS_exchange_pieces));
+  std::vector<double> medians;
+  *exact = true;
+  int size_index = 0;
+  for (const std::string& text : absl::GetFlag(FLAGS_exchange)) {
+    const size_t bytes = ParseSize(text);
+    std::vector<char> out(bytes), in(bytes);
+    for (size_t i = 0; i < bytes; ++i) out[i] = Pattern(launcher, i);
+    const size_t piece = (bytes + pieces - 1) / pieces;
+    std::vector<double> us;
+    us.reserve(total);
+    std::atomic<int> left{0};
+    absl::Time started;
+    absl::Notification done;
+    std::function<void(int)> post = [&](int i) {
+      left.store(2 * pieces);
+      started = absl::Now();
+      auto finish = [&, i](const absl::Status& s) {
+        Check(s, "exchange");
+        if (left.fetch_sub(1) != 1) return;
+        if (i >= iters / 10) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - started));
+        if (i + 1 < total) {
+          post(i + 1);
+        } else {
+          done.Notify();
+        }
+      };
+      for (int p = 0; p < pieces; ++p) {
+        const size_t off = std::min(bytes, p * piece);
+        const size_t len = std::min(piece, bytes - off);
+        const Tag tag = kExTag + (Tag(size_index) << 32) + Tag(i) * pieces + p;
+        ep.Recv(tag, in.data() + off, len, finish);
+        ep.Send(tag, out.data() + off, len, finish);
+      }
+    };
+    post(0);
+    Wait(done, "exchange");
+    for (size_t i = 0; i < bytes && *exact; ++i) *exact = in[i] == Pattern(!launcher, i);
+    std::sort(us.begin(), us.end());
+    medians.push_back(us[us.size() / 2]);
+    ++size_index;
+  }
+  return medians;
+}
+
 // The echo side: answers every ping with a pong from the completion callback (no thread hop),
 // and every bandwidth message with an 8-byte ack.
 int RunEcho(int in_fd, int out_fd) {
@@ -145,6 +226,9 @@ int RunEcho(int in_fd, int out_fd) {
     returned.Notify();
   });
   Wait(returned, "echo: return");
+  bool exact = true;
+  RunExchanges(*ep, /*launcher=*/false, &exact);
+  if (!exact) Die("echo: exchanged data is not the launcher's");
   ReadLine(in_fd);  // until the launcher is done with us
   return 0;
 }
@@ -167,6 +251,9 @@ int RunLauncher(const char* self) {
       absl::StrCat("--iters=", absl::GetFlag(FLAGS_iters)),
       absl::StrCat("--bw_bytes=", absl::GetFlag(FLAGS_bw_bytes)),
       absl::StrCat("--bw_iters=", absl::GetFlag(FLAGS_bw_iters)),
+      absl::StrCat("--exchange=", absl::StrJoin(absl::GetFlag(FLAGS_exchange), ",")),
+      absl::StrCat("--exchange_iters=", absl::GetFlag(FLAGS_exchange_iters)),
+      absl::StrCat("--exchange_pieces=", absl::GetFlag(FLAGS_exchange_pieces)),
       absl::StrCat("--busy_poll=", absl::FormatDuration(absl::GetFlag(FLAGS_busy_poll)))};
   std::vector<char*> argv;
   argv.reserve(args.size() + 1);
@@ -237,7 +324,10 @@ int RunLauncher(const char* self) {
     returned.Notify();
   });
   Wait(returned, "return");
-  const bool exact = back == buf;
+  bool exact = back == buf;
+  bool exchanged_exact = true;
+  const std::vector<double> exchange_us = RunExchanges(*ep, /*launcher=*/true, &exchanged_exact);
+  exact = exact && exchanged_exact;
 
   WriteLine(to_echo[1], "done");
   int status = 0;
@@ -254,6 +344,13 @@ int RunLauncher(const char* self) {
       Percentile(rtt_us, 0.99), Percentile(rtt_us, 0.5) / 2, iters, bytes,
       *std::max_element(gbps.begin(), gbps.end()), sum / gbps.size(), gbps.size(),
       exact ? "byte-exact" : "CORRUPT");
+  const std::vector<std::string>& sizes = absl::GetFlag(FLAGS_exchange);
+  for (size_t i = 0; i < exchange_us.size(); ++i) {
+    const double bytes = static_cast<double>(ParseSize(sizes[i]));
+    std::printf("exchange %.0f B each way in %d message(s): median %.2f us (%.2f GB/s each way)\n",
+                bytes, std::max(1, absl::GetFlag(FLAGS_exchange_pieces)), exchange_us[i],
+                bytes / exchange_us[i] / 1e3);
+  }
   return exact && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
@@ -261,6 +358,10 @@ int RunLauncher(const char* self) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // The tcp segment sizes railyardd sets at start-up (the echo inherits them through environ).
+  for (const std::string& set : railyard::transport::SetUcxTcpDefaults()) {
+    if (absl::GetFlag(FLAGS_role).empty()) std::printf("# %s\n", set.c_str());
+  }
   if (absl::GetFlag(FLAGS_role) == "echo") {
     return RunEcho(absl::GetFlag(FLAGS_in_fd), absl::GetFlag(FLAGS_out_fd));
   }
