@@ -699,12 +699,38 @@ absl::StatusOr<uint64_t> Communicator::SubmitRemotePointToPointLocked(
   auto done = [weak, op](absl::Status st) {
     if (auto self = weak.lock()) self->OnRemoteP2PDone(op, st);
   };
-  out->transport_posts.push_back([ep, is_send, tag, data, bytes, done] {
-    if (is_send) {
-      ep->Send(tag, data, bytes, done);
-    } else {
-      ep->Recv(tag, data, bytes, done);
-    }
+  if (is_send) {
+    out->transport_posts.push_back(
+        [ep, tag, data, bytes, done] { ep->Send(tag, data, bytes, done); });
+    return op->seq;
+  }
+  // The receive: the sending daemon's send has no size check against it (only this side knows
+  // both sizes), so a message of another length is the clients' disagreement, reported as on
+  // one node (P2PChannels::Next), with the size that arrived.
+  const std::string wants =
+      absl::StrCat("rank ", dst, ", which receives ", op->request->req.count, " x ",
+                   std::string(kernels::Name(op->request->req.dtype)), " (", bytes, " bytes)");
+  const std::string mismatch = absl::StrCat("send/recv size mismatch on communicator ", comm_id_,
+                                            " (pair seq ", op->seq, "): rank ", src);
+  out->transport_posts.push_back([ep, tag, data, bytes, done, wants, mismatch, src] {
+    const transport::Segment segment{data, bytes};
+    ep->RecvV(tag, &segment, 1, [=](absl::Status s, size_t length) {
+      if (s.ok() && length != bytes) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat(mismatch, " sent ", length, " bytes to ", wants));
+      } else if (absl::IsOutOfRange(s)) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat(mismatch, " sent more than ", bytes, " bytes to ", wants));
+      } else if (absl::IsPermissionDenied(s)) {
+        // A framed link tells a member's message of another length from a foreign one only
+        // for a shorter one-message frame (its trailer arrives whole); otherwise it reports the
+        // second (docs/data-plane.md, "The frame"). Name the first too.
+        s = absl::PermissionDeniedError(
+            absl::StrCat(s.message(), "; a send from rank ", src, " of another size than the ",
+                         bytes, " bytes expected by ", wants, " ends it alike"));
+      }
+      done(std::move(s));
+    });
   });
   return op->seq;
 }

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -275,6 +276,59 @@ TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << s0 << s1;
   // The communicator stays failed on both nodes.
   EXPECT_EQ(comms[0].Barrier().wait(std::chrono::seconds(10)).code(), absl::StatusCode::kAborted);
+}
+
+// A send and a receive on two daemons that disagree on the size. Only the receiving daemon
+// knows both sizes. A shorter message in one frame (up to 64 KiB) arrives whole with its trailer:
+// INVALID_ARGUMENT with both sizes, at once, as on one node. A split frame (larger) of another
+// size cannot be told from a foreign message: PERMISSION_DENIED at once, naming the mismatch as
+// a cause. A longer message in one frame is cut off with its trailer and, like a foreign one,
+// dropped while the receive waits for its own (docs/data-plane.md): it ends at the operation's
+// deadline. The send completes either way.
+TEST(MultiNodeFailureTest, SendRecvOfDifferentSizesAcrossNodesFailTheReceive) {
+  VirtualCluster cluster(2);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  struct Case {
+    int sent, received;
+    absl::StatusCode code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {100, 101, absl::StatusCode::kInvalidArgument, "send/recv size mismatch on communicator "},
+      {100000, 100001, absl::StatusCode::kPermissionDenied,
+       "a send from rank 0 of another size than the 400004 bytes expected by rank 1"},
+      {100001, 100000, absl::StatusCode::kPermissionDenied,
+       "a send from rank 0 of another size than the 400000 bytes expected by rank 1"},
+      {101, 100, absl::StatusCode::kDeadlineExceeded, "did not complete within 3s"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.sent, " sent, ", c.received, " received"));
+    RankPerNode ranks = JoinRankPerNode(cluster, 1 << 20);
+    ASSERT_TRUE(ranks.ok);
+    CollectiveOptions o;
+    o.timeout = std::chrono::seconds(3);
+    const auto start = std::chrono::steady_clock::now();
+    Work r = ranks.comms[1].Recv(ranks.bufs[1], c.received, DataType::kFloat32, 0, o);
+    Work s = ranks.comms[0].Send(ranks.bufs[0], c.sent, DataType::kFloat32, 1, o);
+    absl::Status rs = r.wait(std::chrono::seconds(30));
+    absl::Status ss = s.wait(std::chrono::seconds(30));
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(rs.code(), c.code) << rs;
+    EXPECT_THAT(std::string(rs.message()), HasSubstr(c.says)) << rs;
+    EXPECT_TRUE(ss.ok()) << ss;
+    if (c.code == absl::StatusCode::kDeadlineExceeded) {
+      EXPECT_LT(took, std::chrono::seconds(15)) << rs;
+      continue;
+    }
+    EXPECT_LT(took, std::chrono::seconds(2)) << rs;  // at once, not at the 3 s deadline
+    EXPECT_THAT(std::string(rs.message()),
+                HasSubstr(absl::StrCat("rank 1, which receives ", c.received, " x float (",
+                                       c.received * 4, " bytes)")));
+    if (c.code == absl::StatusCode::kInvalidArgument) {
+      EXPECT_THAT(std::string(rs.message()),
+                  HasSubstr(absl::StrCat("rank 0 sent ", c.sent * 4, " bytes")));
+    }
+  }
 }
 
 // The peer plane answers only members (daemon/comm/peer_input.h): a communicator of two daemons

@@ -459,6 +459,45 @@ TEST_F(TwoDaemonsTest, SendRecvAcrossNodes) {
   EXPECT_EQ(dst.data, src.data);
 }
 
+// A send and a receive across nodes that disagree on the size fail the receive with
+// INVALID_ARGUMENT naming both sizes, as on one node (where the daemon sees both and fails
+// both); the sender's daemon saw a complete send, as an MPI sender does when its receiver
+// truncates.
+TEST_F(TwoDaemonsTest, SendRecvAcrossNodesOfDifferentSizesFailTheReceiveWithBothSizes) {
+  int n = 0;
+  for (auto [send_count, recv_count] : {std::pair{101, 100}, std::pair{100, 101},
+                                        std::pair{70000, 69999}, std::pair{69999, 70000}}) {
+    SCOPED_TRACE(absl::StrCat(send_count, " sent, ", recv_count, " received"));
+    const std::string id = "p2p-size" + std::to_string(n++);
+    std::shared_ptr<Communicator> comm[2] = {Make(0, id, 1, {1, 2}, ""),
+                                             Make(1, id, 1, {1, 2}, "")};
+    JoinAll(*comm[0], {0});
+    JoinAll(*comm[1], {1});
+    RankBuffer src{std::vector<float>(send_count, 5.0f)};
+    RankBuffer dst{std::vector<float>(recv_count, 0.0f)};
+    const uint64_t base = 100 * n;
+    auto s = src.Request(base + 1, 0, OpKind::kSend, sink_);
+    s->req.root = 1;
+    auto r = dst.Request(base + 2, 1, OpKind::kRecv, sink_);
+    r->req.root = 0;
+    ASSERT_TRUE(comm[1]->Submit(std::move(r)).ok());
+    ASSERT_TRUE(comm[0]->Submit(std::move(s)).ok());
+    const absl::Status got = sink_->Wait(base + 2).status;
+    EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
+    EXPECT_THAT(std::string(got.message()), HasSubstr("send/recv size mismatch"));
+    EXPECT_THAT(std::string(got.message()),
+                HasSubstr("receives " + std::to_string(recv_count) + " x float ("));
+    if (send_count < recv_count) {
+      EXPECT_THAT(std::string(got.message()),
+                  HasSubstr("rank 0 sent " + std::to_string(send_count * 4) + " bytes"));
+    } else {
+      EXPECT_THAT(std::string(got.message()),
+                  HasSubstr("rank 0 sent more than " + std::to_string(recv_count * 4)));
+    }
+    sink_->Wait(base + 1);  // the send's outcome, whatever it is: it does not hang
+  }
+}
+
 TEST_F(TwoDaemonsTest, ReceivesWaitingForAPeerOnAnotherDaemonCountAgainstTheQuota) {
   Quotas q(0, 0, /*p2p_per_session=*/0, /*p2p_per_job=*/1);
   auto r1 = q.Session("job-pq");
