@@ -11,6 +11,11 @@ interleaved (railyard, railyard-shared, gloo, railyard, ...; a fresh process gro
   railyard         ordinary CPU tensors (copied into shared memory and back by the backend)
   railyard-shared  tensors from railyard.torch.empty (shared with the daemon: zero copy)
   gloo             torch's gloo backend over loopback TCP
+  shm-floor        a Python backend with no daemon: each rank copies its tensor into shared
+                   memory, and every rank sums all of them once all have (spinning, yielding
+                   every 64 polls). torch's dispatch and one shared-memory exchange, nothing
+                   else: the floor of any Python backend on this machine, railyard's included
+                   (not a usable backend: no isolation, no timeouts, no failure handling)
 
 Time per op is the slowest rank's mean, and the median of that over the repeats; algbw =
 bytes / time and busbw = algbw * 2(n-1)/n (the nccl-tests convention: the traffic of a ring
@@ -43,7 +48,76 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-VARIANTS = ("railyard", "railyard-shared", "gloo")
+VARIANTS = ("railyard", "railyard-shared", "gloo", "shm-floor")
+
+
+_shm_prefix = ""  # the shm-floor group's files: /dev/shm/<prefix>-ctr, -<bytes>
+
+
+def shm_floor_group():
+    """The shm-floor variant's ProcessGroup class, registered once per process; each group
+    maps the files named by _shm_prefix when it is created."""
+    import mmap
+
+    import numpy as np
+
+    class Done(dist.distributed_c10d.Work):
+        def wait(self, timeout: object = None) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            return True
+
+    def mapped(path: str, nbytes: int):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < nbytes:
+                os.ftruncate(fd, nbytes)
+            return mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+
+    class ShmFloor(dist.ProcessGroup):
+        def __init__(self, store: object, rank: int, size: int, timeout: object) -> None:
+            super().__init__(rank, size)
+            self.rank, self.n, self.seq = rank, size, 0
+            self.prefix = _shm_prefix
+            self.ctr = np.ndarray((size,), np.int64, mapped(self.prefix + "-ctr", 8 * size))
+            self.segments: Dict[int, object] = {}
+
+        def getBackendName(self) -> str:  # noqa: N802
+            return "shm-floor"
+
+        def _exchange(self) -> None:
+            self.seq += 1
+            seq, ctr, i = self.seq, self.ctr, 0
+            ctr[self.rank] = seq
+            while ctr.min() < seq:  # a peer is at most one exchange ahead: parity slots suffice
+                i += 1
+                if i & 63 == 0:
+                    os.sched_yield()
+
+        def allreduce(self, tensors: List[torch.Tensor], opts: object = None) -> Done:
+            a = tensors[0].numpy().reshape(-1)
+            nbytes = a.nbytes
+            if nbytes not in self.segments:
+                self.segments[nbytes] = mapped(f"{self.prefix}-{nbytes}", 2 * self.n * nbytes)
+            slots = np.ndarray((2, self.n, a.size), a.dtype, self.segments[nbytes])[
+                (self.seq + 1) & 1]
+            slots[self.rank] = a
+            self._exchange()
+            with np.errstate(over="ignore"):  # the timed loop sums a tensor into itself
+                if opts is not None and opts.reduceOp == dist.ReduceOp.MAX:
+                    np.max(slots, axis=0, out=a)
+                else:
+                    np.sum(slots, axis=0, out=a)
+            return Done()
+
+        def barrier(self, opts: object = None) -> Done:
+            self._exchange()
+            return Done()
+
+    return ShmFloor
 
 
 def human(nbytes: int) -> str:
@@ -57,6 +131,13 @@ def measure(rank: int, n: int, variant: str, sizes: List[int], iters: int, small
             warmup: int, store_path: str) -> Dict[int, float]:
     import railyard.torch
     backend = "gloo" if variant == "gloo" else "railyard"
+    if variant == "shm-floor":
+        global _shm_prefix
+        backend = "shmfloor"
+        _shm_prefix = prefix = "/dev/shm/" + os.path.basename(
+            os.path.dirname(store_path)) + "-" + os.path.basename(store_path)
+        if backend.upper() not in dist.Backend._plugins:
+            dist.Backend.register_backend(backend, shm_floor_group())
     dist.init_process_group(backend, rank=rank, world_size=n,
                             store=dist.FileStore(store_path, n))
     times: Dict[int, float] = {}
@@ -85,6 +166,10 @@ def measure(rank: int, n: int, variant: str, sizes: List[int], iters: int, small
             times[nbytes] = elapsed.item()
     finally:
         dist.destroy_process_group()
+        if variant == "shm-floor" and rank == 0:
+            for name in os.listdir("/dev/shm"):
+                if name.startswith(os.path.basename(prefix)):
+                    os.unlink(os.path.join("/dev/shm", name))
     return times
 
 

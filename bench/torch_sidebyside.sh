@@ -4,7 +4,8 @@
 # size (processes on this machine, one fresh railyardd per world size). Prints, per world size,
 # us per call and the time ratio railyard / gloo (< 1: railyard faster), then every sample.
 # "railyard" is ordinary CPU tensors (copied to and from shared memory by the backend),
-# "railyard-shared" tensors from railyard.torch.empty (zero copy).
+# "railyard-shared" tensors from railyard.torch.empty (zero copy); VARIANTS may add "shm-floor"
+# (no daemon: the floor of any Python backend, see bench/torch_allreduce_vs_gloo.py).
 #   bench/torch_sidebyside.sh [REPS=3] [WORLD_SIZES="2 4"]
 # Environment: RAILYARD_BUILD_DIR (default build); SIZES (bytes, comma-separated; default
 # 4,1048576,67108864); VARIANTS (default railyard,railyard-shared,gloo); RAILYARD_* reaches the
