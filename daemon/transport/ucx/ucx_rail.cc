@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -218,10 +220,39 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
       result->status = UcxError(absl::StrCat("UCX rail ", config_.index, " (", config_.label,
                                              ") cannot reach ", address.label),
                                 status);
-    } else {
-      peers_.emplace(id, std::move(peer));
+      result->done.Notify();
+      return;
     }
-    result->done.Notify();
+    // Wait for the wire-up (a flush completes once the endpoint's lanes are connected) before
+    // the endpoint is used: UCX 1.13 aborts the process when an endpoint fails while a wire-up
+    // reply is still queued on it (ucp_request.c:684, openucx/ucx#8175 removed the assertion),
+    // which a peer that aborts early made likely under load.
+    ucp_ep_h ep = peer->ep;
+    peers_.emplace(id, std::move(peer));
+    auto flushed = std::make_unique<std::function<void(ucs_status_t)>>(
+        [result, label = address.label, this](ucs_status_t s) {
+          if (s != UCS_OK) {
+            result->status = UcxError(absl::StrCat("UCX rail ", config_.index, " (", config_.label,
+                                                   ") cannot reach ", label),
+                                      s);
+          }
+          result->done.Notify();
+        });
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = [](void* request, ucs_status_t s, void* user_data) {
+      std::unique_ptr<std::function<void(ucs_status_t)>> fn(
+          static_cast<std::function<void(ucs_status_t)>*>(user_data));
+      ucp_request_free(request);
+      (*fn)(s);
+    };
+    param.user_data = flushed.get();
+    const ucs_status_ptr_t request = ucp_ep_flush_nbx(ep, &param);
+    if (UCS_PTR_IS_PTR(request)) {
+      flushed.release();  // the callback owns it
+    } else {
+      (*flushed)(UCS_PTR_STATUS(request));
+    }
   });
   if (!posted) {
     return absl::FailedPreconditionError(
