@@ -120,7 +120,24 @@ absl::Status CheckJoinRequest(const PeerIdentity& who, const v1::JoinCommRequest
       !s.ok()) {
     return s;
   }
-  return CheckIntegrity(req.integrity(), "JoinCommRequest.integrity");
+  if (absl::Status s = CheckIntegrity(req.integrity(), "JoinCommRequest.integrity"); !s.ok()) {
+    return s;
+  }
+  if (who.self) return absl::OkStatus();
+  return CheckDataPlaneVersion(req.node(), "JoinCommRequest.node.data_plane_version");
+}
+
+absl::Status CheckDataPlaneVersion(const v1::NodeInfo& node, absl::string_view field) {
+  if (node.data_plane_version() == kDataPlaneVersion) return absl::OkStatus();
+  const std::string theirs =
+      node.data_plane_version() == 0
+          ? std::string("no data-plane version (a railyardd from before versions were announced)")
+          : absl::StrCat("data-plane version ", node.data_plane_version());
+  return absl::FailedPreconditionError(
+      absl::StrCat(field, ": node ", node.node_name().substr(0, 64), " speaks ", theirs,
+                   ", this daemon ", kDataPlaneVersion,
+                   "; every daemon of a communicator must speak the same one (finish the "
+                   "rolling upgrade, or keep the job on nodes of one railyardd version)"));
 }
 
 absl::StatusOr<int> CheckLayoutFromCoordinator(const v1::JoinCommResponse& layout,
@@ -180,6 +197,15 @@ absl::StatusOr<int> CheckLayoutFromCoordinator(const v1::JoinCommResponse& layou
     if (text->size() > kMaxCostModelTextBytes) {
       return bad(absl::StrCat("JoinCommResponse.cost_model.", name),
                  TooLong(text->size(), kMaxCostModelTextBytes));
+    }
+  }
+  if (multi) {
+    for (int n = 0; n < layout.nodes_size(); ++n) {
+      if (absl::Status s = CheckDataPlaneVersion(
+              layout.nodes(n), absl::StrCat("JoinCommResponse.nodes[", n, "].data_plane_version"));
+          !s.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(from, s.message()));
+      }
     }
   }
   return my_node;

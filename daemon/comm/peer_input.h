@@ -32,6 +32,12 @@ inline constexpr uint64_t kMinPacedChunkBytes = 16 * 1024;
 inline constexpr uint64_t kMaxPacedChunkBytes = uint64_t{1} << 30;
 // Each descriptive text field of a coordinator's CostModel (source, op, fitted_at, ...).
 inline constexpr size_t kMaxCostModelTextBytes = 256;
+// The inter-node data plane this daemon speaks (NodeInfo.data_plane_version). Raise it with any
+// change two daemons must agree on to exchange data: the frame trailer, the tag layout, the
+// operation digest and what it carries, a schedule generator's messages. Daemons of different
+// versions (a rolling upgrade half done) refuse to form a communicator, naming both versions,
+// instead of misreading each other's messages.
+inline constexpr uint32_t kDataPlaneVersion = 1;
 
 // INVALID_ARGUMENT "<field> ..." unless name is a node name as above.
 absl::Status CheckNodeName(absl::string_view name, absl::string_view field);
@@ -53,7 +59,8 @@ std::string StrongerIntegrity(absl::string_view a, absl::string_view b);
 // (the local API's rule, ValidJobId), comm_id (well formed, naming `coordinator`, this daemon's
 // name in comm ids), rank and nranks (CheckRankOf), the node (CheckNodeInfo; the peer address may
 // be empty only for this daemon's own joins) and integrity. INVALID_ARGUMENT naming the field;
-// PERMISSION_DENIED when `who` may not speak for node.node_name (PeerIdentity::MayClaimNode).
+// PERMISSION_DENIED when `who` may not speak for node.node_name (PeerIdentity::MayClaimNode);
+// FAILED_PRECONDITION, last, when another daemon's node speaks another data-plane version.
 absl::Status CheckJoinRequest(const PeerIdentity& who, const v1::JoinCommRequest& req,
                               absl::string_view coordinator);
 
@@ -70,8 +77,14 @@ struct LayoutAsk {
 // for, this daemon listed exactly once and holding the asking rank, every node bounded
 // (CheckNodeInfo; peer addresses required on more than one node), 1 <= rails <= kMaxRailAddresses,
 // a known integrity mode, a non-zero data_secret on more than one node, the cost model's texts
-// bounded. Returns this daemon's node index; INVALID_ARGUMENT (FAILED_PRECONDITION where
-// CheckLayoutFits says so) naming the field and that it came from the coordinator.
+// bounded; last, on more than one node, every node speaking kDataPlaneVersion
+// (FAILED_PRECONDITION naming the node and both versions). Returns this daemon's node index;
+// INVALID_ARGUMENT (FAILED_PRECONDITION where CheckLayoutFits says so) naming the field and that
+// it came from the coordinator.
+// FAILED_PRECONDITION unless node speaks kDataPlaneVersion: "<field>: node N speaks data-plane
+// version V, this daemon W ...".
+absl::Status CheckDataPlaneVersion(const v1::NodeInfo& node, absl::string_view field);
+
 absl::StatusOr<int> CheckLayoutFromCoordinator(const v1::JoinCommResponse& layout,
                                                const LayoutAsk& ask);
 

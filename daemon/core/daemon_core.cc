@@ -234,6 +234,7 @@ v1::NodeInfo DaemonCore::MyNodeInfo() {
     }
   }
   info.set_paced_chunk_bytes(PacedChunkBytes());
+  info.set_data_plane_version(kDataPlaneVersion);
   return info;
 }
 

@@ -20,6 +20,9 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fuzz" / "corpus"
 NONCE = "0123456789abcdef0123456789abcdef"
+# daemon/comm/peer_input.h's kDataPlaneVersion: the seeds' nodes speak it, so that joins and
+# layouts reach the checks past the version's (one seed, coord_old_version, does not).
+DATA_PLANE_VERSION = 1
 
 
 def load_protos(tmp):
@@ -186,9 +189,10 @@ def peer_seeds(pb):
     t = "peer_join_fuzz"
     peer = pb["peer"]
 
-    def node(name, slot, rails=1):
+    def node(name, slot, rails=1, version=DATA_PLANE_VERSION):
         return peer.NodeInfo(node_name=name, peer_address=f"{name}:7411",
-                             rail_addresses=["ab" * 8] * rails, tag_slot=slot)
+                             rail_addresses=["ab" * 8] * rails, tag_slot=slot,
+                             data_plane_version=version)
 
     def member(name, layout):
         write(t, name, b"\x00" + layout.SerializeToString(deterministic=True))
@@ -236,15 +240,20 @@ def peer_seeds(pb):
         nodes=[node("a", 1), node("me", 4)], node_of_rank=[0, 1], rails=1))
     member("member_me_alone", peer.JoinCommResponse(nodes=[peer.NodeInfo(node_name="me")],
                                                     node_of_rank=[0, 0], rails=1))
+    # A coordinator from before data-plane versions: its own node carries none.
+    member("member_old_coordinator", peer.JoinCommResponse(
+        nodes=[node("a", 1, version=0), node("me", 4)], node_of_rank=[0, 1], rails=1,
+        data_secret=7))
 
     def join(rank, nranks, name, slot=3, comm=f"ry1-{NONCE}@a:7411", timeout_ms=0, job="job",
-             integrity=""):
+             integrity="", version=DATA_PLANE_VERSION):
         return peer.JoinCommRequest(job_id=job, comm_id=comm, rank=rank, nranks=nranks,
-                                    node=node(name, slot), timeout_ms=timeout_ms,
+                                    node=node(name, slot, version=version), timeout_ms=timeout_ms,
                                     integrity=integrity)
 
     coordinator("coord_two_nodes", [join(0, 3, "a"), join(2, 3, "b", slot=9), join(1, 3, "a")])
     coordinator("coord_rank_twice", [join(0, 2, "a"), join(0, 2, "a")])
+    coordinator("coord_old_version", [join(0, 2, "a", version=0), join(1, 2, "b", version=2)])
     coordinator("coord_nranks_disagree", [join(0, 2, "a"), join(1, 3, "b")])
     coordinator("coord_slot_disagree", [join(0, 2, "a", slot=1), join(1, 2, "a", slot=2)])
     coordinator("coord_timeout", [join(0, 4, "a", timeout_ms=10), join(1, 4, "b")])

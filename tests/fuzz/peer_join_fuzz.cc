@@ -14,7 +14,8 @@
 //  odd:  the rest is a sequence of JoinCommRequests (each a 2-byte little-endian length and the
 //        message) a coordinator ("a:7411") receives from peers, alternately from an unverified
 //        peer and from one whose certificate names only node "a". Each goes through
-//        CheckJoinRequest (refused: INVALID_ARGUMENT or PERMISSION_DENIED, bounded; accepted:
+//        CheckJoinRequest (refused: INVALID_ARGUMENT or PERMISSION_DENIED, or FAILED_PRECONDITION
+//        for another data-plane version, bounded; accepted:
 //        every field within its limits, a certified peer speaking only as "a") and, whatever it
 //        said, CommBootstrap::Join on a fake clock with at most 4 bootstraps and 16 KiB of node
 //        information pending (both back to 0 after every deadline). Properties:
@@ -192,10 +193,14 @@ constexpr char kCoordinator[] = "a:7411";
 void CheckCheckedJoin(const PeerIdentity& who, const v1::JoinCommRequest& req) {
   const absl::Status s = CheckJoinRequest(who, req, kCoordinator);
   if (!s.ok()) {
-    if (s.code() != absl::StatusCode::kPermissionDenied) {
-      FUZZ_CHECK_ERROR(s, absl::StatusCode::kInvalidArgument, 600);
-    } else {
+    if (s.code() == absl::StatusCode::kPermissionDenied) {
       FUZZ_CHECK_ERROR(s, absl::StatusCode::kPermissionDenied, 600);
+    } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      FUZZ_CHECK_ERROR(s, absl::StatusCode::kFailedPrecondition, 600);
+      FUZZ_CHECK(req.node().data_plane_version() != kDataPlaneVersion,
+                 "FAILED_PRECONDITION for a join of this daemon's data-plane version");
+    } else {
+      FUZZ_CHECK_ERROR(s, absl::StatusCode::kInvalidArgument, 600);
     }
     return;
   }

@@ -40,11 +40,16 @@ def channel(args):
     return grpc.secure_channel(args["address"], creds, options=options)
 
 
+# daemon/comm/peer_input.h's kDataPlaneVersion: what the attacker claims unless told otherwise.
+DATA_PLANE_VERSION = 1
+
+
 def node_info(a):
     return peer_pb2.NodeInfo(node_name=a.get("node_name", "evil"),
                              peer_address=a.get("peer_address", "127.0.0.1:1"),
                              rail_addresses=a.get("rail_addresses", ["ucx:evil/rail0:00:00000000"]),
-                             tag_slot=a.get("tag_slot", 16))
+                             tag_slot=a.get("tag_slot", 16),
+                             data_plane_version=a.get("data_plane_version", DATA_PLANE_VERSION))
 
 
 def attempt(stub, a):
@@ -77,10 +82,18 @@ def forged_layout(kind, req):
     """A layout built to break the member that asked (req is its JoinCommRequest)."""
     me = req.node
     evil = peer_pb2.NodeInfo(node_name="evil", peer_address="127.0.0.1:9",
-                             rail_addresses=list(me.rail_addresses), tag_slot=16)
+                             rail_addresses=list(me.rail_addresses), tag_slot=16,
+                             data_plane_version=DATA_PLANE_VERSION)
     out = peer_pb2.JoinCommResponse(rails=1, data_secret=0x5EC12E7)
     n = req.nranks
-    if kind == "negative_index":
+    if kind == "old_coordinator":
+        # Well formed, from a coordinator of a railyardd before data-plane versions.
+        evil.data_plane_version = 0
+        out.nodes.extend([evil, me])
+        ranks = [0] * n
+        ranks[req.rank] = 1
+        out.node_of_rank.extend(ranks)
+    elif kind == "negative_index":
         out.nodes.extend([me, evil])
         out.node_of_rank.extend([-1] + [1] * (n - 1))
     elif kind == "index_past_nodes":

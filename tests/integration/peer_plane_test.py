@@ -172,16 +172,21 @@ def test_a_cluster_node_that_is_not_a_member_cannot_act_on_the_victims_communica
         {"rpc": "join", "job": "mallory", "comm_id": f"ry1-{nonce}@unix:/run/x.sock", "rank": 0,
          "nranks": 2},
         {"rpc": "join", "job": "../etc", "comm_id": comm_id, "rank": 0, "nranks": 2},
+        # A daemon of another data-plane version (a rolling upgrade half done), for a new id.
+        {"rpc": "join", "job": "mallory", "comm_id": f"ry1-{'cd' * 16}@{comm_id.split('@')[1]}",
+         "rank": 0, "nranks": 2, "data_plane_version": 0},
     ]
     results = attack({"address": cluster["daemons"]["vnode0"]["peer"], "ca": cluster["certs"]["ca"],
                       "cert": evil_cert, "key": evil_key, "attempts": attempts})
     codes = [code for code, _ in results]
     assert codes[:3] == ["PERMISSION_DENIED"] * 3, results
-    assert codes[3:] == ["INVALID_ARGUMENT"] * 6, results
+    assert codes[3:9] == ["INVALID_ARGUMENT"] * 6, results
+    assert codes[9] == "FAILED_PRECONDITION", results
     details = [d for _, d in results]
     assert "nranks" in details[3] and "rank 5" in details[4], results
     assert "rail_addresses" in details[5] and "rail_addresses" in details[6], results
     assert "unix:" in details[7] and "job" in details[8], results
+    assert "node evil speaks no data-plane version" in details[9], results
     victim_intact(cluster, victim)
     # vnode1's view: the forged abort must not have reached it either.
     results = attack({"address": cluster["daemons"]["vnode1"]["peer"], "ca": cluster["certs"]["ca"],
@@ -197,6 +202,7 @@ FORGERIES = {
     "member_absent": "this daemon",
     "member_elsewhere": "this daemon",
     "huge_rail_address": "rail_addresses",
+    "old_coordinator": "nodes[0].data_plane_version: node evil speaks no data-plane version",
 }
 
 
@@ -216,7 +222,8 @@ def test_a_forged_layout_from_a_coordinator_is_refused_naming_what_is_wrong(clus
             c.comm(comm_id, 0, 2, timeout=10)
         assert time.monotonic() - start < 20
         print(f"  forged layout {kind} -> {err.value}"[:300])
-        assert err.value.code.name == "INVALID_ARGUMENT", err.value
+        want = "FAILED_PRECONDITION" if kind == "old_coordinator" else "INVALID_ARGUMENT"
+        assert err.value.code.name == want, err.value
         assert FORGERIES[kind] in str(err.value), err.value
         c.close()
     finally:

@@ -129,6 +129,7 @@ v1::JoinCommRequest GoodJoin() {
   n->add_rail_addresses("00ff");
   n->add_rail_addresses("01ff");
   n->set_tag_slot(7);
+  n->set_data_plane_version(kDataPlaneVersion);
   req.set_integrity("crc32c");
   return req;
 }
@@ -228,6 +229,33 @@ TEST(CheckJoinRequestTest, AVerifiedPeerMayOnlyJoinAsANodeItsCertificateNames) {
   req.mutable_node()->set_node_name("");
   ExpectRefused(CheckJoinRequest(Certified({"node-c.example"}), req, kCoordinator),
                 absl::StatusCode::kInvalidArgument, "node_name is empty");
+}
+
+// A rolling upgrade half done: a member of another data-plane version (or of none: a daemon from
+// before versions were announced) is refused with FAILED_PRECONDITION naming it and both
+// versions, once everything else checked out; this daemon's own joins carry its own.
+TEST(CheckJoinRequestTest, AMemberOfAnotherDataPlaneVersionIsRefusedNamingBoth) {
+  for (uint32_t version : {0u, kDataPlaneVersion + 1}) {
+    v1::JoinCommRequest req = GoodJoin();
+    req.mutable_node()->set_data_plane_version(version);
+    const std::string says =
+        version == 0 ? "speaks no data-plane version (a railyardd from before versions were "
+                       "announced)"
+                     : absl::StrCat("speaks data-plane version ", version);
+    ExpectRefused(CheckJoinRequest(Insecure(), req, kCoordinator),
+                  absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("JoinCommRequest.node.data_plane_version: node node-b.example ",
+                               says, ", this daemon ", kDataPlaneVersion,
+                               "; every daemon of a communicator must speak the same one"));
+    // A malformed field is still named as such first.
+    req.set_job_id("");
+    ExpectRefused(CheckJoinRequest(Insecure(), req, kCoordinator),
+                  absl::StatusCode::kInvalidArgument, "JoinCommRequest.job_id");
+  }
+  v1::JoinCommRequest own = GoodJoin();
+  own.mutable_node()->clear_peer_address();
+  own.mutable_node()->set_data_plane_version(0);
+  EXPECT_TRUE(CheckJoinRequest(PeerIdentity::Self(), own, kCoordinator).ok());
 }
 
 TEST(IntegrityTest, TheStrongestAskedForWins) {
@@ -392,6 +420,7 @@ v1::JoinCommResponse GoodLayout() {
     n->add_rail_addresses("aa");
     n->add_rail_addresses("bb");
     n->set_tag_slot(5);
+    n->set_data_plane_version(kDataPlaneVersion);
   }
   for (int node : {0, 0, 1, 1}) l.add_node_of_rank(node);
   l.set_rails(2);
@@ -485,6 +514,31 @@ TEST(CheckLayoutTest, EveryInconsistencyIsInvalidArgumentNamingTheFieldAndTheCoo
                 "JoinCommResponse.nodes list this daemon twice (0 and 1)");
 }
 
+// A coordinator of another data-plane version (0: one from before versions were announced, which
+// lists its own node without one) or a layout listing such a node: FAILED_PRECONDITION naming the
+// node and both versions. One node alone exchanges no data between daemons: no check.
+TEST(CheckLayoutTest, ANodeOfAnotherDataPlaneVersionIsRefusedNamingIt) {
+  for (uint32_t version : {0u, kDataPlaneVersion + 1}) {
+    v1::JoinCommResponse l = GoodLayout();
+    l.mutable_nodes(0)->set_data_plane_version(version);
+    ExpectRefused(CheckLayoutFromCoordinator(l, AskOf(2, 4)).status(),
+                  absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("layout of communicator c from its coordinator: "
+                               "JoinCommResponse.nodes[0].data_plane_version: node other.example "
+                               "speaks ",
+                               version == 0 ? "no data-plane version"
+                                            : absl::StrCat("data-plane version ", version),
+                               ""));
+  }
+  v1::JoinCommResponse solo;
+  v1::NodeInfo* n = solo.add_nodes();
+  n->set_node_name("me.example");
+  n->set_peer_address(kMe);
+  for (int i = 0; i < 4; ++i) solo.add_node_of_rank(0);
+  solo.set_rails(1);
+  EXPECT_TRUE(CheckLayoutFromCoordinator(solo, AskOf(2, 4)).ok());
+}
+
 // --- DaemonCore: the coordinator's join, Heartbeat and AbortComm refusals. ---
 
 class PeerCoreTest : public ::testing::Test {
@@ -515,6 +569,7 @@ class PeerCoreTest : public ::testing::Test {
     req.set_nranks(nranks);
     req.mutable_node()->set_node_name("peer");
     req.mutable_node()->set_peer_address("peer.example:7411");
+    req.mutable_node()->set_data_plane_version(kDataPlaneVersion);
     return req;
   }
 
