@@ -505,6 +505,30 @@ TYPED_TEST(TransportTest, AbortDuringLargeTransferIsBounded) {
   EXPECT_TRUE(send.Wait(absl::Seconds(5)));
 }
 
+// A connect to a peer that is gone fails, or returns an endpoint whose operations fail, in
+// bounded time; over UCX, Connect waits for the wire-up, so it is Connect that fails, and the
+// endpoint it made is released (the transport shuts down cleanly after it).
+TYPED_TEST(TransportTest, ConnectingToAGonePeerFailsInBoundedTime) {
+  auto a = this->env_.NewTransport(1);
+  auto b = this->env_.NewTransport(1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<std::string> addr_b = (*b)->LocalAddress(0);
+  ASSERT_TRUE(addr_b.ok());
+  this->env_.Kill(*b);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Endpoint>> ep = (*a)->Connect(*addr_b, 0);
+  if (ep.ok()) {
+    std::vector<uint8_t> small(16, 1);
+    Completions c;
+    (*ep)->Send(1, small.data(), small.size(), c.Add());
+    ASSERT_TRUE(c.Wait());
+    EXPECT_FALSE(c.statuses()[0].ok());
+  } else {
+    std::printf("connect to a gone peer: %s\n", ep.status().ToString().c_str());
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+}
+
 TYPED_TEST(TransportTest, DeadPeerFailsPendingOpsWithUnavailable) {
   Pair p = this->Connect(1);
   ASSERT_TRUE(p.a && p.b);

@@ -264,7 +264,10 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
         absl::StrCat("UCX rail ", config_.index, ": creating an endpoint to ", label,
                      " took longer than ", absl::FormatDuration(config_.connect_timeout)));
   }
-  if (!result->status.ok()) return result->status;
+  if (!result->status.ok()) {
+    Release(id);  // an endpoint whose wire-up failed (nothing to release when creating it did)
+    return result->status;
+  }
   return id;
 }
 
