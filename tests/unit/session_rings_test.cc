@@ -556,11 +556,14 @@ TEST(SessionRingsTest, AnOperationOutlastingThePollWindowIsLeftToTheTransportsOw
   FakePoller poller(fake, /*complete_after=*/-1);
   RingPair rings(8, 8, fake, std::chrono::microseconds(10), &poller, absl::Milliseconds(5));
   ASSERT_TRUE(rings.Submit(1).ok());
-  // In flight and polled for 5 ms, then the thread sleeps although the operation goes on.
+  // In flight and polled for 5 ms, then the thread sleeps although the operation goes on. The
+  // thread was asleep before the submission too (the flag still says so until it wakes, which
+  // took long enough under CI's load for a check of the flag alone to pass before any poll), so
+  // first see it poll.
+  ASSERT_TRUE(Eventually([&] { return poller.polls.load() > 0; }, std::chrono::seconds(2)));
   ASSERT_TRUE(Eventually(
       [&] { return __atomic_load_n(&rings.Word32(rp::kOffDaemonSleeping), __ATOMIC_ACQUIRE) == 1; },
       std::chrono::seconds(2)));
-  EXPECT_GT(poller.polls.load(), 0);
   EXPECT_EQ(poller.begins.load(), poller.ends.load());
   const int polls = poller.polls.load();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
