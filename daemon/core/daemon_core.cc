@@ -844,6 +844,7 @@ metrics::DaemonSample DaemonCore::SampleMetrics() {
 v1::StatusResponse DaemonCore::Status() {
   v1::StatusResponse out;
   out.set_version(kRailyardVersion);
+  out.set_data_plane_version(kDataPlaneVersion);
   out.set_node_name(config_.node_name);
   out.set_socket(config_.socket);
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_at_));

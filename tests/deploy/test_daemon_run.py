@@ -155,6 +155,9 @@ def test_daemonset_args_start_a_daemon_that_passes_its_probes():
                              capture_output=True, text=True, timeout=30, env=clean_env)
         assert out.returncode == 0, f"railctl status: {out.stderr}"
         assert "deploy-test-node" in out.stdout, out.stdout
+        # The data-plane version an operator compares across nodes during an upgrade.
+        assert re.search(r"^railyardd \S+ \(data plane [1-9]\d*\) on ", out.stdout, re.M), \
+            out.stdout
         # The documented way to mint a job's token works with a key file as the Secret holds it.
         job = dm.example_job()["metadata"]["name"]
         out = subprocess.run([railctl, "token", "issue", "--job", job, "--ttl", "24h",

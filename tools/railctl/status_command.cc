@@ -13,11 +13,11 @@ namespace railyard::railctl {
 
 std::string FormatStatus(const v1::StatusResponse& s) {
   std::string out = absl::StrFormat(
-      "railyardd %s on %s, socket %s, up %s, %d worker threads\n"
+      "railyardd %s (data plane %d) on %s, socket %s, up %s, %d worker threads\n"
       "buffers %d (%s), operations %d completed, %d failed\n",
-      s.version(), s.node_name(), s.socket(), FormatDuration(s.uptime_seconds()),
-      s.worker_threads(), s.buffers(), FormatBytes(s.buffer_bytes()), s.ops_completed(),
-      s.ops_failed());
+      s.version(), s.data_plane_version(), s.node_name(), s.socket(),
+      FormatDuration(s.uptime_seconds()), s.worker_threads(), s.buffers(),
+      FormatBytes(s.buffer_bytes()), s.ops_completed(), s.ops_failed());
   if (!s.peer_address().empty()) {
     absl::StrAppend(&out, "peer service ", s.peer_address(), ", rails ",
                     absl::StrJoin(s.rails(), ", "), "\n");
