@@ -10,6 +10,7 @@ Usage: /usr/bin/python3 tests/fuzz/make_seeds.py  (from anywhere)
 
 import importlib
 import json
+import re
 import pathlib
 import shutil
 import struct
@@ -21,8 +22,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fuzz" / "corpus"
 NONCE = "0123456789abcdef0123456789abcdef"
 # daemon/comm/peer_input.h's kDataPlaneVersion: the seeds' nodes speak it, so that joins and
-# layouts reach the checks past the version's (one seed, coord_old_version, does not).
-DATA_PLANE_VERSION = 1
+# layouts reach the checks past the version's (coord_old_version and member_old_coordinator
+# do not).
+DATA_PLANE_VERSION = int(re.search(r"kDataPlaneVersion = (\d+);", (
+    ROOT / "daemon" / "comm" / "peer_input.h").read_text()).group(1))
 
 
 def load_protos(tmp):

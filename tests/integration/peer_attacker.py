@@ -14,6 +14,8 @@ Every wait is bounded.
 """
 
 import json
+import os
+import re
 import sys
 import threading
 from concurrent import futures
@@ -41,7 +43,9 @@ def channel(args):
 
 
 # daemon/comm/peer_input.h's kDataPlaneVersion: what the attacker claims unless told otherwise.
-DATA_PLANE_VERSION = 1
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                       "daemon", "comm", "peer_input.h")) as _header:
+    DATA_PLANE_VERSION = int(re.search(r"kDataPlaneVersion = (\d+);", _header.read()).group(1))
 
 
 def node_info(a):
