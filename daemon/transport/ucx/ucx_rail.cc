@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <utility>
 
@@ -194,9 +193,14 @@ void UcxRail::StopAndWait() {
 absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
   absl::StatusOr<UcxWorkerAddress> address = DecodeUcxAddress(peer_address);
   if (!address.ok()) return address.status();
+  // What the progress thread reports: creating the endpoint, or its wire-up, failed or not.
   struct Result {
+    void Set(ucs_status_t s) {
+      status = s;
+      done.Notify();
+    }
     absl::Notification done;
-    absl::Status status;
+    ucs_status_t status = UCS_OK;
   };
   auto result = std::make_shared<Result>();
   const std::string label = address->label;
@@ -217,10 +221,7 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
     params.err_handler.arg = peer.get();
     const ucs_status_t status = ucp_ep_create(worker_, &params, &peer->ep);
     if (status != UCS_OK) {
-      result->status = UcxError(absl::StrCat("UCX rail ", config_.index, " (", config_.label,
-                                             ") cannot reach ", address.label),
-                                status);
-      result->done.Notify();
+      result->Set(status);
       return;
     }
     // Wait for the wire-up (a flush completes once the endpoint's lanes are connected) before
@@ -229,29 +230,22 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
     // which a peer that aborts early made likely under load.
     ucp_ep_h ep = peer->ep;
     peers_.emplace(id, std::move(peer));
-    auto flushed = std::make_unique<std::function<void(ucs_status_t)>>(
-        [result, label = address.label, this](ucs_status_t s) {
-          if (s != UCS_OK) {
-            result->status = UcxError(absl::StrCat("UCX rail ", config_.index, " (", config_.label,
-                                                   ") cannot reach ", label),
-                                      s);
-          }
-          result->done.Notify();
-        });
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = [](void* request, ucs_status_t s, void* user_data) {
-      std::unique_ptr<std::function<void(ucs_status_t)>> fn(
-          static_cast<std::function<void(ucs_status_t)>*>(user_data));
+      // The caller may have given up waiting (its timeout): the callback holds its own reference.
+      std::unique_ptr<std::shared_ptr<Result>> held(
+          static_cast<std::shared_ptr<Result>*>(user_data));
       ucp_request_free(request);
-      (*fn)(s);
+      (*held)->Set(s);
     };
-    param.user_data = flushed.get();
+    auto held = std::make_unique<std::shared_ptr<Result>>(result);
+    param.user_data = held.get();
     const ucs_status_ptr_t request = ucp_ep_flush_nbx(ep, &param);
     if (UCS_PTR_IS_PTR(request)) {
-      flushed.release();  // the callback owns it
+      held.release();  // the callback owns it
     } else {
-      (*flushed)(UCS_PTR_STATUS(request));
+      result->Set(UCS_PTR_STATUS(request));
     }
   });
   if (!posted) {
@@ -264,9 +258,11 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
         absl::StrCat("UCX rail ", config_.index, ": creating an endpoint to ", label,
                      " took longer than ", absl::FormatDuration(config_.connect_timeout)));
   }
-  if (!result->status.ok()) {
+  if (result->status != UCS_OK) {
     Release(id);  // an endpoint whose wire-up failed (nothing to release when creating it did)
-    return result->status;
+    return UcxError(
+        absl::StrCat("UCX rail ", config_.index, " (", config_.label, ") cannot reach ", label),
+        result->status);
   }
   return id;
 }
