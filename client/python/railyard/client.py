@@ -225,9 +225,14 @@ class Work:
         other Railyard operations.
         """
         if self._on_done(fn):
-            rings = self._rings
-            if rings is not None:
-                rings.background_wanted()  # nobody may wait: the reader must read it promptly
+            self._wanted_in_background()  # nobody may wait: the reader must read it promptly
+
+    def _wanted_in_background(self) -> None:
+        """Someone off the submitting thread waits for this work (a callback, a torch future):
+        the session's background reader reads its completion promptly."""
+        rings = self._rings
+        if rings is not None:
+            rings.background_wanted()
 
     def _on_done(self, fn: Callable[["Work"], None]) -> bool:
         """``add_done_callback`` for a caller that waits for the work itself (no prompt read by

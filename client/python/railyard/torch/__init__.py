@@ -368,9 +368,8 @@ class Work(_Work):
                     _futures.submit(lambda: self._complete_future(future))
             future = self._future
             self._consumed = True
-        rw = self._rw
-        if not self._done and rw is not None and rw._rings is not None:
-            rw._rings.background_wanted()  # the future's waiters do not read the rings
+        if not self._done and self._rw is not None:
+            self._rw._wanted_in_background()  # the future's waiters do not read the rings
         self._maybe_release()
         return future
 
