@@ -696,47 +696,56 @@ absl::StatusOr<uint64_t> Communicator::SubmitRemotePointToPointLocked(
   });
   op->request = std::move(request);
   ++remote_p2p_in_flight_;
-  auto done = [weak, op](absl::Status st) {
-    if (auto self = weak.lock()) self->OnRemoteP2PDone(op, st);
+  auto done = [weak, op](absl::Status st, size_t length) {
+    if (auto self = weak.lock()) self->OnRemoteP2PDone(op, st, length);
   };
-  if (is_send) {
-    out->transport_posts.push_back(
-        [ep, tag, data, bytes, done] { ep->Send(tag, data, bytes, done); });
-    return op->seq;
-  }
-  // The receive: the sending daemon's send has no size check against it (only this side knows
-  // both sizes), so a message of another length is the clients' disagreement, reported as on
-  // one node (P2PChannels::Next), with the size that arrived.
-  const std::string wants =
-      absl::StrCat("rank ", dst, ", which receives ", op->request->req.count, " x ",
-                   std::string(kernels::Name(op->request->req.dtype)), " (", bytes, " bytes)");
-  const std::string mismatch = absl::StrCat("send/recv size mismatch on communicator ", comm_id_,
-                                            " (pair seq ", op->seq, "): rank ", src);
-  out->transport_posts.push_back([ep, tag, data, bytes, done, wants, mismatch, src] {
-    const transport::Segment segment{data, bytes};
-    ep->RecvV(tag, &segment, 1, [=](absl::Status s, size_t length) {
-      if (s.ok() && length != bytes) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat(mismatch, " sent ", length, " bytes to ", wants));
-      } else if (absl::IsOutOfRange(s)) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat(mismatch, " sent more than ", bytes, " bytes to ", wants));
-      } else if (absl::IsPermissionDenied(s)) {
-        // A framed link tells a member's message of another length from a foreign one only
-        // for a shorter one-message frame (its trailer arrives whole); otherwise it reports the
-        // second (docs/data-plane.md, "The frame"). Name the first too.
-        s = absl::PermissionDeniedError(
-            absl::StrCat(s.message(), "; a send from rank ", src, " of another size than the ",
-                         bytes, " bytes expected by ", wants, " ends it alike"));
-      }
-      done(std::move(s));
-    });
+  out->transport_posts.push_back([ep, is_send, tag, data, bytes, done] {
+    if (is_send) {
+      ep->Send(tag, data, bytes, [done](absl::Status s) { done(std::move(s), 0); });
+    } else {
+      const transport::Segment segment{data, bytes};
+      ep->RecvV(tag, &segment, 1, done);
+    }
   });
   return op->seq;
 }
 
-void Communicator::OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op,
-                                   const absl::Status& status) {
+absl::Status Communicator::RemoteRecvStatus(const RemoteP2P& op, absl::Status s,
+                                            size_t length) const {
+  // The sending daemon's send has no size check against the receive (only this side knows both
+  // sizes), so a message of another length is the clients' disagreement, reported as on one
+  // node (P2PChannels::Next), with the size that arrived.
+  const scheduler::RankRequest& req = op.request->req;
+  const uint64_t bytes = req.count * kernels::ElementSize(req.dtype);
+  const auto wants = [&] {
+    return absl::StrCat("rank ", op.request->rank, ", which receives ", req.count, " x ",
+                        std::string(kernels::Name(req.dtype)), " (", bytes, " bytes)");
+  };
+  const auto mismatch = [&] {
+    return absl::StrCat("send/recv size mismatch on communicator ", comm_id_, " (pair seq ", op.seq,
+                        "): rank ", op.peer);
+  };
+  if (s.ok() && length != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(mismatch(), " sent ", length, " bytes to ", wants()));
+  }
+  if (absl::IsOutOfRange(s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(mismatch(), " sent more than ", bytes, " bytes to ", wants()));
+  }
+  if (absl::IsPermissionDenied(s)) {
+    // A framed link tells a member's message of another length from a foreign one only for a
+    // shorter one-message frame (its trailer arrives whole); otherwise it reports the second
+    // (docs/data-plane.md, "The frame"). Name the first too.
+    return absl::PermissionDeniedError(
+        absl::StrCat(s.message(), "; a send from rank ", op.peer, " of another size than the ",
+                     bytes, " bytes expected by ", wants(), " ends it alike"));
+  }
+  return s;
+}
+
+void Communicator::OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op, absl::Status status,
+                                   size_t length) {
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
@@ -745,6 +754,9 @@ void Communicator::OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op,
     --remote_p2p_in_flight_;
     channels_.RemoteDone(op->channel);
     env_.timer->Cancel(op->timer);
+    if (op->request->req.op == OpKind::kRecv) {
+      status = RemoteRecvStatus(*op, std::move(status), length);
+    }
     absl::Status result = status;
     if (!status.ok()) {
       result =

@@ -260,7 +260,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   absl::StatusOr<uint64_t> SubmitRemotePointToPointLocked(std::unique_ptr<PendingRequest> request,
                                                           Outcomes* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op, const absl::Status& status);
+  // length: the bytes a receive got (the transport's; unused for a send).
+  void OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op, absl::Status status, size_t length);
+  // A remote receive's transport outcome as the client should see it: a message of another
+  // size than the receive is the pair's disagreement, named with both sizes.
+  absl::Status RemoteRecvStatus(const RemoteP2P& op, absl::Status s, size_t length) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRemoteP2PDeadline(const std::shared_ptr<RemoteP2P>& op);
   void OnJoinDeadline();
   void AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now = false)
