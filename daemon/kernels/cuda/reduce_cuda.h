@@ -28,6 +28,22 @@ struct CUstream_st;
 int railyard_cuda_reduce(int dtype, int op, void* dst, const void* const* srcs, int nsrcs,
                          size_t count, uint32_t avg_divisor, struct CUstream_st* stream);
 
+// Reduces like railyard_cuda_reduce into every dsts[d], d in [0, ndsts): one pass over the
+// sources (railyard::kernels::ReduceToMany on the device). 1 <= ndsts <= RAILYARD_CUDA_MAX_SRCS;
+// any dst may equal any src exactly. Same return values.
+int railyard_cuda_reduce_to_many(int dtype, int op, void* const* dsts, int ndsts,
+                                 const void* const* srcs, int nsrcs, size_t count,
+                                 uint32_t avg_divisor, struct CUstream_st* stream);
+
+// Copies bytes between device pointers on `stream` (cudaMemcpyAsync); nothing when dst == src.
+int railyard_cuda_copy(void* dst, const void* src, size_t bytes, struct CUstream_st* stream);
+
+// Exchanges two non-overlapping device regions of `bytes` bytes on `stream`.
+int railyard_cuda_swap(void* a, void* b, size_t bytes, struct CUstream_st* stream);
+
+// cudaGetErrorString of a value these functions returned.
+const char* railyard_cuda_error_string(int error);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

@@ -1,0 +1,212 @@
+#include "railyard/device_memory.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+#if RAILYARD_CLIENT_CUDA
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace railyard {
+
+DeviceMemory::DeviceMemory(DeviceMemory&& o) noexcept
+    : handle_(std::exchange(o.handle_, 0)),
+      ptr_(std::exchange(o.ptr_, 0)),
+      size_(std::exchange(o.size_, 0)),
+      allocated_(std::exchange(o.allocated_, 0)),
+      device_(std::exchange(o.device_, -1)) {}
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    handle_ = std::exchange(o.handle_, 0);
+    ptr_ = std::exchange(o.ptr_, 0);
+    size_ = std::exchange(o.size_, 0);
+    allocated_ = std::exchange(o.allocated_, 0);
+    device_ = std::exchange(o.device_, -1);
+  }
+  return *this;
+}
+
+DeviceMemory::~DeviceMemory() { Reset(); }
+
+#if RAILYARD_CLIENT_CUDA
+namespace {
+
+struct Vmm {
+  CUresult (*Create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long) = nullptr;
+  CUresult (*Release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*GetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
+                                       CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*AddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                             unsigned long long) = nullptr;
+  CUresult (*AddressFree)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*Map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                  unsigned long long) = nullptr;
+  CUresult (*Unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*SetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*Export)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                     unsigned long long) = nullptr;
+  CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+  CUresult (*DeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*DeviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  absl::Status status;
+};
+
+// The driver's VMM entry points, looked up once (the static CUDA runtime opens libcuda.so.1).
+const Vmm& GetVmm() {
+  static const Vmm vmm = [] {
+    Vmm v;
+    int count = 0;
+    if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+      cudaGetLastError();
+      v.status = absl::FailedPreconditionError(absl::StrCat(
+          "CUDA is not usable here (cudaGetDeviceCount: ", cudaGetErrorString(e), ")"));
+      return v;
+    }
+    struct {
+      const char* name;
+      void** fn;
+    } const symbols[] = {
+        {"cuMemCreate", reinterpret_cast<void**>(&v.Create)},
+        {"cuMemRelease", reinterpret_cast<void**>(&v.Release)},
+        {"cuMemGetAllocationGranularity", reinterpret_cast<void**>(&v.GetAllocationGranularity)},
+        {"cuMemAddressReserve", reinterpret_cast<void**>(&v.AddressReserve)},
+        {"cuMemAddressFree", reinterpret_cast<void**>(&v.AddressFree)},
+        {"cuMemMap", reinterpret_cast<void**>(&v.Map)},
+        {"cuMemUnmap", reinterpret_cast<void**>(&v.Unmap)},
+        {"cuMemSetAccess", reinterpret_cast<void**>(&v.SetAccess)},
+        {"cuMemExportToShareableHandle", reinterpret_cast<void**>(&v.Export)},
+        {"cuGetErrorString", reinterpret_cast<void**>(&v.GetErrorString)},
+        {"cuDeviceGet", reinterpret_cast<void**>(&v.DeviceGet)},
+        {"cuDeviceGetAttribute", reinterpret_cast<void**>(&v.DeviceGetAttribute)},
+    };
+    for (const auto& s : symbols) {
+      cudaDriverEntryPointQueryResult found{};
+      const cudaError_t e =
+          cudaGetDriverEntryPointByVersion(s.name, s.fn, 12000, cudaEnableDefault, &found);
+      if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || *s.fn == nullptr) {
+        v.status = absl::FailedPreconditionError(
+            absl::StrCat("the CUDA driver has no ", s.name, " (VMM needs CUDA 12 or later)"));
+        return v;
+      }
+    }
+    return v;
+  }();
+  return vmm;
+}
+
+absl::Status Fail(absl::StatusCode code, const char* what, CUresult r) {
+  const char* s = nullptr;
+  if (GetVmm().GetErrorString == nullptr || GetVmm().GetErrorString(r, &s) != CUDA_SUCCESS ||
+      s == nullptr) {
+    return absl::Status(code, absl::StrCat(what, ": CUresult ", static_cast<int>(r)));
+  }
+  return absl::Status(code, absl::StrCat(what, ": ", s));
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(size_t bytes, int device) {
+  if (bytes == 0) return absl::InvalidArgumentError("device memory size must be > 0");
+  const Vmm& v = GetVmm();
+  if (!v.status.ok()) return v.status;
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", device, " is not one of the ", count, " devices here"));
+  }
+  int vmm = 0;
+  CUdevice dev{};
+  if (v.DeviceGet(&dev, device) != CUDA_SUCCESS ||
+      v.DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) !=
+          CUDA_SUCCESS ||
+      vmm == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("device ", device, " has no VMM support"));
+  }
+  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
+  }
+  cudaFree(nullptr);  // makes the primary context current, as the driver calls below need
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t gran = 0;
+  CUresult r = v.GetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (r != CUDA_SUCCESS || gran == 0) {
+    return Fail(absl::StatusCode::kInternal, "cuMemGetAllocationGranularity", r);
+  }
+  DeviceMemory m;
+  m.size_ = bytes;
+  m.allocated_ = (bytes + gran - 1) / gran * gran;
+  m.device_ = device;
+  CUmemGenericAllocationHandle h{};
+  if ((r = v.Create(&h, m.allocated_, &prop, 0)) != CUDA_SUCCESS) {
+    return Fail(absl::StatusCode::kResourceExhausted, "cuMemCreate", r);
+  }
+  CUdeviceptr p = 0;
+  if ((r = v.AddressReserve(&p, m.allocated_, gran, 0, 0)) != CUDA_SUCCESS) {
+    v.Release(h);
+    return Fail(absl::StatusCode::kResourceExhausted, "cuMemAddressReserve", r);
+  }
+  if ((r = v.Map(p, m.allocated_, 0, h, 0)) != CUDA_SUCCESS) {
+    v.AddressFree(p, m.allocated_);
+    v.Release(h);
+    return Fail(absl::StatusCode::kInternal, "cuMemMap", r);
+  }
+  m.handle_ = h;
+  m.ptr_ = p;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if ((r = v.SetAccess(p, m.allocated_, &access, 1)) != CUDA_SUCCESS) {
+    return Fail(absl::StatusCode::kInternal, "cuMemSetAccess", r);  // m's destructor unmaps
+  }
+  return m;
+}
+
+absl::StatusOr<int> DeviceMemory::ExportFd() const {
+  if (!valid()) return absl::FailedPreconditionError("no device memory to export");
+  int fd = -1;
+  if (CUresult r = GetVmm().Export(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      r != CUDA_SUCCESS) {
+    return Fail(absl::StatusCode::kInternal, "cuMemExportToShareableHandle", r);
+  }
+  return fd;
+}
+
+void DeviceMemory::Reset() {
+  if (ptr_ == 0 && handle_ == 0) return;
+  const Vmm& v = GetVmm();
+  if (ptr_ != 0) {
+    v.Unmap(ptr_, allocated_);
+    v.AddressFree(ptr_, allocated_);
+  }
+  if (handle_ != 0) v.Release(handle_);
+  ptr_ = 0;
+  handle_ = 0;
+}
+
+#else  // !RAILYARD_CLIENT_CUDA
+
+absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(size_t, int) {
+  return absl::FailedPreconditionError(
+      "this Railyard client was built without CUDA (nvcc was not found): no device memory");
+}
+
+absl::StatusOr<int> DeviceMemory::ExportFd() const {
+  return absl::FailedPreconditionError("no device memory to export");
+}
+
+void DeviceMemory::Reset() {}
+
+#endif
+
+}  // namespace railyard

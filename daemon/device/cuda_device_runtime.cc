@@ -1,0 +1,266 @@
+#include "daemon/device/cuda_device_runtime.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/kernels/cuda/reduce_cuda.h"
+
+namespace railyard::device {
+namespace {
+
+// The driver entry points the VMM import needs (CUDA 12.0 ABI).
+struct Driver {
+  CUresult (*ImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*,
+                                        CUmemAllocationHandleType) = nullptr;
+  CUresult (*GetAllocationPropertiesFromHandle)(CUmemAllocationProp*,
+                                                CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*GetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
+                                       CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*AddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                             unsigned long long) = nullptr;
+  CUresult (*AddressFree)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*Map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                  unsigned long long) = nullptr;
+  CUresult (*Unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*SetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*Release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+};
+
+absl::Status Load(const char* symbol, void** fn) {
+  cudaDriverEntryPointQueryResult found{};
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(symbol, fn, 12000, cudaEnableDefault, &found);
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || *fn == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CUDA driver has no ", symbol, " (", cudaGetErrorString(e),
+                     "): device memory needs a driver with the VMM API (CUDA 12 or later)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DriverError(const Driver& d, CUresult r) {
+  const char* s = nullptr;
+  if (d.GetErrorString == nullptr || d.GetErrorString(r, &s) != CUDA_SUCCESS || s == nullptr) {
+    return absl::StrCat("CUresult ", static_cast<int>(r));
+  }
+  return s;
+}
+
+absl::Status LaunchStatus(const char* what, int e) {
+  if (e == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", railyard_cuda_error_string(e)));
+}
+
+class CudaMapping : public DeviceMapping {
+ public:
+  CudaMapping(const Driver* d, CUmemGenericAllocationHandle handle, CUdeviceptr ptr,
+              uint64_t mapped, uint64_t size, int device)
+      : d_(d), handle_(handle), ptr_(ptr), mapped_(mapped), size_(size), device_(device) {}
+  ~CudaMapping() override {
+    d_->Unmap(ptr_, mapped_);
+    d_->AddressFree(ptr_, mapped_);
+    d_->Release(handle_);
+  }
+  std::byte* data() const override { return reinterpret_cast<std::byte*>(ptr_); }
+  uint64_t size() const override { return size_; }
+  int device() const override { return device_; }
+
+ private:
+  const Driver* d_;
+  CUmemGenericAllocationHandle handle_;
+  CUdeviceptr ptr_;
+  uint64_t mapped_;
+  uint64_t size_;
+  int device_;
+};
+
+class CudaDeviceRuntime : public DeviceRuntime {
+ public:
+  CudaDeviceRuntime(Driver driver, int count)
+      : d_(driver), count_(count), streams_(static_cast<size_t>(count), nullptr) {}
+  ~CudaDeviceRuntime() override {
+    for (int i = 0; i < count_; ++i) {
+      if (streams_[i] != nullptr && cudaSetDevice(i) == cudaSuccess) {
+        cudaStreamDestroy(streams_[i]);
+      }
+    }
+  }
+
+  int DeviceCount() const override { return count_; }
+  std::string Describe() const override {
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    return absl::StrCat("CUDA runtime ", runtime, ", driver ", driver, ", ", count_, " device(s)");
+  }
+
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> Import(int device, UniqueFd fd,
+                                                        uint64_t size) override {
+    if (size == 0) return absl::InvalidArgumentError("device memory size must be > 0");
+    if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
+    }
+    CUmemGenericAllocationHandle handle{};
+    CUresult r = d_.ImportFromShareableHandle(
+        &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    fd.Reset();  // the handle holds the allocation now
+    if (r != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the descriptor is not an exported device allocation (cuMemImportFromShareableHandle: ",
+          DriverError(d_, r), ")"));
+    }
+    auto release = [&](absl::Status s) {
+      d_.Release(handle);
+      return s;
+    };
+    CUmemAllocationProp prop{};
+    if ((r = d_.GetAllocationPropertiesFromHandle(&prop, handle)) != CUDA_SUCCESS) {
+      return release(absl::InvalidArgumentError(
+          absl::StrCat("cuMemGetAllocationPropertiesFromHandle: ", DriverError(d_, r))));
+    }
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device) {
+      return release(absl::InvalidArgumentError(absl::StrCat(
+          "the allocation lives on ",
+          prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? "device " : "location type ",
+          prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop.location.id
+                                                            : static_cast<int>(prop.location.type),
+          ", not on device ", device, " as registered")));
+    }
+    size_t gran = 0;
+    if ((r = d_.GetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) !=
+            CUDA_SUCCESS ||
+        gran == 0) {
+      return release(
+          absl::InternalError(absl::StrCat("cuMemGetAllocationGranularity: ", DriverError(d_, r))));
+    }
+    const uint64_t mapped = (size + gran - 1) / gran * gran;
+    CUdeviceptr ptr = 0;
+    if ((r = d_.AddressReserve(&ptr, mapped, gran, 0, 0)) != CUDA_SUCCESS) {
+      return release(absl::ResourceExhaustedError(
+          absl::StrCat("cuMemAddressReserve of ", mapped, " bytes: ", DriverError(d_, r))));
+    }
+    if ((r = d_.Map(ptr, mapped, 0, handle, 0)) != CUDA_SUCCESS) {
+      d_.AddressFree(ptr, mapped);
+      return release(absl::InvalidArgumentError(absl::StrCat(
+          "device memory of ", size, " bytes (", mapped,
+          " mapped, the allocation granularity) does not fit the exported allocation (cuMemMap: ",
+          DriverError(d_, r), ")")));
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = d_.SetAccess(ptr, mapped, &access, 1)) != CUDA_SUCCESS) {
+      d_.Unmap(ptr, mapped);
+      d_.AddressFree(ptr, mapped);
+      return release(absl::InternalError(absl::StrCat("cuMemSetAccess: ", DriverError(d_, r))));
+    }
+    return std::make_shared<CudaMapping>(&d_, handle, ptr, mapped, size, device);
+  }
+
+  absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
+                            void* const* dsts, int ndsts, const void* const* srcs, int nsrcs,
+                            size_t count, uint32_t avg_divisor) override {
+    absl::StatusOr<cudaStream_t> s = StreamOn(device);
+    if (!s.ok()) return s.status();
+    return LaunchStatus("reduce kernel", railyard_cuda_reduce_to_many(
+                                             static_cast<int>(dtype), static_cast<int>(op), dsts,
+                                             ndsts, srcs, nsrcs, count, avg_divisor, *s));
+  }
+  absl::Status Copy(int device, void* dst, const void* src, size_t bytes) override {
+    absl::StatusOr<cudaStream_t> s = StreamOn(device);
+    if (!s.ok()) return s.status();
+    return LaunchStatus("device copy", railyard_cuda_copy(dst, src, bytes, *s));
+  }
+  absl::Status Swap(int device, void* a, void* b, size_t bytes) override {
+    absl::StatusOr<cudaStream_t> s = StreamOn(device);
+    if (!s.ok()) return s.status();
+    return LaunchStatus("swap kernel", railyard_cuda_swap(a, b, bytes, *s));
+  }
+  absl::Status Synchronize(int device) override {
+    absl::StatusOr<cudaStream_t> s = StreamOn(device);
+    if (!s.ok()) return s.status();
+    return LaunchStatus("cudaStreamSynchronize", cudaStreamSynchronize(*s));
+  }
+
+ private:
+  absl::Status CheckDevice(int device) const {
+    if (device < 0 || device >= count_) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", device, " is not one of the ",
+                                                     count_, " devices this daemon sees"));
+    }
+    return absl::OkStatus();
+  }
+  // Makes `device` current on this thread and returns its stream (made on first use).
+  absl::StatusOr<cudaStream_t> StreamOn(int device) {
+    if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaStream_t& s = streams_[static_cast<size_t>(device)];
+    if (s == nullptr) {
+      if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+          e != cudaSuccess) {
+        s = nullptr;
+        return absl::InternalError(absl::StrCat("cudaStreamCreate: ", cudaGetErrorString(e)));
+      }
+    }
+    return s;
+  }
+
+  const Driver d_;
+  const int count_;
+  std::mutex mu_;
+  std::vector<cudaStream_t> streams_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceRuntime>> OpenCudaDeviceRuntime() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorNoDevice) {
+    count = 0;
+  } else if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA is not usable on this node (cudaGetDeviceCount: ", cudaGetErrorString(e),
+                     "); serving host memory only"));
+  }
+  Driver d;
+  struct {
+    const char* name;
+    void** fn;
+  } const symbols[] = {
+      {"cuMemImportFromShareableHandle", reinterpret_cast<void**>(&d.ImportFromShareableHandle)},
+      {"cuMemGetAllocationPropertiesFromHandle",
+       reinterpret_cast<void**>(&d.GetAllocationPropertiesFromHandle)},
+      {"cuMemGetAllocationGranularity", reinterpret_cast<void**>(&d.GetAllocationGranularity)},
+      {"cuMemAddressReserve", reinterpret_cast<void**>(&d.AddressReserve)},
+      {"cuMemAddressFree", reinterpret_cast<void**>(&d.AddressFree)},
+      {"cuMemMap", reinterpret_cast<void**>(&d.Map)},
+      {"cuMemUnmap", reinterpret_cast<void**>(&d.Unmap)},
+      {"cuMemSetAccess", reinterpret_cast<void**>(&d.SetAccess)},
+      {"cuMemRelease", reinterpret_cast<void**>(&d.Release)},
+      {"cuGetErrorString", reinterpret_cast<void**>(&d.GetErrorString)},
+  };
+  if (count > 0) {
+    for (const auto& s : symbols) {
+      if (absl::Status st = Load(s.name, s.fn); !st.ok()) return st;
+    }
+  }
+  return std::unique_ptr<DeviceRuntime>(new CudaDeviceRuntime(d, count));
+}
+
+}  // namespace railyard::device

@@ -1,0 +1,70 @@
+// A DeviceRuntime with no GPU, for testing what surrounds device memory (registration, its
+// checks, release with the session, one-node steps over device buffers) on hosts without one.
+//
+// Allocate() stands for a client's cuMemCreate + cuMemExportToShareableHandle: it returns a memfd
+// this runtime remembers as an allocation of `device`. Import() accepts only such descriptors and
+// maps them twice: once where the fake's own kernels (the CPU ones) work, and once as the
+// "device address" it hands out, a PROT_NONE reservation, so that host code that dereferences a
+// device pointer faults at once instead of passing a test. Every step checks that its pointers
+// lie in memory imported on its device.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/device/device_runtime.h"
+
+namespace railyard::device {
+
+class FakeDeviceRuntime : public DeviceRuntime {
+ public:
+  explicit FakeDeviceRuntime(int devices);
+  ~FakeDeviceRuntime() override;
+
+  // A new zeroed allocation of `bytes` on `device`, exported as a descriptor (a memfd: mmap it to
+  // see what the daemon's steps wrote).
+  absl::StatusOr<UniqueFd> Allocate(int device, uint64_t bytes);
+
+  int DeviceCount() const override { return devices_; }
+  std::string Describe() const override;
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> Import(int device, UniqueFd fd,
+                                                        uint64_t size) override;
+  absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
+                            void* const* dsts, int ndsts, const void* const* srcs, int nsrcs,
+                            size_t count, uint32_t avg_divisor) override;
+  absl::Status Copy(int device, void* dst, const void* src, size_t bytes) override;
+  absl::Status Swap(int device, void* a, void* b, size_t bytes) override;
+  absl::Status Synchronize(int device) override;
+
+  // Steps run (reduce, copy, swap) and mappings alive, for tests.
+  uint64_t steps() const { return steps_.load(); }
+  size_t live_mappings() const;
+
+ private:
+  class Mapping;
+  struct Region {
+    std::byte* host;  // where the CPU kernels read and write
+    uint64_t bytes;
+    int device;
+  };
+  // The host address of [ptr, ptr + bytes) of device memory on `device`, or INVALID_ARGUMENT.
+  absl::StatusOr<std::byte*> Translate(int device, const void* ptr, uint64_t bytes) const;
+  void Forget(const std::byte* device_ptr);
+
+  const int devices_;
+  mutable absl::Mutex mu_;
+  // Allocations by (st_dev, st_ino): device and size.
+  std::map<std::pair<dev_t, ino_t>, std::pair<int, uint64_t>> allocations_ ABSL_GUARDED_BY(mu_);
+  // Imported mappings by device address.
+  std::map<const std::byte*, Region> regions_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> steps_{0};
+};
+
+}  // namespace railyard::device

@@ -1,0 +1,149 @@
+// The device seam's contract (daemon/device/device_runtime.h) on the fake runtime: what Import
+// checks, that steps run only on imported device memory of their device, and that a mapping is
+// gone when the last holder lets go. The same contract on a real GPU: tests/cuda.
+#include "daemon/device/device_runtime.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "daemon/device/fake_device_runtime.h"
+
+namespace railyard::device {
+namespace {
+
+using kernels::DataType;
+using kernels::RedOp;
+
+// A host view of a fake allocation (what a test reads and writes in place of cudaMemcpy).
+struct HostView {
+  explicit HostView(int fd, size_t bytes) : bytes(bytes) {
+    p = static_cast<std::byte*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  }
+  ~HostView() { ::munmap(p, bytes); }
+  float* f() const { return reinterpret_cast<float*>(p); }
+  std::byte* p;
+  size_t bytes;
+};
+
+TEST(FakeDeviceRuntimeTest, ImportChecksSizeDeviceAndWhatTheDescriptorIs) {
+  FakeDeviceRuntime rt(2);
+  absl::StatusOr<UniqueFd> fd = rt.Allocate(1, 4096);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+
+  auto import = [&](int device, uint64_t size) {
+    return rt.Import(device, UniqueFd(::dup(fd->get())), size).status();
+  };
+  absl::Status s = import(1, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("must be > 0"), std::string::npos) << s;
+  s = import(2, 4096);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("device 2 is not one of the 2 devices"), std::string::npos) << s;
+  s = import(-1, 4096);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  s = import(0, 4096);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("lives on device 1, not on device 0"), std::string::npos) << s;
+  s = import(1, 4097);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("4097 bytes does not fit the exported allocation of 4096"),
+            std::string::npos)
+      << s;
+  // Host memory passed as device memory: a plain memfd, and a closed descriptor.
+  UniqueFd plain(::memfd_create("not-device-memory", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(plain.get(), 4096), 0);
+  s = rt.Import(1, std::move(plain), 4096).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not an exported device allocation"), std::string::npos) << s;
+  s = rt.Import(1, UniqueFd(), 4096).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt.live_mappings(), 0u);
+  EXPECT_TRUE(import(1, 4096).ok());
+}
+
+TEST(FakeDeviceRuntimeTest, StepsReduceIntoEveryDestinationAndTouchOnlyDeviceMemory) {
+  FakeDeviceRuntime rt(1);
+  constexpr size_t kCount = 1000;
+  constexpr size_t kBytes = kCount * sizeof(float);
+  std::vector<UniqueFd> fds;
+  std::vector<std::shared_ptr<DeviceMapping>> maps;
+  std::vector<std::unique_ptr<HostView>> views;
+  for (int k = 0; k < 4; ++k) {
+    absl::StatusOr<UniqueFd> fd = rt.Allocate(0, kBytes);
+    ASSERT_TRUE(fd.ok());
+    views.push_back(std::make_unique<HostView>(fd->get(), kBytes));
+    absl::StatusOr<std::shared_ptr<DeviceMapping>> m =
+        rt.Import(0, UniqueFd(::dup(fd->get())), kBytes);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->size(), kBytes);
+    EXPECT_EQ((*m)->device(), 0);
+    // The device address is not where the host sees the memory.
+    EXPECT_NE((*m)->data(), views.back()->p);
+    maps.push_back(*m);
+  }
+  for (size_t i = 0; i < kCount; ++i) {
+    views[0]->f()[i] = static_cast<float>(i);
+    views[1]->f()[i] = 2.0f * static_cast<float>(i);
+  }
+  void* dsts[] = {maps[2]->data(), maps[3]->data(), maps[0]->data()};  // one of them in place
+  const void* srcs[] = {maps[0]->data(), maps[1]->data()};
+  ASSERT_TRUE(
+      rt.ReduceToMany(0, DataType::kFloat32, RedOp::kSum, dsts, 3, srcs, 2, kCount, 1).ok());
+  ASSERT_TRUE(rt.Synchronize(0).ok());
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(views[2]->f()[i], 3.0f * static_cast<float>(i)) << i;
+    ASSERT_EQ(views[3]->f()[i], 3.0f * static_cast<float>(i)) << i;
+    ASSERT_EQ(views[0]->f()[i], 3.0f * static_cast<float>(i)) << i;
+  }
+  ASSERT_TRUE(rt.Copy(0, maps[1]->data(), maps[2]->data(), kBytes).ok());
+  EXPECT_EQ(views[1]->f()[999], 2997.0f);
+  views[3]->f()[0] = -1.0f;
+  ASSERT_TRUE(rt.Swap(0, maps[3]->data(), maps[1]->data(), 4).ok());
+  EXPECT_EQ(views[1]->f()[0], -1.0f);
+  EXPECT_EQ(rt.steps(), 3u);
+
+  // A host pointer, a range running past the mapping, another device: refused, nothing run.
+  std::vector<float> host(kCount);
+  absl::Status s = rt.Copy(0, host.data(), maps[0]->data(), kBytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("is not device memory imported on device 0"), std::string::npos) << s;
+  s = rt.Copy(0, maps[0]->data() + 4, maps[1]->data(), kBytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  const void* one[] = {maps[0]->data()};
+  void* out[] = {maps[1]->data()};
+  EXPECT_FALSE(rt.ReduceToMany(0, DataType::kFloat32, RedOp::kSum, out, 1, one, 0, 1, 1).ok());
+  EXPECT_FALSE(rt.Synchronize(1).ok());
+  EXPECT_EQ(rt.steps(), 3u);
+
+  EXPECT_EQ(rt.live_mappings(), 4u);
+  maps.clear();
+  EXPECT_EQ(rt.live_mappings(), 0u);
+}
+
+TEST(FakeDeviceRuntimeTest, TheDeviceAddressIsNotHostMemory) {
+  FakeDeviceRuntime rt(1);
+  absl::StatusOr<UniqueFd> fd = rt.Allocate(0, 4096);
+  ASSERT_TRUE(fd.ok());
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> m = rt.Import(0, *std::move(fd), 4096);
+  ASSERT_TRUE(m.ok());
+  std::byte* p = (*m)->data();
+  EXPECT_DEATH({ std::memset(p, 1, 1); }, "");
+}
+
+TEST(OpenDeviceRuntimeTest, SaysWhyThereIsNoneOrCountsDevices) {
+  absl::StatusOr<std::unique_ptr<DeviceRuntime>> rt = OpenDeviceRuntime();
+  if (rt.ok()) {
+    EXPECT_GE((*rt)->DeviceCount(), 0);
+    EXPECT_NE((*rt)->Describe().find("device(s)"), std::string::npos);
+    GTEST_SKIP() << "this node has a CUDA driver: " << (*rt)->Describe();
+  }
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kFailedPrecondition) << rt.status();
+  EXPECT_NE(rt.status().message().find("host memory only"), std::string::npos) << rt.status();
+}
+
+}  // namespace
+}  // namespace railyard::device
