@@ -81,6 +81,8 @@ struct DaemonConfig {
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).
   size_t inline_max_bytes = 64 * 1024;
+  // Testing only (--fake_gpus): this many fake devices instead of CUDA's.
+  int fake_gpus = 0;
   // After each burst of inter-node traffic a UCX rail's progress thread keeps polling this long
   // before it sleeps (transport::UcxTransport::Options::busy_poll). 0: sleep at once.
   absl::Duration ucx_busy_poll = absl::ZeroDuration();

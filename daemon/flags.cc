@@ -105,6 +105,10 @@ ABSL_FLAG(int64_t, poll_us, 200,
           "while operations are in flight (on a multi-node daemon it polls the UCX rails "
           "meanwhile, running inter-node transfers on its own thread), and the most its idle spin "
           "grows to for a client that submits again that soon (0: spin_us only)");
+ABSL_FLAG(int64_t, fake_gpus, 0,
+          "Testing only: serve this many fake GPUs, whose device memory is memfds named "
+          "railyard-fake-device-<N> (daemon/device/fake_device_runtime.h), instead of CUDA's "
+          "devices; exercises the device-memory path on hosts without a GPU");
 ABSL_FLAG(int64_t, inline_max_bytes, 64 * 1024,
           "One-node collectives moving at most this many bytes run on the thread of the last "
           "submission, without waking the worker pool (0: always the pool)");
@@ -191,6 +195,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "spin_us",
                                    "poll_us",
                                    "inline_max_bytes",
+                                   "fake_gpus",
                                    "ucx_busy_poll",
                                    "shutdown_grace",
                                    "log_level",
@@ -352,6 +357,11 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--inline_max_bytes must be in [0, 2^30]");
   }
   c.inline_max_bytes = static_cast<size_t>(inline_max);
+  const int64_t fake_gpus = absl::GetFlag(FLAGS_fake_gpus);
+  if (fake_gpus < 0 || fake_gpus > 64) {
+    return absl::InvalidArgumentError("--fake_gpus must be in [0, 64]");
+  }
+  c.fake_gpus = static_cast<int>(fake_gpus);
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   c.state_dir = absl::GetFlag(FLAGS_state_dir);
   c.ucx_busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll);

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "daemon/auth/signed_token.h"
 #include "daemon/comm/peer_input.h"
+#include "daemon/device/fake_device_runtime.h"
 #include "daemon/session/job_policy.h"
 #include "daemon/session/job_tokens.h"
 #include "daemon/topology/discovery.h"
@@ -141,6 +142,12 @@ absl::Status Server::Start() {
     if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
   }
   core_ = std::make_unique<DaemonCore>(config_, *std::move(auth));
+  if (config_.fake_gpus > 0) {
+    core_->SetDeviceRuntime(std::make_unique<device::FakeDeviceRuntime>(config_.fake_gpus));
+  } else {
+    core_->SetDeviceRuntime(device::OpenDeviceRuntime());
+  }
+  Log(LogLevel::kInfo, "daemon", "devices", {F("devices", core_->DescribeDevices())});
   if (absl::Status s = core_->LoadJobWeights(); !s.ok()) return s;
   FdChannelServer::Options fd_options;
   fd_options.path = fd_socket;

@@ -1,12 +1,15 @@
 // Public API of the C++ client (include/railyard/client.h) over ClientCore.
 #include "railyard/client.h"
 
+#include <unistd.h>
+
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client_core.h"
 #include "memfd_buffer.h"
+#include "railyard/device_memory.h"
 
 namespace railyard {
 
@@ -98,10 +101,16 @@ v1::RedOp ToProto(RedOp op) {
 // Buffer
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : core_(std::move(other.core_)), data_(other.data_), size_(other.size_), id_(other.id_) {
+    : core_(std::move(other.core_)),
+      data_(other.data_),
+      size_(other.size_),
+      id_(other.id_),
+      device_(other.device_),
+      device_memory_(std::move(other.device_memory_)) {
   other.data_ = nullptr;
   other.size_ = 0;
   other.id_ = 0;
+  other.device_ = -1;
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -111,9 +120,12 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = other.data_;
     size_ = other.size_;
     id_ = other.id_;
+    device_ = other.device_;
+    device_memory_ = std::move(other.device_memory_);
     other.data_ = nullptr;
     other.size_ = 0;
     other.id_ = 0;
+    other.device_ = -1;
   }
   return *this;
 }
@@ -121,7 +133,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 Buffer::~Buffer() {
   // The daemon unmaps the session's buffers itself when the session is gone.
   if (core_ != nullptr && id_ != 0 && core_->alive()) (void)core_->ReleaseBuffer(id_);
-  internal::UnmapBuffer(data_, size_);
+  if (device_ < 0) internal::UnmapBuffer(data_, size_);  // device memory: device_memory_ frees it
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,6 +360,35 @@ absl::StatusOr<Buffer> Client::Allocate(size_t size) {
   buffer.data_ = segment->data;
   buffer.size_ = segment->size;
   buffer.id_ = *id;
+  return buffer;
+}
+
+absl::StatusOr<Buffer> Client::RegisterDeviceMemory(int exported_fd, size_t size, int device,
+                                                    void* device_ptr) {
+  if (size == 0) return absl::InvalidArgumentError("cannot register 0 bytes of device memory");
+  if (device < 0)
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " is not a device ordinal"));
+  absl::StatusOr<uint64_t> id = core_->RegisterBuffer(exported_fd, size, device);
+  if (!id.ok()) return id.status();
+  Buffer buffer;
+  buffer.core_ = core_;
+  buffer.data_ = device_ptr;
+  buffer.size_ = size;
+  buffer.id_ = *id;
+  buffer.device_ = device;
+  return buffer;
+}
+
+absl::StatusOr<Buffer> Client::AllocateDevice(size_t size, int device) {
+  absl::StatusOr<DeviceMemory> memory = DeviceMemory::Allocate(size, device);
+  if (!memory.ok()) return memory.status();
+  absl::StatusOr<int> fd = memory->ExportFd();
+  if (!fd.ok()) return fd.status();
+  auto owned = std::make_shared<DeviceMemory>(*std::move(memory));
+  absl::StatusOr<Buffer> buffer = RegisterDeviceMemory(*fd, size, device, owned->data());
+  ::close(*fd);  // sent (or refused): the daemon holds its own reference to the allocation
+  if (!buffer.ok()) return buffer.status();
+  buffer->device_memory_ = std::move(owned);
   return buffer;
 }
 

@@ -406,7 +406,7 @@ absl::Status ClientCore::RpcError(const char* rpc, const grpc::Status& status) c
   return st;
 }
 
-absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size) {
+absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size, int device) {
   if (absl::Status st = SessionError(); !st.ok()) return st;
   absl::StatusOr<uint64_t> handle = fd_channel_->Put(memfd, internal::kRpcTimeout);
   if (!handle.ok()) return handle.status();
@@ -416,6 +416,10 @@ absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size) {
   request.set_session_id(session_id_);
   request.set_fd_handle(*handle);
   request.set_size_bytes(size);
+  if (device >= 0) {
+    request.set_memory(v1::MEMORY_KIND_CUDA);
+    request.set_device(device);
+  }
   v1::RegisterBufferResponse response;
   grpc::Status status = stub_->RegisterBuffer(&ctx, request, &response);
   if (!status.ok()) return RpcError("RegisterBuffer", status);

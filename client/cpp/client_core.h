@@ -84,7 +84,8 @@ class ClientCore {
   const std::string& default_compression() const { return default_compression_; }
 
   // Sends the memfd over the side channel and registers `size` bytes of it.
-  absl::StatusOr<uint64_t> RegisterBuffer(int memfd, uint64_t size);
+  // device -1: a host memfd; else a CUDA allocation's exported descriptor on that device.
+  absl::StatusOr<uint64_t> RegisterBuffer(int memfd, uint64_t size, int device = -1);
   absl::Status ReleaseBuffer(uint64_t buffer_id);
   absl::StatusOr<std::string> CreateCommId();
   absl::StatusOr<v1::InitCommResponse> InitComm(const std::string& comm_id, int rank, int nranks,

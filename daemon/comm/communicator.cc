@@ -58,7 +58,7 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
       collectives_(&local_ranks_),
       channels_(comm_id_) {
   members_.resize(local_ranks_.size());
-  collective_exec_.on_done = [this] { OnCollectiveDone(absl::OkStatus()); };
+  collective_exec_.on_done = [this] { OnCollectiveDone(collective_exec_.status); };
 }
 
 int Communicator::LocalIndex(int rank) const {
@@ -373,7 +373,10 @@ size_t Communicator::FuseGroupLocked(size_t chunk_bytes) {
       break;
     }
     const scheduler::RankRequest& rn = next->requests[0]->req;
-    if (rn.dtype != r0.dtype || rn.red_op != r0.red_op || scheduler::IsPointToPoint(rn.op)) break;
+    if (rn.dtype != r0.dtype || rn.red_op != r0.red_op || rn.device != r0.device ||
+        scheduler::IsPointToPoint(rn.op)) {
+      break;
+    }
     absl::StatusOr<PlannedOp> plan = planner_.Plan(next->merge.requests());
     if (!plan.ok() || !plan->local()) break;
     scheduler::LocalPlan& lp = collective_exec_.plan;
@@ -640,8 +643,24 @@ void Communicator::NextPointToPointLocked(P2PChannels::Key key, Outcomes* out) {
     run->channel = key;
     run->seq = m.seq;
     const uint64_t bytes = run->send->req.count * kernels::ElementSize(run->send->req.dtype);
+    if (run->send->req.device != run->recv->req.device && bytes > 0) {
+      auto where = [](int d) {
+        return d < 0 ? std::string("host memory") : absl::StrCat("memory of device ", d);
+      };
+      const absl::Status why = absl::InvalidArgumentError(
+          absl::StrCat("send/recv on communicator ", comm_id_, ": rank ", key.first, " sends from ",
+                       where(run->send->req.device), ", rank ", key.second, " receives into ",
+                       where(run->recv->req.device),
+                       " (both ends on one node must be host memory or on one device)"));
+      out->completions.push_back({std::move(run->send), why, run->seq});
+      out->completions.push_back({std::move(run->recv), why, run->seq});
+      ++ops_failed_;
+      idle_p2p_runs_.push_back(run);
+      channels_.Done(key);
+      continue;
+    }
     scheduler::BuildCopyPlan(run->send->req.send, run->recv->req.recv, bytes, env_.chunk_bytes,
-                             &run->exec.plan);
+                             &run->exec.plan, run->send->req.device);
     if (run->exec.plan.steps.empty()) {
       out->completions.push_back({std::move(run->send), absl::OkStatus(), run->seq});
       out->completions.push_back({std::move(run->recv), absl::OkStatus(), run->seq});
@@ -794,10 +813,15 @@ void Communicator::OnPointToPointDone(P2PRun* run) {
   {
     absl::MutexLock lock(&mu_);
     keep = std::move(run->self);
-    out.completions.push_back({std::move(run->send), absl::OkStatus(), run->seq});
-    out.completions.push_back({std::move(run->recv), absl::OkStatus(), run->seq});
-    ++ops_completed_;
-    bytes_moved_ += run->exec.plan.bytes_moved;
+    const absl::Status status = run->exec.status;  // a device copy can fail
+    out.completions.push_back({std::move(run->send), status, run->seq});
+    out.completions.push_back({std::move(run->recv), status, run->seq});
+    if (status.ok()) {
+      ++ops_completed_;
+      bytes_moved_ += run->exec.plan.bytes_moved;
+    } else {
+      ++ops_failed_;
+    }
     channels_.Done(run->channel);
     idle_p2p_runs_.push_back(run);
     NextPointToPointLocked(run->channel, &out);

@@ -132,8 +132,23 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
        F("reason", why), F("buffers_released", buffers.size())});
 }
 
+void DaemonCore::SetDeviceRuntime(absl::StatusOr<std::unique_ptr<device::DeviceRuntime>> devices) {
+  if (devices.ok()) {
+    devices_ = *std::move(devices);
+    no_devices_ = absl::OkStatus();
+    executor_.SetDeviceRuntime(devices_.get());
+  } else {
+    no_devices_ = devices.status();
+  }
+}
+
+std::string DaemonCore::DescribeDevices() const {
+  return devices_ != nullptr ? devices_->Describe() : std::string(no_devices_.message());
+}
+
 absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, uint64_t fd_handle,
-                                                    uint64_t size) {
+                                                    uint64_t size, v1::MemoryKind memory,
+                                                    int device) {
   std::shared_ptr<FdChannel> channel = session.fd_channel();
   if (channel == nullptr) {
     return absl::FailedPreconditionError("this session has no buffer side channel");
@@ -141,6 +156,20 @@ absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, uint64_t f
   absl::StatusOr<UniqueFd> fd = channel->Take(fd_handle);
   if (!fd.ok()) return fd.status();
   if (size == 0) return absl::InvalidArgumentError("buffer size must be > 0");
+  if (memory != v1::MEMORY_KIND_HOST && memory != v1::MEMORY_KIND_CUDA) {
+    return absl::InvalidArgumentError(absl::StrCat("memory kind ", static_cast<int>(memory),
+                                                   " is not one this daemon knows (host, cuda)"));
+  }
+  if (memory == v1::MEMORY_KIND_CUDA) {
+    if (devices_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this daemon serves no device memory: ", no_devices_.message()));
+    }
+    if (devices_->DeviceCount() == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this daemon serves no device memory: ", devices_->Describe()));
+    }
+  }
   QuotaCharge count;
   QuotaCharge bytes;
   if (absl::Status s = QuotaCharge::Take(session.quota(), Resource::kBuffers, 1, &count); !s.ok()) {
@@ -150,8 +179,18 @@ absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, uint64_t f
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::shared_ptr<MappedSegment>> seg =
-      MappedSegment::MapMemfd(*std::move(fd), size);
+  absl::StatusOr<std::shared_ptr<MappedSegment>> seg;
+  if (memory == v1::MEMORY_KIND_CUDA) {
+    absl::StatusOr<std::shared_ptr<device::DeviceMapping>> mapping =
+        devices_->Import(device, *std::move(fd), size);
+    if (mapping.ok()) {
+      seg = MappedSegment::FromDevice(*std::move(mapping));
+    } else {
+      seg = mapping.status();
+    }
+  } else {
+    seg = MappedSegment::MapMemfd(*std::move(fd), size);
+  }
   if (!seg.ok()) {
     Log(LogLevel::kWarning, "session", "buffer refused",
         {F("session", session.id().substr(0, 8)), F("job", session.job()), F("pid", session.pid()),
@@ -746,6 +785,12 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::PrepareSubmit(
   absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
       DecodeSubmit(req, *session, m->rank, m->comm->nranks());
   if (!pending.ok()) return pending.status();
+  if ((*pending)->req.device >= 0 && m->comm->multi_node()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "communicator ", m->comm->comm_id(),
+        " spans several nodes, and this railyardd moves device memory between nodes not yet "
+        "(the pinned host staging path is not built): use host buffers for its operations"));
+  }
   if (sink != nullptr) {
     (*pending)->session = sink;
   } else {
@@ -845,6 +890,7 @@ v1::StatusResponse DaemonCore::Status() {
   v1::StatusResponse out;
   out.set_version(kRailyardVersion);
   out.set_data_plane_version(kDataPlaneVersion);
+  out.set_devices(DescribeDevices());
   out.set_node_name(config_.node_name);
   out.set_socket(config_.socket);
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_at_));

@@ -26,6 +26,7 @@
 #include "daemon/comm/peer_client.h"
 #include "daemon/comm/peer_identity.h"
 #include "daemon/config.h"
+#include "daemon/device/device_runtime.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
@@ -107,9 +108,19 @@ class DaemonCore {
   void CloseSession(const std::shared_ptr<Session>& session, const std::string& why,
                     const grpc::Status& stream_status);
 
+  // The GPUs this daemon serves device memory on, before serving: a runtime, or why there is
+  // none (then device memory is refused with FAILED_PRECONDITION saying so).
+  void SetDeviceRuntime(absl::StatusOr<std::unique_ptr<device::DeviceRuntime>> devices);
+  // One line for logs and status: the device runtime, or why there is none.
+  std::string DescribeDevices() const;
+
   // Maps the memfd the session's side channel holds under fd_handle (one time), within the
-  // session's and job's buffer quotas.
-  absl::StatusOr<uint64_t> RegisterBuffer(Session& session, uint64_t fd_handle, uint64_t size);
+  // session's and job's buffer quotas. With memory MEMORY_KIND_CUDA the descriptor is a device
+  // allocation to import on `device` (device::DeviceRuntime::Import says what it checks);
+  // FAILED_PRECONDITION when this daemon has no devices, INVALID_ARGUMENT for an unknown kind.
+  absl::StatusOr<uint64_t> RegisterBuffer(Session& session, uint64_t fd_handle, uint64_t size,
+                                          v1::MemoryKind memory = v1::MEMORY_KIND_HOST,
+                                          int device = -1);
   absl::Status ReleaseBuffer(Session& session, uint64_t buffer_id);
 
   std::string NewCommId();
@@ -245,6 +256,9 @@ class DaemonCore {
   std::map<std::pair<std::string, int>, RailShare> shares_ ABSL_GUARDED_BY(shares_mu_);
   std::string coordinator_;
   DeadlineTimer timer_;
+  // Before the executor: its workers run device plans on it until they are joined.
+  std::unique_ptr<device::DeviceRuntime> devices_;
+  absl::Status no_devices_ = absl::FailedPreconditionError("no device runtime was set up");
   scheduler::Executor executor_;
   CommBootstrap bootstrap_{&timer_, {config_.max_pending_joins}};
   PeerClients peers_;

@@ -57,11 +57,18 @@ absl::Status LaunchStatus(const char* what, int e) {
   return absl::InternalError(absl::StrCat(what, ": ", railyard_cuda_error_string(e)));
 }
 
+// Holds the driver's entry points itself: a mapping may outlive the runtime (a session's buffers
+// are released after the daemon's device runtime at shutdown).
 class CudaMapping : public DeviceMapping {
  public:
-  CudaMapping(const Driver* d, CUmemGenericAllocationHandle handle, CUdeviceptr ptr,
+  CudaMapping(std::shared_ptr<const Driver> d, CUmemGenericAllocationHandle handle, CUdeviceptr ptr,
               uint64_t mapped, uint64_t size, int device)
-      : d_(d), handle_(handle), ptr_(ptr), mapped_(mapped), size_(size), device_(device) {}
+      : d_(std::move(d)),
+        handle_(handle),
+        ptr_(ptr),
+        mapped_(mapped),
+        size_(size),
+        device_(device) {}
   ~CudaMapping() override {
     d_->Unmap(ptr_, mapped_);
     d_->AddressFree(ptr_, mapped_);
@@ -72,7 +79,7 @@ class CudaMapping : public DeviceMapping {
   int device() const override { return device_; }
 
  private:
-  const Driver* d_;
+  std::shared_ptr<const Driver> d_;
   CUmemGenericAllocationHandle handle_;
   CUdeviceptr ptr_;
   uint64_t mapped_;
@@ -83,7 +90,10 @@ class CudaMapping : public DeviceMapping {
 class CudaDeviceRuntime : public DeviceRuntime {
  public:
   CudaDeviceRuntime(Driver driver, int count)
-      : d_(driver), count_(count), streams_(static_cast<size_t>(count), nullptr) {}
+      : driver_(std::make_shared<const Driver>(driver)),
+        d_(*driver_),
+        count_(count),
+        streams_(static_cast<size_t>(count), nullptr) {}
   ~CudaDeviceRuntime() override {
     for (int i = 0; i < count_; ++i) {
       if (streams_[i] != nullptr && cudaSetDevice(i) == cudaSuccess) {
@@ -164,7 +174,7 @@ class CudaDeviceRuntime : public DeviceRuntime {
       d_.AddressFree(ptr, mapped);
       return release(absl::InternalError(absl::StrCat("cuMemSetAccess: ", DriverError(d_, r))));
     }
-    return std::make_shared<CudaMapping>(&d_, handle, ptr, mapped, size, device);
+    return std::make_shared<CudaMapping>(driver_, handle, ptr, mapped, size, device);
   }
 
   absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
@@ -219,7 +229,8 @@ class CudaDeviceRuntime : public DeviceRuntime {
     return s;
   }
 
-  const Driver d_;
+  const std::shared_ptr<const Driver> driver_;
+  const Driver& d_;
   const int count_;
   std::mutex mu_;
   std::vector<cudaStream_t> streams_;

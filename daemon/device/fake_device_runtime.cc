@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce.h"
 
@@ -14,16 +16,19 @@ namespace railyard::device {
 
 class FakeDeviceRuntime::Mapping : public DeviceMapping {
  public:
-  Mapping(FakeDeviceRuntime* owner, std::byte* device_ptr, std::byte* host, uint64_t mapped,
+  Mapping(std::shared_ptr<Regions> regions, std::byte* device_ptr, std::byte* host, uint64_t mapped,
           uint64_t size, int device)
-      : owner_(owner),
+      : regions_(std::move(regions)),
         device_ptr_(device_ptr),
         host_(host),
         mapped_(mapped),
         size_(size),
         device_(device) {}
   ~Mapping() override {
-    owner_->Forget(device_ptr_);
+    {
+      absl::MutexLock lock(&regions_->mu);
+      regions_->by_address.erase(device_ptr_);
+    }
     ::munmap(host_, mapped_);
     ::munmap(device_ptr_, mapped_);
   }
@@ -32,7 +37,7 @@ class FakeDeviceRuntime::Mapping : public DeviceMapping {
   int device() const override { return device_; }
 
  private:
-  FakeDeviceRuntime* owner_;
+  std::shared_ptr<Regions> regions_;
   std::byte* device_ptr_;
   std::byte* host_;
   uint64_t mapped_;
@@ -49,17 +54,11 @@ std::string FakeDeviceRuntime::Describe() const {
 }
 
 absl::StatusOr<UniqueFd> FakeDeviceRuntime::Allocate(int device, uint64_t bytes) {
-  if (device < 0 || device >= devices_) {
-    return absl::InvalidArgumentError(absl::StrCat("no device ", device));
-  }
-  UniqueFd fd(::memfd_create("railyard-fake-device-memory", MFD_CLOEXEC));
+  const std::string name = absl::StrCat(kFakeDeviceMemfdPrefix, device);
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
   if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("memfd: ", std::strerror(errno)));
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return absl::InternalError(std::strerror(errno));
-  absl::MutexLock lock(&mu_);
-  allocations_[{st.st_dev, st.st_ino}] = {device, bytes};
   return fd;
 }
 
@@ -70,22 +69,21 @@ absl::StatusOr<std::shared_ptr<DeviceMapping>> FakeDeviceRuntime::Import(int dev
     return absl::InvalidArgumentError(absl::StrCat("device ", device, " is not one of the ",
                                                    devices_, " devices this daemon sees"));
   }
+  // What the descriptor is: "/memfd:railyard-fake-device-<N> (deleted)" for a fake allocation.
+  char link[256] = {};
   struct stat st {};
-  if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
-    return absl::InvalidArgumentError("the descriptor is not an exported device allocation");
-  }
+  const std::string proc = absl::StrCat("/proc/self/fd/", fd.get());
+  const ssize_t n = fd.valid() ? ::readlink(proc.c_str(), link, sizeof(link) - 1) : -1;
+  const absl::string_view what(link, n > 0 ? static_cast<size_t>(n) : 0);
+  const std::string prefix = absl::StrCat("/memfd:", kFakeDeviceMemfdPrefix);
   int home = -1;
-  uint64_t allocated = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = allocations_.find({st.st_dev, st.st_ino});
-    if (it == allocations_.end()) {
-      return absl::InvalidArgumentError(
-          "the descriptor is not an exported device allocation (the fake runtime made none such)");
-    }
-    home = it->second.first;
-    allocated = it->second.second;
+  if (!absl::StartsWith(what, prefix) || ::fstat(fd.get(), &st) != 0 ||
+      !absl::SimpleAtoi(what.substr(prefix.size(), what.find(' ') - prefix.size()), &home)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the descriptor is not an exported device allocation (the fake runtime takes memfds named ",
+        kFakeDeviceMemfdPrefix, "<device>; this is '", what, "')"));
   }
+  const auto allocated = static_cast<uint64_t>(st.st_size);
   if (home != device) {
     return absl::InvalidArgumentError(absl::StrCat("the allocation lives on device ", home,
                                                    ", not on device ", device, " as registered"));
@@ -106,28 +104,23 @@ absl::StatusOr<std::shared_ptr<DeviceMapping>> FakeDeviceRuntime::Import(int dev
   }
   auto* d = static_cast<std::byte*>(dev);
   {
-    absl::MutexLock lock(&mu_);
-    regions_[d] = Region{static_cast<std::byte*>(host), size, device};
+    absl::MutexLock lock(&regions_->mu);
+    regions_->by_address[d] = Region{static_cast<std::byte*>(host), size, device};
   }
-  return std::make_shared<Mapping>(this, d, static_cast<std::byte*>(host), size, size, device);
-}
-
-void FakeDeviceRuntime::Forget(const std::byte* device_ptr) {
-  absl::MutexLock lock(&mu_);
-  regions_.erase(device_ptr);
+  return std::make_shared<Mapping>(regions_, d, static_cast<std::byte*>(host), size, size, device);
 }
 
 size_t FakeDeviceRuntime::live_mappings() const {
-  absl::MutexLock lock(&mu_);
-  return regions_.size();
+  absl::MutexLock lock(&regions_->mu);
+  return regions_->by_address.size();
 }
 
 absl::StatusOr<std::byte*> FakeDeviceRuntime::Translate(int device, const void* ptr,
                                                         uint64_t bytes) const {
   const auto* p = static_cast<const std::byte*>(ptr);
-  absl::MutexLock lock(&mu_);
-  auto it = regions_.upper_bound(p);
-  if (it != regions_.begin()) {
+  absl::MutexLock lock(&regions_->mu);
+  auto it = regions_->by_address.upper_bound(p);
+  if (it != regions_->by_address.begin()) {
     --it;
     const uint64_t off = static_cast<uint64_t>(p - it->first);
     if (p >= it->first && off <= it->second.bytes && bytes <= it->second.bytes - off) {

@@ -2,11 +2,13 @@
 // checks, release with the session, one-node steps over device buffers) on hosts without one.
 //
 // Allocate() stands for a client's cuMemCreate + cuMemExportToShareableHandle: it returns a memfd
-// this runtime remembers as an allocation of `device`. Import() accepts only such descriptors and
-// maps them twice: once where the fake's own kernels (the CPU ones) work, and once as the
-// "device address" it hands out, a PROT_NONE reservation, so that host code that dereferences a
-// device pointer faults at once instead of passing a test. Every step checks that its pointers
-// lie in memory imported on its device.
+// named kFakeDeviceMemfdPrefix + the device ordinal, the fake's "device allocation", which any
+// process can make (a test's client does, in another process than the daemon's --fake_gpus).
+// Import() accepts only such descriptors, as large as the size registered, and maps them twice:
+// once where the fake's own kernels (the CPU ones) work, and once as the "device address" it hands
+// out, a PROT_NONE reservation, so that host code that dereferences a device pointer faults at once
+// instead of passing a test. Every step checks that its pointers lie in memory imported on its
+// device.
 #pragma once
 
 #include <sys/types.h>
@@ -23,14 +25,16 @@
 
 namespace railyard::device {
 
+inline constexpr char kFakeDeviceMemfdPrefix[] = "railyard-fake-device-";
+
 class FakeDeviceRuntime : public DeviceRuntime {
  public:
   explicit FakeDeviceRuntime(int devices);
   ~FakeDeviceRuntime() override;
 
   // A new zeroed allocation of `bytes` on `device`, exported as a descriptor (a memfd: mmap it to
-  // see what the daemon's steps wrote).
-  absl::StatusOr<UniqueFd> Allocate(int device, uint64_t bytes);
+  // see what the daemon's steps wrote). Needs no runtime: what a client would call.
+  static absl::StatusOr<UniqueFd> Allocate(int device, uint64_t bytes);
 
   int DeviceCount() const override { return devices_; }
   std::string Describe() const override;
@@ -54,16 +58,16 @@ class FakeDeviceRuntime : public DeviceRuntime {
     uint64_t bytes;
     int device;
   };
+  // Imported mappings by device address; shared with the mappings, which may outlive the runtime.
+  struct Regions {
+    mutable absl::Mutex mu;
+    std::map<const std::byte*, Region> by_address ABSL_GUARDED_BY(mu);
+  };
   // The host address of [ptr, ptr + bytes) of device memory on `device`, or INVALID_ARGUMENT.
   absl::StatusOr<std::byte*> Translate(int device, const void* ptr, uint64_t bytes) const;
-  void Forget(const std::byte* device_ptr);
 
   const int devices_;
-  mutable absl::Mutex mu_;
-  // Allocations by (st_dev, st_ino): device and size.
-  std::map<std::pair<dev_t, ino_t>, std::pair<int, uint64_t>> allocations_ ABSL_GUARDED_BY(mu_);
-  // Imported mappings by device address.
-  std::map<const std::byte*, Region> regions_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Regions> regions_ = std::make_shared<Regions>();
   std::atomic<uint64_t> steps_{0};
 };
 

@@ -22,8 +22,23 @@ Executor::~Executor() {
   for (auto& t : workers_) t.join();
 }
 
+void Executor::RunOnDevice(Execution* exec) {
+  Post([this, exec] {
+    exec->status = devices_ == nullptr
+                       ? absl::FailedPreconditionError(
+                             "device memory reached an executor without a device runtime")
+                       : RunDeviceSteps(exec->plan, devices_);
+    exec->on_done();
+  });
+}
+
 void Executor::Run(Execution* exec) {
+  exec->status = absl::OkStatus();
   const size_t nsteps = exec->plan.steps.size();
+  if (nsteps > 0 && exec->plan.device >= 0) {
+    RunOnDevice(exec);
+    return;
+  }
   if (nsteps == 0) {
     exec->on_done();
     return;
@@ -45,6 +60,12 @@ thread_local int inline_depth = 0;
 }  // namespace
 
 void Executor::RunInlineOrQueue(Execution* exec, size_t max_bytes) {
+  exec->status = absl::OkStatus();
+  if (exec->plan.device >= 0 && !exec->plan.steps.empty()) {
+    // Never on the submitting thread (a session's ring thread): it would wait for the GPU.
+    RunOnDevice(exec);
+    return;
+  }
   auto run_in_order = [](Execution* e) {
     ++inline_depth;
     const size_t nsteps = e->plan.steps.size();

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/device/device_runtime.h"
 #include "daemon/scheduler/local_plan.h"
 
 namespace railyard::scheduler {
@@ -25,6 +27,10 @@ struct Execution {
   // Run its steps one after the other on one thread (a fused group: its operations keep their
   // order), not spread over the workers.
   bool sequential = false;
+
+  // How the steps went, for on_done to read: not OK only for a device plan whose launches or
+  // stream failed (host steps cannot fail).
+  absl::Status status;
 
   // Executor state.
   size_t next_step = 0;
@@ -51,10 +57,19 @@ class Executor {
   // Runs fn once on a worker (the multi-node executor's local steps).
   void Post(std::function<void()> fn);
 
+  // Where device plans (plan.device >= 0) run: all their steps enqueued in order on the device's
+  // stream by one worker, which then waits for the stream. Set before any such plan is run;
+  // without it they fail with FAILED_PRECONDITION. Not owned.
+  void SetDeviceRuntime(device::DeviceRuntime* devices) { devices_ = devices; }
+
   int threads() const { return static_cast<int>(workers_.size()); }
 
  private:
   void WorkerLoop();
+  // Runs a device plan on a worker, then its on_done.
+  void RunOnDevice(Execution* exec);
+
+  device::DeviceRuntime* devices_ = nullptr;
 
   absl::Mutex mu_;
   Execution* head_ ABSL_GUARDED_BY(mu_) = nullptr;

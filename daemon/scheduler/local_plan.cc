@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce.h"
 
 namespace railyard::scheduler {
@@ -145,6 +146,10 @@ void AppendLocalPlan(const std::vector<const RankRequest*>& reqs, size_t chunk_b
                      LocalPlan* plan) {
   const RankRequest& r0 = *reqs[0];
   const auto n = static_cast<uint32_t>(reqs.size());
+  // On a device a step is a kernel launch (or a copy) the GPU spreads over all its cores itself:
+  // one per region, not one per worker-sized chunk.
+  if (r0.device >= 0) chunk_bytes = kDeviceChunkBytes;
+  plan->device = r0.device;
   plan->dtype = r0.dtype;
   plan->red_op = r0.red_op;
   plan->avg_divisor = n;
@@ -203,8 +208,10 @@ void AppendLocalPlan(const std::vector<const RankRequest*>& reqs, size_t chunk_b
 }
 
 void BuildCopyPlan(std::byte* src, std::byte* dst, uint64_t bytes, size_t chunk_bytes,
-                   LocalPlan* plan) {
+                   LocalPlan* plan, int device) {
   plan->Clear();
+  plan->device = device;
+  if (device >= 0) chunk_bytes = kDeviceChunkBytes;
   PlanBuilder b(plan, chunk_bytes, 1);
   b.Copy(&src, &dst, 1, bytes);
 }
@@ -226,6 +233,43 @@ void RunStep(const LocalPlan& plan, size_t i) {
       kernels::Swap(srcs[0], dsts[0], s.count);
       break;
   }
+}
+
+absl::Status RunDeviceSteps(const LocalPlan& plan, device::DeviceRuntime* devices) {
+  const int dev = plan.device;
+  absl::Status first;
+  for (size_t i = 0; i < plan.steps.size() && first.ok(); ++i) {
+    const LocalStep& s = plan.steps[i];
+    std::byte* const* srcs = plan.ptrs.data() + s.src_begin;
+    std::byte* const* dsts = plan.ptrs.data() + s.dst_begin;
+    switch (s.kind) {
+      case LocalStep::Kind::kReduce:
+        first = devices->ReduceToMany(
+            dev, plan.dtype, plan.red_op, reinterpret_cast<void* const*>(dsts),
+            static_cast<int>(s.ndsts), reinterpret_cast<const void* const*>(srcs),
+            static_cast<int>(s.nsrcs), s.count, plan.avg_divisor);
+        break;
+      case LocalStep::Kind::kCopy:
+        for (uint32_t k = 0; k < s.nsrcs && first.ok(); ++k) {
+          first = devices->Copy(dev, dsts[k], srcs[k], s.count);
+        }
+        break;
+      case LocalStep::Kind::kSwap:
+        first = devices->Swap(dev, srcs[0], dsts[0], s.count);
+        break;
+    }
+    if (!first.ok()) {
+      first = absl::Status(first.code(), absl::StrCat("step ", i, " of ", plan.steps.size(),
+                                                      " on device ", dev, ": ", first.message()));
+    }
+  }
+  // Wait for what was enqueued even after a failed launch: nothing may still run on the buffers
+  // once the operation completes.
+  absl::Status synced = devices->Synchronize(dev);
+  if (first.ok() && !synced.ok()) {
+    first = absl::Status(synced.code(), absl::StrCat("device ", dev, ": ", synced.message()));
+  }
+  return first;
 }
 
 }  // namespace railyard::scheduler

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "daemon/device/device_runtime.h"
 #include "daemon/kernels/types.h"
 #include "daemon/scheduler/op.h"
 
@@ -32,6 +34,9 @@ struct LocalPlan {
   kernels::DataType dtype = kernels::DataType::kFloat32;
   kernels::RedOp red_op = kernels::RedOp::kSum;
   uint32_t avg_divisor = 1;
+  // The CUDA device every pointer is memory of (the steps run there, through the executor's
+  // device::DeviceRuntime); -1: host memory (RunStep).
+  int device = -1;
   std::vector<LocalStep> steps;
   std::vector<std::byte*> ptrs;
   uint64_t bytes_moved = 0;  // bytes written to destination buffers, for stats
@@ -40,6 +45,7 @@ struct LocalPlan {
   std::vector<std::byte*> scratch_dsts;
 
   void Clear() {
+    device = -1;
     steps.clear();
     ptrs.clear();
     bytes_moved = 0;
@@ -48,6 +54,8 @@ struct LocalPlan {
 
 // Default step size: big enough to amortise dispatch, small enough to split 1 MiB over 2+ threads.
 inline constexpr size_t kDefaultChunkBytes = 256 * 1024;
+// Device plans: one step per region (bounded so that offsets plus a chunk cannot overflow).
+inline constexpr size_t kDeviceChunkBytes = size_t{1} << 62;
 
 // Plans a complete merged collective (one request per rank, all present and in agreement).
 void BuildLocalPlan(const std::vector<const RankRequest*>& requests, size_t chunk_bytes,
@@ -58,11 +66,15 @@ void BuildLocalPlan(const std::vector<const RankRequest*>& requests, size_t chun
 void AppendLocalPlan(const std::vector<const RankRequest*>& requests, size_t chunk_bytes,
                      LocalPlan* plan);
 
-// Plans a matched Send/Recv pair: bytes from send to recv.
+// Plans a matched Send/Recv pair: bytes from send to recv (memory of `device`, -1: host).
 void BuildCopyPlan(std::byte* src, std::byte* dst, uint64_t bytes, size_t chunk_bytes,
-                   LocalPlan* plan);
+                   LocalPlan* plan, int device = -1);
 
-// Runs step i of the plan (called by the executor's workers).
+// Runs step i of a host plan (called by the executor's workers).
 void RunStep(const LocalPlan& plan, size_t i);
+
+// Runs every step of a device plan (plan.device >= 0) in order on that device's stream and waits
+// for them: the first error a launch or the stream met, naming the step.
+absl::Status RunDeviceSteps(const LocalPlan& plan, device::DeviceRuntime* devices);
 
 }  // namespace railyard::scheduler

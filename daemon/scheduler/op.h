@@ -64,6 +64,8 @@ struct RankRequest {
   uint64_t feedback_key = 0;
   std::byte* send = nullptr;
   std::byte* recv = nullptr;
+  // The CUDA device send and recv are memory of; -1: host memory (the daemon may read them).
+  int device = -1;
   // AllToAllv only: elements per peer rank.
   std::vector<uint64_t> send_counts, send_displs, recv_counts, recv_displs;
 };

@@ -211,6 +211,21 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
       return s;
     }
   }
+  // Where the memory is: all of one operation's buffers on the host, or all on one device.
+  const MappedSegment* send_seg = out->send_segment.get();
+  const MappedSegment* recv_seg = out->recv_segment.get();
+  if (send_seg != nullptr && recv_seg != nullptr && send_seg->device() != recv_seg->device()) {
+    auto where = [](const MappedSegment& m) {
+      return m.on_device() ? absl::StrCat("memory of device ", m.device()) : "host memory";
+    };
+    return absl::InvalidArgumentError(
+        absl::StrCat("send buffer ", in.send().buffer_id(), " is ", where(*send_seg),
+                     " and recv buffer ", in.recv().buffer_id(), " is ", where(*recv_seg),
+                     ": an operation's buffers must all be host memory or all on one device"));
+  }
+  r.device = send_seg != nullptr   ? send_seg->device()
+             : recv_seg != nullptr ? recv_seg->device()
+                                   : -1;
   if (auto s = scheduler::CheckInPlaceLayout(r, rank, *extents); !s.ok()) return s;
   out->timeout = absl::Milliseconds(in.timeout_ms());
   out->group_next = in.group_next();

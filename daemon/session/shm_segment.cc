@@ -90,7 +90,17 @@ absl::StatusOr<std::shared_ptr<MappedSegment>> MappedSegment::MapMemfd(UniqueFd 
   return std::shared_ptr<MappedSegment>(new MappedSegment(what, static_cast<std::byte*>(p), size));
 }
 
-MappedSegment::~MappedSegment() { ::munmap(data_, size_); }
+std::shared_ptr<MappedSegment> MappedSegment::FromDevice(
+    std::shared_ptr<device::DeviceMapping> mapping) {
+  auto seg = std::shared_ptr<MappedSegment>(new MappedSegment(
+      absl::StrCat("device ", mapping->device(), " memory"), mapping->data(), mapping->size()));
+  seg->device_ = std::move(mapping);
+  return seg;
+}
+
+MappedSegment::~MappedSegment() {
+  if (device_ == nullptr) ::munmap(data_, size_);  // device memory: the mapping unmaps itself
+}
 
 absl::Status MappedSegment::CheckRange(uint64_t offset, uint64_t bytes, size_t align) const {
   if (align > 1 && offset % align != 0) {

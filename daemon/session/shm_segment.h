@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/device/device_runtime.h"
 #include "daemon/session/quota.h"
 #include "daemon/util/unique_fd.h"
 
@@ -29,6 +30,10 @@ class MappedSegment {
   // RESOURCE_EXHAUSTED when mmap fails. The descriptor is closed either way.
   static absl::StatusOr<std::shared_ptr<MappedSegment>> MapMemfd(UniqueFd fd, uint64_t size);
 
+  // A client's device memory the daemon imported (device::DeviceRuntime::Import): data() is then
+  // a device address, which host code must never dereference (on_device() says so).
+  static std::shared_ptr<MappedSegment> FromDevice(std::shared_ptr<device::DeviceMapping> mapping);
+
   ~MappedSegment();
   MappedSegment(const MappedSegment&) = delete;
   MappedSegment& operator=(const MappedSegment&) = delete;
@@ -37,6 +42,9 @@ class MappedSegment {
   uint64_t size() const { return size_; }
   // What /proc says the descriptor was ("/memfd:railyard.<job> (deleted)"), for logs and errors.
   const std::string& name() const { return name_; }
+  // The CUDA device ordinal of device memory; -1 for host memory.
+  int device() const { return device_ == nullptr ? -1 : device_->device(); }
+  bool on_device() const { return device_ != nullptr; }
 
   // The quota this mapping holds (count and bytes), given back when it is unmapped: after its
   // session released it and the last operation using it let go.
@@ -54,6 +62,7 @@ class MappedSegment {
       : name_(std::move(name)), data_(data), size_(size) {}
 
   std::string name_;
+  std::shared_ptr<device::DeviceMapping> device_;  // null for host memory
   std::byte* data_;
   uint64_t size_;
   QuotaCharge count_charge_;

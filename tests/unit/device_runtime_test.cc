@@ -31,7 +31,7 @@ struct HostView {
 
 TEST(FakeDeviceRuntimeTest, ImportChecksSizeDeviceAndWhatTheDescriptorIs) {
   FakeDeviceRuntime rt(2);
-  absl::StatusOr<UniqueFd> fd = rt.Allocate(1, 4096);
+  absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(1, 4096);
   ASSERT_TRUE(fd.ok()) << fd.status();
 
   auto import = [&](int device, uint64_t size) {
@@ -73,7 +73,7 @@ TEST(FakeDeviceRuntimeTest, StepsReduceIntoEveryDestinationAndTouchOnlyDeviceMem
   std::vector<std::shared_ptr<DeviceMapping>> maps;
   std::vector<std::unique_ptr<HostView>> views;
   for (int k = 0; k < 4; ++k) {
-    absl::StatusOr<UniqueFd> fd = rt.Allocate(0, kBytes);
+    absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(0, kBytes);
     ASSERT_TRUE(fd.ok());
     views.push_back(std::make_unique<HostView>(fd->get(), kBytes));
     absl::StatusOr<std::shared_ptr<DeviceMapping>> m =
@@ -126,12 +126,24 @@ TEST(FakeDeviceRuntimeTest, StepsReduceIntoEveryDestinationAndTouchOnlyDeviceMem
 
 TEST(FakeDeviceRuntimeTest, TheDeviceAddressIsNotHostMemory) {
   FakeDeviceRuntime rt(1);
-  absl::StatusOr<UniqueFd> fd = rt.Allocate(0, 4096);
+  absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(0, 4096);
   ASSERT_TRUE(fd.ok());
   absl::StatusOr<std::shared_ptr<DeviceMapping>> m = rt.Import(0, *std::move(fd), 4096);
   ASSERT_TRUE(m.ok());
   std::byte* p = (*m)->data();
   EXPECT_DEATH({ std::memset(p, 1, 1); }, "");
+}
+
+// At shutdown a session's buffers may be released after the daemon's runtime is gone.
+TEST(FakeDeviceRuntimeTest, AMappingMayOutliveItsRuntime) {
+  auto rt = std::make_unique<FakeDeviceRuntime>(1);
+  absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(0, 8192);
+  ASSERT_TRUE(fd.ok());
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> m = rt->Import(0, *std::move(fd), 8192);
+  ASSERT_TRUE(m.ok());
+  rt.reset();
+  EXPECT_EQ((*m)->size(), 8192u);
+  m->reset();  // unmaps and forgets it without the runtime (ASan would see a use after free)
 }
 
 TEST(OpenDeviceRuntimeTest, SaysWhyThereIsNoneOrCountsDevices) {

@@ -18,6 +18,7 @@ std::string FormatStatus(const v1::StatusResponse& s) {
       s.version(), s.data_plane_version(), s.node_name(), s.socket(),
       FormatDuration(s.uptime_seconds()), s.worker_threads(), s.buffers(),
       FormatBytes(s.buffer_bytes()), s.ops_completed(), s.ops_failed());
+  if (!s.devices().empty()) absl::StrAppend(&out, "devices: ", s.devices(), "\n");
   if (!s.peer_address().empty()) {
     absl::StrAppend(&out, "peer service ", s.peer_address(), ", rails ",
                     absl::StrJoin(s.rails(), ", "), "\n");

@@ -50,9 +50,14 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer();
 
+  // Host memory (Allocate): where this process reads and writes it. Device memory
+  // (AllocateDevice, RegisterDeviceMemory): the device address, for cudaMemcpy and kernels.
   void* data() const { return data_; }
   size_t size() const { return size_; }
   uint64_t id() const { return id_; }
+  // The CUDA device of device memory; -1 for host memory.
+  int device() const { return device_; }
+  // Host memory only.
   template <typename T>
   std::span<T> span() const {
     return std::span<T>(static_cast<T*>(data_), size_ / sizeof(T));
@@ -65,6 +70,8 @@ class Buffer {
   void* data_ = nullptr;
   size_t size_ = 0;
   uint64_t id_ = 0;
+  int device_ = -1;
+  std::shared_ptr<void> device_memory_;  // what AllocateDevice allocated, freed last
 };
 
 // A region of a Buffer: the buffer and a byte offset into it.
@@ -178,6 +185,17 @@ class Client {
   // Allocates size bytes of memory shared with the daemon (a sealed memfd, pre-faulted, passed by
   // descriptor) and registers it.
   absl::StatusOr<Buffer> Allocate(size_t size);
+  // Allocates size bytes on CUDA device `device` (railyard/device_memory.h: a VMM allocation)
+  // and registers them: the buffer's data() is a device pointer. Collectives on device buffers
+  // run on the GPU, in the daemon (every buffer of an operation, every rank's, on that device).
+  // FAILED_PRECONDITION when this client or the daemon has no CUDA devices.
+  absl::StatusOr<Buffer> AllocateDevice(size_t size, int device);
+  // Registers device memory allocated elsewhere: `exported_fd` is its allocation's descriptor
+  // (cuMemExportToShareableHandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; the caller keeps
+  // and closes it), `size` bytes of it from the start, on `device`, which this process sees at
+  // `device_ptr` (the buffer's data()). The memory must outlive the buffer.
+  absl::StatusOr<Buffer> RegisterDeviceMemory(int exported_fd, size_t size, int device,
+                                              void* device_ptr);
   // A fresh communicator id naming this daemon as coordinator (ncclGetUniqueId).
   absl::StatusOr<std::string> CreateCommId();
   // Joins comm_id as rank of nranks; returns when all ranks have joined.

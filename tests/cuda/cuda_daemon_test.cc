@@ -1,0 +1,105 @@
+// Device memory through a real railyardd on a real GPU (skips, saying why, without one): ranks
+// (threads, one session each, all on device 0) allocate with Client::AllocateDevice, which the
+// daemon imports from the exported descriptor in its own process; AllReduce, AllGather,
+// Broadcast and Send/Recv on device buffers, values copied back and checked.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/daemon_fixture.h"
+
+namespace railyard::testing {
+namespace {
+
+std::string NoGpu() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device: cudaGetDeviceCount says ") + cudaGetErrorString(e);
+  }
+  return n == 0 ? "no CUDA device on this node" : "";
+}
+
+std::vector<float> Download(const Buffer& b, size_t count) {
+  std::vector<float> out(count);
+  EXPECT_EQ(cudaMemcpy(out.data(), b.data(), count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+void Upload(const Buffer& b, const std::vector<float>& v) {
+  EXPECT_EQ(cudaMemcpy(b.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+class GpuDaemonTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuDaemonTest, CollectivesOnDeviceBuffersAreExact) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  const int nranks = GetParam();
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  ASSERT_NE(daemon.Status().devices().find("device(s)"), std::string::npos)
+      << daemon.Status().devices();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < nranks; ++r) {
+    auto c = Client::Connect(daemon.Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  constexpr size_t kCount = (size_t{16} << 20) + 5;  // 64 MiB of floats and an odd tail
+  std::vector<std::string> errors(nranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto fail = [&](const std::string& what) { errors[r] = what; };
+      auto comm = clients[r]->InitComm(*id, r, nranks);
+      if (!comm.ok()) return fail(std::string(comm.status().message()));
+      auto send = clients[r]->AllocateDevice(kCount * 4 * nranks, 0);
+      auto recv = clients[r]->AllocateDevice(kCount * 4 * nranks, 0);
+      if (!send.ok() || !recv.ok()) {
+        return fail("AllocateDevice: " + std::string((send.ok() ? recv : send).status().message()));
+      }
+      std::vector<float> in(kCount);
+      for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>((r + 1) * (i % 251));
+      Upload(*send, in);
+      absl::Status s =
+          comm->AllReduce(*send, *recv, kCount, DataType::kFloat32, RedOp::kSum).wait();
+      if (!s.ok()) return fail("allreduce: " + s.ToString());
+      const float ranks_sum = nranks * (nranks + 1) / 2.0f;
+      std::vector<float> out = Download(*recv, kCount);
+      for (size_t i = 0; i < kCount; ++i) {
+        if (out[i] != ranks_sum * static_cast<float>(i % 251)) return fail("allreduce value");
+      }
+      s = comm->AllGather(*send, *recv, 1024, DataType::kFloat32).wait();
+      if (!s.ok()) return fail("allgather: " + s.ToString());
+      out = Download(*recv, 1024 * nranks);
+      for (int q = 0; q < nranks; ++q) {
+        if (out[q * 1024 + 7] != static_cast<float>((q + 1) * 7)) return fail("allgather value");
+      }
+      s = comm->Broadcast(*send, *recv, 3, DataType::kFloat32, nranks - 1).wait();
+      if (!s.ok()) return fail("broadcast: " + s.ToString());
+      out = Download(*recv, 3);
+      if (out[2] != static_cast<float>(nranks * 2)) return fail("broadcast value");
+      Work sw = comm->Send(*send, 4096, DataType::kFloat32, (r + 1) % nranks);
+      Work rw = comm->Recv(*recv, 4096, DataType::kFloat32, (r + nranks - 1) % nranks);
+      if (!(s = sw.wait()).ok() || !(s = rw.wait()).ok()) return fail("send/recv: " + s.ToString());
+      out = Download(*recv, 4096);
+      const int from = (r + nranks - 1) % nranks;
+      if (out[300] != static_cast<float>((from + 1) * (300 % 251))) return fail("recv value");
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < nranks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_EQ(daemon.Status().ops_failed(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GpuDaemonTest, ::testing::Values(2, 4));
+
+}  // namespace
+}  // namespace railyard::testing

@@ -1,0 +1,317 @@
+// Device buffers through a real railyardd and the real C++ client, on hosts without a GPU: the
+// daemon runs with --fake_gpus (daemon/device/fake_device_runtime.h), whose "device allocations"
+// are memfds named railyard-fake-device-<N> and whose device addresses fault if the daemon's host
+// code ever touched them. Ranks are threads, one session each. Every collective on device buffers
+// is checked value by value; every refusal (no devices, wrong device, too large, not device
+// memory, host and device mixed in one operation or across ranks) by its code and text, with the
+// daemon serving host memory after them. The same path on a real GPU: tests/cuda.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/virtual_cluster.h"
+
+namespace railyard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A fake device allocation: the client's view of it (what cudaMemcpy would read and write).
+struct FakeDeviceMemory {
+  FakeDeviceMemory(int device, size_t bytes) : bytes(bytes) {
+    const std::string name = "railyard-fake-device-" + std::to_string(device);
+    fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+    EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    view = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ~FakeDeviceMemory() {
+    ::munmap(view, bytes);
+    ::close(fd);
+  }
+  float* f() const { return static_cast<float*>(view); }
+  int fd = -1;
+  void* view = nullptr;
+  size_t bytes;
+};
+
+// Runs fn(rank, client, comm) on nranks threads, one session each; returns their errors.
+std::vector<std::string> RunRanks(const DaemonProcess& daemon, int nranks,
+                                  const std::function<std::string(int, Client&, Comm&)>& fn) {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::string> errors(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    auto c = Client::Connect(daemon.Options());
+    if (!c.ok()) return {std::string(c.status().message())};
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  if (!id.ok()) return {std::string(id.status().message())};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = clients[r]->InitComm(*id, r, nranks);
+      if (!comm.ok()) {
+        errors[r] = std::string(comm.status().message());
+        return;
+      }
+      errors[r] = fn(r, *clients[r], *comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+std::string Check(const absl::Status& s, const char* what) {
+  return s.ok() ? std::string() : std::string(what) + ": " + std::string(s.message());
+}
+
+TEST(DeviceMemoryTest, EveryCollectiveOnDeviceBuffersIsExact) {
+  DaemonProcess daemon({"--fake_gpus=2"});
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 300001;  // odd, and larger than --inline_max_bytes
+  const std::vector<std::string> errors =
+      RunRanks(daemon, kRanks, [&](int rank, Client& client, Comm& comm) -> std::string {
+        FakeDeviceMemory send(1, kCount * kRanks * 4), recv(1, kCount * kRanks * 4);
+        auto sb = client.RegisterDeviceMemory(send.fd, send.bytes, 1, send.view);
+        auto rb = client.RegisterDeviceMemory(recv.fd, recv.bytes, 1, recv.view);
+        if (!sb.ok() || !rb.ok())
+          return "register: " + std::string((sb.ok() ? rb : sb).status().message());
+        if (sb->device() != 1 || sb->data() != send.view) return "buffer says the wrong device";
+        const float me = static_cast<float>(rank + 1);
+        for (size_t i = 0; i < kCount * kRanks; ++i) send.f()[i] = me * static_cast<float>(i % 97);
+        // AllReduce, out of place: sum over ranks of (r + 1) * (i % 97) = 6 * (i % 97).
+        if (auto e = Check(comm.AllReduce(*sb, *rb, kCount, DataType::kFloat32, RedOp::kSum).wait(),
+                           "allreduce");
+            !e.empty()) {
+          return e;
+        }
+        for (size_t i = 0; i < kCount; ++i) {
+          if (recv.f()[i] != 6.0f * static_cast<float>(i % 97)) return "allreduce value wrong";
+        }
+        // In place, avg: (1 + 2 + 3) / 3 * (i % 97).
+        if (auto e = Check(comm.AllReduce(*sb, *sb, kCount, DataType::kFloat32, RedOp::kAvg).wait(),
+                           "allreduce in place");
+            !e.empty()) {
+          return e;
+        }
+        for (size_t i = 0; i < kCount; ++i) {
+          if (send.f()[i] != 2.0f * static_cast<float>(i % 97)) return "avg value wrong";
+        }
+        // Broadcast from rank 2, small (runs inline for host memory; on a worker for device).
+        for (size_t i = 0; i < 16; ++i) send.f()[i] = rank == 2 ? 42.0f + i : -1.0f;
+        if (auto e = Check(comm.Broadcast(*sb, *rb, 16, DataType::kFloat32, 2).wait(), "bcast");
+            !e.empty()) {
+          return e;
+        }
+        for (size_t i = 0; i < 16; ++i) {
+          if (recv.f()[i] != 42.0f + i) return "broadcast value wrong";
+        }
+        // AllGather: block r of recv is rank r's send.
+        for (size_t i = 0; i < kCount; ++i) send.f()[i] = me + static_cast<float>(i % 5);
+        if (auto e =
+                Check(comm.AllGather(*sb, *rb, kCount, DataType::kFloat32).wait(), "allgather");
+            !e.empty()) {
+          return e;
+        }
+        for (int r = 0; r < kRanks; ++r) {
+          for (size_t i = 0; i < kCount; i += 7) {
+            if (recv.f()[r * kCount + i] != r + 1 + static_cast<float>(i % 5)) {
+              return "allgather value wrong";
+            }
+          }
+        }
+        // ReduceScatter max: block r of every rank's send is (rank + 1) * 10 + r.
+        for (int r = 0; r < kRanks; ++r) {
+          for (size_t i = 0; i < kCount; ++i) send.f()[r * kCount + i] = me * 10 + r;
+        }
+        if (auto e = Check(
+                comm.ReduceScatter(*sb, *rb, kCount, DataType::kFloat32, RedOp::kMax).wait(), "rs");
+            !e.empty()) {
+          return e;
+        }
+        for (size_t i = 0; i < kCount; i += 11) {
+          if (recv.f()[i] != 30.0f + rank) return "reducescatter value wrong";
+        }
+        // AllToAll: rank s sends block d = s * 100 + d to rank d.
+        for (int d = 0; d < kRanks; ++d) {
+          for (size_t i = 0; i < kCount; ++i) send.f()[d * kCount + i] = rank * 100.0f + d;
+        }
+        if (auto e = Check(comm.AllToAll(*sb, *rb, kCount, DataType::kFloat32).wait(), "a2a");
+            !e.empty()) {
+          return e;
+        }
+        for (int s = 0; s < kRanks; ++s) {
+          if (recv.f()[s * kCount + 3] != s * 100.0f + rank) return "alltoall value wrong";
+        }
+        // Send/Recv around the ring.
+        for (size_t i = 0; i < kCount; ++i) send.f()[i] = me * 1000 + static_cast<float>(i % 13);
+        Work sw = comm.Send(*sb, kCount, DataType::kFloat32, (rank + 1) % kRanks);
+        Work rw = comm.Recv(*rb, kCount, DataType::kFloat32, (rank + kRanks - 1) % kRanks);
+        if (auto e = Check(sw.wait(), "send"); !e.empty()) return e;
+        if (auto e = Check(rw.wait(), "recv"); !e.empty()) return e;
+        const float from = static_cast<float>((rank + kRanks - 1) % kRanks + 1);
+        for (size_t i = 0; i < kCount; i += 3) {
+          if (recv.f()[i] != from * 1000 + static_cast<float>(i % 13)) return "recv value wrong";
+        }
+        return "";
+      });
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  const v1::StatusResponse st = daemon.Status();
+  EXPECT_EQ(st.ops_failed(), 0u);
+  EXPECT_EQ(st.buffers(), 0u);  // the sessions are gone, and their device mappings with them
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+TEST(DeviceMemoryTest, ADaemonWithoutDevicesSaysWhy) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  auto client = Client::Connect(daemon.Options());
+  ASSERT_TRUE(client.ok()) << client.status();
+  FakeDeviceMemory mem(0, 4096);
+  auto b = (*client)->RegisterDeviceMemory(mem.fd, 4096, 0, mem.view);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("serves no device memory"));
+  // Operators see the same reason.
+  EXPECT_THAT(daemon.Status().devices(), HasSubstr("host memory only"));
+  // The client's own allocator says why too (no driver here, or no CUDA in this build).
+  auto d = (*client)->AllocateDevice(4096, 0);
+  ASSERT_FALSE(d.ok());
+  EXPECT_TRUE(d.status().code() == absl::StatusCode::kFailedPrecondition ||
+              d.status().code() == absl::StatusCode::kInvalidArgument)
+      << d.status();
+  auto h = (*client)->Allocate(4096);
+  EXPECT_TRUE(h.ok()) << h.status();
+}
+
+TEST(DeviceMemoryTest, BadDeviceMemoryIsRefusedSayingWhatIsWrong) {
+  DaemonProcess daemon({"--fake_gpus=2"});
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  auto client = Client::Connect(daemon.Options());
+  ASSERT_TRUE(client.ok()) << client.status();
+  Client& c = **client;
+  FakeDeviceMemory on1(1, 4096);
+  auto expect_refused = [&](int fd, size_t size, int device, const std::string& text) {
+    auto b = c.RegisterDeviceMemory(fd, size, device, on1.view);
+    ASSERT_FALSE(b.ok()) << text;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr(text));
+  };
+  expect_refused(on1.fd, 4096, 5, "device 5 is not one of the 2 devices");
+  expect_refused(on1.fd, 4096, 0, "lives on device 1, not on device 0");
+  expect_refused(on1.fd, 4097, 1, "4097 bytes does not fit the exported allocation of 4096");
+  const int plain = ::memfd_create("host-memory", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(plain, 4096), 0);
+  expect_refused(plain, 4096, 1, "not an exported device allocation");
+  ::close(plain);
+  // Nothing was kept of them.
+  EXPECT_EQ(daemon.Status().buffers(), 0u);
+  EXPECT_THAT(daemon.Status().devices(), HasSubstr("2 device(s)"));
+  auto good = c.RegisterDeviceMemory(on1.fd, 4096, 1, on1.view);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(daemon.Status().buffers(), 1u);
+}
+
+TEST(DeviceMemoryTest, HostAndDeviceMemoryInOneOperationAreRefused) {
+  DaemonProcess daemon({"--fake_gpus=1"});
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  const std::vector<std::string> errors =
+      RunRanks(daemon, 2, [&](int rank, Client& client, Comm& comm) -> std::string {
+        FakeDeviceMemory dev(0, 4096);
+        auto db = client.RegisterDeviceMemory(dev.fd, 4096, 0, dev.view);
+        auto hb = client.Allocate(4096);
+        if (!db.ok() || !hb.ok()) return "register failed";
+        // One rank mixes them in one operation: refused at once, for that rank.
+        if (rank == 0) {
+          absl::Status s = comm.AllReduce(*db, *hb, 16, DataType::kFloat32, RedOp::kSum).wait();
+          if (s.code() != absl::StatusCode::kInvalidArgument ||
+              s.message().find("must all be host memory or all on one device") ==
+                  std::string::npos) {
+            return "mixed buffers: " + s.ToString();
+          }
+        }
+        // The ranks disagree: rank 0 on the device, rank 1 on the host. Both are told.
+        absl::Status s = rank == 0
+                             ? comm.AllReduce(*db, *db, 16, DataType::kFloat32, RedOp::kSum).wait()
+                             : comm.AllReduce(*hb, *hb, 16, DataType::kFloat32, RedOp::kSum).wait();
+        if (s.code() != absl::StatusCode::kInvalidArgument ||
+            s.message().find("disagree on where their buffers are") == std::string::npos) {
+          return "disagreeing ranks: " + s.ToString();
+        }
+        return "";
+      });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  // The daemon goes on serving: a fresh communicator's host AllReduce is exact.
+  const std::vector<std::string> after =
+      RunRanks(daemon, 2, [&](int rank, Client& client, Comm& comm) -> std::string {
+        auto hb = client.Allocate(64);
+        if (!hb.ok()) return "allocate failed";
+        static_cast<float*>(hb->data())[0] = static_cast<float>(rank + 1);
+        if (auto e = Check(comm.AllReduce(*hb, *hb, 1, DataType::kFloat32, RedOp::kSum).wait(),
+                           "host allreduce");
+            !e.empty()) {
+          return e;
+        }
+        return static_cast<float*>(hb->data())[0] == 3.0f ? "" : "host allreduce value wrong";
+      });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(after[r], "") << "rank " << r;
+}
+
+TEST(DeviceMemoryTest, DeviceBuffersAcrossNodesAreRefusedAsNotBuiltAndHostOnesStillWork) {
+  VirtualCluster cluster(2, {"--fake_gpus=1"}, PeerPlane::kInsecure);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  auto c0 = Client::Connect(cluster[0].Options());
+  auto c1 = Client::Connect(cluster[1].Options());
+  ASSERT_TRUE(c0.ok() && c1.ok());
+  auto id = (*c0)->CreateCommId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  Client* clients[2] = {c0->get(), c1->get()};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = clients[r]->InitComm(*id, r, 2);
+      if (!comm.ok()) {
+        errors[r] = std::string(comm.status().message());
+        return;
+      }
+      if (comm->nnodes() != 2) {
+        errors[r] = "not across two nodes";
+        return;
+      }
+      FakeDeviceMemory dev(0, 4096);
+      auto db = clients[r]->RegisterDeviceMemory(dev.fd, 4096, 0, dev.view);
+      if (!db.ok()) {
+        errors[r] = "register: " + std::string(db.status().message());
+        return;
+      }
+      absl::Status s = comm->AllReduce(*db, *db, 16, DataType::kFloat32, RedOp::kSum).wait();
+      if (s.code() != absl::StatusCode::kUnimplemented ||
+          s.message().find("spans several nodes") == std::string::npos) {
+        errors[r] = "device allreduce across nodes: " + s.ToString();
+        return;
+      }
+      // Refused before it reached the communicator: the next (host) operation is seq 0 for both.
+      auto hb = clients[r]->Allocate(64);
+      if (!hb.ok()) return;
+      static_cast<float*>(hb->data())[0] = static_cast<float>(r + 1);
+      s = comm->AllReduce(*hb, *hb, 1, DataType::kFloat32, RedOp::kSum).wait();
+      if (!s.ok() || static_cast<float*>(hb->data())[0] != 3.0f) {
+        errors[r] = "host allreduce after it: " + s.ToString();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
+}
+
+}  // namespace
+}  // namespace railyard::testing
