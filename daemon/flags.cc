@@ -195,7 +195,6 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "spin_us",
                                    "poll_us",
                                    "inline_max_bytes",
-                                   "fake_gpus",
                                    "ucx_busy_poll",
                                    "shutdown_grace",
                                    "log_level",
