@@ -19,6 +19,9 @@ struct PendingRequest {
   uint64_t request_id = 0;
   int rank = 0;
   std::weak_ptr<CompletionSink> session;  // the rank's Session
+  // Owns the sink `session` points to when the request was staged through host memory
+  // (device_staging.h): it copies the results back to the device, then tells the Session.
+  std::shared_ptr<CompletionSink> staging;
   scheduler::RankRequest req;
   // Keep the mapped buffers alive while the operation may touch them.
   std::shared_ptr<MappedSegment> send_segment;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
+#include "daemon/comm/device_staging.h"
 #include "daemon/comm/peer_input.h"
 #include "daemon/metrics/counting_endpoint.h"
 #include "daemon/services/request_decode.h"
@@ -785,18 +786,20 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::PrepareSubmit(
   absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
       DecodeSubmit(req, *session, m->rank, m->comm->nranks());
   if (!pending.ok()) return pending.status();
-  if ((*pending)->req.device >= 0 && m->comm->multi_node()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "communicator ", m->comm->comm_id(),
-        " spans several nodes, and this railyardd moves device memory between nodes not yet "
-        "(the pinned host staging path is not built): use host buffers for its operations"));
-  }
   if (sink != nullptr) {
     (*pending)->session = sink;
   } else {
     (*pending)->session = session;
   }
   (*pending)->quota = session->quota();  // charged while it waits (communicator.cc)
+  if ((*pending)->req.device >= 0 && m->comm->multi_node()) {
+    // Across nodes, device memory goes through host memory (device_staging.h).
+    if (absl::Status st =
+            StageThroughHost(pending->get(), m->comm->nranks(), devices_.get(), &executor_);
+        !st.ok()) {
+      return st;
+    }
+  }
   return pending;
 }
 

@@ -196,6 +196,14 @@ class CudaDeviceRuntime : public DeviceRuntime {
     if (!s.ok()) return s.status();
     return LaunchStatus("swap kernel", railyard_cuda_swap(a, b, bytes, *s));
   }
+  absl::Status CopyToHost(int device, void* host_dst, const void* device_src,
+                          size_t bytes) override {
+    return CopyAndWait(device, host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
+  }
+  absl::Status CopyFromHost(int device, void* device_dst, const void* host_src,
+                            size_t bytes) override {
+    return CopyAndWait(device, device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+  }
   absl::Status Synchronize(int device) override {
     absl::StatusOr<cudaStream_t> s = StreamOn(device);
     if (!s.ok()) return s.status();
@@ -203,6 +211,18 @@ class CudaDeviceRuntime : public DeviceRuntime {
   }
 
  private:
+  absl::Status CopyAndWait(int device, void* dst, const void* src, size_t bytes,
+                           cudaMemcpyKind kind) {
+    absl::StatusOr<cudaStream_t> s = StreamOn(device);
+    if (!s.ok()) return s.status();
+    if (bytes == 0) return absl::OkStatus();
+    if (absl::Status st =
+            LaunchStatus("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, kind, *s));
+        !st.ok()) {
+      return st;
+    }
+    return LaunchStatus("cudaStreamSynchronize", cudaStreamSynchronize(*s));
+  }
   absl::Status CheckDevice(int device) const {
     if (device < 0 || device >= count_) {
       return absl::InvalidArgumentError(absl::StrCat("device ", device, " is not one of the ",

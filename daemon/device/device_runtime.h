@@ -62,6 +62,12 @@ class DeviceRuntime {
                                     int nsrcs, size_t count, uint32_t avg_divisor) = 0;
   virtual absl::Status Copy(int device, void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Swap(int device, void* a, void* b, size_t bytes) = 0;
+  // Copies between host memory and device memory on `device`, and waits for the copy (and what
+  // was enqueued before it on the device's stream).
+  virtual absl::Status CopyToHost(int device, void* host_dst, const void* device_src,
+                                  size_t bytes) = 0;
+  virtual absl::Status CopyFromHost(int device, void* device_dst, const void* host_src,
+                                    size_t bytes) = 0;
   // Waits until everything enqueued on `device` before the call has finished; the first error
   // any of it met (INTERNAL, naming the CUDA error).
   virtual absl::Status Synchronize(int device) = 0;

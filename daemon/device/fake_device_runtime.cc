@@ -181,6 +181,24 @@ absl::Status FakeDeviceRuntime::Swap(int device, void* a, void* b, size_t bytes)
   return absl::OkStatus();
 }
 
+absl::Status FakeDeviceRuntime::CopyToHost(int device, void* host_dst, const void* device_src,
+                                           size_t bytes) {
+  absl::StatusOr<std::byte*> s = Translate(device, device_src, bytes);
+  if (!s.ok()) return s.status();
+  std::memcpy(host_dst, *s, bytes);
+  steps_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceRuntime::CopyFromHost(int device, void* device_dst, const void* host_src,
+                                             size_t bytes) {
+  absl::StatusOr<std::byte*> d = Translate(device, device_dst, bytes);
+  if (!d.ok()) return d.status();
+  std::memcpy(*d, host_src, bytes);
+  steps_.fetch_add(1);
+  return absl::OkStatus();
+}
+
 absl::Status FakeDeviceRuntime::Synchronize(int device) {
   if (device < 0 || device >= devices_) {
     return absl::InvalidArgumentError(absl::StrCat("no device ", device));

@@ -45,6 +45,10 @@ class FakeDeviceRuntime : public DeviceRuntime {
                             size_t count, uint32_t avg_divisor) override;
   absl::Status Copy(int device, void* dst, const void* src, size_t bytes) override;
   absl::Status Swap(int device, void* a, void* b, size_t bytes) override;
+  absl::Status CopyToHost(int device, void* host_dst, const void* device_src,
+                          size_t bytes) override;
+  absl::Status CopyFromHost(int device, void* device_dst, const void* host_src,
+                            size_t bytes) override;
   absl::Status Synchronize(int device) override;
 
   // Steps run (reduce, copy, swap) and mappings alive, for tests.

@@ -265,48 +265,107 @@ TEST(DeviceMemoryTest, HostAndDeviceMemoryInOneOperationAreRefused) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(after[r], "") << "rank " << r;
 }
 
-TEST(DeviceMemoryTest, DeviceBuffersAcrossNodesAreRefusedAsNotBuiltAndHostOnesStillWork) {
+// Across nodes device memory is staged through host memory (daemon/comm/device_staging.h): two
+// daemons with two ranks each, every buffer device memory, values checked after each operation.
+TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
   VirtualCluster cluster(2, {"--fake_gpus=1"}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
-  auto c0 = Client::Connect(cluster[0].Options());
-  auto c1 = Client::Connect(cluster[1].Options());
-  ASSERT_TRUE(c0.ok() && c1.ok());
-  auto id = (*c0)->CreateCommId();
+  constexpr int kRanks = 4;  // ranks 0, 1 on vnode0; 2, 3 on vnode1
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < kRanks; ++r) {
+    auto c = Client::Connect(cluster[r / 2].Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
   ASSERT_TRUE(id.ok()) << id.status();
-  Client* clients[2] = {c0->get(), c1->get()};
+  constexpr size_t kCount = 100003;
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      errors[r] = [&]() -> std::string {
+        auto comm = clients[r]->InitComm(*id, r, kRanks);
+        if (!comm.ok()) return std::string(comm.status().message());
+        if (comm->nnodes() != 2) return "not across two nodes";
+        FakeDeviceMemory send(0, kCount * 4 * kRanks), recv(0, kCount * 4 * kRanks);
+        auto sb = clients[r]->RegisterDeviceMemory(send.fd, send.bytes, 0, send.view);
+        auto rb = clients[r]->RegisterDeviceMemory(recv.fd, recv.bytes, 0, recv.view);
+        if (!sb.ok() || !rb.ok()) return "register failed";
+        const float me = static_cast<float>(r + 1);
+        for (size_t i = 0; i < kCount; ++i) send.f()[i] = me * static_cast<float>(i % 89);
+        absl::Status s = comm->AllReduce(*sb, *rb, kCount, DataType::kFloat32, RedOp::kSum).wait();
+        if (!s.ok()) return "allreduce: " + s.ToString();
+        for (size_t i = 0; i < kCount; ++i) {
+          if (recv.f()[i] != 10.0f * static_cast<float>(i % 89)) return "allreduce value wrong";
+        }
+        // The send buffer is not written back over (out of place).
+        if (send.f()[88] != me * 88) return "send buffer changed";
+        s = comm->AllReduce(*sb, *sb, kCount, DataType::kFloat32, RedOp::kMax).wait();
+        if (!s.ok()) return "allreduce in place: " + s.ToString();
+        if (send.f()[88] != 4.0f * 88) return "in-place max wrong";
+        for (size_t i = 0; i < kCount; ++i) send.f()[i] = me;
+        s = comm->AllGather(*sb, *rb, kCount, DataType::kFloat32).wait();
+        if (!s.ok()) return "allgather: " + s.ToString();
+        for (int q = 0; q < kRanks; ++q) {
+          if (recv.f()[q * kCount + kCount - 1] != q + 1.0f) return "allgather value wrong";
+        }
+        // Send/Recv across the nodes: rank r to rank (r + 2) % 4.
+        Work sw = comm->Send(*sb, kCount, DataType::kFloat32, (r + 2) % kRanks);
+        Work rw = comm->Recv(*rb, kCount, DataType::kFloat32, (r + 2) % kRanks);
+        if (!(s = sw.wait()).ok() || !(s = rw.wait()).ok()) return "send/recv: " + s.ToString();
+        if (recv.f()[kCount / 2] != static_cast<float>((r + 2) % kRanks + 1)) {
+          return "recv value wrong";
+        }
+        return "";
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
+  }
+  // Each daemon's staging copies were charged and given back.
+  for (int n = 0; n < 2; ++n) EXPECT_EQ(cluster[n].Status().buffer_bytes(), 0u);
+}
+
+// Staging copies count against the session's buffer bytes: past the quota the operation is
+// refused before it reaches the communicator, and the ranks go on.
+TEST(DeviceMemoryTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
+  VirtualCluster cluster(2, {"--fake_gpus=1", "--max_buffer_bytes_per_session=12289"},
+                         PeerPlane::kInsecure);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < 2; ++r) {
+    auto c = Client::Connect(cluster[r].Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  ASSERT_TRUE(id.ok()) << id.status();
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto comm = clients[r]->InitComm(*id, r, 2);
-      if (!comm.ok()) {
-        errors[r] = std::string(comm.status().message());
-        return;
-      }
-      if (comm->nnodes() != 2) {
-        errors[r] = "not across two nodes";
-        return;
-      }
-      FakeDeviceMemory dev(0, 4096);
-      auto db = clients[r]->RegisterDeviceMemory(dev.fd, 4096, 0, dev.view);
-      if (!db.ok()) {
-        errors[r] = "register: " + std::string(db.status().message());
-        return;
-      }
-      absl::Status s = comm->AllReduce(*db, *db, 16, DataType::kFloat32, RedOp::kSum).wait();
-      if (s.code() != absl::StatusCode::kUnimplemented ||
-          s.message().find("spans several nodes") == std::string::npos) {
-        errors[r] = "device allreduce across nodes: " + s.ToString();
-        return;
-      }
-      // Refused before it reached the communicator: the next (host) operation is seq 0 for both.
-      auto hb = clients[r]->Allocate(64);
-      if (!hb.ok()) return;
-      static_cast<float*>(hb->data())[0] = static_cast<float>(r + 1);
-      s = comm->AllReduce(*hb, *hb, 1, DataType::kFloat32, RedOp::kSum).wait();
-      if (!s.ok() || static_cast<float*>(hb->data())[0] != 3.0f) {
-        errors[r] = "host allreduce after it: " + s.ToString();
-      }
+      errors[r] = [&]() -> std::string {
+        auto comm = clients[r]->InitComm(*id, r, 2);
+        if (!comm.ok()) return std::string(comm.status().message());
+        FakeDeviceMemory send(0, 4096), recv(0, 4096);
+        auto sb = clients[r]->RegisterDeviceMemory(send.fd, 4096, 0, send.view);
+        auto rb = clients[r]->RegisterDeviceMemory(recv.fd, 4096, 0, recv.view);
+        if (!sb.ok() || !rb.ok()) return "register failed";
+        if (r == 0) {  // 8192 more bytes than the 12289 the session may hold with its 8192
+          absl::Status s = comm->AllReduce(*sb, *rb, 1024, DataType::kFloat32, RedOp::kSum).wait();
+          if (s.code() != absl::StatusCode::kResourceExhausted ||
+              s.message().find("staging 8192 bytes of device memory") == std::string::npos) {
+            return "out of place past the quota: " + s.ToString();
+          }
+        }
+        for (size_t i = 0; i < 1024; ++i) send.f()[i] = r + 1.0f;
+        absl::Status s = comm->AllReduce(*sb, *sb, 1024, DataType::kFloat32, RedOp::kSum).wait();
+        if (!s.ok()) return "in place within the quota: " + s.ToString();
+        return send.f()[1023] == 3.0f ? "" : "in-place value wrong";
+      }();
     });
   }
   for (auto& t : threads) t.join();

@@ -1,0 +1,141 @@
+#include "daemon/comm/device_staging.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace railyard {
+namespace {
+
+struct Region {
+  std::byte* device_ptr = nullptr;
+  uint64_t bytes = 0;
+  std::unique_ptr<std::byte[]> host;
+  bool copy_back = false;  // holds (part of) the recv region
+};
+
+// Completes a staged request: copies its recv region back to the device on a worker, then posts
+// to the client's sink.
+class StagedSink : public CompletionSink, public std::enable_shared_from_this<StagedSink> {
+ public:
+  StagedSink(std::weak_ptr<CompletionSink> client, int device, std::vector<Region> regions,
+             std::shared_ptr<MappedSegment> send_segment,
+             std::shared_ptr<MappedSegment> recv_segment, QuotaCharge charge,
+             device::DeviceRuntime* devices, scheduler::Executor* executor)
+      : client_(std::move(client)),
+        device_(device),
+        regions_(std::move(regions)),
+        send_segment_(std::move(send_segment)),
+        recv_segment_(std::move(recv_segment)),
+        charge_(std::move(charge)),
+        devices_(devices),
+        executor_(executor) {}
+
+  void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) override {
+    if (!status.ok()) {
+      Forward(request_id, status, seq);
+      return;
+    }
+    executor_->Post([self = shared_from_this(), request_id, seq] {
+      absl::Status s;
+      for (const Region& r : self->regions_) {
+        if (!r.copy_back || !s.ok()) continue;
+        s = self->devices_->CopyFromHost(self->device_, r.device_ptr, r.host.get(), r.bytes);
+        if (!s.ok()) {
+          s = absl::InternalError(absl::StrCat("copying the result back to device ", self->device_,
+                                               " after the operation: ", s.message()));
+        }
+      }
+      self->Forward(request_id, s, seq);
+    });
+  }
+
+ private:
+  void Forward(uint64_t request_id, const absl::Status& status, uint64_t seq) {
+    if (auto client = client_.lock()) client->PostCompletion(request_id, status, seq);
+  }
+
+  const std::weak_ptr<CompletionSink> client_;
+  const int device_;
+  const std::vector<Region> regions_;
+  // The device memory stays mapped until the copy back is done.
+  const std::shared_ptr<MappedSegment> send_segment_;
+  const std::shared_ptr<MappedSegment> recv_segment_;
+  QuotaCharge charge_;
+  device::DeviceRuntime* const devices_;
+  scheduler::Executor* const executor_;
+};
+
+}  // namespace
+
+absl::Status StageThroughHost(PendingRequest* request, int nranks, device::DeviceRuntime* devices,
+                              scheduler::Executor* executor) {
+  scheduler::RankRequest& req = request->req;
+  const int device = req.device;
+  absl::StatusOr<scheduler::Extents> ext = scheduler::ComputeExtents(req, request->rank, nranks);
+  if (!ext.ok()) return ext.status();
+  const bool has_send = ext->needs_send && ext->send_bytes > 0 && req.send != nullptr;
+  const bool has_recv = ext->needs_recv && ext->recv_bytes > 0 && req.recv != nullptr;
+  std::vector<Region> regions;
+  auto add = [&](std::byte* p, uint64_t bytes, bool back) {
+    Region r;
+    r.device_ptr = p;
+    r.bytes = bytes;
+    r.copy_back = back;
+    regions.push_back(std::move(r));
+  };
+  const bool overlap = has_send && has_recv && req.send < req.recv + ext->recv_bytes &&
+                       req.recv < req.send + ext->send_bytes;
+  if (overlap) {  // in place: one copy of the union keeps send and recv where they were
+    std::byte* lo = std::min(req.send, req.recv);
+    std::byte* hi = std::max(req.send + ext->send_bytes, req.recv + ext->recv_bytes);
+    add(lo, static_cast<uint64_t>(hi - lo), true);
+  } else {
+    if (has_send) add(req.send, ext->send_bytes, false);
+    // The recv region is copied in too: what the operation does not write must come back as it
+    // was (AllToAllv's unreceived blocks, a Reduce's non-root).
+    if (has_recv) add(req.recv, ext->recv_bytes, true);
+  }
+  uint64_t total = 0;
+  for (const Region& r : regions) total += r.bytes;
+  QuotaCharge charge;
+  if (absl::Status s = QuotaCharge::Take(request->quota, Resource::kBufferBytes, total, &charge);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("staging ", total,
+                                               " bytes of device memory in host "
+                                               "memory for an operation across nodes: ",
+                                               s.message()));
+  }
+  for (Region& r : regions) {
+    r.host.reset(new (std::nothrow) std::byte[r.bytes]);
+    if (r.host == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", r.bytes, " bytes of host memory to stage device memory"));
+    }
+    if (absl::Status s = devices->CopyToHost(device, r.host.get(), r.device_ptr, r.bytes);
+        !s.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "copying device ", device, " memory to host memory before the operation: ", s.message()));
+    }
+  }
+  auto host_of = [&](std::byte* p) -> std::byte* {
+    for (const Region& r : regions) {
+      if (p >= r.device_ptr && p < r.device_ptr + r.bytes) return r.host.get() + (p - r.device_ptr);
+    }
+    return nullptr;
+  };
+  if (has_send) req.send = host_of(req.send);
+  if (has_recv) req.recv = host_of(req.recv);
+  req.device = -1;
+  auto sink = std::make_shared<StagedSink>(request->session, device, std::move(regions),
+                                           request->send_segment, request->recv_segment,
+                                           std::move(charge), devices, executor);
+  request->session = sink;
+  request->staging = std::move(sink);
+  return absl::OkStatus();
+}
+
+}  // namespace railyard
