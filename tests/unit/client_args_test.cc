@@ -167,6 +167,18 @@ TEST(ParsePerfArgsTest, LatencyFileAndItsDutyCycle) {
   EXPECT_EQ(Parse({})->interval_us, 0);  // back to back unless asked
 }
 
+TEST(ParsePerfArgsTest, DeviceBuffersNeedTheHostDataCheckOff) {
+  EXPECT_EQ(Parse({})->device, -1);  // host memory unless asked
+  absl::StatusOr<PerfArgs> args = Parse({"--device", "1", "-c", "0"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->device, 1);
+  absl::StatusOr<PerfArgs> checked = Parse({"--device=0"});
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(checked.status().message().find("--device needs -c 0"), std::string::npos);
+  EXPECT_FALSE(Parse({"--device=-1", "-c", "0"}).ok());
+}
+
 TEST(ParsePerfArgsTest, WorkerFlagsRoundTrip) {
   std::vector<std::string> argv = {"--op", "sendrecv", "--ranks-per-daemon", "4"};
   for (std::string& flag : WorkerFlags(3, "/x.sock", "ry1-abc@local:n", 42)) argv.push_back(flag);

@@ -160,6 +160,7 @@ const std::vector<FlagSpec>& Flags() {
       {0, "deadline_s", true, IntSetter<int>(&PerfArgs::deadline_s, 1, 365 * 24 * 3600)},
       {0, "latency_file", true, StringSetter(&PerfArgs::latency_file)},
       {0, "interval_us", true, IntSetter<int64_t>(&PerfArgs::interval_us, 0, 60'000'000)},
+      {0, "device", true, IntSetter<int>(&PerfArgs::device, 0, 1023)},
       {'h', "help", false,
        [](std::string_view, std::string_view, PerfArgs* a) {
          a->help = true;
@@ -198,6 +199,11 @@ const FlagSpec* FindLong(std::string_view name) {
 
 absl::Status Validate(PerfArgs* args) {
   if (args->help) return absl::OkStatus();
+  if (args->device >= 0 && args->check != 0) {
+    return absl::InvalidArgumentError(
+        "--device needs -c 0: the data check reads and writes the buffers from the host "
+        "(tests/cuda checks device results)");
+  }
   if (args->min_bytes > args->max_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("-b ", args->min_bytes, " is larger than -e ", args->max_bytes));
@@ -373,6 +379,8 @@ daemon on this host (ranks numbered daemon-major); rank 0 prints the table.
                              per timed iteration to PATH (for percentiles)
       --interval_us US       with --latency_file: start iteration i no earlier than i*US
                              after the first (a duty cycle; default 0, back to back)
+      --device N             send and recv buffers in memory of CUDA device N (the daemon
+                             runs the collective on that GPU); needs -c 0
   -h, --help                 this text
 
 Sizes follow nccl-tests: allreduce, broadcast, reduce and sendrecv move SIZE bytes per rank;

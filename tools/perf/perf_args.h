@@ -45,6 +45,9 @@ struct PerfArgs {
   // With latency_file: iteration i starts no earlier than i * interval_us after the first (0: back
   // to back). A latency-sensitive job's duty cycle, not a throughput job's.
   int64_t interval_us = 0;
+  // >= 0: the send and recv buffers are memory of this CUDA device (Client::AllocateDevice);
+  // the data check reads host memory, so it needs --check 0.
+  int device = -1;
   bool help = false;
 
   // Set on the rank processes the launcher spawns (hidden --_rank, --_comm_id, ...).

@@ -109,16 +109,21 @@ class RankBenchmark {
         recv_bytes = std::max(recv_bytes, layout.recv_buffer_count * elem_size);
       }
     }
-    absl::Status st = Allocate(std::max(send_bytes, kMinBufferBytes), &send_, "send buffer");
-    if (st.ok()) st = Allocate(std::max(recv_bytes, kMinBufferBytes), &recv_, "recv buffer");
+    absl::Status st =
+        Allocate(std::max(send_bytes, kMinBufferBytes), &send_, "send buffer", args_.device);
+    if (st.ok()) {
+      st = Allocate(std::max(recv_bytes, kMinBufferBytes), &recv_, "recv buffer", args_.device);
+    }
     if (st.ok()) st = Allocate(kMinBufferBytes, &scratch_, "scratch buffer");
     if (!st.ok()) return st;
     if (args_.check > 0) expected_.resize(recv_bytes);
     return absl::OkStatus();
   }
 
-  absl::Status Allocate(size_t bytes, Buffer* out, const char* what) {
-    absl::StatusOr<Buffer> buffer = client_->Allocate(bytes);
+  // device >= 0: memory of that CUDA device.
+  absl::Status Allocate(size_t bytes, Buffer* out, const char* what, int device = -1) {
+    absl::StatusOr<Buffer> buffer =
+        device >= 0 ? client_->AllocateDevice(bytes, device) : client_->Allocate(bytes);
     if (!buffer.ok()) {
       return Annotate(buffer.status(), absl::StrCat("allocating the ", bytes, "-byte ", what));
     }
