@@ -644,13 +644,10 @@ void Communicator::NextPointToPointLocked(P2PChannels::Key key, Outcomes* out) {
     run->seq = m.seq;
     const uint64_t bytes = run->send->req.count * kernels::ElementSize(run->send->req.dtype);
     if (run->send->req.device != run->recv->req.device && bytes > 0) {
-      auto where = [](int d) {
-        return d < 0 ? std::string("host memory") : absl::StrCat("memory of device ", d);
-      };
       const absl::Status why = absl::InvalidArgumentError(
           absl::StrCat("send/recv on communicator ", comm_id_, ": rank ", key.first, " sends from ",
-                       where(run->send->req.device), ", rank ", key.second, " receives into ",
-                       where(run->recv->req.device),
+                       scheduler::MemoryName(run->send->req.device), ", rank ", key.second,
+                       " receives into ", scheduler::MemoryName(run->recv->req.device),
                        " (both ends on one node must be host memory or on one device)"));
       out->completions.push_back({std::move(run->send), why, run->seq});
       out->completions.push_back({std::move(run->recv), why, run->seq});

@@ -50,12 +50,9 @@ absl::Status CheckAgreement(const RankRequest& a, int rank_a, const RankRequest&
   if (a.op != b.op) return mismatch("op", OpName(a.op), OpName(b.op));
   if (a.op == OpKind::kBarrier) return absl::OkStatus();
   if (a.device != b.device) {
-    auto where = [](int d) {
-      return d < 0 ? std::string("host memory") : absl::StrCat("memory of device ", d);
-    };
     return absl::InvalidArgumentError(
         absl::StrCat("ranks disagree on where their buffers are: rank ", rank_a, " submitted ",
-                     where(a.device), ", rank ", rank_b, " submitted ", where(b.device),
+                     MemoryName(a.device), ", rank ", rank_b, " submitted ", MemoryName(b.device),
                      " (one operation's buffers must all be host memory or all on one device)"));
   }
   if (a.dtype != b.dtype) {

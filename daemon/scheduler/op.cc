@@ -191,6 +191,10 @@ absl::Status SpanOfBlocks(const std::vector<uint64_t>& counts, const std::vector
 
 }  // namespace
 
+std::string MemoryName(int device) {
+  return device < 0 ? std::string("host memory") : absl::StrCat("memory of device ", device);
+}
+
 absl::StatusOr<Extents> ComputeExtents(const RankRequest& req, int rank, int nranks) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " not in [0, ", nranks, ")"));

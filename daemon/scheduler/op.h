@@ -82,6 +82,9 @@ struct Extents {
 // that do not overflow) and computes the regions it touches. INVALID_ARGUMENT says what is wrong.
 absl::StatusOr<Extents> ComputeExtents(const RankRequest& req, int rank, int nranks);
 
+// Where RankRequest::device says a buffer is, for messages: "host memory" or "memory of device 2".
+std::string MemoryName(int device);
+
 }  // namespace railyard::scheduler
 
 namespace railyard::scheduler {

@@ -215,12 +215,10 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
   const MappedSegment* send_seg = out->send_segment.get();
   const MappedSegment* recv_seg = out->recv_segment.get();
   if (send_seg != nullptr && recv_seg != nullptr && send_seg->device() != recv_seg->device()) {
-    auto where = [](const MappedSegment& m) {
-      return m.on_device() ? absl::StrCat("memory of device ", m.device()) : "host memory";
-    };
     return absl::InvalidArgumentError(
-        absl::StrCat("send buffer ", in.send().buffer_id(), " is ", where(*send_seg),
-                     " and recv buffer ", in.recv().buffer_id(), " is ", where(*recv_seg),
+        absl::StrCat("send buffer ", in.send().buffer_id(), " is ",
+                     scheduler::MemoryName(send_seg->device()), " and recv buffer ",
+                     in.recv().buffer_id(), " is ", scheduler::MemoryName(recv_seg->device()),
                      ": an operation's buffers must all be host memory or all on one device"));
   }
   r.device = send_seg != nullptr   ? send_seg->device()

@@ -249,11 +249,22 @@ TEST(DeviceMemoryTest, HostAndDeviceMemoryInOneOperationAreRefused) {
         return "";
       });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-  // The daemon goes on serving: a fresh communicator's host AllReduce is exact.
+  // A disagreement fails the communicator, as any other does; the daemon goes on serving. On a
+  // fresh communicator: a Send from device memory into a Recv of host memory fails both ends
+  // (and only them), then a host AllReduce is exact.
   const std::vector<std::string> after =
       RunRanks(daemon, 2, [&](int rank, Client& client, Comm& comm) -> std::string {
+        FakeDeviceMemory dev(0, 4096);
+        auto db = client.RegisterDeviceMemory(dev.fd, 4096, 0, dev.view);
         auto hb = client.Allocate(64);
-        if (!hb.ok()) return "allocate failed";
+        if (!hb.ok() || !db.ok()) return "allocate failed";
+        absl::Status s = rank == 0 ? comm.Send(*db, 16, DataType::kFloat32, 1).wait()
+                                   : comm.Recv(*hb, 16, DataType::kFloat32, 0).wait();
+        if (s.code() != absl::StatusCode::kInvalidArgument ||
+            s.message().find("rank 0 sends from memory of device 0, rank 1 receives into host "
+                             "memory") == std::string::npos) {
+          return "send/recv between device and host memory: " + s.ToString();
+        }
         static_cast<float*>(hb->data())[0] = static_cast<float>(rank + 1);
         if (auto e = Check(comm.AllReduce(*hb, *hb, 1, DataType::kFloat32, RedOp::kSum).wait(),
                            "host allreduce");

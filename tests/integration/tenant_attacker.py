@@ -79,10 +79,10 @@ class Raw:
         except OSError:
             return False
 
-    def register(self, handle, size):
+    def register(self, handle, size, **fields):
         try:
             r = self.stub.RegisterBuffer(local_pb2.RegisterBufferRequest(
-                session_id=self.session, fd_handle=handle, size_bytes=size), timeout=10)
+                session_id=self.session, fd_handle=handle, size_bytes=size, **fields), timeout=10)
             return ("OK", r.buffer_id)
         except grpc.RpcError as e:
             return (e.code().name, e.details())
@@ -138,6 +138,11 @@ def attack_bad_descriptors(a):
     out["size_zero"] = s.register(reply[1], 0)
     out["handle_reused"] = s.register(reply[1], 4096)
     out["handle_never_given"] = s.register(999999, 4096)
+    # Memory kinds: one no daemon knows, and device memory on a daemon with no devices.
+    reply = s.put([memfd(4096)])
+    out["unknown_memory_kind"] = s.register(reply[1], 4096, memory=7)
+    reply = s.put([memfd(4096)])
+    out["device_memory_without_devices"] = s.register(reply[1], 4096, memory=1, device=0)
     out["put_without_descriptor"] = list(s.put([]))
     out["put_with_two_descriptors"] = list(s.put([memfd(4096), memfd(4096)]))
     reply = s.put([memfd(4096)])

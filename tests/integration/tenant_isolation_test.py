@@ -137,6 +137,8 @@ def test_descriptors_that_are_not_sealed_allocated_memfds_are_refused(node, vict
         "size_zero": ("INVALID_ARGUMENT", "size must be > 0"),
         "handle_reused": ("NOT_FOUND", "was not given out"),
         "handle_never_given": ("NOT_FOUND", "was not given out"),
+        "unknown_memory_kind": ("INVALID_ARGUMENT", "memory kind 7 is not one this daemon knows"),
+        "device_memory_without_devices": ("FAILED_PRECONDITION", "serves no device memory"),
     }
     for case, (code, text) in expect.items():
         assert r[case][0] == code and text in r[case][1], (case, r[case])
