@@ -6,8 +6,9 @@
 #include "absl/strings/str_cat.h"
 
 #if RAILYARD_CLIENT_CUDA
-#include <cuda.h>
 #include <cuda_runtime_api.h>
+
+#include "client/cpp/cuda_vmm.h"
 #endif
 
 namespace railyard {
@@ -36,84 +37,19 @@ DeviceMemory::~DeviceMemory() { Reset(); }
 #if RAILYARD_CLIENT_CUDA
 namespace {
 
-struct Vmm {
-  CUresult (*Create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
-                     unsigned long long) = nullptr;
-  CUresult (*Release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*GetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
-                                       CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*AddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
-                             unsigned long long) = nullptr;
-  CUresult (*AddressFree)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*Map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                  unsigned long long) = nullptr;
-  CUresult (*Unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*SetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*Export)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
-                     unsigned long long) = nullptr;
-  CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
-  CUresult (*DeviceGet)(CUdevice*, int) = nullptr;
-  CUresult (*DeviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
-  absl::Status status;
-};
+using internal::CudaVmm;
 
-// The driver's VMM entry points, looked up once (the static CUDA runtime opens libcuda.so.1).
-const Vmm& GetVmm() {
-  static const Vmm vmm = [] {
-    Vmm v;
-    int count = 0;
-    if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-      cudaGetLastError();
-      v.status = absl::FailedPreconditionError(absl::StrCat(
-          "CUDA is not usable here (cudaGetDeviceCount: ", cudaGetErrorString(e), ")"));
-      return v;
-    }
-    struct {
-      const char* name;
-      void** fn;
-    } const symbols[] = {
-        {"cuMemCreate", reinterpret_cast<void**>(&v.Create)},
-        {"cuMemRelease", reinterpret_cast<void**>(&v.Release)},
-        {"cuMemGetAllocationGranularity", reinterpret_cast<void**>(&v.GetAllocationGranularity)},
-        {"cuMemAddressReserve", reinterpret_cast<void**>(&v.AddressReserve)},
-        {"cuMemAddressFree", reinterpret_cast<void**>(&v.AddressFree)},
-        {"cuMemMap", reinterpret_cast<void**>(&v.Map)},
-        {"cuMemUnmap", reinterpret_cast<void**>(&v.Unmap)},
-        {"cuMemSetAccess", reinterpret_cast<void**>(&v.SetAccess)},
-        {"cuMemExportToShareableHandle", reinterpret_cast<void**>(&v.Export)},
-        {"cuGetErrorString", reinterpret_cast<void**>(&v.GetErrorString)},
-        {"cuDeviceGet", reinterpret_cast<void**>(&v.DeviceGet)},
-        {"cuDeviceGetAttribute", reinterpret_cast<void**>(&v.DeviceGetAttribute)},
-    };
-    for (const auto& s : symbols) {
-      cudaDriverEntryPointQueryResult found{};
-      const cudaError_t e =
-          cudaGetDriverEntryPointByVersion(s.name, s.fn, 12000, cudaEnableDefault, &found);
-      if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || *s.fn == nullptr) {
-        v.status = absl::FailedPreconditionError(
-            absl::StrCat("the CUDA driver has no ", s.name, " (VMM needs CUDA 12 or later)"));
-        return v;
-      }
-    }
-    return v;
-  }();
-  return vmm;
-}
+const CudaVmm& GetVmm() { return internal::GetCudaVmm(); }
 
 absl::Status Fail(absl::StatusCode code, const char* what, CUresult r) {
-  const char* s = nullptr;
-  if (GetVmm().GetErrorString == nullptr || GetVmm().GetErrorString(r, &s) != CUDA_SUCCESS ||
-      s == nullptr) {
-    return absl::Status(code, absl::StrCat(what, ": CUresult ", static_cast<int>(r)));
-  }
-  return absl::Status(code, absl::StrCat(what, ": ", s));
+  return absl::Status(code, absl::StrCat(what, ": ", internal::CudaDriverError(r)));
 }
 
 }  // namespace
 
 absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(size_t bytes, int device) {
   if (bytes == 0) return absl::InvalidArgumentError("device memory size must be > 0");
-  const Vmm& v = GetVmm();
+  const CudaVmm& v = GetVmm();
   if (!v.status.ok()) return v.status;
   int count = 0;
   cudaGetDeviceCount(&count);
@@ -184,7 +120,7 @@ absl::StatusOr<int> DeviceMemory::ExportFd() const {
 
 void DeviceMemory::Reset() {
   if (ptr_ == 0 && handle_ == 0) return;
-  const Vmm& v = GetVmm();
+  const CudaVmm& v = GetVmm();
   if (ptr_ != 0) {
     v.Unmap(ptr_, allocated_);
     v.AddressFree(ptr_, allocated_);

@@ -8,62 +8,29 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/cuda_vmm.h"
 #include "daemon/kernels/cuda/reduce_cuda.h"
 
 namespace railyard::device {
 namespace {
 
-// The driver entry points the VMM import needs (CUDA 12.0 ABI).
-struct Driver {
-  CUresult (*ImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*,
-                                        CUmemAllocationHandleType) = nullptr;
-  CUresult (*GetAllocationPropertiesFromHandle)(CUmemAllocationProp*,
-                                                CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*GetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
-                                       CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*AddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
-                             unsigned long long) = nullptr;
-  CUresult (*AddressFree)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*Map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                  unsigned long long) = nullptr;
-  CUresult (*Unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*SetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*Release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
-};
+using internal::CudaVmm;
+using Driver = CudaVmm;
 
-absl::Status Load(const char* symbol, void** fn) {
-  cudaDriverEntryPointQueryResult found{};
-  const cudaError_t e =
-      cudaGetDriverEntryPointByVersion(symbol, fn, 12000, cudaEnableDefault, &found);
-  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || *fn == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the CUDA driver has no ", symbol, " (", cudaGetErrorString(e),
-                     "): device memory needs a driver with the VMM API (CUDA 12 or later)"));
-  }
-  return absl::OkStatus();
-}
-
-std::string DriverError(const Driver& d, CUresult r) {
-  const char* s = nullptr;
-  if (d.GetErrorString == nullptr || d.GetErrorString(r, &s) != CUDA_SUCCESS || s == nullptr) {
-    return absl::StrCat("CUresult ", static_cast<int>(r));
-  }
-  return s;
-}
+std::string DriverError(const Driver&, CUresult r) { return internal::CudaDriverError(r); }
 
 absl::Status LaunchStatus(const char* what, int e) {
   if (e == 0) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": ", railyard_cuda_error_string(e)));
 }
 
-// Holds the driver's entry points itself: a mapping may outlive the runtime (a session's buffers
-// are released after the daemon's device runtime at shutdown).
+// Uses the process-wide entry points (GetCudaVmm, never destroyed): a mapping may outlive the
+// runtime (a session's buffers are released after the daemon's device runtime at shutdown).
 class CudaMapping : public DeviceMapping {
  public:
-  CudaMapping(std::shared_ptr<const Driver> d, CUmemGenericAllocationHandle handle, CUdeviceptr ptr,
-              uint64_t mapped, uint64_t size, int device)
-      : d_(std::move(d)),
+  CudaMapping(CUmemGenericAllocationHandle handle, CUdeviceptr ptr, uint64_t mapped, uint64_t size,
+              int device)
+      : d_(&internal::GetCudaVmm()),
         handle_(handle),
         ptr_(ptr),
         mapped_(mapped),
@@ -79,7 +46,7 @@ class CudaMapping : public DeviceMapping {
   int device() const override { return device_; }
 
  private:
-  std::shared_ptr<const Driver> d_;
+  const Driver* d_;
   CUmemGenericAllocationHandle handle_;
   CUdeviceptr ptr_;
   uint64_t mapped_;
@@ -89,11 +56,8 @@ class CudaMapping : public DeviceMapping {
 
 class CudaDeviceRuntime : public DeviceRuntime {
  public:
-  CudaDeviceRuntime(Driver driver, int count)
-      : driver_(std::make_shared<const Driver>(driver)),
-        d_(*driver_),
-        count_(count),
-        streams_(static_cast<size_t>(count), nullptr) {}
+  explicit CudaDeviceRuntime(int count)
+      : d_(internal::GetCudaVmm()), count_(count), streams_(static_cast<size_t>(count), nullptr) {}
   ~CudaDeviceRuntime() override {
     for (int i = 0; i < count_; ++i) {
       if (streams_[i] != nullptr && cudaSetDevice(i) == cudaSuccess) {
@@ -119,9 +83,8 @@ class CudaDeviceRuntime : public DeviceRuntime {
           absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
     }
     CUmemGenericAllocationHandle handle{};
-    CUresult r = d_.ImportFromShareableHandle(
-        &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r = d_.Import(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     fd.Reset();  // the handle holds the allocation now
     if (r != CUDA_SUCCESS) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -174,7 +137,7 @@ class CudaDeviceRuntime : public DeviceRuntime {
       d_.AddressFree(ptr, mapped);
       return release(absl::InternalError(absl::StrCat("cuMemSetAccess: ", DriverError(d_, r))));
     }
-    return std::make_shared<CudaMapping>(driver_, handle, ptr, mapped, size, device);
+    return std::make_shared<CudaMapping>(handle, ptr, mapped, size, device);
   }
 
   absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
@@ -249,7 +212,6 @@ class CudaDeviceRuntime : public DeviceRuntime {
     return s;
   }
 
-  const std::shared_ptr<const Driver> driver_;
   const Driver& d_;
   const int count_;
   std::mutex mu_;
@@ -269,29 +231,11 @@ absl::StatusOr<std::unique_ptr<DeviceRuntime>> OpenCudaDeviceRuntime() {
         absl::StrCat("CUDA is not usable on this node (cudaGetDeviceCount: ", cudaGetErrorString(e),
                      "); serving host memory only"));
   }
-  Driver d;
-  struct {
-    const char* name;
-    void** fn;
-  } const symbols[] = {
-      {"cuMemImportFromShareableHandle", reinterpret_cast<void**>(&d.ImportFromShareableHandle)},
-      {"cuMemGetAllocationPropertiesFromHandle",
-       reinterpret_cast<void**>(&d.GetAllocationPropertiesFromHandle)},
-      {"cuMemGetAllocationGranularity", reinterpret_cast<void**>(&d.GetAllocationGranularity)},
-      {"cuMemAddressReserve", reinterpret_cast<void**>(&d.AddressReserve)},
-      {"cuMemAddressFree", reinterpret_cast<void**>(&d.AddressFree)},
-      {"cuMemMap", reinterpret_cast<void**>(&d.Map)},
-      {"cuMemUnmap", reinterpret_cast<void**>(&d.Unmap)},
-      {"cuMemSetAccess", reinterpret_cast<void**>(&d.SetAccess)},
-      {"cuMemRelease", reinterpret_cast<void**>(&d.Release)},
-      {"cuGetErrorString", reinterpret_cast<void**>(&d.GetErrorString)},
-  };
+  // Without a device the driver's entry points are not needed (and every import is refused).
   if (count > 0) {
-    for (const auto& s : symbols) {
-      if (absl::Status st = Load(s.name, s.fn); !st.ok()) return st;
-    }
+    if (const absl::Status& s = internal::GetCudaVmm().status; !s.ok()) return s;
   }
-  return std::unique_ptr<DeviceRuntime>(new CudaDeviceRuntime(d, count));
+  return std::unique_ptr<DeviceRuntime>(new CudaDeviceRuntime(count));
 }
 
 }  // namespace railyard::device

@@ -10,20 +10,11 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cuda/no_gpu.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace railyard::testing {
 namespace {
-
-std::string NoGpu() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no usable CUDA device: cudaGetDeviceCount says ") + cudaGetErrorString(e);
-  }
-  return n == 0 ? "no CUDA device on this node" : "";
-}
 
 std::vector<float> Download(const Buffer& b, size_t count) {
   std::vector<float> out(count);

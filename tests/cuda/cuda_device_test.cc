@@ -17,12 +17,14 @@
 #include "daemon/kernels/cuda/reduce_cuda.h"
 #include "daemon/kernels/reduce.h"
 #include "railyard/device_memory.h"
+#include "tests/cuda/no_gpu.h"
 
 namespace railyard {
 namespace {
 
 using kernels::DataType;
 using kernels::RedOp;
+using testing::NoGpu;
 
 constexpr DataType kAllTypes[] = {
     DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
@@ -30,18 +32,6 @@ constexpr DataType kAllTypes[] = {
     DataType::kInt64,   DataType::kUint64,
 };
 constexpr RedOp kAllOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMin, RedOp::kMax, RedOp::kAvg};
-
-// Why there is no GPU to test on, or "" when there is one.
-std::string NoGpu() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no usable CUDA device: cudaGetDeviceCount says ") + cudaGetErrorString(e);
-  }
-  if (n == 0) return "no CUDA device on this node";
-  return "";
-}
 
 #define REQUIRE_GPU()                      \
   do {                                     \
