@@ -65,8 +65,11 @@ for k in 0 1; do
     fail "railctl status --json on n$k: $(cat "$dir/status$k.json")"
   grep -Eq '"pacedChunkBytes": ?"32768"' "$dir/status$k.json" ||
     fail "n$k's status does not announce a 32 KiB paced chunk: $(grep -i chunk "$dir/status$k.json")"
-  ip netns exec "${prefix}n$k" curl -sf --max-time 5 "http://10.77.0.$((k + 1)):9090/metrics" |
-    grep -q '^railyard_' || fail "no railyard metrics from n$k"
+  # Read whole, then searched: under pipefail, `curl | grep -q` fails whenever grep exits on its
+  # first match while curl is still writing (curl dies of the closed pipe).
+  metrics=$(ip netns exec "${prefix}n$k" curl -sf --max-time 5 "http://10.77.0.$((k + 1)):9090/metrics") ||
+    fail "cannot scrape /metrics of n$k"
+  grep -q '^railyard_' <<<"$metrics" || fail "no railyard metrics from n$k"
 done
 
 tx() { ip netns exec "${prefix}n0" cat "/sys/class/net/rail$1/statistics/tx_bytes"; }

@@ -91,11 +91,11 @@ awk -v r="$ratio" 'BEGIN { exit !(r != "none" && r >= 2.4 && r <= 3.6) }' ||
   fail "A/B byte ratio $ratio is not 3 +- 20%"
 
 m=$(ip netns exec "${prefix}n0" curl -sf --max-time 5 http://10.77.0.1:9090/metrics) || fail "no /metrics"
-echo "$m" | grep -q '^railyard_job_fair_share_weight{job="A"} 3$' ||
+grep -q '^railyard_job_fair_share_weight{job="A"} 3$' <<<"$m" ||
   fail "railyard_job_fair_share_weight{job=\"A\"} is not 3: $(echo "$m" | grep fair_share)"
-echo "$m" | grep -q '^railyard_job_rail_bytes_total{job="A",rail="rail0"} [1-9]' ||
+grep -q '^railyard_job_rail_bytes_total{job="A",rail="rail0"} [1-9]' <<<"$m" ||
   fail "no railyard_job_rail_bytes_total for A: $(echo "$m" | grep job_rail_bytes)"
-echo "$m" | grep -q '^railyard_job_queue_delay_seconds_count{job="B",rail="rail0"} [1-9]' ||
+grep -q '^railyard_job_queue_delay_seconds_count{job="B",rail="rail0"} [1-9]' <<<"$m" ||
   fail "no queueing delay histogram for B"
 
 # Bad weights are refused with the reason; nothing changes.
