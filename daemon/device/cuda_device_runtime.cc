@@ -115,6 +115,10 @@ class CudaDeviceRuntime : public DeviceRuntime {
       return release(
           absl::InternalError(absl::StrCat("cuMemGetAllocationGranularity: ", DriverError(d_, r))));
     }
+    if (size > UINT64_MAX - gran) {  // rounding up must not wrap to a small mapping
+      return release(absl::InvalidArgumentError(
+          absl::StrCat("device memory of ", size, " bytes cannot be mapped")));
+    }
     const uint64_t mapped = (size + gran - 1) / gran * gran;
     CUdeviceptr ptr = 0;
     if ((r = d_.AddressReserve(&ptr, mapped, gran, 0, 0)) != CUDA_SUCCESS) {
