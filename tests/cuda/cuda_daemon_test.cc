@@ -83,6 +83,9 @@ TEST_P(GpuDaemonTest, CollectivesOnDeviceBuffersAreExact) {
       out = Download(*recv, 4096);
       const int from = (r + nranks - 1) % nranks;
       if (out[300] != static_cast<float>((from + 1) * (300 % 251))) return fail("recv value");
+      // Another pair may still be exchanging; a rank leaving now would abort the communicator
+      // for it (docs/local-api.md), so the ranks meet first.
+      if (!(s = comm->Barrier().wait()).ok()) return fail("closing barrier: " + s.ToString());
     });
   }
   for (auto& t : threads) t.join();
