@@ -209,6 +209,7 @@ Work Comm::Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
   if (st.ok() && (timeout_ms < 0 || timeout_ms > std::numeric_limits<uint32_t>::max())) {
     st = absl::InvalidArgumentError(absl::StrCat("timeout ", timeout_ms, " ms out of range"));
   }
+  if (st.ok()) st = SetStreamSync(opts, request, work.state_.get());
   if (!st.ok()) {
     work.state_->Complete(std::move(st), 0);
     return work;
@@ -228,6 +229,48 @@ Work Comm::Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
   }
   core_->Submit(std::move(*request), work.state_);
   return work;
+}
+
+absl::Status Comm::SetStreamSync(const CollectiveOptions& opts, v1::SubmitRequest* request,
+                                 internal::PendingRequest* pending) {
+  if (opts.stream != nullptr && opts.stream_sync.has_value()) {
+    return absl::InvalidArgumentError(
+        "CollectiveOptions: set stream or stream_sync, not both (each orders the operation)");
+  }
+  if (opts.stream_sync.has_value()) {
+    const CollectiveOptions::StreamSync& sync = *opts.stream_sync;
+    if (sync.words == nullptr || sync.words->id_ == 0) {
+      return absl::InvalidArgumentError("stream_sync.words: no buffer (null, empty or moved from)");
+    }
+    if (sync.words->core_ != core_) {
+      return absl::InvalidArgumentError(
+          "stream_sync.words: the buffer belongs to another Client than this communicator");
+    }
+    v1::StreamSync* out = request->mutable_stream_sync();
+    out->mutable_words()->set_buffer_id(sync.words->id_);
+    out->mutable_words()->set_offset(sync.offset);
+    out->set_value(sync.value);
+    return absl::OkStatus();
+  }
+  if (opts.stream == nullptr) return absl::OkStatus();
+  absl::StatusOr<internal::StreamWords*> words = core_->StreamWords();
+  if (!words.ok()) {
+    return absl::Status(
+        words.status().code(),
+        absl::StrCat("ordering the operation on its stream: ", words.status().message()));
+  }
+  absl::StatusOr<internal::StreamWords::Slot> slot = (*words)->Enqueue(opts.stream);
+  if (!slot.ok()) {
+    return absl::Status(slot.status().code(), absl::StrCat("ordering the operation on its stream: ",
+                                                           slot.status().message()));
+  }
+  // From here the stream waits for done: every way this request ends must store it.
+  pending->SetStreamDone(slot->done, slot->value);
+  v1::StreamSync* out = request->mutable_stream_sync();
+  out->mutable_words()->set_buffer_id(slot->buffer_id);
+  out->mutable_words()->set_offset(slot->offset);
+  out->set_value(slot->value);
+  return absl::OkStatus();
 }
 
 Work Comm::AllReduce(BufferRef send, BufferRef recv, size_t count, DataType dtype, RedOp op,

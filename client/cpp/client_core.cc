@@ -75,6 +75,7 @@ void PendingRequest::Complete(absl::Status status, uint64_t seq) {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     done_ = true;
+    if (!status.ok() && stream_done_ != nullptr) StoreAtLeast(stream_done_, stream_value_);
     status_ = std::move(status);
     if (seq != 0) seq_ = seq;
   }
@@ -146,6 +147,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
   core->job_ = !options.job.empty() ? options.job : internal::EnvOr("RAILYARD_JOB", "default");
   const std::string token =
       !options.token.empty() ? options.token : internal::EnvOr("RAILYARD_TOKEN", "");
+  core->stream_ops_ = options.stream_ops;
   core->default_algo_ = internal::EnvOr("RAILYARD_ALGO", "");
   core->default_compression_ = internal::EnvOr("RAILYARD_COMPRESSION", "");
   core->integrity_ =
@@ -563,6 +565,22 @@ void ClientCore::Submit(v1::SubmitRequest request,
     return;
   }
   pending->SetSeq(response.seq());
+}
+
+absl::StatusOr<internal::StreamWords*> ClientCore::StreamWords() {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  if (stream_words_ != nullptr) return stream_words_.get();
+  if (stream_ops_ == nullptr) {
+    absl::StatusOr<std::shared_ptr<StreamOps>> cuda = CudaStreamOps();
+    if (!cuda.ok()) return cuda.status();
+    stream_ops_ = *std::move(cuda);
+  }
+  absl::StatusOr<std::unique_ptr<internal::StreamWords>> words = internal::StreamWords::Create(
+      stream_ops_, job_, [this](int fd, uint64_t size) { return RegisterBuffer(fd, size); },
+      [this](uint64_t id) { (void)ReleaseBuffer(id); });
+  if (!words.ok()) return words.status();
+  stream_words_ = *std::move(words);
+  return stream_words_.get();
 }
 
 }  // namespace railyard

@@ -23,6 +23,7 @@
 #include "fd_channel_client.h"
 #include "railyard/client.h"
 #include "railyard/v1/local.grpc.pb.h"
+#include "stream_words.h"
 
 namespace railyard {
 
@@ -41,6 +42,12 @@ class PendingRequest {
   absl::Status Wait(std::chrono::milliseconds timeout);
   // The rings its completion arrives on (before it is submitted); null: the Connect stream.
   void SetRings(std::shared_ptr<ClientRings> rings) { rings_ = std::move(rings); }
+  // The done word of the stream it is ordered on (StreamWords, owned by the core): an error lets
+  // the stream go on (StoreAtLeast) even where the daemon never saw the request.
+  void SetStreamDone(uint32_t* word, uint32_t value) {
+    stream_done_ = word;
+    stream_value_ = value;
+  }
   bool done() const;
   // done(), after reading the completions the rings hold (nothing else may be reading them).
   bool Test();
@@ -48,6 +55,8 @@ class PendingRequest {
 
  private:
   std::shared_ptr<ClientRings> rings_;
+  uint32_t* stream_done_ = nullptr;
+  uint32_t stream_value_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -102,6 +111,9 @@ class ClientCore {
           requests);
   // True when submissions go over the session rings (RAILYARD_FASTPATH, Local.OpenRings).
   bool fastpath() const { return rings_ != nullptr; }
+  // The ready/done words of the streams operations are ordered on (CollectiveOptions::stream),
+  // made when first asked for with the options' StreamOps (else CUDA's).
+  absl::StatusOr<internal::StreamWords*> StreamWords();
 
  private:
   ClientCore() = default;
@@ -153,6 +165,10 @@ class ClientCore {
 
   std::atomic<uint64_t> next_request_id_{1};
   std::once_flag shutdown_once_;
+
+  std::shared_ptr<StreamOps> stream_ops_;  // ClientOptions::stream_ops
+  std::mutex streams_mu_;
+  std::unique_ptr<internal::StreamWords> stream_words_;  // made by StreamWords()
 };
 
 }  // namespace railyard

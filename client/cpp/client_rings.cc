@@ -92,7 +92,9 @@ absl::Status ClientRings::Encode(const v1::SubmitRequest& req, bool group_next,
                                                    "\" is longer than ", rp::kCompressionBytes - 1,
                                                    " characters"));
   }
-  const uint64_t ext = vectors ? rp::ExtSlotsFor(vec_len) : 0;
+  const uint64_t vec_ext = vectors ? rp::ExtSlotsFor(vec_len) : 0;
+  const bool sync = req.has_stream_sync();
+  const uint64_t ext = vec_ext + (sync ? 1 : 0);
   out->resize(at + (1 + ext) * rp::kSqEntryBytes, std::byte{0});
   std::byte* e = out->data() + at;
   Put<uint64_t>(e, rp::kSqRequestId, req.request_id());
@@ -107,9 +109,10 @@ absl::Status ClientRings::Encode(const v1::SubmitRequest& req, bool group_next,
   Put<uint32_t>(e, rp::kSqRedOp, static_cast<uint32_t>(req.red_op()));
   Put<int32_t>(e, rp::kSqRoot, req.root());
   Put<uint32_t>(e, rp::kSqTimeoutMs, req.timeout_ms());
-  Put<uint32_t>(
-      e, rp::kSqFlags,
-      (group_next ? rp::kFlagGroupNext : 0) | (req.error_feedback() ? rp::kFlagErrorFeedback : 0));
+  Put<uint32_t>(e, rp::kSqFlags,
+                (group_next ? rp::kFlagGroupNext : 0) |
+                    (req.error_feedback() ? rp::kFlagErrorFeedback : 0) |
+                    (sync ? rp::kFlagStreamSync : 0));
   Put<uint32_t>(e, rp::kSqExtSlots, static_cast<uint32_t>(ext));
   Put<uint32_t>(e, rp::kSqVecLen, vectors ? static_cast<uint32_t>(vec_len) : 0);
   std::memcpy(e + rp::kSqAlgo, req.algo().data(), req.algo().size());
@@ -122,6 +125,12 @@ absl::Status ClientRings::Encode(const v1::SubmitRequest& req, bool group_next,
     for (int i = 0; i < 4; ++i) {
       if (vec_len > 0) std::memcpy(v + i * vec_len * 8, vecs[i]->data(), vec_len * 8);
     }
+  }
+  if (sync) {
+    std::byte* slot = e + (1 + vec_ext) * rp::kSqEntryBytes;
+    Put<uint64_t>(slot, rp::kSyncBuffer, req.stream_sync().words().buffer_id());
+    Put<uint64_t>(slot, rp::kSyncOffset, req.stream_sync().words().offset());
+    Put<uint32_t>(slot, rp::kSyncValue, req.stream_sync().value());
   }
   return absl::OkStatus();
 }

@@ -35,6 +35,11 @@ const CudaVmm& GetCudaVmm() {
         {"cuGetErrorString", reinterpret_cast<void**>(&v->GetErrorString)},
         {"cuDeviceGet", reinterpret_cast<void**>(&v->DeviceGet)},
         {"cuDeviceGetAttribute", reinterpret_cast<void**>(&v->DeviceGetAttribute)},
+        {"cuMemHostRegister", reinterpret_cast<void**>(&v->MemHostRegister)},
+        {"cuMemHostUnregister", reinterpret_cast<void**>(&v->MemHostUnregister)},
+        {"cuMemHostGetDevicePointer", reinterpret_cast<void**>(&v->MemHostGetDevicePointer)},
+        {"cuStreamWriteValue32", reinterpret_cast<void**>(&v->StreamWriteValue32)},
+        {"cuStreamWaitValue32", reinterpret_cast<void**>(&v->StreamWaitValue32)},
     };
     for (const auto& s : symbols) {
       cudaDriverEntryPointQueryResult found{};

@@ -33,6 +33,12 @@ struct CudaVmm {
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
   CUresult (*DeviceGet)(CUdevice*, int) = nullptr;
   CUresult (*DeviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  // Stream ordering (railyard/stream_ops.h): host words streams store into and wait on.
+  CUresult (*MemHostRegister)(void*, size_t, unsigned int) = nullptr;
+  CUresult (*MemHostUnregister)(void*) = nullptr;
+  CUresult (*MemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned int) = nullptr;
+  CUresult (*StreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int) = nullptr;
+  CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int) = nullptr;
   // OK when every entry point above was found; else FAILED_PRECONDITION saying what is missing
   // (no usable driver: CUDA's own error; a driver older than the VMM API).
   absl::Status status;

@@ -24,8 +24,10 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
   StagedSink(std::weak_ptr<CompletionSink> client, int device, std::vector<Region> regions,
              std::shared_ptr<MappedSegment> send_segment,
              std::shared_ptr<MappedSegment> recv_segment, QuotaCharge charge,
-             device::DeviceRuntime* devices, scheduler::Executor* executor)
+             device::DeviceRuntime* devices, scheduler::Executor* executor,
+             std::shared_ptr<CompletionSink> keep)
       : client_(std::move(client)),
+        keep_(std::move(keep)),
         device_(device),
         regions_(std::move(regions)),
         send_segment_(std::move(send_segment)),
@@ -59,6 +61,9 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
   }
 
   const std::weak_ptr<CompletionSink> client_;
+  // The sink client_ points to when the request owned it (a stream sync's): it lives as long as
+  // the copy back that comes before it.
+  const std::shared_ptr<CompletionSink> keep_;
   const int device_;
   const std::vector<Region> regions_;
   // The device memory stays mapped until the copy back is done.
@@ -130,11 +135,11 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
   if (has_send) req.send = host_of(req.send);
   if (has_recv) req.recv = host_of(req.recv);
   req.device = -1;
-  auto sink = std::make_shared<StagedSink>(request->session, device, std::move(regions),
-                                           request->send_segment, request->recv_segment,
-                                           std::move(charge), devices, executor);
+  auto sink = std::make_shared<StagedSink>(
+      request->session, device, std::move(regions), request->send_segment, request->recv_segment,
+      std::move(charge), devices, executor, std::move(request->sink_owner));
   request->session = sink;
-  request->staging = std::move(sink);
+  request->sink_owner = std::move(sink);
   return absl::OkStatus();
 }
 

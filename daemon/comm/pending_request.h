@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/time/time.h"
 #include "daemon/comm/completion_sink.h"
+#include "daemon/comm/stream_sync.h"
 #include "daemon/scheduler/op.h"
 #include "daemon/session/quota.h"
 #include "daemon/session/shm_segment.h"
@@ -19,9 +21,13 @@ struct PendingRequest {
   uint64_t request_id = 0;
   int rank = 0;
   std::weak_ptr<CompletionSink> session;  // the rank's Session
-  // Owns the sink `session` points to when the request was staged through host memory
-  // (device_staging.h): it copies the results back to the device, then tells the Session.
-  std::shared_ptr<CompletionSink> staging;
+  // Owns the sink `session` points to when one wraps the Session's: device staging's
+  // (device_staging.h: it copies the results back to the device, then tells the next) and the
+  // stream sync's (stream_sync.h: it stores done, then tells the next). Each wrapper owns the one
+  // it wraps, if any.
+  std::shared_ptr<CompletionSink> sink_owner;
+  // SubmitRequest.stream_sync: the operation starts once its stream reached it (stream_sync.h).
+  std::optional<StreamSync> sync;
   scheduler::RankRequest req;
   // Keep the mapped buffers alive while the operation may touch them.
   std::shared_ptr<MappedSegment> send_segment;

@@ -119,6 +119,7 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
                               const grpc::Status& stream_status) {
   if (!sessions_.Remove(session)) return;
   session->Close(stream_status);
+  gates_.Drop(session.get(), absl::CancelledError("the session has ended"));
   if (std::shared_ptr<SessionRings> rings = session->rings()) rings->Stop();
   if (std::shared_ptr<FdChannel> channel = session->fd_channel()) channel->Close();
   const auto buffers = session->TakeBuffers();  // unmapped when the last operation lets go
@@ -732,8 +733,16 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
                                             std::shared_ptr<CompletionSink> sink) {
   absl::StatusOr<Membership> m = session->FindMembership(req.comm_handle());
   if (!m.ok()) return m.status();
-  absl::StatusOr<std::unique_ptr<PendingRequest>> pending = PrepareSubmit(session, req, *m, sink);
+  absl::StatusOr<std::unique_ptr<PendingRequest>> pending = DecodeForSession(session, req, *m);
   if (!pending.ok()) return pending.status();
+  if (gates_.MustHold({session.get(), req.comm_handle()}, (*pending)->sync)) {
+    if (absl::Status st = HoldSubmit(session, *m, req.comm_handle(), sink, *std::move(pending));
+        !st.ok()) {
+      return st;
+    }
+    return 0;  // its seq comes with its completion
+  }
+  if (absl::Status st = FinishSubmit(session, *m, sink, pending->get()); !st.ok()) return st;
   return m->comm->Submit(*std::move(pending));
 }
 
@@ -743,7 +752,8 @@ std::vector<absl::StatusOr<uint64_t>> DaemonCore::SubmitBatch(
   std::vector<absl::StatusOr<uint64_t>> results(reqs.size(), absl::UnknownError("not submitted"));
   size_t i = 0;
   while (i < reqs.size()) {
-    absl::StatusOr<Membership> m = session->FindMembership(reqs[i]->comm_handle());
+    const uint64_t handle = reqs[i]->comm_handle();
+    absl::StatusOr<Membership> m = session->FindMembership(handle);
     if (!m.ok()) {
       results[i++] = m.status();
       continue;
@@ -751,56 +761,120 @@ std::vector<absl::StatusOr<uint64_t>> DaemonCore::SubmitBatch(
     // The run of requests on this communicator goes in under one lock of it.
     std::vector<std::unique_ptr<PendingRequest>> run;
     std::vector<size_t> where;
+    auto flush = [&] {
+      if (run.empty()) return;
+      std::vector<absl::StatusOr<uint64_t>> got =
+          run.size() == 1
+              ? std::vector<absl::StatusOr<uint64_t>>{m->comm->Submit(std::move(run[0]))}
+              : m->comm->SubmitBatch(std::move(run));
+      for (size_t k = 0; k < where.size() && k < got.size(); ++k) results[where[k]] = got[k];
+      run.clear();
+      where.clear();
+    };
     size_t j = i;
-    for (; j < reqs.size() && reqs[j]->comm_handle() == reqs[i]->comm_handle(); ++j) {
+    for (; j < reqs.size() && reqs[j]->comm_handle() == handle; ++j) {
       absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
-          PrepareSubmit(session, *reqs[j], *m, sink);
+          DecodeForSession(session, *reqs[j], *m);
       if (!pending.ok()) {
         results[j] = pending.status();
+        continue;
+      }
+      if (gates_.MustHold({session.get(), handle}, (*pending)->sync)) {
+        flush();  // what came before it goes in first
+        absl::Status st = HoldSubmit(session, *m, handle, sink, *std::move(pending));
+        results[j] = st.ok() ? absl::StatusOr<uint64_t>(0) : absl::StatusOr<uint64_t>(st);
+        continue;
+      }
+      if (absl::Status st = FinishSubmit(session, *m, sink, pending->get()); !st.ok()) {
+        results[j] = st;
         continue;
       }
       run.push_back(*std::move(pending));
       where.push_back(j);
     }
-    std::vector<absl::StatusOr<uint64_t>> got =
-        run.size() == 1 ? std::vector<absl::StatusOr<uint64_t>>{m->comm->Submit(std::move(run[0]))}
-                        : m->comm->SubmitBatch(std::move(run));
-    for (size_t k = 0; k < where.size() && k < got.size(); ++k) results[where[k]] = got[k];
+    flush();
     i = j;
   }
   return results;
 }
 
-absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::PrepareSubmit(
-    const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& mm,
-    const std::shared_ptr<CompletionSink>& sink) {
-  const Membership* m = &mm;
+absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::DecodeForSession(
+    const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& m) {
+  // A refused request whose stream waits for it lets the stream go (when its words are sound).
+  auto refuse = [&](absl::Status why) {
+    if (req.has_stream_sync()) {
+      if (absl::StatusOr<StreamSync> sync = ResolveStreamSync(req.stream_sync(), *session);
+          sync.ok()) {
+        sync->SignalDone();
+      }
+    }
+    return why;
+  };
   // A client that does not read its completions gets no new work (the ones it is owed still go).
   if (const std::shared_ptr<QuotaAccount>& q = session->quota(); q != nullptr) {
     if (absl::Status s = q->CheckBelow(Resource::kCompletionBytes); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("submit refused until the client reads its "
-                                                 "completions: ",
-                                                 s.message()));
+      return refuse(absl::Status(s.code(), absl::StrCat("submit refused until the client reads "
+                                                        "its completions: ",
+                                                        s.message())));
     }
   }
   absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
-      DecodeSubmit(req, *session, m->rank, m->comm->nranks());
-  if (!pending.ok()) return pending.status();
-  if (sink != nullptr) {
-    (*pending)->session = sink;
-  } else {
-    (*pending)->session = session;
-  }
+      DecodeSubmit(req, *session, m.rank, m.comm->nranks());
+  if (!pending.ok()) return refuse(pending.status());
   (*pending)->quota = session->quota();  // charged while it waits (communicator.cc)
-  if ((*pending)->req.device >= 0 && m->comm->multi_node()) {
-    // Across nodes, device memory goes through host memory (device_staging.h).
-    if (absl::Status st =
-            StageThroughHost(pending->get(), m->comm->nranks(), devices_.get(), &executor_);
-        !st.ok()) {
-      return st;
-    }
-  }
   return pending;
+}
+
+absl::Status DaemonCore::FinishSubmit(const std::shared_ptr<Session>& session, const Membership& m,
+                                      const std::shared_ptr<CompletionSink>& sink,
+                                      PendingRequest* pending) {
+  if (sink != nullptr) {
+    pending->session = sink;
+  } else {
+    pending->session = session;
+  }
+  // First: done is stored only after everything else a completion does (the copy back below).
+  AttachStreamSync(pending);
+  if (pending->req.device >= 0 && m.comm->multi_node()) {
+    // Across nodes, device memory goes through host memory (device_staging.h).
+    return StageThroughHost(pending, m.comm->nranks(), devices_.get(), &executor_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, const Membership& m,
+                                    uint64_t handle, const std::shared_ptr<CompletionSink>& sink,
+                                    std::unique_ptr<PendingRequest> pending) {
+  const uint64_t id = pending->request_id;
+  const absl::Duration timeout =
+      pending->timeout > absl::ZeroDuration() ? pending->timeout : config_.op_timeout;
+  std::weak_ptr<CompletionSink> target = sink != nullptr ? std::weak_ptr<CompletionSink>(sink)
+                                                         : std::weak_ptr<CompletionSink>(session);
+  auto held = std::make_shared<std::unique_ptr<PendingRequest>>(std::move(pending));
+  // A request that never runs still ends its stream's wait: done is stored before its error.
+  auto fail = [held, target, id](const absl::Status& why) {
+    if (*held != nullptr && (*held)->sync.has_value()) (*held)->sync->SignalDone();
+    held->reset();
+    if (std::shared_ptr<CompletionSink> t = target.lock()) t->PostCompletion(id, why, 0);
+  };
+  StreamGates::Item item;
+  item.gate = (*held)->sync;
+  item.deadline = absl::Now() + timeout;
+  std::weak_ptr<Session> weak_session = session;
+  item.release = [this, weak_session, m, sink, held, fail] {
+    std::shared_ptr<Session> s = weak_session.lock();
+    if (s == nullptr || s->closed()) return fail(absl::CancelledError("the session has ended"));
+    if (absl::Status st = FinishSubmit(s, m, sink, held->get()); !st.ok()) return fail(st);
+    absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
+    if (!seq.ok()) fail(seq.status());
+  };
+  item.fail = fail;
+  absl::Status st = gates_.Hold({session.get(), handle}, std::move(item));
+  if (!st.ok()) {
+    // Not held: the caller reports the error, and the stream is let go.
+    if (*held != nullptr && (*held)->sync.has_value()) (*held)->sync->SignalDone();
+  }
+  return st;
 }
 
 absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,

@@ -25,6 +25,7 @@
 #include "daemon/comm/communicator.h"
 #include "daemon/comm/peer_client.h"
 #include "daemon/comm/peer_identity.h"
+#include "daemon/comm/stream_gates.h"
 #include "daemon/config.h"
 #include "daemon/device/device_runtime.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -194,10 +195,21 @@ class DaemonCore {
   // A send leaving rail's fair queue (on the thread that issues it).
   void RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s);
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
-  // Everything Submit checks before the communicator sees the request (quota, decoding).
-  absl::StatusOr<std::unique_ptr<PendingRequest>> PrepareSubmit(
-      const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& m,
-      const std::shared_ptr<CompletionSink>& sink);
+  // What Submit checks before anything happens (quota, decoding): bad input is refused at once,
+  // even when the request is then held for its stream.
+  absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeForSession(
+      const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& m);
+  // What is done right before the communicator sees it: where its completion goes (sink, else the
+  // session), the stream sync's done word, device staging across nodes (which copies the device's
+  // data, so only once the stream has reached the operation).
+  absl::Status FinishSubmit(const std::shared_ptr<Session>& session, const Membership& m,
+                            const std::shared_ptr<CompletionSink>& sink, PendingRequest* pending);
+  // Holds a decoded request in gates_ until its stream reaches it (or the ones held before it on
+  // the communicator go): then FinishSubmit and the communicator; a failure then, an expiry or the
+  // session's end is the request's completion. Not held (RESOURCE_EXHAUSTED): the caller's error.
+  absl::Status HoldSubmit(const std::shared_ptr<Session>& session, const Membership& m,
+                          uint64_t handle, const std::shared_ptr<CompletionSink>& sink,
+                          std::unique_ptr<PendingRequest> pending);
   // What every communicator of this daemon runs with.
   CommEnv MakeCommEnv();
   // A join's wait for the other ranks: the request's, else --init_timeout; never more than
@@ -289,6 +301,9 @@ class DaemonCore {
   // The other nodes of multi-node communicators being built here (by name, how many builds),
   // whose heartbeats are answered before the communicator is registered.
   std::map<std::string, int> building_peer_nodes_ ABSL_GUARDED_BY(mu_);
+  // Submissions waiting for their streams (SubmitRequest.stream_sync). Last: its thread, which
+  // submits into communicators, stops before anything it uses is destroyed.
+  StreamGates gates_{config_.spin};
 };
 
 }  // namespace railyard

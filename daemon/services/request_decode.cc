@@ -150,6 +150,34 @@ absl::Status Resolve(const v1::BufferRef& ref, const char* which, uint64_t bytes
 
 }  // namespace
 
+absl::StatusOr<StreamSync> ResolveStreamSync(const v1::StreamSync& in, const Session& session) {
+  const uint64_t id = in.words().buffer_id();
+  if (id == 0) {
+    return absl::InvalidArgumentError(
+        "stream_sync.words: buffer_id is 0 (the ready and done words need a host buffer)");
+  }
+  StreamSync out;
+  out.words = session.FindBuffer(id);
+  if (out.words == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("stream_sync.words: buffer ", id, " is not registered in this session"));
+  }
+  if (out.words->on_device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream_sync.words: buffer ", id, " is ", scheduler::MemoryName(out.words->device()),
+        "; the ready and done words must be host memory the daemon can read and write"));
+  }
+  out.buffer_id = id;
+  out.offset = in.words().offset();
+  if (out.offset % 4 != 0 || out.offset > out.words->size() || out.words->size() - out.offset < 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream_sync.words: offset ", out.offset, " in the ", out.words->size(), "-byte buffer ",
+        id, " does not hold two 4-byte-aligned u32 words (ready, done)"));
+  }
+  out.value = in.value();
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitRequest& in,
                                                              const Session& session, int rank,
                                                              int nranks) {
@@ -225,6 +253,11 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
              : recv_seg != nullptr ? recv_seg->device()
                                    : -1;
   if (auto s = scheduler::CheckInPlaceLayout(r, rank, *extents); !s.ok()) return s;
+  if (in.has_stream_sync()) {
+    absl::StatusOr<StreamSync> sync = ResolveStreamSync(in.stream_sync(), session);
+    if (!sync.ok()) return sync.status();
+    out->sync = *std::move(sync);
+  }
   out->timeout = absl::Milliseconds(in.timeout_ms());
   out->group_next = in.group_next();
   return out;

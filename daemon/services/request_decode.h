@@ -19,6 +19,10 @@ bool FromProto(v1::CollectiveOp in, scheduler::OpKind* out);
 // them as the same local plan.
 bool ValidAlgo(absl::string_view algo);
 
+// SubmitRequest.stream_sync's words: 8 bytes (ready, done) of a host buffer of this session,
+// 4-byte aligned; NOT_FOUND / INVALID_ARGUMENT naming stream_sync.words and what is wrong.
+absl::StatusOr<StreamSync> ResolveStreamSync(const v1::StreamSync& in, const Session& session);
+
 // INVALID_ARGUMENT / NOT_FOUND with a message saying which field and why.
 absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitRequest& req,
                                                              const Session& session, int rank,

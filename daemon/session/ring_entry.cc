@@ -111,12 +111,27 @@ absl::StatusOr<RingSubmission> DecodeRingEntry(absl::Span<const std::byte> entry
   r.set_error_feedback(feedback);
   r.set_compression_key(key);
 
-  const uint32_t ext_slots = Load<uint32_t>(entry, rp::kSqExtSlots);
+  uint32_t ext_slots = Load<uint32_t>(entry, rp::kSqExtSlots);
   const uint32_t vec_len = Load<uint32_t>(entry, rp::kSqVecLen);
   if (ext.size() != static_cast<size_t>(ext_slots) * rp::kSqEntryBytes) {
     return absl::InvalidArgumentError(absl::StrCat("ring entry says ", ext_slots,
                                                    " extension slots but ", ext.size(),
                                                    " bytes of them were given"));
+  }
+  if ((flags & rp::kFlagStreamSync) != 0) {
+    if (ext_slots == 0) {
+      return absl::InvalidArgumentError(
+          "ring entry has the stream-sync flag but no extension slot to hold it");
+    }
+    // The last slot; what comes before it is the vectors' (if any).
+    --ext_slots;
+    const absl::Span<const std::byte> slot =
+        ext.subspan(static_cast<size_t>(ext_slots) * rp::kSqEntryBytes);
+    ext = ext.first(static_cast<size_t>(ext_slots) * rp::kSqEntryBytes);
+    v1::StreamSync* sync = r.mutable_stream_sync();
+    sync->mutable_words()->set_buffer_id(Load<uint64_t>(slot, rp::kSyncBuffer));
+    sync->mutable_words()->set_offset(Load<uint64_t>(slot, rp::kSyncOffset));
+    sync->set_value(Load<uint32_t>(slot, rp::kSyncValue));
   }
   if (r.op() != v1::COLLECTIVE_OP_ALL_TO_ALL_V) {
     if (ext_slots != 0 || vec_len != 0) {

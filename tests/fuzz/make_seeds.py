@@ -186,6 +186,12 @@ def submit_seeds(pb):
     seed("unknown_buffer", 3, 0, op=common.COLLECTIVE_OP_ALL_REDUCE, dtype=f32, red_op=common.RED_OP_SUM,
          count=1, send=ref(buffer_id=99), recv=ref(buffer_id=2))
     seed("unknown_algo", 3, 0, op=common.COLLECTIVE_OP_BARRIER, algo="x" * 100)
+    sync = local.StreamSync
+    seed("stream_sync", 3, 1, op=common.COLLECTIVE_OP_ALL_REDUCE, dtype=f32, red_op=common.RED_OP_SUM,
+         count=256, send=ref(buffer_id=1), recv=ref(buffer_id=2),
+         stream_sync=sync(words=ref(buffer_id=3, offset=92), value=5))
+    seed("stream_sync_past_end", 1, 0, op=common.COLLECTIVE_OP_BARRIER,
+         stream_sync=sync(words=ref(buffer_id=1, offset=4092), value=1))
 
 
 def peer_seeds(pb):
@@ -329,7 +335,11 @@ def ring_entry_seeds():
     write(t, "alltoallv_4", entry(op=7, ext=1, vec_len=4) + vec + bytes(0))
     write(t, "alltoallv_short", entry(op=7, ext=2, vec_len=4) + vec)
     write(t, "vectors_on_allreduce", entry(ext=1, vec_len=4) + vec)
-    write(t, "unknown_flag", entry(flags=6))
+    write(t, "unknown_flag", entry(flags=10))
+    sync = struct.pack("<QQI", 1, 8, 7).ljust(128, b"\0")
+    write(t, "stream_sync", entry(flags=4, ext=1) + sync)
+    write(t, "alltoallv_stream_sync", entry(op=7, flags=4, ext=2, vec_len=4) + vec + sync)
+    write(t, "stream_sync_without_slot", entry(flags=4))
     write(t, "algo_unterminated", entry(algo=b"x" * 32))
     write(t, "offset_without_buffer", entry(send=(0, 64)))
     # Found by the target: AllToAllv with vec_len 0 (no extension slots) memcpy'd from a null

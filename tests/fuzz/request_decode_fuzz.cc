@@ -131,6 +131,15 @@ void CheckAccepted(const v1::SubmitRequest& in, const PendingRequest& out, int r
     CheckRegion("recv", r.recv, e->recv_bytes, esize, out.recv_segment, in.recv().buffer_id(),
                 session);
   }
+  FUZZ_CHECK(in.has_stream_sync() == out.sync.has_value(), "stream sync lost or made up");
+  if (out.sync.has_value()) {
+    const StreamSync& s = *out.sync;
+    FUZZ_CHECK(s.words != nullptr &&
+                   s.words == session.FindBuffer(in.stream_sync().words().buffer_id()) &&
+                   !s.words->on_device() && s.offset % 4 == 0 && s.offset <= s.words->size() &&
+                   s.words->size() - s.offset >= 8 && s.value == in.stream_sync().value(),
+               "stream sync words outside their host buffer");
+  }
   if (e->needs_send && e->needs_recv && e->send_bytes > 0 && e->recv_bytes > 0 &&
       r.send != nullptr && r.recv != nullptr) {
     const bool overlap = r.send < r.recv + e->recv_bytes && r.recv < r.send + e->send_bytes;

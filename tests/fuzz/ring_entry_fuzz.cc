@@ -2,8 +2,9 @@
 // bytes a client writes into shared memory and the daemon turns into a SubmitRequest. Input: the
 // 128-byte entry, then any number of bytes as its extension slots (cut to whole slots). Properties
 // of an accepted entry: its request_id, comm_handle, count and root are the entry's bytes; vectors
-// only on AllToAllv, each vec_len long and equal to the bytes of the slots; the algorithm is
-// printable ASCII. A rejected one is INVALID_ARGUMENT with a bounded message.
+// only on AllToAllv, each vec_len long and equal to the bytes of the slots; a stream sync only
+// with its flag, equal to the last slot's bytes; the algorithm is printable ASCII. A rejected one
+// is INVALID_ARGUMENT with a bounded message.
 #include <cstdint>
 #include <cstring>
 
@@ -39,15 +40,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(r.recv().buffer_id() == u64(rp::kSqRecvBuffer), "recv buffer");
   for (char c : r.algo()) FUZZ_CHECK(c > 0x20 && c < 0x7f, "algo byte");
   FUZZ_CHECK(r.algo().size() < rp::kAlgoBytes, "algo length");
+  uint32_t flags;
+  std::memcpy(&flags, data + rp::kSqFlags, 4);
+  const bool sync = (flags & rp::kFlagStreamSync) != 0;
+  FUZZ_CHECK(sync == r.has_stream_sync(), "stream_sync without its flag, or the flag without it");
+  const size_t sync_bytes = sync ? rp::kSqEntryBytes : 0;
+  if (sync) {
+    // The last slot holds it.
+    FUZZ_CHECK(ext_bytes >= rp::kSqEntryBytes, "stream sync without a slot");
+    const size_t at = rp::kSqEntryBytes + ext_bytes - rp::kSqEntryBytes;
+    uint32_t value;
+    std::memcpy(&value, data + at + rp::kSyncValue, 4);
+    FUZZ_CHECK(r.stream_sync().words().buffer_id() == u64(at + rp::kSyncBuffer) &&
+                   r.stream_sync().words().offset() == u64(at + rp::kSyncOffset) &&
+                   r.stream_sync().value() == value,
+               "stream sync is not the last slot's bytes");
+  }
   const bool vectors = r.op() == railyard::v1::COLLECTIVE_OP_ALL_TO_ALL_V;
   if (!vectors) {
     FUZZ_CHECK(r.send_counts_size() == 0 && r.recv_displs_size() == 0, "vectors on a non-v op");
-    FUZZ_CHECK(ext_bytes == 0, "extension slots accepted on a non-v op");
+    FUZZ_CHECK(ext_bytes == sync_bytes, "extension slots accepted on a non-v op");
     return 0;
   }
   uint32_t vec_len;
   std::memcpy(&vec_len, data + rp::kSqVecLen, 4);
-  FUZZ_CHECK(ext_bytes == rp::ExtSlotsFor(vec_len) * rp::kSqEntryBytes, "extension size");
+  FUZZ_CHECK(ext_bytes == rp::ExtSlotsFor(vec_len) * rp::kSqEntryBytes + sync_bytes,
+             "extension size");
   const google::protobuf::RepeatedField<uint64_t>* vecs[4] = {&r.send_counts(), &r.send_displs(),
                                                               &r.recv_counts(), &r.recv_displs()};
   for (int v = 0; v < 4; ++v) {

@@ -16,30 +16,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/fake_device_memory.h"
 #include "tests/integration/virtual_cluster.h"
 
 namespace railyard::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A fake device allocation: the client's view of it (what cudaMemcpy would read and write).
-struct FakeDeviceMemory {
-  FakeDeviceMemory(int device, size_t bytes) : bytes(bytes) {
-    const std::string name = "railyard-fake-device-" + std::to_string(device);
-    fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-    EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(bytes)), 0);
-    view = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
-  ~FakeDeviceMemory() {
-    ::munmap(view, bytes);
-    ::close(fd);
-  }
-  float* f() const { return static_cast<float*>(view); }
-  int fd = -1;
-  void* view = nullptr;
-  size_t bytes;
-};
 
 std::string Check(const absl::Status& s, const char* what) {
   return s.ok() ? std::string() : std::string(what) + ": " + std::string(s.message());

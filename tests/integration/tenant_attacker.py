@@ -185,6 +185,18 @@ def attack_foreign_handles(a):
         out["submit_on_victim_buffer"] = ("OK",)
     except grpc.RpcError as e:
         out["submit_on_victim_buffer"] = (e.code().name, e.details())
+    # Its own communicator and buffer, but the victim's buffer as the stream words the daemon
+    # would store "done" into.
+    req.send.buffer_id = own[1]
+    req.recv.buffer_id = own[1]
+    req.stream_sync.words.buffer_id = a["victim_buffer_id"]
+    req.stream_sync.words.offset = 0
+    req.stream_sync.value = 0x41414141
+    try:
+        s.stub.Submit(req, timeout=10)
+        out["stream_words_in_victim_buffer"] = ("OK",)
+    except grpc.RpcError as e:
+        out["stream_words_in_victim_buffer"] = (e.code().name, e.details())
     s.close()
     return out
 

@@ -164,6 +164,9 @@ def test_another_jobs_buffers_cannot_be_opened_or_named(node, victim):
     assert "not a communicator of this session" in r["submit_on_victim_comm_and_buffer"][1]
     assert r["submit_on_victim_buffer"][0] == "NOT_FOUND"
     assert "not registered in this session" in r["submit_on_victim_buffer"][1]
+    assert r["stream_words_in_victim_buffer"][0] == "NOT_FOUND", r
+    assert "stream_sync.words: buffer" in r["stream_words_in_victim_buffer"][1]
+    assert "not registered in this session" in r["stream_words_in_victim_buffer"][1]
     # Nothing in /dev/shm, from the host's view or a pod's.
     host = attack(node, "look_for_buffers", {})
     assert host["dev_shm"] == []

@@ -116,7 +116,7 @@ TEST(DeviceStagingTest, AFailedCopyLeavesTheRequestAsItWas) {
       << s;
   EXPECT_EQ(p.req.device, 0);
   EXPECT_EQ(p.req.send, send.segment->data());
-  EXPECT_EQ(p.staging, nullptr);
+  EXPECT_EQ(p.sink_owner, nullptr);
 }
 
 }  // namespace

@@ -434,6 +434,54 @@ TEST(RingEntryTest, CompressionAndItsKeyTravelAndMalformedOnesAreRefused) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("longer than 15 characters"));
 }
 
+// Stream ordering: SubmitRequest.stream_sync travels in the last extension slot, after an
+// AllToAllv's vectors when there are some; the flag without a slot to hold it is refused.
+TEST(RingEntryTest, StreamSyncTravelsInTheLastExtensionSlot) {
+  for (const bool vectors : {false, true}) {
+    v1::SubmitRequest r;
+    r.set_request_id(8);
+    r.set_op(vectors ? v1::COLLECTIVE_OP_ALL_TO_ALL_V : v1::COLLECTIVE_OP_ALL_REDUCE);
+    if (vectors) {
+      for (int i = 0; i < 5; ++i) {
+        r.add_send_counts(i);
+        r.add_send_displs(10 + i);
+        r.add_recv_counts(20 + i);
+        r.add_recv_displs(30 + i);
+      }
+    }
+    r.mutable_stream_sync()->mutable_words()->set_buffer_id(77);
+    r.mutable_stream_sync()->mutable_words()->set_offset(4088);
+    r.mutable_stream_sync()->set_value(0xfffffffe);
+    std::vector<std::byte> bytes;
+    ASSERT_TRUE(internal::ClientRings::Encode(r, false, &bytes).ok());
+    const size_t vec_slots = vectors ? rp::ExtSlotsFor(5) : 0;
+    ASSERT_EQ(bytes.size(), (2 + vec_slots) * rp::kSqEntryBytes);
+    absl::Span<const std::byte> all(bytes);
+    absl::StatusOr<RingSubmission> got =
+        DecodeRingEntry(all.first(rp::kSqEntryBytes), all.subspan(rp::kSqEntryBytes));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(got->request.has_stream_sync());
+    EXPECT_EQ(got->request.stream_sync().words().buffer_id(), 77u);
+    EXPECT_EQ(got->request.stream_sync().words().offset(), 4088u);
+    EXPECT_EQ(got->request.stream_sync().value(), 0xfffffffeu);
+    if (vectors) {
+      ASSERT_EQ(got->request.recv_displs_size(), 5);
+      EXPECT_EQ(got->request.recv_displs(4), 34u);
+    }
+  }
+  // The flag on an entry with no extension slot.
+  v1::SubmitRequest r;
+  r.set_op(v1::COLLECTIVE_OP_ALL_REDUCE);
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(internal::ClientRings::Encode(r, false, &bytes).ok());
+  const uint32_t flags = rp::kFlagStreamSync;
+  std::memcpy(bytes.data() + rp::kSqFlags, &flags, 4);
+  absl::StatusOr<RingSubmission> got = DecodeRingEntry(bytes, {});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got.status().message()),
+              ::testing::HasSubstr("stream-sync flag but no extension slot"));
+}
+
 TEST(SessionRingsTest, AGroupPublishedAtOnceIsHandedOverAsOneBatch) {
   auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
   RingPair rings(16, 16, fake);

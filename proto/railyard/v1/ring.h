@@ -36,6 +36,8 @@
 //  120 u64 compression_key (0 unless kFlagErrorFeedback)
 // The AllToAllv vectors follow in the ext_slots slots as one array of u64: send_counts,
 // send_displs, recv_counts, recv_displs, vec_len each (ext_slots = ceil(32 vec_len / 128)).
+// With kFlagStreamSync one more slot ends the extension: SubmitRequest.stream_sync as
+//    0 u64 words.buffer_id    8 u64 words.offset    16 u32 value    (the rest zero)
 //
 // Completion entry (kCqEntryBytes):
 //    0 u64 request_id    8 u64 seq    16 i32 code (google.rpc.Code)   20 u32 message_len
@@ -106,7 +108,12 @@ inline constexpr size_t kSqCompressionKey = 120;
 inline constexpr uint32_t kFlagGroupNext = 1;
 // SubmitRequest.error_feedback: compression_key names the residual.
 inline constexpr uint32_t kFlagErrorFeedback = 2;
-inline constexpr uint32_t kKnownFlags = kFlagGroupNext | kFlagErrorFeedback;
+// SubmitRequest.stream_sync: the last extension slot holds it.
+inline constexpr uint32_t kFlagStreamSync = 4;
+inline constexpr uint32_t kKnownFlags = kFlagGroupNext | kFlagErrorFeedback | kFlagStreamSync;
+inline constexpr size_t kSyncBuffer = 0;  // offsets in the stream-sync slot
+inline constexpr size_t kSyncOffset = 8;
+inline constexpr size_t kSyncValue = 16;
 
 // Completion entry field offsets.
 inline constexpr size_t kCqRequestId = 0;

@@ -14,11 +14,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "railyard/stream_ops.h"
 #include "railyard/types.h"
 
 namespace railyard {
 
 class ClientCore;  // shared state between Client, Buffer, Comm and Work (client.cc)
+namespace internal {
+class PendingRequest;
+}  // namespace internal
 namespace v1 {
 class SubmitRequest;
 }  // namespace v1
@@ -37,6 +41,9 @@ struct ClientOptions {
   std::string integrity;
   // How long Connect waits for the daemon to answer.
   std::chrono::milliseconds connect_timeout{5000};
+  // How operations given a stream (CollectiveOptions::stream) are ordered on it
+  // (railyard/stream_ops.h). Null: CUDA's, looked up when first needed.
+  std::shared_ptr<StreamOps> stream_ops;
 };
 
 // A shared-memory allocation registered with the daemon. Movable, not copyable; released (and
@@ -112,6 +119,21 @@ struct CollectiveOptions {
   // tensor or bucket that recurs across iterations) and adds it to the next operation's data.
   // Unset: no feedback.
   std::optional<uint64_t> compression_key;
+  // Orders the operation on this stream (a CUstream / cudaStream_t with CUDA; see
+  // railyard/stream_ops.h): it starts after the work enqueued on the stream before the call, and
+  // work enqueued after the call waits for its results. The Work still says how it ended; a
+  // failed operation lets the stream go on too. The Client must outlive the streams' waits.
+  void* stream = nullptr;
+  // The same ordering, driven by the caller (instead of `stream`): the daemon starts the
+  // operation once the u32 at words + offset holds `value` (or passes it, as a counter that may
+  // wrap: (int32_t)(ready - value) >= 0) and stores `value` into the u32 after it when the
+  // operation has ended, whatever its outcome. `words` is a host Buffer of this Client.
+  struct StreamSync {
+    const Buffer* words = nullptr;
+    uint64_t offset = 0;  // 4-byte aligned; ready at offset, done at offset + 4
+    uint32_t value = 0;
+  };
+  std::optional<StreamSync> stream_sync;
 };
 
 // This rank's membership in a communicator.
@@ -159,6 +181,9 @@ class Comm {
   // Fills in the buffers, handle and options, and submits.
   Work Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
               const CollectiveOptions& opts);
+  // opts.stream / opts.stream_sync into request->stream_sync (enqueueing the stream's part).
+  absl::Status SetStreamSync(const CollectiveOptions& opts, v1::SubmitRequest* request,
+                             internal::PendingRequest* pending);
   std::shared_ptr<ClientCore> core_;
   uint64_t handle_ = 0;
   int rank_ = 0;

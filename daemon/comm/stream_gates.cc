@@ -1,0 +1,168 @@
+#include "daemon/comm/stream_gates.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/util/thread_name.h"
+
+namespace railyard {
+
+namespace {
+constexpr absl::Duration kFirstSleep = absl::Microseconds(20);
+constexpr absl::Duration kLongestSleep = absl::Milliseconds(1);
+
+absl::Status Expired(const StreamSync& gate) {
+  const uint32_t now = gate.ready_word();
+  return absl::DeadlineExceededError(
+      absl::StrCat("the stream did not reach the operation within its timeout: the ready word (",
+                   gate.Where(), ") holds ", now, ", the operation waits for ", gate.value,
+                   " (is the stream stalled, or was the value not written?)"));
+}
+}  // namespace
+
+StreamGates::StreamGates(absl::Duration spin, size_t max_per_queue)
+    : spin_(spin), max_per_queue_(max_per_queue) {
+  thread_ = std::thread([this] {
+    NameThisThread("ry-stream-gates");
+    Loop();
+  });
+}
+
+StreamGates::~StreamGates() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+  std::vector<Item> left;
+  for (auto& [key, q] : queues_) {
+    for (Item& it : q.items) left.push_back(std::move(it));
+  }
+  queues_.clear();
+  for (Item& it : left) it.fail(absl::UnavailableError("railyardd is shutting down"));
+}
+
+bool StreamGates::MustHold(const Key& key, const std::optional<StreamSync>& gate) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (queues_.count(key) != 0) return true;
+  }
+  return gate.has_value() && !gate->ready();
+}
+
+absl::Status StreamGates::Hold(const Key& key, Item item) {
+  absl::MutexLock lock(&mu_);
+  Queue& q = queues_[key];
+  if (q.items.size() >= max_per_queue_) {
+    if (q.items.empty() && !q.busy) queues_.erase(key);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        max_per_queue_, " operations of this rank already wait for their streams to reach them"));
+  }
+  q.items.push_back(std::move(item));
+  ++held_;
+  wake_ = true;
+  return absl::OkStatus();
+}
+
+void StreamGates::Drop(const void* owner, const absl::Status& why) {
+  std::vector<Item> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = queues_.lower_bound(Key{owner, 0});
+         it != queues_.end() && it->first.owner == owner;) {
+      Queue& q = it->second;
+      // A busy front item is the poller's; it pops it when done.
+      const size_t keep = q.busy ? 1 : 0;
+      for (size_t i = keep; i < q.items.size(); ++i) dropped.push_back(std::move(q.items[i]));
+      held_ -= q.items.size() - keep;
+      q.items.resize(keep);
+      it = q.items.empty() ? queues_.erase(it) : std::next(it);
+    }
+  }
+  for (Item& it : dropped) it.fail(why);  // in the order they were held
+}
+
+size_t StreamGates::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
+}
+
+uint64_t StreamGates::polls() const {
+  absl::MutexLock lock(&mu_);
+  return polls_;
+}
+
+void StreamGates::Loop() {
+  absl::Time last_progress = absl::Now();
+  absl::Duration sleep = kFirstSleep;
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    if (held_ == 0) {
+      // Idle: no CPU until something is held.
+      mu_.Await(absl::Condition(
+          +[](StreamGates* g)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu_) { return g->stop_ || g->held_ > 0; },
+          this));
+      wake_ = false;
+      last_progress = absl::Now();
+      sleep = kFirstSleep;
+      continue;
+    }
+    ++polls_;
+    wake_ = false;
+    const absl::Time now = absl::Now();
+    // Each queue's front: let it go when its gate is open (or it has none), fail it when its
+    // deadline has passed. Callbacks run unlocked; the queue stays busy (and in order) meanwhile.
+    struct Due {
+      Key key;
+      Item item;
+      absl::Status failed;
+    };
+    std::vector<Due> due;
+    for (auto& [key, q] : queues_) {
+      if (q.busy || q.items.empty()) continue;
+      Item& front = q.items.front();
+      const bool open = !front.gate.has_value() || front.gate->ready();
+      if (!open && now < front.deadline) continue;
+      q.busy = true;
+      absl::Status failed = open ? absl::OkStatus() : Expired(*front.gate);
+      due.push_back({key, std::move(front), std::move(failed)});
+    }
+    if (due.empty()) {
+      if (now - last_progress < spin_) {
+        mu_.Unlock();
+        sched_yield();
+        mu_.Lock();
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&wake_), sleep);
+        sleep = std::min(sleep * 2, kLongestSleep);
+      }
+      continue;
+    }
+    mu_.Unlock();
+    for (Due& d : due) {
+      if (d.failed.ok()) {
+        d.item.release();
+      } else {
+        d.item.fail(d.failed);
+      }
+      d.item = Item();  // what the callbacks hold goes before the next is let go
+    }
+    mu_.Lock();
+    for (Due& d : due) {
+      auto it = queues_.find(d.key);
+      if (it == queues_.end()) continue;
+      it->second.items.pop_front();
+      it->second.busy = false;
+      --held_;
+      if (it->second.items.empty()) queues_.erase(it);
+    }
+    last_progress = absl::Now();
+    sleep = kFirstSleep;
+  }
+}
+
+}  // namespace railyard

@@ -1,0 +1,77 @@
+// Submissions held until their stream reaches them (SubmitRequest.stream_sync, stream_sync.h).
+// Holding keeps order: per queue (a session's ranks on one communicator) nothing passes an item
+// held before it, so sequence numbers are assigned in the order the rank submitted. One thread
+// polls the ready word of each queue's front item: it spins for `spin` after the last item it
+// let go, then sleeps between polls, 20 us doubling to 1 ms; with nothing held it sleeps until
+// something is (no CPU). An item whose deadline passes first expires (DEADLINE_EXCEEDED saying
+// what its ready word holds); the ones behind it go on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/comm/stream_sync.h"
+
+namespace railyard {
+
+class StreamGates {
+ public:
+  struct Key {
+    const void* owner = nullptr;  // the session
+    uint64_t handle = 0;          // its communicator
+    bool operator<(const Key& o) const {
+      return owner != o.owner ? owner < o.owner : handle < o.handle;
+    }
+  };
+  struct Item {
+    std::optional<StreamSync> gate;  // none: it waits only for the items before it
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<void()> release;                  // the gate opened: submit it now
+    std::function<void(const absl::Status&)> fail;  // it expired or was dropped
+  };
+
+  explicit StreamGates(absl::Duration spin, size_t max_per_queue = 4096);
+  ~StreamGates();  // items still held fail with UNAVAILABLE
+  StreamGates(const StreamGates&) = delete;
+  StreamGates& operator=(const StreamGates&) = delete;
+
+  // Whether a submission on `key` with this gate must be held: something is held there, or the
+  // gate is closed.
+  bool MustHold(const Key& key, const std::optional<StreamSync>& gate) const;
+  // RESOURCE_EXHAUSTED when `key` already holds max_per_queue items (the item is not taken).
+  absl::Status Hold(const Key& key, Item item);
+  // Fails every item `owner` has held with `why` (one being let go at the time goes on).
+  void Drop(const void* owner, const absl::Status& why);
+
+  size_t held() const;
+  uint64_t polls() const;  // rounds of polling so far (tests: the poller sleeps when idle)
+
+ private:
+  struct Queue {
+    std::deque<Item> items;
+    bool busy = false;  // its front item's release or fail is running
+  };
+  void Loop();
+
+  const absl::Duration spin_;
+  const size_t max_per_queue_;
+  mutable absl::Mutex mu_;
+  std::map<Key, Queue> queues_ ABSL_GUARDED_BY(mu_);
+  size_t held_ ABSL_GUARDED_BY(mu_) = 0;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t polls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace railyard
