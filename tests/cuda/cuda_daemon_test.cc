@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
@@ -94,6 +96,84 @@ TEST_P(GpuDaemonTest, CollectivesOnDeviceBuffersAreExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GpuDaemonTest, ::testing::Values(2, 4));
+
+// Stream ordering on a real stream (docs/gpu.md): each rank's stream is held by a host function
+// until the host has submitted everything, then copies the input in, runs the AllReduce
+// (CollectiveOptions::stream: cuStreamWriteValue32 / cuStreamWaitValue32 on the client's host
+// words) and copies the result out, all in pinned memory; the host waits only for the stream.
+TEST(GpuStreamTest, AnAllReduceOnAStreamIsOrderedWithTheStreamsCopies) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  constexpr int kRanks = 2;
+  constexpr size_t kCount = (size_t{4} << 20) + 3;
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < kRanks; ++r) {
+    auto c = Client::Connect(daemon.Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      errors[r] = [&]() -> std::string {
+        if (cudaSetDevice(0) != cudaSuccess) return "cudaSetDevice";
+        auto comm = clients[r]->InitComm(*id, r, kRanks);
+        if (!comm.ok()) return comm.status().ToString();
+        auto send = clients[r]->AllocateDevice(kCount * 4, 0);
+        auto recv = clients[r]->AllocateDevice(kCount * 4, 0);
+        if (!send.ok() || !recv.ok()) return "AllocateDevice failed";
+        float *in = nullptr, *out = nullptr;
+        if (cudaMallocHost(reinterpret_cast<void**>(&in), kCount * 4) != cudaSuccess ||
+            cudaMallocHost(reinterpret_cast<void**>(&out), kCount * 4) != cudaSuccess) {
+          return "cudaMallocHost failed";
+        }
+        for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>((r + 1) * (i % 97));
+        cudaStream_t stream = nullptr;
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+          return "cudaStreamCreate failed";
+        }
+        std::atomic<bool> go{false};
+        cudaLaunchHostFunc(
+            stream,
+            [](void* flag) {
+              for (int i = 0; i < 30000 && !static_cast<std::atomic<bool>*>(flag)->load(); ++i) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              }
+            },
+            &go);
+        cudaMemcpyAsync(send->data(), in, kCount * 4, cudaMemcpyHostToDevice, stream);
+        CollectiveOptions o;
+        o.stream = stream;
+        Work w = comm->AllReduce(*send, *recv, kCount, DataType::kFloat32, RedOp::kSum, o);
+        cudaMemcpyAsync(out, recv->data(), kCount * 4, cudaMemcpyDeviceToHost, stream);
+        const bool early = w.test();
+        go = true;
+        if (cudaStreamSynchronize(stream) != cudaSuccess) return "cudaStreamSynchronize failed";
+        if (early) return "the AllReduce completed before its stream reached it";
+        std::string e;
+        for (size_t i = 0; i < kCount && e.empty(); ++i) {
+          if (out[i] != 3.0f * static_cast<float>(i % 97)) e = "value " + std::to_string(i);
+        }
+        if (absl::Status s = w.wait(std::chrono::seconds(30)); !s.ok() && e.empty()) {
+          e = s.ToString();
+        }
+        if (e.empty()) {
+          if (absl::Status s = comm->Barrier().wait(); !s.ok()) e = "barrier: " + s.ToString();
+        }
+        cudaStreamDestroy(stream);
+        cudaFreeHost(in);
+        cudaFreeHost(out);
+        return e;
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << daemon.Log();
+}
 
 }  // namespace
 }  // namespace railyard::testing
