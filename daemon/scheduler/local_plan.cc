@@ -1,6 +1,7 @@
 #include "daemon/scheduler/local_plan.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce.h"
@@ -235,6 +236,73 @@ void RunStep(const LocalPlan& plan, size_t i) {
   }
 }
 
+namespace {
+
+// One reduce step on a device, of any number of sources and destinations. The runtime takes at
+// most kMaxPointers of each per launch (the kernel's arguments are fixed arrays), so a wider one
+// (more local ranks than that) runs as passes into one accumulating destination, then copies of
+// it into the others. The accumulator is a destination that no source of a later pass overlaps
+// (the sources it overlaps, its own input in place, go in the first pass); between passes an
+// average sums, and divides only in the last. Passes round float16/bfloat16 to their width
+// between them (a single launch accumulates in float32 throughout).
+absl::Status ReduceOnDevice(device::DeviceRuntime* devices, int dev, const LocalPlan& plan,
+                            std::byte* const* dsts, int ndsts, std::byte* const* srcs, int nsrcs,
+                            size_t count) {
+  constexpr int kMax = device::DeviceRuntime::kMaxPointers;
+  if (nsrcs <= kMax && ndsts <= kMax) {
+    return devices->ReduceToMany(dev, plan.dtype, plan.red_op, reinterpret_cast<void* const*>(dsts),
+                                 ndsts, reinterpret_cast<const void* const*>(srcs), nsrcs, count,
+                                 plan.avg_divisor);
+  }
+  const size_t bytes = count * kernels::ElementSize(plan.dtype);
+  auto overlap = [bytes](const std::byte* a, const std::byte* b) {
+    return a < b + bytes && b < a + bytes;
+  };
+  int acc = -1;
+  std::vector<const void*> order;
+  for (int d = 0; d < ndsts && acc < 0; ++d) {
+    order.clear();
+    for (int k = 0; k < nsrcs; ++k) {
+      if (overlap(dsts[d], srcs[k])) order.push_back(srcs[k]);
+    }
+    if (static_cast<int>(order.size()) <= kMax) acc = d;
+  }
+  if (acc < 0) {
+    return absl::InternalError(absl::StrCat("no destination of a ", nsrcs,
+                                            "-source reduce is "
+                                            "overlapped by at most ",
+                                            kMax, " of its sources"));
+  }
+  for (int k = 0; k < nsrcs; ++k) {
+    if (!overlap(dsts[acc], srcs[k])) order.push_back(srcs[k]);
+  }
+  void* const out[1] = {dsts[acc]};
+  const kernels::RedOp partial =
+      plan.red_op == kernels::RedOp::kAvg ? kernels::RedOp::kSum : plan.red_op;
+  std::vector<const void*> pass;
+  size_t next = 0;
+  while (next < order.size()) {
+    pass.clear();
+    if (next > 0) pass.push_back(dsts[acc]);  // what the passes before summed
+    while (next < order.size() && static_cast<int>(pass.size()) < kMax)
+      pass.push_back(order[next++]);
+    const bool last = next == order.size();
+    if (absl::Status s = devices->ReduceToMany(dev, plan.dtype, last ? plan.red_op : partial, out,
+                                               1, pass.data(), static_cast<int>(pass.size()), count,
+                                               last ? plan.avg_divisor : 1);
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (int d = 0; d < ndsts; ++d) {
+    if (d == acc) continue;
+    if (absl::Status s = devices->Copy(dev, dsts[d], dsts[acc], bytes); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunDeviceSteps(const LocalPlan& plan, device::DeviceRuntime* devices) {
   const int dev = plan.device;
   absl::Status first;
@@ -244,10 +312,8 @@ absl::Status RunDeviceSteps(const LocalPlan& plan, device::DeviceRuntime* device
     std::byte* const* dsts = plan.ptrs.data() + s.dst_begin;
     switch (s.kind) {
       case LocalStep::Kind::kReduce:
-        first = devices->ReduceToMany(
-            dev, plan.dtype, plan.red_op, reinterpret_cast<void* const*>(dsts),
-            static_cast<int>(s.ndsts), reinterpret_cast<const void* const*>(srcs),
-            static_cast<int>(s.nsrcs), s.count, plan.avg_divisor);
+        first = ReduceOnDevice(devices, dev, plan, dsts, static_cast<int>(s.ndsts), srcs,
+                               static_cast<int>(s.nsrcs), s.count);
         break;
       case LocalStep::Kind::kCopy:
         for (uint32_t k = 0; k < s.nsrcs && first.ok(); ++k) {

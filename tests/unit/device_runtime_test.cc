@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "daemon/device/fake_device_runtime.h"
+#include "daemon/scheduler/local_plan.h"
 
 namespace railyard::device {
 namespace {
@@ -122,6 +124,79 @@ TEST(FakeDeviceRuntimeTest, StepsReduceIntoEveryDestinationAndTouchOnlyDeviceMem
   EXPECT_EQ(rt.live_mappings(), 4u);
   maps.clear();
   EXPECT_EQ(rt.live_mappings(), 0u);
+}
+
+// More local ranks than one launch takes (kMaxPointers sources): the plan's reduce runs in passes
+// into one destination and copies from it (scheduler::RunDeviceSteps), in place and not, for an
+// average too, with every value checked.
+TEST(FakeDeviceRuntimeTest, AReduceOfMoreRanksThanOneLaunchTakesRunsInPasses) {
+  FakeDeviceRuntime rt(1);
+  constexpr int kRanks = 2 * DeviceRuntime::kMaxPointers + 7;  // three passes
+  constexpr size_t kCount = 257;
+  constexpr size_t kBlock = kCount * sizeof(float);
+  std::vector<std::unique_ptr<HostView>> views;
+  std::vector<std::shared_ptr<DeviceMapping>> maps;
+  for (int r = 0; r < 2 * kRanks; ++r) {  // a send and a recv region per rank
+    absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(0, kBlock * kRanks);
+    ASSERT_TRUE(fd.ok());
+    views.push_back(std::make_unique<HostView>(fd->get(), kBlock * kRanks));
+    absl::StatusOr<std::shared_ptr<DeviceMapping>> m =
+        rt.Import(0, *std::move(fd), kBlock * kRanks);
+    ASSERT_TRUE(m.ok()) << m.status();
+    maps.push_back(*m);
+  }
+  const float ranks_sum = kRanks * (kRanks - 1) / 2.0f;
+  auto run = [&](scheduler::OpKind op, RedOp red, bool in_place) {
+    std::vector<scheduler::RankRequest> reqs(kRanks);
+    std::vector<const scheduler::RankRequest*> ptrs;
+    for (int r = 0; r < kRanks; ++r) {
+      scheduler::RankRequest& q = reqs[r];
+      q.op = op;
+      q.dtype = DataType::kFloat32;
+      q.red_op = red;
+      q.count = kCount;
+      q.device = 0;
+      q.send = maps[2 * r]->data();
+      q.recv = in_place ? (op == scheduler::OpKind::kReduceScatter ? q.send + r * kBlock : q.send)
+                        : maps[2 * r + 1]->data();
+      ptrs.push_back(&q);
+    }
+    scheduler::LocalPlan plan;
+    scheduler::BuildLocalPlan(ptrs, scheduler::kDefaultChunkBytes, &plan);
+    return scheduler::RunDeviceSteps(plan, &rt);
+  };
+  auto fill = [&](int blocks) {
+    for (int r = 0; r < kRanks; ++r) {
+      for (size_t i = 0; i < kCount * blocks; ++i) {
+        views[2 * r]->f()[i] = static_cast<float>(r) + static_cast<float>(i % kCount);
+      }
+    }
+  };
+  // AllReduce in place, sum.
+  fill(1);
+  ASSERT_TRUE(run(scheduler::OpKind::kAllReduce, RedOp::kSum, true).ok());
+  for (int r = 0; r < kRanks; ++r) {
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(views[2 * r]->f()[i], ranks_sum + kRanks * static_cast<float>(i)) << r << " " << i;
+    }
+  }
+  // AllReduce out of place, average: the inputs stay, every output is the mean.
+  fill(1);
+  ASSERT_TRUE(run(scheduler::OpKind::kAllReduce, RedOp::kAvg, false).ok());
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(views[2 * r]->f()[5], static_cast<float>(r) + 5.0f);
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(views[2 * r + 1]->f()[i], ranks_sum / kRanks + static_cast<float>(i)) << r;
+    }
+  }
+  // ReduceScatter in place (each rank's result is its own block of its input), max.
+  fill(kRanks);
+  ASSERT_TRUE(run(scheduler::OpKind::kReduceScatter, RedOp::kMax, true).ok());
+  for (int r = 0; r < kRanks; ++r) {
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(views[2 * r]->f()[r * kCount + i], (kRanks - 1.0f) + static_cast<float>(i)) << r;
+    }
+  }
 }
 
 TEST(FakeDeviceRuntimeTest, TheDeviceAddressIsNotHostMemory) {
