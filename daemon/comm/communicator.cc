@@ -373,7 +373,7 @@ size_t Communicator::FuseGroupLocked(size_t chunk_bytes) {
       break;
     }
     const scheduler::RankRequest& rn = next->requests[0]->req;
-    if (rn.dtype != r0.dtype || rn.red_op != r0.red_op || rn.device != r0.device ||
+    if (rn.dtype != r0.dtype || rn.red_op != r0.red_op || (rn.device >= 0) != (r0.device >= 0) ||
         scheduler::IsPointToPoint(rn.op)) {
       break;
     }
@@ -643,12 +643,12 @@ void Communicator::NextPointToPointLocked(P2PChannels::Key key, Outcomes* out) {
     run->channel = key;
     run->seq = m.seq;
     const uint64_t bytes = run->send->req.count * kernels::ElementSize(run->send->req.dtype);
-    if (run->send->req.device != run->recv->req.device && bytes > 0) {
+    if ((run->send->req.device >= 0) != (run->recv->req.device >= 0) && bytes > 0) {
       const absl::Status why = absl::InvalidArgumentError(
           absl::StrCat("send/recv on communicator ", comm_id_, ": rank ", key.first, " sends from ",
                        scheduler::MemoryName(run->send->req.device), ", rank ", key.second,
                        " receives into ", scheduler::MemoryName(run->recv->req.device),
-                       " (both ends on one node must be host memory or on one device)"));
+                       " (both ends on one node must be host memory, or both device memory)"));
       out->completions.push_back({std::move(run->send), why, run->seq});
       out->completions.push_back({std::move(run->recv), why, run->seq});
       ++ops_failed_;
@@ -657,7 +657,7 @@ void Communicator::NextPointToPointLocked(P2PChannels::Key key, Outcomes* out) {
       continue;
     }
     scheduler::BuildCopyPlan(run->send->req.send, run->recv->req.recv, bytes, env_.chunk_bytes,
-                             &run->exec.plan, run->send->req.device);
+                             &run->exec.plan, run->recv->req.device);
     if (run->exec.plan.steps.empty()) {
       out->completions.push_back({std::move(run->send), absl::OkStatus(), run->seq});
       out->completions.push_back({std::move(run->recv), absl::OkStatus(), run->seq});

@@ -4,7 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,19 +27,34 @@ absl::Status LaunchStatus(const char* what, int e) {
   return absl::InternalError(absl::StrCat(what, ": ", railyard_cuda_error_string(e)));
 }
 
+// The imported mappings by address (DeviceOf); shared with the mappings, which may outlive the
+// runtime.
+struct Registry {
+  mutable std::mutex mu;
+  std::map<CUdeviceptr, std::pair<uint64_t, int>> by_address;  // base -> (mapped bytes, device)
+};
+
 // Uses the process-wide entry points (GetCudaVmm, never destroyed): a mapping may outlive the
 // runtime (a session's buffers are released after the daemon's device runtime at shutdown).
 class CudaMapping : public DeviceMapping {
  public:
-  CudaMapping(CUmemGenericAllocationHandle handle, CUdeviceptr ptr, uint64_t mapped, uint64_t size,
-              int device)
+  CudaMapping(std::shared_ptr<Registry> registry, CUmemGenericAllocationHandle handle,
+              CUdeviceptr ptr, uint64_t mapped, uint64_t size, int device)
       : d_(&internal::GetCudaVmm()),
+        registry_(std::move(registry)),
         handle_(handle),
         ptr_(ptr),
         mapped_(mapped),
         size_(size),
-        device_(device) {}
+        device_(device) {
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    registry_->by_address[ptr_] = {mapped_, device_};
+  }
   ~CudaMapping() override {
+    {
+      std::lock_guard<std::mutex> lock(registry_->mu);
+      registry_->by_address.erase(ptr_);
+    }
     d_->Unmap(ptr_, mapped_);
     d_->AddressFree(ptr_, mapped_);
     d_->Release(handle_);
@@ -47,6 +65,7 @@ class CudaMapping : public DeviceMapping {
 
  private:
   const Driver* d_;
+  const std::shared_ptr<Registry> registry_;
   CUmemGenericAllocationHandle handle_;
   CUdeviceptr ptr_;
   uint64_t mapped_;
@@ -57,7 +76,31 @@ class CudaMapping : public DeviceMapping {
 class CudaDeviceRuntime : public DeviceRuntime {
  public:
   explicit CudaDeviceRuntime(int count)
-      : d_(internal::GetCudaVmm()), count_(count), streams_(static_cast<size_t>(count), nullptr) {}
+      : d_(internal::GetCudaVmm()),
+        count_(count),
+        streams_(static_cast<size_t>(count), nullptr),
+        peer_(static_cast<size_t>(count) * static_cast<size_t>(count), false) {
+    for (int from = 0; from < count; ++from) {
+      for (int to = 0; to < count; ++to) {
+        int can = from == to ? 1 : 0;
+        if (from != to && cudaDeviceCanAccessPeer(&can, from, to) != cudaSuccess) can = 0;
+        peer_[static_cast<size_t>(from * count + to)] = can != 0;
+      }
+    }
+  }
+
+  int DeviceOf(const void* ptr) const override {
+    const auto p = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    auto it = registry_->by_address.upper_bound(p);
+    if (it == registry_->by_address.begin()) return -1;
+    --it;
+    return p - it->first < it->second.first ? it->second.second : -1;
+  }
+  bool CanAccessPeer(int from, int to) const override {
+    return from >= 0 && to >= 0 && from < count_ && to < count_ &&
+           peer_[static_cast<size_t>(from * count_ + to)];
+  }
   ~CudaDeviceRuntime() override {
     for (int i = 0; i < count_; ++i) {
       if (streams_[i] != nullptr && cudaSetDevice(i) == cudaSuccess) {
@@ -71,7 +114,13 @@ class CudaDeviceRuntime : public DeviceRuntime {
     int runtime = 0, driver = 0;
     cudaRuntimeGetVersion(&runtime);
     cudaDriverGetVersion(&driver);
-    return absl::StrCat("CUDA runtime ", runtime, ", driver ", driver, ", ", count_, " device(s)");
+    int pairs = 0;
+    for (int a = 0; a < count_; ++a) {
+      for (int b = 0; b < count_; ++b) pairs += a != b && CanAccessPeer(a, b) ? 1 : 0;
+    }
+    return absl::StrCat("CUDA runtime ", runtime, ", driver ", driver, ", ", count_,
+                        " device(s), peer access in ", pairs, " of ", count_ * (count_ - 1),
+                        " directions");
   }
 
   absl::StatusOr<std::shared_ptr<DeviceMapping>> Import(int device, UniqueFd fd,
@@ -132,16 +181,23 @@ class CudaDeviceRuntime : public DeviceRuntime {
           " mapped, the allocation granularity) does not fit the exported allocation (cuMemMap: ",
           DriverError(d_, r), ")")));
     }
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if ((r = d_.SetAccess(ptr, mapped, &access, 1)) != CUDA_SUCCESS) {
+    // Its own device, and every peer that can reach it (an operation over ranks on several
+    // devices runs kernels that read and write each other's memory).
+    std::vector<CUmemAccessDesc> access;
+    for (int e = 0; e < count_; ++e) {
+      if (!CanAccessPeer(e, device)) continue;
+      CUmemAccessDesc a{};
+      a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      a.location.id = e;
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      access.push_back(a);
+    }
+    if ((r = d_.SetAccess(ptr, mapped, access.data(), access.size())) != CUDA_SUCCESS) {
       d_.Unmap(ptr, mapped);
       d_.AddressFree(ptr, mapped);
       return release(absl::InternalError(absl::StrCat("cuMemSetAccess: ", DriverError(d_, r))));
     }
-    return std::make_shared<CudaMapping>(handle, ptr, mapped, size, device);
+    return std::make_shared<CudaMapping>(registry_, handle, ptr, mapped, size, device);
   }
 
   absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
@@ -220,6 +276,8 @@ class CudaDeviceRuntime : public DeviceRuntime {
   const int count_;
   std::mutex mu_;
   std::vector<cudaStream_t> streams_;
+  std::vector<bool> peer_;  // [from * count_ + to]: CanAccessPeer
+  const std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
 };
 
 }  // namespace

@@ -50,12 +50,19 @@ class DeviceRuntime {
   virtual absl::StatusOr<std::shared_ptr<DeviceMapping>> Import(int device, UniqueFd fd,
                                                                 uint64_t size) = 0;
 
+  // The device whose imported memory holds ptr, or -1 (not device memory imported here).
+  virtual int DeviceOf(const void* ptr) const = 0;
+  // Whether launches on device `from` may read and write memory of device `to`: true for
+  // from == to, and for peers (NVLink or PCIe P2P) the runtime granted access to at import.
+  virtual bool CanAccessPeer(int from, int to) const = 0;
+
   // Enqueues on `device`'s stream (in call order):
   //   dsts[d][i] = srcs[0][i] (op) ... (op) srcs[nsrcs-1][i] for every d, i < count elements,
   //     with the semantics of kernels::ReduceToMany (1 <= nsrcs, ndsts <= kMaxPointers);
   //   a copy of `bytes` from src to dst;
   //   an exchange of two non-overlapping regions.
-  // Every pointer is a device address on `device` from Import. An error is the launch's.
+  // Every pointer is a device address from Import, of `device` or of a device it can access
+  // (CanAccessPeer). An error is the launch's.
   static constexpr int kMaxPointers = 32;
   virtual absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
                                     void* const* dsts, int ndsts, const void* const* srcs,

@@ -45,7 +45,19 @@ class FakeDeviceRuntime::Mapping : public DeviceMapping {
   int device_;
 };
 
-FakeDeviceRuntime::FakeDeviceRuntime(int devices) : devices_(devices) {}
+FakeDeviceRuntime::FakeDeviceRuntime(int devices, bool peer_access)
+    : devices_(devices), peer_access_(peer_access) {}
+
+int FakeDeviceRuntime::DeviceOf(const void* ptr) const {
+  const auto* p = static_cast<const std::byte*>(ptr);
+  absl::MutexLock lock(&regions_->mu);
+  auto it = regions_->by_address.upper_bound(p);
+  if (it == regions_->by_address.begin()) return -1;
+  --it;
+  return p >= it->first && static_cast<uint64_t>(p - it->first) < it->second.bytes
+             ? it->second.device
+             : -1;
+}
 
 FakeDeviceRuntime::~FakeDeviceRuntime() = default;
 
@@ -124,9 +136,10 @@ absl::StatusOr<std::byte*> FakeDeviceRuntime::Translate(int device, const void* 
     --it;
     const uint64_t off = static_cast<uint64_t>(p - it->first);
     if (p >= it->first && off <= it->second.bytes && bytes <= it->second.bytes - off) {
-      if (it->second.device != device) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("pointer is memory of device ", it->second.device, ", not ", device));
+      if (!CanAccessPeer(device, it->second.device)) {
+        return absl::InvalidArgumentError(absl::StrCat("pointer is memory of device ",
+                                                       it->second.device, ", which device ", device,
+                                                       " cannot access"));
       }
       return it->second.host + off;
     }

@@ -8,7 +8,7 @@
 // once where the fake's own kernels (the CPU ones) work, and once as the "device address" it hands
 // out, a PROT_NONE reservation, so that host code that dereferences a device pointer faults at once
 // instead of passing a test. Every step checks that its pointers lie in memory imported on its
-// device.
+// device or on a peer it can access.
 #pragma once
 
 #include <sys/types.h>
@@ -29,7 +29,9 @@ inline constexpr char kFakeDeviceMemfdPrefix[] = "railyard-fake-device-";
 
 class FakeDeviceRuntime : public DeviceRuntime {
  public:
-  explicit FakeDeviceRuntime(int devices);
+  // peer_access: whether every device reaches every other's memory (as NVLink-connected GPUs
+  // do); false: each only its own.
+  explicit FakeDeviceRuntime(int devices, bool peer_access = true);
   ~FakeDeviceRuntime() override;
 
   // A new zeroed allocation of `bytes` on `device`, exported as a descriptor (a memfd: mmap it to
@@ -38,6 +40,10 @@ class FakeDeviceRuntime : public DeviceRuntime {
 
   int DeviceCount() const override { return devices_; }
   std::string Describe() const override;
+  int DeviceOf(const void* ptr) const override;
+  bool CanAccessPeer(int from, int to) const override {
+    return from >= 0 && to >= 0 && from < devices_ && to < devices_ && (from == to || peer_access_);
+  }
   absl::StatusOr<std::shared_ptr<DeviceMapping>> Import(int device, UniqueFd fd,
                                                         uint64_t size) override;
   absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
@@ -71,6 +77,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
   absl::StatusOr<std::byte*> Translate(int device, const void* ptr, uint64_t bytes) const;
 
   const int devices_;
+  const bool peer_access_;
   const std::shared_ptr<Regions> regions_ = std::make_shared<Regions>();
   std::atomic<uint64_t> steps_{0};
 };

@@ -303,18 +303,102 @@ absl::Status ReduceOnDevice(device::DeviceRuntime* devices, int dev, const Local
 
 }  // namespace
 
+namespace {
+
+// The devices that run a step, in the order they first appear: a reduce's is every destination's
+// device (each takes a slice of the elements), a copy's its first destination's, a swap's its
+// first region's. Each must reach every pointer of the step (its own memory or a peer's).
+absl::StatusOr<std::vector<int>> StepDevices(const LocalStep& s, std::byte* const* srcs,
+                                             std::byte* const* dsts,
+                                             device::DeviceRuntime* devices) {
+  std::vector<int> run;
+  auto device_of = [&](const std::byte* p) -> absl::StatusOr<int> {
+    const int d = devices->DeviceOf(p);
+    if (d < 0) {
+      return absl::InternalError(absl::StrCat("pointer ", absl::Hex(reinterpret_cast<uintptr_t>(p)),
+                                              " of a device plan is not device memory"));
+    }
+    return d;
+  };
+  const uint32_t nrun = s.kind == LocalStep::Kind::kReduce ? s.ndsts : 1;
+  std::byte* const* runners = s.kind == LocalStep::Kind::kSwap ? srcs : dsts;
+  for (uint32_t k = 0; k < nrun; ++k) {
+    absl::StatusOr<int> d = device_of(runners[k]);
+    if (!d.ok()) return d.status();
+    if (std::find(run.begin(), run.end(), *d) == run.end()) run.push_back(*d);
+  }
+  auto check = [&](std::byte* const* ptrs, uint32_t n) -> absl::Status {
+    for (uint32_t k = 0; k < n; ++k) {
+      absl::StatusOr<int> d = device_of(ptrs[k]);
+      if (!d.ok()) return d.status();
+      for (int e : run) {
+        if (!devices->CanAccessPeer(e, *d)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "device ", e, " cannot reach memory of device ", *d,
+              " (no peer access between them): an operation over ranks on several devices needs "
+              "peer access (NVLink or PCIe P2P) between them"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = check(srcs, s.nsrcs); !st.ok()) return st;
+  if (absl::Status st = check(dsts, s.ndsts); !st.ok()) return st;
+  return run;
+}
+
+}  // namespace
+
 absl::Status RunDeviceSteps(const LocalPlan& plan, device::DeviceRuntime* devices) {
-  const int dev = plan.device;
   absl::Status first;
+  // Devices with launches not yet waited for. Launches on one device run in order on its stream;
+  // across devices nothing orders them, so before a step that runs on other devices than the one
+  // before it, or is split across several, what came before is waited for (a fused group's later
+  // operation may read what an earlier one wrote).
+  std::vector<int> pending;
+  auto wait_all = [&]() {
+    for (int d : pending) {
+      absl::Status synced = devices->Synchronize(d);
+      if (first.ok() && !synced.ok()) {
+        first = absl::Status(synced.code(), absl::StrCat("device ", d, ": ", synced.message()));
+      }
+    }
+    pending.clear();
+  };
+  std::vector<std::byte*> part_srcs, part_dsts;
   for (size_t i = 0; i < plan.steps.size() && first.ok(); ++i) {
     const LocalStep& s = plan.steps[i];
     std::byte* const* srcs = plan.ptrs.data() + s.src_begin;
     std::byte* const* dsts = plan.ptrs.data() + s.dst_begin;
+    absl::StatusOr<std::vector<int>> run = StepDevices(s, srcs, dsts, devices);
+    if (!run.ok()) {
+      first = absl::Status(run.status().code(), absl::StrCat("step ", i, " of ", plan.steps.size(),
+                                                             ": ", run.status().message()));
+      break;
+    }
+    if (!pending.empty() && (run->size() > 1 || *run != pending)) wait_all();
+    if (!first.ok()) break;
+    const int dev = run->front();
     switch (s.kind) {
-      case LocalStep::Kind::kReduce:
-        first = ReduceOnDevice(devices, dev, plan, dsts, static_cast<int>(s.ndsts), srcs,
-                               static_cast<int>(s.nsrcs), s.count);
+      case LocalStep::Kind::kReduce: {
+        // Device k of n reduces elements [k*count/n, (k+1)*count/n) (cut at multiples of 64
+        // elements, so that vector loads stay aligned) into every destination.
+        const size_t n = run->size();
+        const size_t esize = kernels::ElementSize(plan.dtype);
+        for (size_t k = 0; k < n && first.ok(); ++k) {
+          auto cut = [&](size_t j) { return j == n ? s.count : s.count * j / n / 64 * 64; };
+          const size_t lo = cut(k), hi = cut(k + 1);
+          if (hi <= lo) continue;
+          part_srcs.assign(srcs, srcs + s.nsrcs);
+          part_dsts.assign(dsts, dsts + s.ndsts);
+          for (auto& p : part_srcs) p += lo * esize;
+          for (auto& p : part_dsts) p += lo * esize;
+          first =
+              ReduceOnDevice(devices, (*run)[k], plan, part_dsts.data(), static_cast<int>(s.ndsts),
+                             part_srcs.data(), static_cast<int>(s.nsrcs), hi - lo);
+        }
         break;
+      }
       case LocalStep::Kind::kCopy:
         for (uint32_t k = 0; k < s.nsrcs && first.ok(); ++k) {
           first = devices->Copy(dev, dsts[k], srcs[k], s.count);
@@ -324,6 +408,9 @@ absl::Status RunDeviceSteps(const LocalPlan& plan, device::DeviceRuntime* device
         first = devices->Swap(dev, srcs[0], dsts[0], s.count);
         break;
     }
+    for (int d : *run) {
+      if (std::find(pending.begin(), pending.end(), d) == pending.end()) pending.push_back(d);
+    }
     if (!first.ok()) {
       first = absl::Status(first.code(), absl::StrCat("step ", i, " of ", plan.steps.size(),
                                                       " on device ", dev, ": ", first.message()));
@@ -331,10 +418,7 @@ absl::Status RunDeviceSteps(const LocalPlan& plan, device::DeviceRuntime* device
   }
   // Wait for what was enqueued even after a failed launch: nothing may still run on the buffers
   // once the operation completes.
-  absl::Status synced = devices->Synchronize(dev);
-  if (first.ok() && !synced.ok()) {
-    first = absl::Status(synced.code(), absl::StrCat("device ", dev, ": ", synced.message()));
-  }
+  wait_all();
   return first;
 }
 

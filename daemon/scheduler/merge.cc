@@ -49,11 +49,13 @@ absl::Status CheckAgreement(const RankRequest& a, int rank_a, const RankRequest&
   };
   if (a.op != b.op) return mismatch("op", OpName(a.op), OpName(b.op));
   if (a.op == OpKind::kBarrier) return absl::OkStatus();
-  if (a.device != b.device) {
+  // Ranks on different devices of the node meet through peer access (local_plan.h); host memory
+  // and device memory do not mix in one operation.
+  if ((a.device >= 0) != (b.device >= 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("ranks disagree on where their buffers are: rank ", rank_a, " submitted ",
                      MemoryName(a.device), ", rank ", rank_b, " submitted ", MemoryName(b.device),
-                     " (one operation's buffers must all be host memory or all on one device)"));
+                     " (one operation's buffers must all be host memory or all device memory)"));
   }
   if (a.dtype != b.dtype) {
     return mismatch("dtype", std::string(kernels::Name(a.dtype)),

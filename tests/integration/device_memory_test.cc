@@ -63,19 +63,25 @@ std::vector<std::string> RunRanks(const DaemonProcess& daemon, int nranks,
   return errors;
 }
 
-TEST(DeviceMemoryTest, EveryCollectiveOnDeviceBuffersIsExact) {
+// Every rank on device 1, or (the usual node: a GPU per rank) rank r on device r % 2, the two
+// devices reaching each other's memory as NVLink peers do.
+class DeviceLayoutTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DeviceLayoutTest, EveryCollectiveOnDeviceBuffersIsExact) {
   DaemonProcess daemon({"--fake_gpus=2"});
   ASSERT_TRUE(daemon.ready()) << daemon.Log();
   constexpr int kRanks = 3;
   constexpr size_t kCount = 300001;  // odd, and larger than --inline_max_bytes
+  const bool spread = GetParam();
   const std::vector<std::string> errors =
       RunRanks(daemon, kRanks, [&](int rank, Client& client, Comm& comm) -> std::string {
-        FakeDeviceMemory send(1, kCount * kRanks * 4), recv(1, kCount * kRanks * 4);
-        auto sb = client.RegisterDeviceMemory(send.fd, send.bytes, 1, send.view);
-        auto rb = client.RegisterDeviceMemory(recv.fd, recv.bytes, 1, recv.view);
+        const int dev = spread ? rank % 2 : 1;
+        FakeDeviceMemory send(dev, kCount * kRanks * 4), recv(dev, kCount * kRanks * 4);
+        auto sb = client.RegisterDeviceMemory(send.fd, send.bytes, dev, send.view);
+        auto rb = client.RegisterDeviceMemory(recv.fd, recv.bytes, dev, recv.view);
         if (!sb.ok() || !rb.ok())
           return "register: " + std::string((sb.ok() ? rb : sb).status().message());
-        if (sb->device() != 1 || sb->data() != send.view) return "buffer says the wrong device";
+        if (sb->device() != dev || sb->data() != send.view) return "buffer says the wrong device";
         const float me = static_cast<float>(rank + 1);
         for (size_t i = 0; i < kCount * kRanks; ++i) send.f()[i] = me * static_cast<float>(i % 97);
         // AllReduce, out of place: sum over ranks of (r + 1) * (i % 97) = 6 * (i % 97).
@@ -160,6 +166,11 @@ TEST(DeviceMemoryTest, EveryCollectiveOnDeviceBuffersIsExact) {
   EXPECT_EQ(st.buffers(), 0u);  // the sessions are gone, and their device mappings with them
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
+
+INSTANTIATE_TEST_SUITE_P(DeviceMemory, DeviceLayoutTest, ::testing::Values(false, true),
+                         [](const auto& info) {
+                           return info.param ? "RankPerDevice" : "OneDevice";
+                         });
 
 TEST(DeviceMemoryTest, ADaemonWithoutDevicesSaysWhy) {
   DaemonProcess daemon;

@@ -199,6 +199,57 @@ TEST(FakeDeviceRuntimeTest, AReduceOfMoreRanksThanOneLaunchTakesRunsInPasses) {
   }
 }
 
+// Ranks on two devices in one operation: the reduce is split between the devices (each its
+// slice of the elements, into every destination) when they are peers; without peer access the
+// step is refused, saying which device cannot reach which, and nothing runs.
+TEST(FakeDeviceRuntimeTest, AnOperationOverRanksOnTwoDevicesNeedsPeerAccess) {
+  for (const bool peers : {true, false}) {
+    FakeDeviceRuntime rt(2, peers);
+    constexpr int kRanks = 4;
+    constexpr size_t kCount = 1000;
+    std::vector<std::unique_ptr<HostView>> views;
+    std::vector<std::shared_ptr<DeviceMapping>> maps;
+    std::vector<scheduler::RankRequest> reqs(kRanks);
+    std::vector<const scheduler::RankRequest*> ptrs;
+    for (int r = 0; r < kRanks; ++r) {
+      absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(r % 2, kCount * 4);
+      ASSERT_TRUE(fd.ok());
+      views.push_back(std::make_unique<HostView>(fd->get(), kCount * 4));
+      absl::StatusOr<std::shared_ptr<DeviceMapping>> m =
+          rt.Import(r % 2, *std::move(fd), kCount * 4);
+      ASSERT_TRUE(m.ok()) << m.status();
+      maps.push_back(*m);
+      EXPECT_EQ(rt.DeviceOf(maps.back()->data() + 17), r % 2);
+      for (size_t i = 0; i < kCount; ++i) views[r]->f()[i] = static_cast<float>(r + i);
+      scheduler::RankRequest& q = reqs[r];
+      q.op = scheduler::OpKind::kAllReduce;
+      q.count = kCount;
+      q.device = r % 2;
+      q.send = q.recv = maps[r]->data();
+      ptrs.push_back(&q);
+    }
+    EXPECT_EQ(rt.DeviceOf(views[0]->p), -1);  // host memory
+    scheduler::LocalPlan plan;
+    scheduler::BuildLocalPlan(ptrs, scheduler::kDefaultChunkBytes, &plan);
+    const absl::Status s = scheduler::RunDeviceSteps(plan, &rt);
+    if (!peers) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_NE(s.message().find("cannot reach memory of device"), std::string::npos) << s;
+      EXPECT_NE(s.message().find("(no peer access between them)"), std::string::npos) << s;
+      EXPECT_EQ(rt.steps(), 0u);
+      EXPECT_EQ(views[1]->f()[3], 4.0f);  // untouched
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(rt.steps(), 2u);  // one launch per device, each on its slice
+    for (int r = 0; r < kRanks; ++r) {
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(views[r]->f()[i], 6.0f + kRanks * static_cast<float>(i)) << r << " " << i;
+      }
+    }
+  }
+}
+
 TEST(FakeDeviceRuntimeTest, TheDeviceAddressIsNotHostMemory) {
   FakeDeviceRuntime rt(1);
   absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(0, 4096);
