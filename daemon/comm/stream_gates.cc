@@ -67,22 +67,36 @@ absl::Status StreamGates::Hold(const Key& key, Item item) {
   return absl::OkStatus();
 }
 
+std::map<StreamGates::Key, StreamGates::Queue>::iterator StreamGates::TakeLocked(
+    std::map<Key, Queue>::iterator it, std::vector<Item>* taken) {
+  Queue& q = it->second;
+  // A busy front item is the poller's; it pops it when done.
+  const size_t keep = q.busy ? 1 : 0;
+  for (size_t i = keep; i < q.items.size(); ++i) taken->push_back(std::move(q.items[i]));
+  held_ -= q.items.size() - keep;
+  q.items.resize(keep);
+  return q.items.empty() ? queues_.erase(it) : std::next(it);
+}
+
 void StreamGates::Drop(const void* owner, const absl::Status& why) {
   std::vector<Item> dropped;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = queues_.lower_bound(Key{owner, 0});
          it != queues_.end() && it->first.owner == owner;) {
-      Queue& q = it->second;
-      // A busy front item is the poller's; it pops it when done.
-      const size_t keep = q.busy ? 1 : 0;
-      for (size_t i = keep; i < q.items.size(); ++i) dropped.push_back(std::move(q.items[i]));
-      held_ -= q.items.size() - keep;
-      q.items.resize(keep);
-      it = q.items.empty() ? queues_.erase(it) : std::next(it);
+      it = TakeLocked(it, &dropped);
     }
   }
   for (Item& it : dropped) it.fail(why);  // in the order they were held
+}
+
+void StreamGates::Drop(const Key& key, const absl::Status& why) {
+  std::vector<Item> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = queues_.find(key); it != queues_.end()) TakeLocked(it, &dropped);
+  }
+  for (Item& it : dropped) it.fail(why);
 }
 
 size_t StreamGates::held() const {

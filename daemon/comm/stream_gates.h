@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -50,8 +51,10 @@ class StreamGates {
   bool MustHold(const Key& key, const std::optional<StreamSync>& gate) const;
   // RESOURCE_EXHAUSTED when `key` already holds max_per_queue items (the item is not taken).
   absl::Status Hold(const Key& key, Item item);
-  // Fails every item `owner` has held with `why` (one being let go at the time goes on).
+  // Fails every item `owner` has held with `why` (one being let go at the time goes on); the
+  // second, those of one queue.
   void Drop(const void* owner, const absl::Status& why);
+  void Drop(const Key& key, const absl::Status& why);
 
   size_t held() const;
   uint64_t polls() const;  // rounds of polling so far (tests: the poller sleeps when idle)
@@ -62,6 +65,10 @@ class StreamGates {
     bool busy = false;  // its front item's release or fail is running
   };
   void Loop();
+  // Takes the items of queue `it` but a busy front, erasing it when nothing is left.
+  std::map<Key, Queue>::iterator TakeLocked(std::map<Key, Queue>::iterator it,
+                                            std::vector<Item>* taken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration spin_;
   const size_t max_per_queue_;

@@ -732,7 +732,7 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
                                             const v1::SubmitRequest& req,
                                             std::shared_ptr<CompletionSink> sink) {
   absl::StatusOr<Membership> m = session->FindMembership(req.comm_handle());
-  if (!m.ok()) return m.status();
+  if (!m.ok()) return RefuseSubmit(*session, req, m.status());
   absl::StatusOr<std::unique_ptr<PendingRequest>> pending = DecodeForSession(session, req, *m);
   if (!pending.ok()) return pending.status();
   if (gates_.MustHold({session.get(), req.comm_handle()}, (*pending)->sync)) {
@@ -755,7 +755,8 @@ std::vector<absl::StatusOr<uint64_t>> DaemonCore::SubmitBatch(
     const uint64_t handle = reqs[i]->comm_handle();
     absl::StatusOr<Membership> m = session->FindMembership(handle);
     if (!m.ok()) {
-      results[i++] = m.status();
+      results[i] = RefuseSubmit(*session, *reqs[i], m.status());
+      ++i;
       continue;
     }
     // The run of requests on this communicator goes in under one lock of it.
@@ -798,18 +799,20 @@ std::vector<absl::StatusOr<uint64_t>> DaemonCore::SubmitBatch(
   return results;
 }
 
+absl::Status DaemonCore::RefuseSubmit(const Session& session, const v1::SubmitRequest& req,
+                                      absl::Status why) {
+  if (req.has_stream_sync()) {
+    if (absl::StatusOr<StreamSync> sync = ResolveStreamSync(req.stream_sync(), session);
+        sync.ok()) {
+      sync->SignalDone();
+    }
+  }
+  return why;
+}
+
 absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::DecodeForSession(
     const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& m) {
-  // A refused request whose stream waits for it lets the stream go (when its words are sound).
-  auto refuse = [&](absl::Status why) {
-    if (req.has_stream_sync()) {
-      if (absl::StatusOr<StreamSync> sync = ResolveStreamSync(req.stream_sync(), *session);
-          sync.ok()) {
-        sync->SignalDone();
-      }
-    }
-    return why;
-  };
+  auto refuse = [&](absl::Status why) { return RefuseSubmit(*session, req, std::move(why)); };
   // A client that does not read its completions gets no new work (the ones it is owed still go).
   if (const std::shared_ptr<QuotaAccount>& q = session->quota(); q != nullptr) {
     if (absl::Status s = q->CheckBelow(Resource::kCompletionBytes); !s.ok()) {
@@ -928,6 +931,10 @@ absl::Status DaemonCore::DestroyComm(Session& session, uint64_t handle) {
   absl::StatusOr<Membership> m = session.FindMembership(handle);
   if (!m.ok()) return m.status();
   session.RemoveMembership(handle);
+  // What the rank still had waiting for its stream on this communicator goes with it.
+  gates_.Drop(StreamGates::Key{&session, handle},
+              absl::CancelledError(
+                  absl::StrCat("rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
   m->comm->Leave(m->rank, absl::AbortedError(absl::StrCat(
                               "rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
   RetireCommIfEmpty(m->comm);
@@ -968,6 +975,7 @@ v1::StatusResponse DaemonCore::Status() {
   out.set_version(kRailyardVersion);
   out.set_data_plane_version(kDataPlaneVersion);
   out.set_devices(DescribeDevices());
+  out.set_ops_held_for_streams(gates_.held());
   out.set_node_name(config_.node_name);
   out.set_socket(config_.socket);
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_at_));

@@ -195,6 +195,9 @@ class DaemonCore {
   // A send leaving rail's fair queue (on the thread that issues it).
   void RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s);
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
+  // A refused submission whose stream waits for it (stream_sync with sound words) lets the
+  // stream go: stores done. Returns why.
+  absl::Status RefuseSubmit(const Session& session, const v1::SubmitRequest& req, absl::Status why);
   // What Submit checks before anything happens (quota, decoding): bad input is refused at once,
   // even when the request is then held for its stream.
   absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeForSession(

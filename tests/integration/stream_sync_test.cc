@@ -388,7 +388,8 @@ TEST(StreamSyncTest, AStreamThatNeverComesTimesOutLetsItsStreamGoAndHoldsNoOneEl
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
-// A session that ends with operations held: they go with it; the daemon serves the next client.
+// A session that ends, or a communicator destroyed, with operations held: they go with it; the
+// daemon serves the next client.
 TEST(StreamSyncTest, ASessionEndingWithHeldOperationsLeavesTheDaemonServing) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.ready()) << daemon.Log();
@@ -403,6 +404,32 @@ TEST(StreamSyncTest, ASessionEndingWithHeldOperationsLeavesTheDaemonServing) {
       Work w = one.comm.AllReduce(*a, *a, 4, DataType::kFloat32, RedOp::kSum, o);
       EXPECT_FALSE(w.test());
     }
+    // Operators see them waiting.
+    EXPECT_EQ(daemon.Status().ops_held_for_streams(), 5u);
+  }
+  for (int i = 0; i < 1000 && daemon.Status().ops_held_for_streams() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(daemon.Status().ops_held_for_streams(), 0u);
+  // A communicator destroyed with operations held: they end CANCELLED, their stream let go.
+  {
+    OneRank one(daemon);
+    auto a = one.client->Allocate(64);
+    auto words = one.client->Allocate(64);
+    ASSERT_TRUE(a.ok() && words.ok());
+    CollectiveOptions o;
+    o.stream_sync = CollectiveOptions::StreamSync{&*words, 0, 1};
+    Work w = one.comm.AllReduce(*a, *a, 4, DataType::kFloat32, RedOp::kSum, o);
+    // (The ring entry and the DestroyComm call take different ways in: wait until it is held.)
+    for (int i = 0; i < 1000 && daemon.Status().ops_held_for_streams() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(one.comm.Destroy().ok());
+    const absl::Status s = w.wait(std::chrono::seconds(10));
+    EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 destroyed communicator"));
+    EXPECT_EQ(Load(*words, 4), 1u);
+    EXPECT_EQ(daemon.Status().ops_held_for_streams(), 0u);
   }
   OneRank next(daemon);
   auto a = next.client->Allocate(64);
