@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "daemon/auth/signed_token.h"
 #include "daemon/comm/peer_input.h"
@@ -18,6 +19,7 @@
 #include "daemon/session/job_tokens.h"
 #include "daemon/topology/discovery.h"
 #include "daemon/topology/topology_file.h"
+#include "daemon/transport/ucx/ucx_components.h"
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
@@ -315,6 +317,22 @@ absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
   peer_address_ = absl::StrCat(AdvertisedPeerHost(listen, config_.node_name), ":", port);
   core_->SetPeerCredentials(peer_tls_);
   core_->EnableMultiNode(topology, *std::move(transport), peer_address_);
+  // Device memory crosses nodes staged through host memory; say whether this UCX could do
+  // GPUDirect instead (its CUDA transports), which is not built yet.
+  absl::StatusOr<std::vector<std::string>> components = transport::UcxComponents();
+  std::string cross_node = "staged through host memory";
+  if (!components.ok()) {
+    absl::StrAppend(&cross_node, " (UCX's components unknown: ", components.status().message(),
+                    ")");
+  } else if (const std::vector<std::string> cuda = transport::CudaTransports(*components);
+             cuda.empty()) {
+    absl::StrAppend(&cross_node,
+                    " (this UCX has no CUDA transports: ", absl::StrJoin(*components, ", "), ")");
+  } else {
+    absl::StrAppend(&cross_node, " (this UCX has ", absl::StrJoin(cuda, ", "),
+                    "; GPUDirect through them is not built yet)");
+  }
+  core_->SetCrossNodeDevicePath(cross_node);
   Log(LogLevel::kInfo, "daemon", "peer service",
       {F("peer_address", peer_address_), F("rails", topology.rails_size()),
        F("security", peer_tls_.has_value() ? "mutual TLS" : "plaintext (--peer_insecure)")});

@@ -145,7 +145,16 @@ void DaemonCore::SetDeviceRuntime(absl::StatusOr<std::unique_ptr<device::DeviceR
 }
 
 std::string DaemonCore::DescribeDevices() const {
-  return devices_ != nullptr ? devices_->Describe() : std::string(no_devices_.message());
+  if (devices_ == nullptr) return std::string(no_devices_.message());
+  std::string out = devices_->Describe();
+  absl::MutexLock lock(&cross_node_mu_);
+  if (!cross_node_devices_.empty()) absl::StrAppend(&out, "; across nodes: ", cross_node_devices_);
+  return out;
+}
+
+void DaemonCore::SetCrossNodeDevicePath(std::string how) {
+  absl::MutexLock lock(&cross_node_mu_);
+  cross_node_devices_ = std::move(how);
 }
 
 absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, uint64_t fd_handle,

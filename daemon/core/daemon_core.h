@@ -113,6 +113,8 @@ class DaemonCore {
   // none (then device memory is refused with FAILED_PRECONDITION saying so).
   void SetDeviceRuntime(absl::StatusOr<std::unique_ptr<device::DeviceRuntime>> devices);
   // One line for logs and status: the device runtime, or why there is none.
+  // How device memory crosses nodes, for DescribeDevices (set when the peer service starts).
+  void SetCrossNodeDevicePath(std::string how);
   std::string DescribeDevices() const;
 
   // Maps the memfd the session's side channel holds under fd_handle (one time), within the
@@ -274,6 +276,8 @@ class DaemonCore {
   // Before the executor: its workers run device plans on it until they are joined.
   std::unique_ptr<device::DeviceRuntime> devices_;
   absl::Status no_devices_ = absl::FailedPreconditionError("no device runtime was set up");
+  mutable absl::Mutex cross_node_mu_;
+  std::string cross_node_devices_ ABSL_GUARDED_BY(cross_node_mu_);
   scheduler::Executor executor_;
   CommBootstrap bootstrap_{&timer_, {config_.max_pending_joins}};
   PeerClients peers_;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <functional>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -345,6 +346,12 @@ TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
   }
   // Each daemon's staging copies were charged and given back.
   for (int n = 0; n < 2; ++n) EXPECT_EQ(cluster[n].Status().buffer_bytes(), 0u);
+  // Operators see how device memory crosses nodes, and what this UCX could do instead.
+  const std::string devices = cluster[0].Status().devices();
+  EXPECT_THAT(devices, HasSubstr("across nodes: staged through host memory (this UCX has "));
+  EXPECT_THAT(devices, ::testing::AnyOf(HasSubstr("no CUDA transports: "),
+                                        HasSubstr("GPUDirect through them is not built yet")));
+  std::cerr << "devices: " << devices << "\n";
 }
 
 // Staging copies count against the session's buffer bytes: past the quota the operation is
