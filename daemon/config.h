@@ -78,6 +78,9 @@ struct DaemonConfig {
   // past `spin` to twice the time the session's client takes to submit again after a
   // completion (SessionRings). CPU only while operations are in flight or just after.
   absl::Duration poll = absl::Microseconds(200);
+  // The longest sleep between looks at the ready words of operations held for their streams
+  // (--stream_poll_us; StreamGates): the most such an operation starts late.
+  absl::Duration stream_poll = absl::Microseconds(100);
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).
   size_t inline_max_bytes = 64 * 1024;

@@ -105,6 +105,10 @@ ABSL_FLAG(int64_t, poll_us, 200,
           "while operations are in flight (on a multi-node daemon it polls the UCX rails "
           "meanwhile, running inter-node transfers on its own thread), and the most its idle spin "
           "grows to for a client that submits again that soon (0: spin_us only)");
+ABSL_FLAG(int64_t, stream_poll_us, 100,
+          "The longest the daemon sleeps between looks at the ready words of operations held for "
+          "their clients' streams (stream ordering, docs/gpu.md): the most an operation may start "
+          "late once its stream reached it; it spins --spin_us after each one it lets go");
 ABSL_FLAG(int64_t, fake_gpus, 0,
           "Testing only: serve this many fake GPUs, whose device memory is memfds named "
           "railyard-fake-device-<N> (daemon/device/fake_device_runtime.h), instead of CUDA's "
@@ -194,6 +198,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "chunk_bytes",
                                    "spin_us",
                                    "poll_us",
+                                   "stream_poll_us",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
                                    "shutdown_grace",
@@ -351,6 +356,11 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--poll_us must be in [0, 1000000]");
   }
   c.poll = absl::Microseconds(poll_us);
+  const int64_t stream_poll_us = absl::GetFlag(FLAGS_stream_poll_us);
+  if (stream_poll_us < 1 || stream_poll_us > 1000000) {
+    return absl::InvalidArgumentError("--stream_poll_us must be in [1, 1000000]");
+  }
+  c.stream_poll = absl::Microseconds(stream_poll_us);
   const int64_t inline_max = absl::GetFlag(FLAGS_inline_max_bytes);
   if (inline_max < 0 || inline_max > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("--inline_max_bytes must be in [0, 2^30]");

@@ -12,7 +12,6 @@ namespace railyard {
 
 namespace {
 constexpr absl::Duration kFirstSleep = absl::Microseconds(20);
-constexpr absl::Duration kLongestSleep = absl::Milliseconds(1);
 
 absl::Status Expired(const StreamSync& gate) {
   const uint32_t now = gate.ready_word();
@@ -23,8 +22,8 @@ absl::Status Expired(const StreamSync& gate) {
 }
 }  // namespace
 
-StreamGates::StreamGates(absl::Duration spin, size_t max_per_queue)
-    : spin_(spin), max_per_queue_(max_per_queue) {
+StreamGates::StreamGates(absl::Duration spin, absl::Duration longest_sleep, size_t max_per_queue)
+    : spin_(spin), longest_sleep_(longest_sleep), max_per_queue_(max_per_queue) {
   thread_ = std::thread([this] {
     NameThisThread("ry-stream-gates");
     Loop();
@@ -111,7 +110,7 @@ uint64_t StreamGates::polls() const {
 
 void StreamGates::Loop() {
   absl::Time last_progress = absl::Now();
-  absl::Duration sleep = kFirstSleep;
+  absl::Duration sleep = std::min(kFirstSleep, longest_sleep_);
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     if (held_ == 0) {
@@ -122,7 +121,7 @@ void StreamGates::Loop() {
           this));
       wake_ = false;
       last_progress = absl::Now();
-      sleep = kFirstSleep;
+      sleep = std::min(kFirstSleep, longest_sleep_);
       continue;
     }
     ++polls_;
@@ -152,7 +151,7 @@ void StreamGates::Loop() {
         mu_.Lock();
       } else {
         mu_.AwaitWithTimeout(absl::Condition(&wake_), sleep);
-        sleep = std::min(sleep * 2, kLongestSleep);
+        sleep = std::min(sleep * 2, longest_sleep_);
       }
       continue;
     }
@@ -175,7 +174,7 @@ void StreamGates::Loop() {
       if (it->second.items.empty()) queues_.erase(it);
     }
     last_progress = absl::Now();
-    sleep = kFirstSleep;
+    sleep = std::min(kFirstSleep, longest_sleep_);
   }
 }
 

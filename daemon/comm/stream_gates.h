@@ -2,8 +2,9 @@
 // Holding keeps order: per queue (a session's ranks on one communicator) nothing passes an item
 // held before it, so sequence numbers are assigned in the order the rank submitted. One thread
 // polls the ready word of each queue's front item: it spins for `spin` after the last item it
-// let go, then sleeps between polls, 20 us doubling to 1 ms; with nothing held it sleeps until
-// something is (no CPU). An item whose deadline passes first expires (DEADLINE_EXCEEDED saying
+// let go, then sleeps between polls, 20 us doubling up to `longest_sleep`; with nothing held it
+// sleeps until something is (no CPU). Each round lets go of at most one item per queue, so the
+// queues take turns. An item whose deadline passes first expires (DEADLINE_EXCEEDED saying
 // what its ready word holds); the ones behind it go on.
 #pragma once
 
@@ -41,7 +42,8 @@ class StreamGates {
     std::function<void(const absl::Status&)> fail;  // it expired or was dropped
   };
 
-  explicit StreamGates(absl::Duration spin, size_t max_per_queue = 4096);
+  explicit StreamGates(absl::Duration spin, absl::Duration longest_sleep = absl::Microseconds(100),
+                       size_t max_per_queue = 4096);
   ~StreamGates();  // items still held fail with UNAVAILABLE
   StreamGates(const StreamGates&) = delete;
   StreamGates& operator=(const StreamGates&) = delete;
@@ -71,6 +73,7 @@ class StreamGates {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration spin_;
+  const absl::Duration longest_sleep_;
   const size_t max_per_queue_;
   mutable absl::Mutex mu_;
   std::map<Key, Queue> queues_ ABSL_GUARDED_BY(mu_);

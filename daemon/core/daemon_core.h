@@ -310,7 +310,7 @@ class DaemonCore {
   std::map<std::string, int> building_peer_nodes_ ABSL_GUARDED_BY(mu_);
   // Submissions waiting for their streams (SubmitRequest.stream_sync). Last: its thread, which
   // submits into communicators, stops before anything it uses is destroyed.
-  StreamGates gates_{config_.spin};
+  StreamGates gates_{config_.spin, config_.stream_poll};
 };
 
 }  // namespace railyard

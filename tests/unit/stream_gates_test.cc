@@ -154,7 +154,7 @@ TEST(StreamGatesTest, DroppingAnOwnerFailsItsItemsInOrderAndNoOneElses) {
 
 TEST(StreamGatesTest, AQueueHoldsABoundedNumberAndTheRestIsRefused) {
   auto seg = Words();
-  StreamGates gates(absl::Microseconds(10), /*max_per_queue=*/2);
+  StreamGates gates(absl::Microseconds(10), absl::Microseconds(100), /*max_per_queue=*/2);
   Log log;
   const StreamGates::Key k{&kOwnerA, 3};
   ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
