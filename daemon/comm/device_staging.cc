@@ -41,7 +41,7 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
       Forward(request_id, status, seq);
       return;
     }
-    executor_->Post([self = shared_from_this(), request_id, seq] {
+    executor_->PostToDevice(device_, [self = shared_from_this(), request_id, seq] {
       absl::Status s;
       for (const Region& r : self->regions_) {
         if (!r.copy_back || !s.ok()) continue;

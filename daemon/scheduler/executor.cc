@@ -1,5 +1,8 @@
 #include "daemon/scheduler/executor.h"
 
+#include <string>
+#include <utility>
+
 #include "daemon/util/thread_name.h"
 
 namespace railyard::scheduler {
@@ -15,6 +18,14 @@ Executor::Executor(int threads) {
 }
 
 Executor::~Executor() {
+  // Device threads first: what they run may post to the workers.
+  for (auto& lane : lanes_) {
+    {
+      absl::MutexLock lock(&lane->mu);
+      lane->stopping = true;
+    }
+    lane->thread.join();
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -22,8 +33,49 @@ Executor::~Executor() {
   for (auto& t : workers_) t.join();
 }
 
+void Executor::SetDeviceRuntime(device::DeviceRuntime* devices) {
+  devices_ = devices;
+  const int count = devices == nullptr ? 0 : devices->DeviceCount();
+  for (int d = static_cast<int>(lanes_.size()); d < count; ++d) {
+    auto lane = std::make_unique<DeviceLane>();
+    DeviceLane* raw = lane.get();
+    lane->thread = std::thread([raw, d] {
+      NameThisThread(("ry-device" + std::to_string(d)).c_str());
+      LaneLoop(raw);
+    });
+    lanes_.push_back(std::move(lane));
+  }
+}
+
+void Executor::LaneLoop(DeviceLane* lane) {
+  for (;;) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&lane->mu);
+      lane->mu.Await(absl::Condition(
+          +[](DeviceLane* l)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) { return l->stopping || !l->tasks.empty(); },
+          lane));
+      if (lane->tasks.empty()) return;  // stopping and drained
+      task = std::move(lane->tasks.front());
+      lane->tasks.pop_front();
+    }
+    task();
+  }
+}
+
+void Executor::PostToDevice(int device, std::function<void()> fn) {
+  if (device < 0 || device >= static_cast<int>(lanes_.size())) {
+    Post(std::move(fn));
+    return;
+  }
+  DeviceLane& lane = *lanes_[static_cast<size_t>(device)];
+  absl::MutexLock lock(&lane.mu);
+  lane.tasks.push_back(std::move(fn));
+}
+
 void Executor::RunOnDevice(Execution* exec) {
-  Post([this, exec] {
+  PostToDevice(exec->plan.device, [this, exec] {
     exec->status = devices_ == nullptr
                        ? absl::FailedPreconditionError(
                              "device memory reached an executor without a device runtime")

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -57,19 +58,34 @@ class Executor {
   // Runs fn once on a worker (the multi-node executor's local steps).
   void Post(std::function<void()> fn);
 
-  // Where device plans (plan.device >= 0) run: all their steps enqueued in order on the device's
-  // stream by one worker, which then waits for the stream. Set before any such plan is run;
-  // without it they fail with FAILED_PRECONDITION. Not owned.
-  void SetDeviceRuntime(device::DeviceRuntime* devices) { devices_ = devices; }
+  // Where device plans (plan.device >= 0) run: all their steps enqueued in order on the devices'
+  // streams by a thread of the plan's first device (one per device, started here), which then
+  // waits for the streams, so that waiting for a GPU never holds a worker the host plans of
+  // other jobs need. Set once, before any such plan is run; without it they fail with
+  // FAILED_PRECONDITION. Not owned.
+  void SetDeviceRuntime(device::DeviceRuntime* devices);
+  // Runs fn once on `device`'s thread (after the device work queued there before it); on a worker
+  // when there is no such device thread.
+  void PostToDevice(int device, std::function<void()> fn);
 
   int threads() const { return static_cast<int>(workers_.size()); }
 
  private:
   void WorkerLoop();
-  // Runs a device plan on a worker, then its on_done.
+  // Runs a device plan on its device's thread, then its on_done.
   void RunOnDevice(Execution* exec);
 
+  // One thread per device, running what is posted to it in order.
+  struct DeviceLane {
+    absl::Mutex mu;
+    std::deque<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    std::thread thread;
+  };
+  static void LaneLoop(DeviceLane* lane);
+
   device::DeviceRuntime* devices_ = nullptr;
+  std::vector<std::unique_ptr<DeviceLane>> lanes_;  // by device ordinal; set once
 
   absl::Mutex mu_;
   Execution* head_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -7,11 +7,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "daemon/device/fake_device_runtime.h"
+#include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/local_plan.h"
 
 namespace railyard::device {
@@ -248,6 +252,56 @@ TEST(FakeDeviceRuntimeTest, AnOperationOverRanksOnTwoDevicesNeedsPeerAccess) {
       }
     }
   }
+}
+
+// Waiting for a GPU holds no worker: a device plan runs on its device's thread, so a host plan
+// of another job goes through the one worker while the device's stream is still busy.
+class SlowStreamRuntime : public FakeDeviceRuntime {
+ public:
+  using FakeDeviceRuntime::FakeDeviceRuntime;
+  absl::Status Synchronize(int device) override {
+    for (int i = 0; i < 10000 && !finish.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return FakeDeviceRuntime::Synchronize(device);
+  }
+  std::atomic<bool> finish{false};
+};
+
+TEST(ExecutorDeviceTest, WaitingForAGpuHoldsNoWorker) {
+  SlowStreamRuntime rt(1);
+  scheduler::Executor executor(1);
+  executor.SetDeviceRuntime(&rt);
+  absl::StatusOr<UniqueFd> fa = FakeDeviceRuntime::Allocate(0, 4096);
+  absl::StatusOr<UniqueFd> fb = FakeDeviceRuntime::Allocate(0, 4096);
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  auto a = rt.Import(0, *std::move(fa), 4096);
+  auto b = rt.Import(0, *std::move(fb), 4096);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<bool> device_done{false}, host_done{false};
+  scheduler::Execution on_device;
+  scheduler::BuildCopyPlan((*a)->data(), (*b)->data(), 4096, scheduler::kDefaultChunkBytes,
+                           &on_device.plan, 0);
+  on_device.on_done = [&] { device_done = true; };
+  executor.Run(&on_device);
+  std::vector<std::byte> src(1 << 20, std::byte{7}), dst(1 << 20);
+  scheduler::Execution on_host;
+  scheduler::BuildCopyPlan(src.data(), dst.data(), src.size(), scheduler::kDefaultChunkBytes,
+                           &on_host.plan);
+  on_host.on_done = [&] { host_done = true; };
+  executor.Run(&on_host);
+  for (int i = 0; i < 5000 && !host_done.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(host_done.load());
+  EXPECT_FALSE(device_done.load());  // its stream is still "busy"
+  EXPECT_EQ(dst[12345], std::byte{7});
+  rt.finish = true;
+  for (int i = 0; i < 5000 && !device_done.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(device_done.load());
+  EXPECT_TRUE(on_device.status.ok()) << on_device.status;
 }
 
 TEST(FakeDeviceRuntimeTest, TheDeviceAddressIsNotHostMemory) {
