@@ -45,7 +45,8 @@ StreamGates::~StreamGates() {
 }
 
 bool StreamGates::MustHold(const Key& key, const std::optional<StreamSync>& gate) const {
-  {
+  // Every submission asks: with nothing held anywhere (the usual case), no lock is taken.
+  if (queue_count_.load(std::memory_order_acquire) > 0) {
     absl::MutexLock lock(&mu_);
     if (queues_.count(key) != 0) return true;
   }
@@ -54,9 +55,11 @@ bool StreamGates::MustHold(const Key& key, const std::optional<StreamSync>& gate
 
 absl::Status StreamGates::Hold(const Key& key, Item item) {
   absl::MutexLock lock(&mu_);
-  Queue& q = queues_[key];
+  auto [it, made] = queues_.try_emplace(key);
+  if (made) queue_count_.fetch_add(1, std::memory_order_acq_rel);
+  Queue& q = it->second;
   if (q.items.size() >= max_per_queue_) {
-    if (q.items.empty() && !q.busy) queues_.erase(key);
+    if (q.items.empty() && !q.busy) EraseLocked(it);
     return absl::ResourceExhaustedError(absl::StrCat(
         max_per_queue_, " operations of this rank already wait for their streams to reach them"));
   }
@@ -74,7 +77,13 @@ std::map<StreamGates::Key, StreamGates::Queue>::iterator StreamGates::TakeLocked
   for (size_t i = keep; i < q.items.size(); ++i) taken->push_back(std::move(q.items[i]));
   held_ -= q.items.size() - keep;
   q.items.resize(keep);
-  return q.items.empty() ? queues_.erase(it) : std::next(it);
+  return q.items.empty() ? EraseLocked(it) : std::next(it);
+}
+
+std::map<StreamGates::Key, StreamGates::Queue>::iterator StreamGates::EraseLocked(
+    std::map<Key, Queue>::iterator it) {
+  queue_count_.fetch_sub(1, std::memory_order_acq_rel);
+  return queues_.erase(it);
 }
 
 void StreamGates::Drop(const void* owner, const absl::Status& why) {
@@ -171,7 +180,7 @@ void StreamGates::Loop() {
       it->second.items.pop_front();
       it->second.busy = false;
       --held_;
-      if (it->second.items.empty()) queues_.erase(it);
+      if (it->second.items.empty()) EraseLocked(it);
     }
     last_progress = absl::Now();
     sleep = std::min(kFirstSleep, longest_sleep_);

@@ -8,6 +8,7 @@
 // what its ready word holds); the ones behind it go on.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -67,6 +68,8 @@ class StreamGates {
     bool busy = false;  // its front item's release or fail is running
   };
   void Loop();
+  std::map<Key, Queue>::iterator EraseLocked(std::map<Key, Queue>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the items of queue `it` but a busy front, erasing it when nothing is left.
   std::map<Key, Queue>::iterator TakeLocked(std::map<Key, Queue>::iterator it,
                                             std::vector<Item>* taken)
@@ -77,6 +80,7 @@ class StreamGates {
   const size_t max_per_queue_;
   mutable absl::Mutex mu_;
   std::map<Key, Queue> queues_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> queue_count_{0};  // queues_.size(), read without the lock by MustHold
   size_t held_ ABSL_GUARDED_BY(mu_) = 0;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

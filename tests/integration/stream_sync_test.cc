@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/fake_device_memory.h"
+#include "tests/integration/process.h"
 #include "tests/integration/virtual_cluster.h"
 
 namespace railyard::testing {
@@ -404,7 +405,10 @@ TEST(StreamSyncTest, ASessionEndingWithHeldOperationsLeavesTheDaemonServing) {
       Work w = one.comm.AllReduce(*a, *a, 4, DataType::kFloat32, RedOp::kSum, o);
       EXPECT_FALSE(w.test());
     }
-    // Operators see them waiting.
+    // Operators see them waiting (once the daemon has taken the five ring entries).
+    for (int i = 0; i < 1000 && daemon.Status().ops_held_for_streams() < 5; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     EXPECT_EQ(daemon.Status().ops_held_for_streams(), 5u);
   }
   for (int i = 0; i < 1000 && daemon.Status().ops_held_for_streams() > 0; ++i) {
@@ -438,6 +442,44 @@ TEST(StreamSyncTest, ASessionEndingWithHeldOperationsLeavesTheDaemonServing) {
   EXPECT_TRUE(next.comm.AllReduce(*a, *a, 4, DataType::kFloat32, RedOp::kSum).wait().ok());
   EXPECT_EQ(static_cast<float*>(a->data())[0], 4.0f);
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+// railyard-perf --stream_sync: every operation ordered on a "stream" the rank opens right after
+// submitting, over both collective shapes with a data check.
+TEST(StreamSyncTest, RailyardPerfWithStreamSyncChecksItsData) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  for (const char* op : {"allreduce", "sendrecv"}) {
+    Process perf({PERF_PATH,
+                  "--op",
+                  op,
+                  "-b",
+                  "8",
+                  "-e",
+                  "256K",
+                  "-f",
+                  "64",
+                  "-n",
+                  "20",
+                  "-w",
+                  "2",
+                  "-c",
+                  "2",
+                  "--daemons",
+                  daemon.socket(),
+                  "--ranks-per-daemon",
+                  "2",
+                  "--job",
+                  "itest",
+                  "--stream_sync"},
+                 daemon.dir() + "/perf-" + op + ".log");
+    auto code = perf.Wait(std::chrono::seconds(120));
+    ASSERT_TRUE(code.has_value()) << op << " hung";
+    EXPECT_EQ(*code, 0) << op << ":\n" << perf.Output();
+    EXPECT_THAT(perf.Output(), HasSubstr("# Avg bus bandwidth")) << op;
+  }
+  EXPECT_EQ(daemon.Status().ops_failed(), 0u);
+  EXPECT_EQ(daemon.Status().ops_held_for_streams(), 0u);
 }
 
 }  // namespace

@@ -179,6 +179,14 @@ TEST(ParsePerfArgsTest, DeviceBuffersNeedTheHostDataCheckOff) {
   EXPECT_FALSE(Parse({"--device=-1", "-c", "0"}).ok());
 }
 
+TEST(ParsePerfArgsTest, StreamSyncIsOffUnlessAsked) {
+  EXPECT_FALSE(Parse({})->stream_sync);
+  absl::StatusOr<PerfArgs> args = Parse({"--stream_sync", "-b", "8", "-e", "8"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_TRUE(args->stream_sync);
+  EXPECT_FALSE(Parse({"--stream_sync=yes"}).ok());  // a switch takes no value
+}
+
 TEST(ParsePerfArgsTest, WorkerFlagsRoundTrip) {
   std::vector<std::string> argv = {"--op", "sendrecv", "--ranks-per-daemon", "4"};
   for (std::string& flag : WorkerFlags(3, "/x.sock", "ry1-abc@local:n", 42)) argv.push_back(flag);

@@ -161,6 +161,11 @@ const std::vector<FlagSpec>& Flags() {
       {0, "latency_file", true, StringSetter(&PerfArgs::latency_file)},
       {0, "interval_us", true, IntSetter<int64_t>(&PerfArgs::interval_us, 0, 60'000'000)},
       {0, "device", true, IntSetter<int>(&PerfArgs::device, 0, 1023)},
+      {0, "stream_sync", false,
+       [](std::string_view, std::string_view, PerfArgs* a) {
+         a->stream_sync = true;
+         return absl::OkStatus();
+       }},
       {'h', "help", false,
        [](std::string_view, std::string_view, PerfArgs* a) {
          a->help = true;
@@ -381,6 +386,9 @@ daemon on this host (ranks numbered daemon-major); rank 0 prints the table.
                              after the first (a duty cycle; default 0, back to back)
       --device N             send and recv buffers in memory of CUDA device N (the daemon
                              runs the collective on that GPU); needs -c 0
+      --stream_sync          order every operation on a stream (docs/gpu.md) whose ready word
+                             the rank writes right after submitting it: the daemon holds each
+                             until it sees the word (the cost of stream ordering)
   -h, --help                 this text
 
 Sizes follow nccl-tests: allreduce, broadcast, reduce and sendrecv move SIZE bytes per rank;

@@ -48,6 +48,9 @@ struct PerfArgs {
   // >= 0: the send and recv buffers are memory of this CUDA device (Client::AllocateDevice);
   // the data check reads host memory, so it needs --check 0.
   int device = -1;
+  // Every operation carries a stream sync (docs/gpu.md) whose ready word the rank writes right
+  // after submitting it, as a stream that reaches it at once would: the cost of stream ordering.
+  bool stream_sync = false;
   bool help = false;
 
   // Set on the rank processes the launcher spawns (hidden --_rank, --_comm_id, ...).

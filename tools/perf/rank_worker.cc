@@ -115,6 +115,7 @@ class RankBenchmark {
       st = Allocate(std::max(recv_bytes, kMinBufferBytes), &recv_, "recv buffer", args_.device);
     }
     if (st.ok()) st = Allocate(kMinBufferBytes, &scratch_, "scratch buffer");
+    if (st.ok() && args_.stream_sync) st = Allocate(kMinBufferBytes, &words_, "stream words");
     if (!st.ok()) return st;
     if (args_.check > 0) expected_.resize(recv_bytes);
     return absl::OkStatus();
@@ -165,10 +166,26 @@ class RankBenchmark {
 
   // Submits one iteration; appends its Works.
   void Issue(const Case& c, bool in_place, std::vector<Work>* works) {
+    Submit(c, in_place, works);
+    // --stream_sync: the "stream" reaches each operation right after it was submitted.
+    if (args_.stream_sync) {
+      __atomic_store_n(static_cast<uint32_t*>(words_.data()), sync_value_, __ATOMIC_RELEASE);
+    }
+  }
+
+  // The options of the next submission: with --stream_sync, each its own value of the words.
+  CollectiveOptions Next() {
+    if (!args_.stream_sync) return collective_opts_;
+    CollectiveOptions o = collective_opts_;
+    o.stream_sync = CollectiveOptions::StreamSync{&words_, 0, ++sync_value_};
+    return o;
+  }
+
+  void Submit(const Case& c, bool in_place, std::vector<Work>* works) {
     const OpLayout& l = c.layout;
     const BufferRef send = Ref(SendSlot(args_.op, l, args_.rank, in_place), c);
     const BufferRef recv = Ref(RecvSlot(args_.op, l, args_.rank, in_place), c);
-    const CollectiveOptions& o = collective_opts_;
+    const CollectiveOptions o = Next();
     switch (args_.op) {
       case PerfOp::kAllReduce:
         works->push_back(comm_.AllReduce(send, recv, l.count, c.dtype, c.redop, o));
@@ -194,7 +211,7 @@ class RankBenchmark {
         break;
       case PerfOp::kSendRecv:
         works->push_back(comm_.Send(send, l.count, c.dtype, SendPeer(args_.rank, nranks_), o));
-        works->push_back(comm_.Recv(recv, l.count, c.dtype, RecvPeer(args_.rank, nranks_), o));
+        works->push_back(comm_.Recv(recv, l.count, c.dtype, RecvPeer(args_.rank, nranks_), Next()));
         break;
       case PerfOp::kBarrier:
         works->push_back(comm_.Barrier(o));
@@ -390,6 +407,8 @@ class RankBenchmark {
   int nranks_ = 0;
   std::chrono::milliseconds wait_timeout_;
   CollectiveOptions collective_opts_;
+  Buffer words_;             // --stream_sync: ready at 0, done at 4
+  uint32_t sync_value_ = 0;  // the last value handed out
 
   std::unique_ptr<Client> client_;
   Comm comm_;
