@@ -45,6 +45,31 @@ void Store(const Buffer& b, uint64_t offset, uint32_t v) {
                    __ATOMIC_RELEASE);
 }
 
+// One client per options (each a rank's session), and a communicator id the first made.
+struct Ranks {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::string comm_id;
+};
+
+absl::StatusOr<Ranks> ConnectRanks(const std::vector<ClientOptions>& options) {
+  Ranks out;
+  for (const ClientOptions& o : options) {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o);
+    if (!c.ok()) return c.status();
+    out.clients.push_back(*std::move(c));
+  }
+  absl::StatusOr<std::string> id = out.clients[0]->CreateCommId();
+  if (!id.ok()) return id.status();
+  out.comm_id = *id;
+  return out;
+}
+
+// Options for a rank whose streams are FakeStreams.
+ClientOptions WithStreams(ClientOptions o, std::shared_ptr<StreamOps> ops) {
+  o.stream_ops = std::move(ops);
+  return o;
+}
+
 // One rank's part of StreamOrderTest: three AllReduces on its stream, each between a producer
 // that writes the input and a consumer that copies the result out. The first producer waits until
 // the host has submitted all three, so any operation that ran before its stream reached it would
@@ -108,16 +133,11 @@ TEST_P(StreamOrderTest, AnOperationOnAStreamRunsAfterTheStreamsWorkAndBeforeWhat
   ASSERT_TRUE(daemon.ready()) << daemon.Log();
   auto ops = std::make_shared<FakeStreamOps>();
   constexpr int kRanks = 2;
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < kRanks; ++r) {
-    ClientOptions o = daemon.Options();
-    o.stream_ops = ops;
-    auto c = Client::Connect(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<Ranks> ranks =
+      ConnectRanks({WithStreams(daemon.Options(), ops), WithStreams(daemon.Options(), ops)});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::unique_ptr<Client>>& clients = ranks->clients;
+  const std::string* id = &ranks->comm_id;
   std::vector<std::string> errors(kRanks);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
@@ -146,16 +166,11 @@ TEST(StreamSyncTest, AcrossNodesTheStagingCopyWaitsForTheStream) {
   VirtualCluster cluster(2, {"--fake_gpus=1"}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   auto ops = std::make_shared<FakeStreamOps>();
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < 2; ++r) {
-    ClientOptions o = cluster[r].Options();
-    o.stream_ops = ops;
-    auto c = Client::Connect(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<Ranks> ranks = ConnectRanks(
+      {WithStreams(cluster[0].Options(), ops), WithStreams(cluster[1].Options(), ops)});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::unique_ptr<Client>>& clients = ranks->clients;
+  const std::string* id = &ranks->comm_id;
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -262,14 +277,10 @@ TEST(StreamSyncTest, BadWordsAreRefusedSayingWhyAndARefusedOperationLetsItsStrea
 TEST(StreamSyncTest, AnOperationBehindAHeldOneWaitsForIt) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.ready()) << daemon.Log();
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < 2; ++r) {
-    auto c = Client::Connect(daemon.Options());
-    ASSERT_TRUE(c.ok());
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok());
+  absl::StatusOr<Ranks> ranks = ConnectRanks({daemon.Options(), daemon.Options()});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::unique_ptr<Client>>& clients = ranks->clients;
+  const std::string* id = &ranks->comm_id;
   std::vector<std::string> errors(2);
   std::atomic<bool> submitted{false};
   std::vector<std::thread> threads;
@@ -314,15 +325,10 @@ TEST(StreamSyncTest, AnOperationBehindAHeldOneWaitsForIt) {
 TEST(StreamSyncTest, AStreamThatNeverComesTimesOutLetsItsStreamGoAndHoldsNoOneElse) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.ready()) << daemon.Log();
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < 2; ++r) {
-    auto c = Client::Connect(daemon.Options());
-    ASSERT_TRUE(c.ok());
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok());
-  std::atomic<bool> stuck_done{false};
+  absl::StatusOr<Ranks> ranks = ConnectRanks({daemon.Options(), daemon.Options()});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::unique_ptr<Client>>& clients = ranks->clients;
+  const std::string* id = &ranks->comm_id;
   std::vector<absl::Status> got(2);
   std::vector<uint32_t> done(2, 0);
   std::vector<std::thread> threads;
@@ -347,21 +353,20 @@ TEST(StreamSyncTest, AStreamThatNeverComesTimesOutLetsItsStreamGoAndHoldsNoOneEl
   }
   // Another job, meanwhile: 50 AllReduces of its own.
   std::string other_error;
-  {
-    auto c0 = Client::Connect(daemon.Options("other"));
-    auto c1 = Client::Connect(daemon.Options("other"));
-    ASSERT_TRUE(c0.ok() && c1.ok());
-    auto oid = (*c0)->CreateCommId();
-    ASSERT_TRUE(oid.ok());
+  // (No ASSERT here: the stuck ranks' threads are running.)
+  absl::StatusOr<Ranks> other = ConnectRanks({daemon.Options("other"), daemon.Options("other")});
+  if (!other.ok()) {
+    other_error = other.status().ToString();
+  } else {
     std::vector<std::thread> others;
     std::vector<std::string> oerr(2);
-    Client* oc[2] = {c0->get(), c1->get()};
     for (int r = 0; r < 2; ++r) {
       others.emplace_back([&, r] {
         oerr[r] = [&]() -> std::string {
-          auto comm = oc[r]->InitComm(*oid, r, 2);
+          Client& client = *other->clients[r];
+          auto comm = client.InitComm(other->comm_id, r, 2);
           if (!comm.ok()) return comm.status().ToString();
-          auto b = oc[r]->Allocate(64);
+          auto b = client.Allocate(64);
           if (!b.ok()) return "allocate";
           for (int i = 0; i < 50; ++i) {
             static_cast<float*>(b->data())[0] = 1.0f;
