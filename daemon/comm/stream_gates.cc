@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +38,13 @@ StreamGates::~StreamGates() {
     stop_ = true;
   }
   thread_.join();
+  {
+    // A release handed to another thread still calls Finish on this object.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](StreamGates* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu_) { return g->releasing_ == 0; },
+        this));
+  }
   std::vector<Item> left;
   for (auto& [key, q] : queues_) {
     for (Item& it : q.items) left.push_back(std::move(it));
@@ -107,6 +116,17 @@ void StreamGates::Drop(const Key& key, const absl::Status& why) {
   for (Item& it : dropped) it.fail(why);
 }
 
+void StreamGates::Finish(const Key& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = queues_.find(key);
+  if (it == queues_.end() || !it->second.busy) return;
+  it->second.items.pop_front();
+  it->second.busy = false;
+  --held_;
+  if (it->second.items.empty()) EraseLocked(it);
+  wake_ = true;  // its next item may be ready already
+}
+
 size_t StreamGates::held() const {
   absl::MutexLock lock(&mu_);
   return held_;
@@ -164,24 +184,24 @@ void StreamGates::Loop() {
       }
       continue;
     }
+    for (const Due& d : due) releasing_ += d.failed.ok() ? 1 : 0;
     mu_.Unlock();
     for (Due& d : due) {
       if (d.failed.ok()) {
-        d.item.release();
+        auto called = std::make_shared<std::atomic<bool>>(false);
+        d.item.release([this, key = d.key, called] {
+          if (called->exchange(true)) return;  // once
+          Finish(key);
+          absl::MutexLock lock(&mu_);
+          --releasing_;
+        });
       } else {
         d.item.fail(d.failed);
+        Finish(d.key);
       }
       d.item = Item();  // what the callbacks hold goes before the next is let go
     }
     mu_.Lock();
-    for (Due& d : due) {
-      auto it = queues_.find(d.key);
-      if (it == queues_.end()) continue;
-      it->second.items.pop_front();
-      it->second.busy = false;
-      --held_;
-      if (it->second.items.empty()) EraseLocked(it);
-    }
     last_progress = absl::Now();
     sleep = std::min(kFirstSleep, longest_sleep_);
   }

@@ -39,13 +39,17 @@ class StreamGates {
   struct Item {
     std::optional<StreamSync> gate;  // none: it waits only for the items before it
     absl::Time deadline = absl::InfiniteFuture();
-    std::function<void()> release;                  // the gate opened: submit it now
+    // The gate opened: submit it now, then call done (once, from any thread: the queue lets
+    // nothing behind it go until then, so a release may hand its work to another thread).
+    std::function<void(std::function<void()> done)> release;
     std::function<void(const absl::Status&)> fail;  // it expired or was dropped
   };
 
   explicit StreamGates(absl::Duration spin, absl::Duration longest_sleep = absl::Microseconds(100),
                        size_t max_per_queue = 4096);
-  ~StreamGates();  // items still held fail with UNAVAILABLE
+  // Waits for releases still running elsewhere to call done; items still held fail with
+  // UNAVAILABLE.
+  ~StreamGates();
   StreamGates(const StreamGates&) = delete;
   StreamGates& operator=(const StreamGates&) = delete;
 
@@ -68,6 +72,8 @@ class StreamGates {
     bool busy = false;  // its front item's release or fail is running
   };
   void Loop();
+  // The front item of `key` is done with: the queue's next may go.
+  void Finish(const Key& key);
   std::map<Key, Queue>::iterator EraseLocked(std::map<Key, Queue>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the items of queue `it` but a busy front, erasing it when nothing is left.
@@ -85,6 +91,7 @@ class StreamGates {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t polls_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t releasing_ ABSL_GUARDED_BY(mu_) = 0;  // releases whose done has not come yet
   std::thread thread_;
 };
 

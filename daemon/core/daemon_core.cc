@@ -873,12 +873,25 @@ absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, con
   item.gate = (*held)->sync;
   item.deadline = absl::Now() + timeout;
   std::weak_ptr<Session> weak_session = session;
-  item.release = [this, weak_session, m, sink, held, fail] {
-    std::shared_ptr<Session> s = weak_session.lock();
-    if (s == nullptr || s->closed()) return fail(absl::CancelledError("the session has ended"));
-    if (absl::Status st = FinishSubmit(s, m, sink, held->get()); !st.ok()) return fail(st);
-    absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
-    if (!seq.ok()) fail(seq.status());
+  item.release = [this, weak_session, m, sink, held, fail](std::function<void()> done) {
+    auto submit = [this, weak_session, m, sink, held, fail] {
+      std::shared_ptr<Session> s = weak_session.lock();
+      if (s == nullptr || s->closed()) return fail(absl::CancelledError("the session has ended"));
+      if (absl::Status st = FinishSubmit(s, m, sink, held->get()); !st.ok()) return fail(st);
+      absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
+      if (!seq.ok()) fail(seq.status());
+    };
+    // Across nodes, FinishSubmit copies the device memory to the host: on the device's thread,
+    // not on the gates' one, which every tenant's held operations wait on.
+    if ((*held)->req.device >= 0 && m.comm->multi_node()) {
+      executor_.PostToDevice((*held)->req.device, [submit, done] {
+        submit();
+        done();
+      });
+      return;
+    }
+    submit();
+    done();
   };
   item.fail = fail;
   absl::Status st = gates_.Hold({session.get(), handle}, std::move(item));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -71,7 +72,10 @@ StreamGates::Item MakeItem(Log* log, std::string name, std::optional<StreamSync>
   StreamGates::Item it;
   it.gate = std::move(gate);
   it.deadline = absl::Now() + timeout;
-  it.release = [log, name] { log->Add(name + " released"); };
+  it.release = [log, name](std::function<void()> done) {
+    log->Add(name + " released");
+    done();
+  };
   it.fail = [log, name](const absl::Status& s) {
     log->Add(name + " failed: " + std::string(absl::StatusCodeToString(s.code())) + ": " +
              std::string(s.message()));
@@ -103,6 +107,41 @@ TEST(StreamGatesTest, HeldItemsGoInOrderOnceTheReadyWordReachesTheValue) {
   EXPECT_EQ(log.Get(), std::vector<std::string>({"c released", "a released", "b released"}));
   EXPECT_EQ(gates.held(), 0u);
   EXPECT_FALSE(gates.MustHold(k, std::nullopt));
+}
+
+// A release may finish on another thread (a staging copy on the device's thread): nothing behind
+// it on its queue goes until it calls done; other queues go meanwhile.
+TEST(StreamGatesTest, AReleaseFinishedElsewhereHoldsItsQueueUntilDone) {
+  StreamGates gates(absl::Microseconds(10));
+  Log log;
+  const StreamGates::Key k{&kOwnerA, 7}, other{&kOwnerB, 7};
+  std::mutex mu;
+  std::function<void()> later;  // the first release's done, called by the test
+  StreamGates::Item first = MakeItem(&log, "a", std::nullopt);
+  first.release = [&](std::function<void()> done) {
+    log.Add("a released");
+    std::lock_guard<std::mutex> lock(mu);
+    later = std::move(done);
+  };
+  ASSERT_TRUE(gates.Hold(k, std::move(first)).ok());
+  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "b", std::nullopt)).ok());
+  ASSERT_TRUE(log.WaitForSize(1));
+  ASSERT_TRUE(gates.Hold(other, MakeItem(&log, "c", std::nullopt)).ok());
+  ASSERT_TRUE(log.WaitForSize(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(log.Get(), std::vector<std::string>({"a released", "c released"}));
+  EXPECT_TRUE(gates.MustHold(k, std::nullopt));
+  std::thread elsewhere([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    later();
+    later();  // a second call changes nothing
+  });
+  elsewhere.join();
+  ASSERT_TRUE(log.WaitForSize(3));
+  EXPECT_EQ(log.Get().back(), "b released");
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(log.Get().size(), 3u);
+  EXPECT_EQ(gates.held(), 0u);
 }
 
 TEST(StreamGatesTest, TheReadyWordIsComparedAsACounterThatWraps) {
