@@ -237,6 +237,8 @@ absl::Status Comm::SetStreamSync(const CollectiveOptions& opts, v1::SubmitReques
     return absl::InvalidArgumentError(
         "CollectiveOptions: set stream or stream_sync, not both (each orders the operation)");
   }
+  uint64_t buffer_id = 0, offset = 0;
+  uint32_t value = 0;
   if (opts.stream_sync.has_value()) {
     const CollectiveOptions::StreamSync& sync = *opts.stream_sync;
     if (sync.words == nullptr || sync.words->id_ == 0) {
@@ -246,30 +248,31 @@ absl::Status Comm::SetStreamSync(const CollectiveOptions& opts, v1::SubmitReques
       return absl::InvalidArgumentError(
           "stream_sync.words: the buffer belongs to another Client than this communicator");
     }
-    v1::StreamSync* out = request->mutable_stream_sync();
-    out->mutable_words()->set_buffer_id(sync.words->id_);
-    out->mutable_words()->set_offset(sync.offset);
-    out->set_value(sync.value);
+    buffer_id = sync.words->id_;
+    offset = sync.offset;
+    value = sync.value;
+  } else if (opts.stream != nullptr) {
+    absl::StatusOr<internal::StreamWords*> words = core_->StreamWords();
+    absl::StatusOr<internal::StreamWords::Slot> slot =
+        words.ok() ? (*words)->Enqueue(opts.stream)
+                   : absl::StatusOr<internal::StreamWords::Slot>(words.status());
+    if (!slot.ok()) {
+      return absl::Status(slot.status().code(), absl::StrCat("ordering the operation on its "
+                                                             "stream: ",
+                                                             slot.status().message()));
+    }
+    // From here the stream waits for done: every way this request ends must store it.
+    pending->SetStreamDone(slot->done, slot->value);
+    buffer_id = slot->buffer_id;
+    offset = slot->offset;
+    value = slot->value;
+  } else {
     return absl::OkStatus();
   }
-  if (opts.stream == nullptr) return absl::OkStatus();
-  absl::StatusOr<internal::StreamWords*> words = core_->StreamWords();
-  if (!words.ok()) {
-    return absl::Status(
-        words.status().code(),
-        absl::StrCat("ordering the operation on its stream: ", words.status().message()));
-  }
-  absl::StatusOr<internal::StreamWords::Slot> slot = (*words)->Enqueue(opts.stream);
-  if (!slot.ok()) {
-    return absl::Status(slot.status().code(), absl::StrCat("ordering the operation on its stream: ",
-                                                           slot.status().message()));
-  }
-  // From here the stream waits for done: every way this request ends must store it.
-  pending->SetStreamDone(slot->done, slot->value);
   v1::StreamSync* out = request->mutable_stream_sync();
-  out->mutable_words()->set_buffer_id(slot->buffer_id);
-  out->mutable_words()->set_offset(slot->offset);
-  out->set_value(slot->value);
+  out->mutable_words()->set_buffer_id(buffer_id);
+  out->mutable_words()->set_offset(offset);
+  out->set_value(value);
   return absl::OkStatus();
 }
 

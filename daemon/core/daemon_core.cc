@@ -864,8 +864,11 @@ absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, con
                                                          : std::weak_ptr<CompletionSink>(session);
   auto held = std::make_shared<std::unique_ptr<PendingRequest>>(std::move(pending));
   // A request that never runs still ends its stream's wait: done is stored before its error.
-  auto fail = [held, target, id](const absl::Status& why) {
+  auto let_stream_go = [held] {
     if (*held != nullptr && (*held)->sync.has_value()) (*held)->sync->SignalDone();
+  };
+  auto fail = [held, target, id, let_stream_go](const absl::Status& why) {
+    let_stream_go();
     held->reset();
     if (std::shared_ptr<CompletionSink> t = target.lock()) t->PostCompletion(id, why, 0);
   };
@@ -895,10 +898,7 @@ absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, con
   };
   item.fail = fail;
   absl::Status st = gates_.Hold({session.get(), handle}, std::move(item));
-  if (!st.ok()) {
-    // Not held: the caller reports the error, and the stream is let go.
-    if (*held != nullptr && (*held)->sync.has_value()) (*held)->sync->SignalDone();
-  }
+  if (!st.ok()) let_stream_go();  // not held: the caller reports the error
   return st;
 }
 

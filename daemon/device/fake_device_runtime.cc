@@ -48,15 +48,20 @@ class FakeDeviceRuntime::Mapping : public DeviceMapping {
 FakeDeviceRuntime::FakeDeviceRuntime(int devices, bool peer_access)
     : devices_(devices), peer_access_(peer_access) {}
 
-int FakeDeviceRuntime::DeviceOf(const void* ptr) const {
-  const auto* p = static_cast<const std::byte*>(ptr);
-  absl::MutexLock lock(&regions_->mu);
-  auto it = regions_->by_address.upper_bound(p);
-  if (it == regions_->by_address.begin()) return -1;
+const FakeDeviceRuntime::Region* FakeDeviceRuntime::Regions::AtOrBelowLocked(
+    const std::byte* p, uint64_t* offset) const {
+  auto it = by_address.upper_bound(p);
+  if (it == by_address.begin()) return nullptr;
   --it;
-  return p >= it->first && static_cast<uint64_t>(p - it->first) < it->second.bytes
-             ? it->second.device
-             : -1;
+  *offset = static_cast<uint64_t>(p - it->first);
+  return &it->second;
+}
+
+int FakeDeviceRuntime::DeviceOf(const void* ptr) const {
+  absl::MutexLock lock(&regions_->mu);
+  uint64_t off = 0;
+  const Region* r = regions_->AtOrBelowLocked(static_cast<const std::byte*>(ptr), &off);
+  return r != nullptr && off < r->bytes ? r->device : -1;
 }
 
 FakeDeviceRuntime::~FakeDeviceRuntime() = default;
@@ -129,20 +134,15 @@ size_t FakeDeviceRuntime::live_mappings() const {
 
 absl::StatusOr<std::byte*> FakeDeviceRuntime::Translate(int device, const void* ptr,
                                                         uint64_t bytes) const {
-  const auto* p = static_cast<const std::byte*>(ptr);
   absl::MutexLock lock(&regions_->mu);
-  auto it = regions_->by_address.upper_bound(p);
-  if (it != regions_->by_address.begin()) {
-    --it;
-    const uint64_t off = static_cast<uint64_t>(p - it->first);
-    if (p >= it->first && off <= it->second.bytes && bytes <= it->second.bytes - off) {
-      if (!CanAccessPeer(device, it->second.device)) {
-        return absl::InvalidArgumentError(absl::StrCat("pointer is memory of device ",
-                                                       it->second.device, ", which device ", device,
-                                                       " cannot access"));
-      }
-      return it->second.host + off;
+  uint64_t off = 0;
+  const Region* r = regions_->AtOrBelowLocked(static_cast<const std::byte*>(ptr), &off);
+  if (r != nullptr && off <= r->bytes && bytes <= r->bytes - off) {
+    if (!CanAccessPeer(device, r->device)) {
+      return absl::InvalidArgumentError(absl::StrCat("pointer is memory of device ", r->device,
+                                                     ", which device ", device, " cannot access"));
     }
+    return r->host + off;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("pointer ", absl::Hex(reinterpret_cast<uintptr_t>(ptr)), " (", bytes,

@@ -72,6 +72,10 @@ class FakeDeviceRuntime : public DeviceRuntime {
   struct Regions {
     mutable absl::Mutex mu;
     std::map<const std::byte*, Region> by_address ABSL_GUARDED_BY(mu);
+    // The region starting at or below p, and p's offset into it (which may be past its end);
+    // null when none starts there.
+    const Region* AtOrBelowLocked(const std::byte* p, uint64_t* offset) const
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   };
   // The host address of [ptr, ptr + bytes) of device memory on `device`, or INVALID_ARGUMENT.
   absl::StatusOr<std::byte*> Translate(int device, const void* ptr, uint64_t bytes) const;
