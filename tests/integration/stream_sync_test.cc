@@ -331,6 +331,7 @@ TEST(StreamSyncTest, AStreamThatNeverComesTimesOutLetsItsStreamGoAndHoldsNoOneEl
   const std::string* id = &ranks->comm_id;
   std::vector<absl::Status> got(2);
   std::vector<uint32_t> done(2, 0);
+  std::atomic<int> ended{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
@@ -349,6 +350,12 @@ TEST(StreamSyncTest, AStreamThatNeverComesTimesOutLetsItsStreamGoAndHoldsNoOneEl
       got[r] = comm->AllReduce(*a, *a, 4, DataType::kFloat32, RedOp::kSum, o)
                    .wait(std::chrono::seconds(20));
       done[r] = Load(*words, 4);
+      // Leaving aborts the communicator for a rank still waiting (docs/local-api.md): rank 0's
+      // expiry and rank 1's deadline come at about the same time, so both stay until both ended.
+      ++ended;
+      for (int i = 0; i < 20000 && ended.load() < 2; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     });
   }
   // Another job, meanwhile: 50 AllReduces of its own.
