@@ -10,6 +10,9 @@
 #   RY_FLAGS, RY_ENV: extra railyardd flags (e.g. "--chunk_bytes=1048576") and environment
 #     (e.g. "UCX_TCP_SNDBUF=4M"); RY_FLAGS_B, RY_ENV_B: when either is set, a second railyard
 #     configuration measured in the same trials ("ry_b"), for A/B comparisons.
+#   PERF_FLAGS, PERF_FLAGS_B: extra railyard-perf flags for ry and ry_b (setting PERF_FLAGS_B
+#     also turns ry_b on). E.g. device buffers without a GPU, staged across nodes:
+#     RY_FLAGS=--fake_gpus=1 RY_FLAGS_B=--fake_gpus=1 PERF_FLAGS_B="--device 0 --fake_device"
 #   MPI=0: leave OpenMPI out.
 # Needs root for the namespaces (ip netns); they, the veth pair and every process started here are
 # removed on exit. OpenMPI across namespaces: mpirun runs in the first namespace and the second
@@ -32,11 +35,15 @@ build=${RAILYARD_BUILD_DIR:-build}
 read -r -a ry_flags <<<"${RY_FLAGS:-}"
 read -r -a ry_flags_b <<<"${RY_FLAGS_B:-}"
 # shellcheck disable=SC2034  # read through the nameref in run_railyard
+read -r -a perf_flags <<<"${PERF_FLAGS:-}"
+# shellcheck disable=SC2034
+read -r -a perf_flags_b <<<"${PERF_FLAGS_B:-}"
+# shellcheck disable=SC2034  # read through the nameref in run_railyard
 read -r -a ry_env <<<"${RY_ENV:-}"
 # shellcheck disable=SC2034
 read -r -a ry_env_b <<<"${RY_ENV_B:-}"
 ab=0
-[ -n "${RY_FLAGS_B+x}${RY_ENV_B+x}" ] && ab=1
+[ -n "${RY_FLAGS_B+x}${RY_ENV_B+x}${PERF_FLAGS_B+x}" ] && ab=1
 
 out=$(mktemp -d /tmp/railyard-internode.XXXXXX)
 ns=(ry-bw-a-$$ ry-bw-b-$$)
@@ -74,10 +81,11 @@ setup_netns() {
   done
 }
 
-# run_railyard LABEL WHERE TRIAL ENV_ARRAY_NAME [flags...]
+# run_railyard LABEL WHERE TRIAL ENV_ARRAY_NAME PERF_FLAGS_ARRAY_NAME [daemon flags...]
 run_railyard() {
-  local label=$1 w=$2 t=$3 socks=() flags=("${@:5}")
+  local label=$1 w=$2 t=$3 socks=() flags=("${@:6}")
   local -n envs=$4
+  local -n pflags=$5
   for n in 0 1; do
     local device=lo listen=127.0.0.1:0 prefix=()
     if [ "$w" = veth ]; then
@@ -96,7 +104,7 @@ run_railyard() {
   done
   for s in "${socks[@]}"; do for _ in $(seq 200); do [ -S "$s" ] && break; sleep 0.05; done; done
   "$build/tools/railyard-perf" --op allreduce -b "$minb" -e "$maxb" -f "$factor" -n "$iters" \
-    -w "$warmup" -c 0 --daemons "${socks[0]},${socks[1]}" --ranks-per-daemon 1 \
+    -w "$warmup" -c 0 --daemons "${socks[0]},${socks[1]}" --ranks-per-daemon 1 "${pflags[@]}" \
     >"$out/$label-$w-$t.txt"
   stop_daemons
 }
@@ -130,8 +138,8 @@ labels=(ry)
 for w in "${places[@]}"; do
   [ "$w" = veth ] && [ "$netns_up" = 0 ] && setup_netns
   for ((t = 0; t < trials; t++)); do
-    run_railyard ry "$w" "$t" ry_env "${ry_flags[@]}"
-    [ "$ab" = 1 ] && run_railyard ry_b "$w" "$t" ry_env_b "${ry_flags_b[@]}"
+    run_railyard ry "$w" "$t" ry_env perf_flags "${ry_flags[@]}"
+    [ "$ab" = 1 ] && run_railyard ry_b "$w" "$t" ry_env_b perf_flags_b "${ry_flags_b[@]}"
     [ "$mpi" = 1 ] && run_openmpi "$w" "$t"
   done
 done

@@ -177,6 +177,15 @@ TEST(ParsePerfArgsTest, DeviceBuffersNeedTheHostDataCheckOff) {
   EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(checked.status().message().find("--device needs -c 0"), std::string::npos);
   EXPECT_FALSE(Parse({"--device=-1", "-c", "0"}).ok());
+  // Fake device memory is mapped by the rank too: the data check works on it.
+  absl::StatusOr<PerfArgs> fake = Parse({"--device=0", "--fake_device"});
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  EXPECT_TRUE(fake->fake_device);
+  EXPECT_EQ(fake->check, 1);
+  absl::StatusOr<PerfArgs> no_device = Parse({"--fake_device"});
+  ASSERT_FALSE(no_device.ok());
+  EXPECT_NE(no_device.status().message().find("--fake_device needs --device N"),
+            std::string::npos);
 }
 
 TEST(ParsePerfArgsTest, StreamSyncIsOffUnlessAsked) {

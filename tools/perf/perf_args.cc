@@ -161,6 +161,11 @@ const std::vector<FlagSpec>& Flags() {
       {0, "latency_file", true, StringSetter(&PerfArgs::latency_file)},
       {0, "interval_us", true, IntSetter<int64_t>(&PerfArgs::interval_us, 0, 60'000'000)},
       {0, "device", true, IntSetter<int>(&PerfArgs::device, 0, 1023)},
+      {0, "fake_device", false,
+       [](std::string_view, std::string_view, PerfArgs* a) {
+         a->fake_device = true;
+         return absl::OkStatus();
+       }},
       {0, "stream_sync", false,
        [](std::string_view, std::string_view, PerfArgs* a) {
          a->stream_sync = true;
@@ -204,7 +209,10 @@ const FlagSpec* FindLong(std::string_view name) {
 
 absl::Status Validate(PerfArgs* args) {
   if (args->help) return absl::OkStatus();
-  if (args->device >= 0 && args->check != 0) {
+  if (args->fake_device && args->device < 0) {
+    return absl::InvalidArgumentError("--fake_device needs --device N");
+  }
+  if (args->device >= 0 && !args->fake_device && args->check != 0) {
     return absl::InvalidArgumentError(
         "--device needs -c 0: the data check reads and writes the buffers from the host "
         "(tests/cuda checks device results)");
@@ -386,6 +394,8 @@ daemon on this host (ranks numbered daemon-major); rank 0 prints the table.
                              after the first (a duty cycle; default 0, back to back)
       --device N             send and recv buffers in memory of CUDA device N (the daemon
                              runs the collective on that GPU); needs -c 0
+      --fake_device          with --device: fake device memory, for daemons started with
+                             --fake_gpus (no GPU needed; the data check works)
       --stream_sync          order every operation on a stream (docs/gpu.md) whose ready word
                              the rank writes right after submitting it: the daemon holds each
                              until it sees the word (the cost of stream ordering)

@@ -48,6 +48,11 @@ struct PerfArgs {
   // >= 0: the send and recv buffers are memory of this CUDA device (Client::AllocateDevice);
   // the data check reads host memory, so it needs --check 0.
   int device = -1;
+  // With device: the buffers are the fake device memory a daemon started with --fake_gpus imports
+  // (memfds; daemon/device/fake_device_runtime.h), for measuring what surrounds device memory
+  // (staging across nodes, registration) without a GPU. The rank maps them too, so the data check
+  // works.
+  bool fake_device = false;
   // Every operation carries a stream sync (docs/gpu.md) whose ready word the rank writes right
   // after submitting it, as a stream that reaches it at once would: the cost of stream ordering.
   bool stream_sync = false;

@@ -1,6 +1,9 @@
 #include "tools/perf/rank_worker.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/device/fake_device_runtime.h"
 #include "railyard/client.h"
 #include "tools/perf/data_check.h"
 #include "tools/perf/perf_op.h"
@@ -121,15 +125,29 @@ class RankBenchmark {
     return absl::OkStatus();
   }
 
-  // device >= 0: memory of that CUDA device.
+  // device >= 0: memory of that CUDA device (--fake_device: of the daemon's fake device).
   absl::Status Allocate(size_t bytes, Buffer* out, const char* what, int device = -1) {
-    absl::StatusOr<Buffer> buffer =
-        device >= 0 ? client_->AllocateDevice(bytes, device) : client_->Allocate(bytes);
+    absl::StatusOr<Buffer> buffer = device < 0          ? client_->Allocate(bytes)
+                                    : args_.fake_device ? AllocateFakeDevice(bytes, device)
+                                                        : client_->AllocateDevice(bytes, device);
     if (!buffer.ok()) {
       return Annotate(buffer.status(), absl::StrCat("allocating the ", bytes, "-byte ", what));
     }
     *out = *std::move(buffer);
     return absl::OkStatus();
+  }
+
+  // A fake device allocation registered as device memory, mapped here too (data() is that host
+  // view, so the data check reads and writes it); unmapped when the worker ends.
+  absl::StatusOr<Buffer> AllocateFakeDevice(size_t bytes, int device) {
+    absl::StatusOr<UniqueFd> fd = device::FakeDeviceRuntime::Allocate(device, bytes);
+    if (!fd.ok()) return fd.status();
+    void* view = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
+    if (view == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("mmap: ", std::strerror(errno)));
+    }
+    fake_views_.push_back(std::shared_ptr<void>(view, [bytes](void* p) { ::munmap(p, bytes); }));
+    return client_->RegisterDeviceMemory(fd->get(), bytes, device, view);
   }
 
   void PrintHeader() {
@@ -412,6 +430,7 @@ class RankBenchmark {
 
   std::unique_ptr<Client> client_;
   Comm comm_;
+  std::vector<std::shared_ptr<void>> fake_views_;  // --fake_device: outlive the buffers
   Buffer send_;
   Buffer recv_;
   Buffer scratch_;
