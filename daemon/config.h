@@ -81,6 +81,8 @@ struct DaemonConfig {
   // The longest sleep between looks at the ready words of operations held for their streams
   // (--stream_poll_us; StreamGates): the most such an operation starts late.
   absl::Duration stream_poll = absl::Microseconds(100);
+  // Idle page-locked staging buffers kept for reuse (--staging_cache_bytes; device::StagingPool).
+  uint64_t staging_cache_bytes = uint64_t{512} << 20;
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).
   size_t inline_max_bytes = 64 * 1024;

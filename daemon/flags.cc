@@ -109,6 +109,10 @@ ABSL_FLAG(int64_t, stream_poll_us, 100,
           "The longest the daemon sleeps between looks at the ready words of operations held for "
           "their clients' streams (stream ordering, docs/gpu.md): the most an operation may start "
           "late once its stream reached it; it spins --spin_us after each one it lets go");
+ABSL_FLAG(uint64_t, staging_cache_bytes, uint64_t{512} << 20,
+          "Page-locked host memory the daemon keeps, idle, for reuse by operations that stage "
+          "device memory across nodes (docs/gpu.md); buffers beyond it are freed when their "
+          "operation ends (0: none kept)");
 ABSL_FLAG(int64_t, fake_gpus, 0,
           "Testing only: serve this many fake GPUs, whose device memory is memfds named "
           "railyard-fake-device-<N> (daemon/device/fake_device_runtime.h), instead of CUDA's "
@@ -199,6 +203,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "spin_us",
                                    "poll_us",
                                    "stream_poll_us",
+                                   "staging_cache_bytes",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
                                    "shutdown_grace",
@@ -361,6 +366,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--stream_poll_us must be in [1, 1000000]");
   }
   c.stream_poll = absl::Microseconds(stream_poll_us);
+  c.staging_cache_bytes = absl::GetFlag(FLAGS_staging_cache_bytes);
   const int64_t inline_max = absl::GetFlag(FLAGS_inline_max_bytes);
   if (inline_max < 0 || inline_max > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("--inline_max_bytes must be in [0, 2^30]");

@@ -13,8 +13,9 @@ namespace {
 struct Region {
   std::byte* device_ptr = nullptr;
   uint64_t bytes = 0;
-  std::unique_ptr<std::byte[]> host;
-  bool copy_back = false;  // holds (part of) the recv region
+  device::StagingPool::Lease host;  // its first `bytes` bytes
+  bool copy_in = false;             // holds the send region, or bytes the operation may not write
+  bool copy_back = false;           // holds (part of) the recv region
 };
 
 // Completes a staged request: copies its recv region back to the device on a worker, then posts
@@ -45,7 +46,7 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
       absl::Status s;
       for (const Region& r : self->regions_) {
         if (!r.copy_back || !s.ok()) continue;
-        s = self->devices_->CopyFromHost(self->device_, r.device_ptr, r.host.get(), r.bytes);
+        s = self->devices_->CopyFromHost(self->device_, r.device_ptr, r.host.data(), r.bytes);
         if (!s.ok()) {
           s = absl::InternalError(absl::StrCat("copying the result back to device ", self->device_,
                                                " after the operation: ", s.message()));
@@ -77,7 +78,7 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
 }  // namespace
 
 absl::Status StageThroughHost(PendingRequest* request, int nranks, device::DeviceRuntime* devices,
-                              scheduler::Executor* executor) {
+                              device::StagingPool* pool, scheduler::Executor* executor) {
   scheduler::RankRequest& req = request->req;
   const int device = req.device;
   absl::StatusOr<scheduler::Extents> ext = scheduler::ComputeExtents(req, request->rank, nranks);
@@ -85,10 +86,11 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
   const bool has_send = ext->needs_send && ext->send_bytes > 0 && req.send != nullptr;
   const bool has_recv = ext->needs_recv && ext->recv_bytes > 0 && req.recv != nullptr;
   std::vector<Region> regions;
-  auto add = [&](std::byte* p, uint64_t bytes, bool back) {
+  auto add = [&](std::byte* p, uint64_t bytes, bool in, bool back) {
     Region r;
     r.device_ptr = p;
     r.bytes = bytes;
+    r.copy_in = in;
     r.copy_back = back;
     regions.push_back(std::move(r));
   };
@@ -97,12 +99,14 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
   if (overlap) {  // in place: one copy of the union keeps send and recv where they were
     std::byte* lo = std::min(req.send, req.recv);
     std::byte* hi = std::max(req.send + ext->send_bytes, req.recv + ext->recv_bytes);
-    add(lo, static_cast<uint64_t>(hi - lo), true);
+    add(lo, static_cast<uint64_t>(hi - lo), true, true);
   } else {
-    if (has_send) add(req.send, ext->send_bytes, false);
-    // The recv region is copied in too: what the operation does not write must come back as it
-    // was (AllToAllv's unreceived blocks, a Reduce's non-root).
-    if (has_recv) add(req.recv, ext->recv_bytes, true);
+    if (has_send) add(req.send, ext->send_bytes, true, false);
+    // The recv region is copied in only when the operation may leave some of it unwritten
+    // (AllToAllv's unreceived blocks): what it does not write must come back as it was. Every
+    // other operation writes all of its recv region (ComputeExtents'; a Reduce's non-root has
+    // none) when it succeeds, and after a failure nothing is copied back.
+    if (has_recv) add(req.recv, ext->recv_bytes, req.op == scheduler::OpKind::kAllToAllv, true);
   }
   uint64_t total = 0;
   for (const Region& r : regions) total += r.bytes;
@@ -115,12 +119,14 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
                                                s.message()));
   }
   for (Region& r : regions) {
-    r.host.reset(new (std::nothrow) std::byte[r.bytes]);
-    if (r.host == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot allocate ", r.bytes, " bytes of host memory to stage device memory"));
-    }
-    if (absl::Status s = devices->CopyToHost(device, r.host.get(), r.device_ptr, r.bytes);
+    absl::StatusOr<device::StagingPool::Lease> host = pool->Take(r.bytes);
+    if (!host.ok()) return host.status();
+    r.host = *std::move(host);
+    // A leased buffer may hold an earlier operation's bytes (another tenant's): the region is
+    // either copied in whole here or written whole by the operation before anything is copied
+    // back (copy_in above), so none of them reaches the device.
+    if (!r.copy_in) continue;
+    if (absl::Status s = devices->CopyToHost(device, r.host.data(), r.device_ptr, r.bytes);
         !s.ok()) {
       return absl::InternalError(absl::StrCat(
           "copying device ", device, " memory to host memory before the operation: ", s.message()));
@@ -128,7 +134,8 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
   }
   auto host_of = [&](std::byte* p) -> std::byte* {
     for (const Region& r : regions) {
-      if (p >= r.device_ptr && p < r.device_ptr + r.bytes) return r.host.get() + (p - r.device_ptr);
+      if (p >= r.device_ptr && p < r.device_ptr + r.bytes)
+        return r.host.data() + (p - r.device_ptr);
     }
     return nullptr;
   };

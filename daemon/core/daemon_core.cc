@@ -137,6 +137,8 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
 void DaemonCore::SetDeviceRuntime(absl::StatusOr<std::unique_ptr<device::DeviceRuntime>> devices) {
   if (devices.ok()) {
     devices_ = *std::move(devices);
+    staging_pool_ =
+        std::make_unique<device::StagingPool>(devices_.get(), config_.staging_cache_bytes);
     no_devices_ = absl::OkStatus();
     executor_.SetDeviceRuntime(devices_.get());
   } else {
@@ -849,7 +851,8 @@ absl::Status DaemonCore::FinishSubmit(const std::shared_ptr<Session>& session, c
   AttachStreamSync(pending);
   if (pending->req.device >= 0 && m.comm->multi_node()) {
     // Across nodes, device memory goes through host memory (device_staging.h).
-    return StageThroughHost(pending, m.comm->nranks(), devices_.get(), &executor_);
+    return StageThroughHost(pending, m.comm->nranks(), devices_.get(), staging_pool_.get(),
+                            &executor_);
   }
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@
 #include "daemon/comm/stream_gates.h"
 #include "daemon/config.h"
 #include "daemon/device/device_runtime.h"
+#include "daemon/device/staging_pool.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
@@ -275,6 +276,8 @@ class DaemonCore {
   DeadlineTimer timer_;
   // Before the executor: its workers run device plans on it until they are joined.
   std::unique_ptr<device::DeviceRuntime> devices_;
+  // Host buffers for staging device memory across nodes; set with devices_.
+  std::unique_ptr<device::StagingPool> staging_pool_;
   absl::Status no_devices_ = absl::FailedPreconditionError("no device runtime was set up");
   mutable absl::Mutex cross_node_mu_;
   std::string cross_node_devices_ ABSL_GUARDED_BY(cross_node_mu_);

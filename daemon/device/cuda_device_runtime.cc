@@ -73,6 +73,19 @@ class CudaMapping : public DeviceMapping {
   int device_;
 };
 
+// cudaHostAlloc'd memory; cudaFreeHost needs no runtime object, so it may outlive the runtime.
+class CudaPinnedHost : public PinnedHostMemory {
+ public:
+  CudaPinnedHost(std::byte* data, size_t size) : data_(data), size_(size) {}
+  ~CudaPinnedHost() override { cudaFreeHost(data_); }
+  std::byte* data() const override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  std::byte* const data_;
+  const size_t size_;
+};
+
 class CudaDeviceRuntime : public DeviceRuntime {
  public:
   explicit CudaDeviceRuntime(int count)
@@ -226,6 +239,15 @@ class CudaDeviceRuntime : public DeviceRuntime {
   absl::Status CopyFromHost(int device, void* device_dst, const void* host_src,
                             size_t bytes) override {
     return CopyAndWait(device, device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+  }
+  absl::StatusOr<std::unique_ptr<PinnedHostMemory>> AllocatePinned(size_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("cannot pin 0 bytes of host memory");
+    void* p = nullptr;
+    if (const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable); e != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaHostAlloc of ", bytes, " bytes: ", cudaGetErrorString(e)));
+    }
+    return std::make_unique<CudaPinnedHost>(static_cast<std::byte*>(p), bytes);
   }
   absl::Status Synchronize(int device) override {
     absl::StatusOr<cudaStream_t> s = StreamOn(device);

@@ -32,6 +32,15 @@ class DeviceMapping {
   virtual int device() const = 0;
 };
 
+// Page-locked host memory, every page resident, freed on destruction: device copies to and from
+// it run at the bus's speed, where pageable memory goes through the driver's own bounce buffers.
+class PinnedHostMemory {
+ public:
+  virtual ~PinnedHostMemory() = default;
+  virtual std::byte* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -75,6 +84,9 @@ class DeviceRuntime {
                                   size_t bytes) = 0;
   virtual absl::Status CopyFromHost(int device, void* device_dst, const void* host_src,
                                     size_t bytes) = 0;
+  // `bytes` (> 0) of page-locked host memory usable with every device (cudaHostAlloc, portable),
+  // or RESOURCE_EXHAUSTED naming the cause.
+  virtual absl::StatusOr<std::unique_ptr<PinnedHostMemory>> AllocatePinned(size_t bytes) = 0;
   // Waits until everything enqueued on `device` before the call has finished; the first error
   // any of it met (INTERNAL, naming the CUDA error).
   virtual absl::Status Synchronize(int device) = 0;

@@ -212,6 +212,34 @@ absl::Status FakeDeviceRuntime::CopyFromHost(int device, void* device_dst, const
   return absl::OkStatus();
 }
 
+namespace {
+
+class PopulatedHostMemory : public PinnedHostMemory {
+ public:
+  PopulatedHostMemory(std::byte* data, size_t size) : data_(data), size_(size) {}
+  ~PopulatedHostMemory() override { ::munmap(data_, size_); }
+  std::byte* data() const override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  std::byte* const data_;
+  const size_t size_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PinnedHostMemory>> FakeDeviceRuntime::AllocatePinned(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("cannot pin 0 bytes of host memory");
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", bytes, " bytes of pinned host memory: ", std::strerror(errno)));
+  }
+  pinned_allocations_.fetch_add(1);
+  return std::make_unique<PopulatedHostMemory>(static_cast<std::byte*>(p), bytes);
+}
+
 absl::Status FakeDeviceRuntime::Synchronize(int device) {
   if (device < 0 || device >= devices_) {
     return absl::InvalidArgumentError(absl::StrCat("no device ", device));

@@ -55,10 +55,14 @@ class FakeDeviceRuntime : public DeviceRuntime {
                           size_t bytes) override;
   absl::Status CopyFromHost(int device, void* device_dst, const void* host_src,
                             size_t bytes) override;
+  // Anonymous memory with every page faulted in at once (MAP_POPULATE), as page-locking does.
+  absl::StatusOr<std::unique_ptr<PinnedHostMemory>> AllocatePinned(size_t bytes) override;
   absl::Status Synchronize(int device) override;
 
   // Steps run (reduce, copy, swap) and mappings alive, for tests.
   uint64_t steps() const { return steps_.load(); }
+  // Pinned allocations made, for tests.
+  uint64_t pinned_allocations() const { return pinned_allocations_.load(); }
   size_t live_mappings() const;
 
  private:
@@ -84,6 +88,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
   const bool peer_access_;
   const std::shared_ptr<Regions> regions_ = std::make_shared<Regions>();
   std::atomic<uint64_t> steps_{0};
+  std::atomic<uint64_t> pinned_allocations_{0};
 };
 
 }  // namespace railyard::device

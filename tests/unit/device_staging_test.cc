@@ -62,6 +62,7 @@ struct FakeBuffer {
 
 TEST(DeviceStagingTest, TheRequestRunsOnHostCopiesAndItsResultReachesTheDeviceFirst) {
   device::FakeDeviceRuntime rt(1);
+  device::StagingPool pool(&rt, 1 << 20);
   scheduler::Executor executor(1);
   constexpr size_t kCount = 1000;
   FakeBuffer send(&rt, kCount * 4), recv(&rt, kCount * 4);
@@ -80,13 +81,13 @@ TEST(DeviceStagingTest, TheRequestRunsOnHostCopiesAndItsResultReachesTheDeviceFi
   p.req.device = 0;
   p.send_segment = send.segment;
   p.recv_segment = recv.segment;
-  ASSERT_TRUE(StageThroughHost(&p, 2, &rt, &executor).ok());
+  ASSERT_TRUE(StageThroughHost(&p, 2, &rt, &pool, &executor).ok());
   EXPECT_EQ(p.req.device, -1);
   // Host memory now, holding what the device held (this read would fault on device addresses).
   const auto* staged_send = reinterpret_cast<const float*>(p.req.send);
   EXPECT_EQ(staged_send[999], 999.0f);
   auto* staged_recv = reinterpret_cast<float*>(p.req.recv);
-  EXPECT_EQ(staged_recv[0], -1.0f);
+  EXPECT_NE(staged_recv[0], -1.0f);  // an AllReduce writes all of it: not copied in
   for (size_t i = 0; i < kCount; ++i) staged_recv[i] = 2.0f * static_cast<float>(i);
   EXPECT_EQ(recv.view[5], -1.0f);  // not yet on the device
   auto sink = p.session.lock();
@@ -99,8 +100,81 @@ TEST(DeviceStagingTest, TheRequestRunsOnHostCopiesAndItsResultReachesTheDeviceFi
   EXPECT_EQ(send.view[5], 5.0f);  // out of place: the send buffer is not written back
 }
 
+PendingRequest AllReduceOn(FakeBuffer* send, FakeBuffer* recv, size_t count,
+                           const std::shared_ptr<Recorder>& client) {
+  PendingRequest p;
+  p.request_id = 1;
+  if (client != nullptr) p.session = client;
+  p.req.op = scheduler::OpKind::kAllReduce;
+  p.req.count = count;
+  p.req.send = send->segment->data();
+  p.req.recv = recv->segment->data();
+  p.req.device = 0;
+  p.send_segment = send->segment;
+  p.recv_segment = recv->segment;
+  return p;
+}
+
+// The pool's buffers serve one operation after another (possibly another tenant's). What reaches
+// the device is the operation's own: a failed operation copies nothing back, a successful one its
+// result, and where it may leave bytes unwritten (AllToAllv) they were copied in from its own
+// device memory first.
+TEST(DeviceStagingTest, ReusedBuffersBringNothingOfAnEarlierOperationToTheDevice) {
+  device::FakeDeviceRuntime rt(1);
+  device::StagingPool pool(&rt, 64 << 20);
+  scheduler::Executor executor(1);
+  constexpr size_t kCount = 50000;
+  FakeBuffer send_a(&rt, kCount * 4), recv_a(&rt, kCount * 4);
+  FakeBuffer send_b(&rt, kCount * 4), recv_b(&rt, kCount * 4);
+  for (size_t i = 0; i < kCount; ++i) {
+    send_a.view[i] = 1.0f;
+    send_b.view[i] = 3.0f;
+    recv_b.view[i] = 4.0f;
+  }
+  // Runs one staged operation that writes `result` into staged recv elements [from, to) (and
+  // [from2, to2)); `fail`: it ends with an error.
+  auto run = [&](PendingRequest p, float result, size_t from, size_t to, bool fail,
+                 size_t from2 = 0, size_t to2 = 0) -> absl::Status {
+    auto client = std::make_shared<Recorder>();
+    p.session = client;
+    if (absl::Status s = StageThroughHost(&p, 2, &rt, &pool, &executor); !s.ok()) return s;
+    auto* staged = reinterpret_cast<float*>(p.req.recv);
+    for (size_t i = from; i < to; ++i) staged[i] = result;
+    for (size_t i = from2; i < to2; ++i) staged[i] = result;
+    p.session.lock()->PostCompletion(1, fail ? absl::InternalError("peer gone") : absl::OkStatus(),
+                                     0);
+    if (!client->WaitDone()) return absl::DeadlineExceededError("no completion");
+    return client->status();
+  };
+  ASSERT_TRUE(run(AllReduceOn(&send_a, &recv_a, kCount, nullptr), 99.0f, 0, kCount, false).ok());
+  EXPECT_EQ(recv_a.view[kCount - 1], 99.0f);
+  EXPECT_EQ(pool.stats().idle_buffers, 2u);
+
+  // B reuses A's buffers (A's 99s are in them); it fails after writing one element.
+  EXPECT_EQ(run(AllReduceOn(&send_b, &recv_b, kCount, nullptr), 7.0f, 0, 1, true).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(pool.stats().reuses, 2u);
+  EXPECT_EQ(rt.pinned_allocations(), 2u);
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(recv_b.view[i], 4.0f) << i;  // untouched
+
+  // AllToAllv receiving blocks [0, N/4) and [N/2, 3N/4): the gap between them comes back as the
+  // device held it, not as the reused buffer did.
+  PendingRequest v = AllReduceOn(&send_b, &recv_b, 0, nullptr);
+  v.req.op = scheduler::OpKind::kAllToAllv;
+  v.req.send_counts = {kCount / 4, kCount / 4};
+  v.req.send_displs = {0, kCount / 4};
+  v.req.recv_counts = {kCount / 4, kCount / 4};
+  v.req.recv_displs = {0, kCount / 2};
+  ASSERT_TRUE(run(std::move(v), 5.0f, 0, kCount / 4, false, kCount / 2, 3 * kCount / 4).ok());
+  for (size_t i = 0; i < 3 * kCount / 4; ++i) {
+    const bool received = i < kCount / 4 || i >= kCount / 2;
+    ASSERT_EQ(recv_b.view[i], received ? 5.0f : 4.0f) << i;
+  }
+}
+
 TEST(DeviceStagingTest, AFailedCopyLeavesTheRequestAsItWas) {
   device::FakeDeviceRuntime rt(1);
+  device::StagingPool pool(&rt, 1 << 20);
   scheduler::Executor executor(1);
   FakeBuffer send(&rt, 4096);
   PendingRequest p;
@@ -109,7 +183,7 @@ TEST(DeviceStagingTest, AFailedCopyLeavesTheRequestAsItWas) {
   p.req.send = send.segment->data();
   p.req.recv = send.segment->data();
   p.req.device = 0;
-  absl::Status s = StageThroughHost(&p, 2, &rt, &executor);
+  absl::Status s = StageThroughHost(&p, 2, &rt, &pool, &executor);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
   EXPECT_NE(s.message().find("copying device 0 memory to host memory before the operation"),
             std::string::npos)
