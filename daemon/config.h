@@ -83,6 +83,8 @@ struct DaemonConfig {
   absl::Duration stream_poll = absl::Microseconds(100);
   // Idle page-locked staging buffers kept for reuse (--staging_cache_bytes; device::StagingPool).
   uint64_t staging_cache_bytes = uint64_t{512} << 20;
+  // Accept legacy CUDA IPC handles for device memory (--cuda_ipc; DaemonCore::RegisterBuffer).
+  bool cuda_ipc = false;
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).
   size_t inline_max_bytes = 64 * 1024;

@@ -113,6 +113,11 @@ ABSL_FLAG(uint64_t, staging_cache_bytes, uint64_t{512} << 20,
           "Page-locked host memory the daemon keeps, idle, for reuse by operations that stage "
           "device memory across nodes (docs/gpu.md); buffers beyond it are freed when their "
           "operation ends (0: none kept)");
+ABSL_FLAG(bool, cuda_ipc, false,
+          "Accept device memory registered as legacy CUDA IPC handles (cudaIpcGetMemHandle), the "
+          "fallback for memory that is not a VMM allocation. Off by default: such a handle is not "
+          "bound to the process that made it, and opening it needs the daemon to see the "
+          "client's processes (hostIPC pods; docs/gpu.md)");
 ABSL_FLAG(int64_t, fake_gpus, 0,
           "Testing only: serve this many fake GPUs, whose device memory is memfds named "
           "railyard-fake-device-<N> (daemon/device/fake_device_runtime.h), instead of CUDA's "
@@ -204,6 +209,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "poll_us",
                                    "stream_poll_us",
                                    "staging_cache_bytes",
+                                   "cuda_ipc",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
                                    "shutdown_grace",
@@ -367,6 +373,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   }
   c.stream_poll = absl::Microseconds(stream_poll_us);
   c.staging_cache_bytes = absl::GetFlag(FLAGS_staging_cache_bytes);
+  c.cuda_ipc = absl::GetFlag(FLAGS_cuda_ipc);
   const int64_t inline_max = absl::GetFlag(FLAGS_inline_max_bytes);
   if (inline_max < 0 || inline_max > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("--inline_max_bytes must be in [0, 2^30]");

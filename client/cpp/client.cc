@@ -416,13 +416,39 @@ absl::StatusOr<Buffer> Client::RegisterDeviceMemory(int exported_fd, size_t size
     return absl::InvalidArgumentError(absl::StrCat("device ", device, " is not a device ordinal"));
   absl::StatusOr<uint64_t> id = core_->RegisterBuffer(exported_fd, size, device);
   if (!id.ok()) return id.status();
+  return DeviceBuffer(*id, device_ptr, size, device);
+}
+
+Buffer Client::DeviceBuffer(uint64_t id, void* device_ptr, size_t size, int device) const {
   Buffer buffer;
   buffer.core_ = core_;
   buffer.data_ = device_ptr;
   buffer.size_ = size;
-  buffer.id_ = *id;
+  buffer.id_ = id;
   buffer.device_ = device;
   return buffer;
+}
+
+absl::StatusOr<Buffer> Client::RegisterCudaIpcMemory(std::string_view cuda_ipc_handle,
+                                                     uint64_t offset, size_t size, int device,
+                                                     void* device_ptr) {
+  if (size == 0) return absl::InvalidArgumentError("cannot register 0 bytes of device memory");
+  if (device < 0)
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " is not a device ordinal"));
+  absl::StatusOr<uint64_t> id = core_->RegisterCudaIpc(cuda_ipc_handle, offset, size, device);
+  if (!id.ok()) return id.status();
+  return DeviceBuffer(*id, device_ptr, size, device);
+}
+
+absl::StatusOr<Buffer> Client::RegisterDevicePointer(void* device_ptr, size_t size, int device) {
+  absl::StatusOr<DevicePointerExport> exported = ExportDevicePointer(device_ptr, size, device);
+  if (!exported.ok()) return exported.status();
+  if (exported->fd >= 0) {
+    absl::StatusOr<Buffer> buffer = RegisterDeviceMemory(exported->fd, size, device, device_ptr);
+    ::close(exported->fd);
+    return buffer;
+  }
+  return RegisterCudaIpcMemory(exported->ipc_handle, exported->offset, size, device, device_ptr);
 }
 
 absl::StatusOr<Buffer> Client::AllocateDevice(size_t size, int device) {

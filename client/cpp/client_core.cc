@@ -428,6 +428,24 @@ absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size, in
   return response.buffer_id();
 }
 
+absl::StatusOr<uint64_t> ClientCore::RegisterCudaIpc(std::string_view handle, uint64_t offset,
+                                                     uint64_t size, int device) {
+  if (absl::Status st = SessionError(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  v1::RegisterBufferRequest request;
+  request.set_session_id(session_id_);
+  request.set_size_bytes(size);
+  request.set_memory(v1::MEMORY_KIND_CUDA);
+  request.set_device(device);
+  request.set_cuda_ipc_handle(std::string(handle));
+  request.set_cuda_ipc_offset(offset);
+  v1::RegisterBufferResponse response;
+  grpc::Status status = stub_->RegisterBuffer(&ctx, request, &response);
+  if (!status.ok()) return RpcError("RegisterBuffer", status);
+  return response.buffer_id();
+}
+
 absl::Status ClientCore::ReleaseBuffer(uint64_t buffer_id) {
   if (absl::Status st = SessionError(); !st.ok()) return st;
   grpc::ClientContext ctx;

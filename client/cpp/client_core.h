@@ -95,6 +95,9 @@ class ClientCore {
   // Sends the memfd over the side channel and registers `size` bytes of it.
   // device -1: a host memfd; else a CUDA allocation's exported descriptor on that device.
   absl::StatusOr<uint64_t> RegisterBuffer(int memfd, uint64_t size, int device = -1);
+  // Device memory named by a legacy CUDA IPC handle, `offset` bytes into its allocation.
+  absl::StatusOr<uint64_t> RegisterCudaIpc(std::string_view handle, uint64_t offset, uint64_t size,
+                                           int device);
   absl::Status ReleaseBuffer(uint64_t buffer_id);
   absl::StatusOr<std::string> CreateCommId();
   absl::StatusOr<v1::InitCommResponse> InitComm(const std::string& comm_id, int rank, int nranks,

@@ -40,6 +40,12 @@ const CudaVmm& GetCudaVmm() {
         {"cuMemHostGetDevicePointer", reinterpret_cast<void**>(&v->MemHostGetDevicePointer)},
         {"cuStreamWriteValue32", reinterpret_cast<void**>(&v->StreamWriteValue32)},
         {"cuStreamWaitValue32", reinterpret_cast<void**>(&v->StreamWaitValue32)},
+        {"cuMemGetAddressRange", reinterpret_cast<void**>(&v->GetAddressRange)},
+        {"cuMemRetainAllocationHandle", reinterpret_cast<void**>(&v->RetainAllocationHandle)},
+        {"cuPointerGetAttribute", reinterpret_cast<void**>(&v->PointerGetAttribute)},
+        {"cuIpcGetMemHandle", reinterpret_cast<void**>(&v->IpcGetMemHandle)},
+        {"cuIpcOpenMemHandle", reinterpret_cast<void**>(&v->IpcOpenMemHandle)},
+        {"cuIpcCloseMemHandle", reinterpret_cast<void**>(&v->IpcCloseMemHandle)},
     };
     for (const auto& s : symbols) {
       cudaDriverEntryPointQueryResult found{};

@@ -7,6 +7,7 @@
 
 #if RAILYARD_CLIENT_CUDA
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include "client/cpp/cuda_vmm.h"
 #endif
@@ -118,6 +119,64 @@ absl::StatusOr<int> DeviceMemory::ExportFd() const {
   return fd;
 }
 
+absl::StatusOr<DevicePointerExport> ExportDevicePointer(const void* ptr, size_t size, int device) {
+  if (size == 0) return absl::InvalidArgumentError("cannot register 0 bytes of device memory");
+  const CudaVmm& v = GetVmm();
+  if (!v.status.ok()) return v.status;
+  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
+  }
+  cudaFree(nullptr);  // the primary context, current
+  const auto p = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  int ordinal = -1;
+  CUresult r = v.GetAddressRange(&base, &bytes, p);
+  if (r == CUDA_SUCCESS) {
+    r = v.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
+  }
+  if (r != CUDA_SUCCESS) {
+    return Fail(absl::StatusCode::kInvalidArgument, "not device memory (cuMemGetAddressRange)", r);
+  }
+  if (ordinal != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the pointer is memory of device ", ordinal, ", not of device ", device));
+  }
+  DevicePointerExport out;
+  out.offset = p - base;
+  if (out.offset > bytes || size > bytes - out.offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(size, " bytes at offset ", out.offset, " run past the allocation's ", bytes));
+  }
+  CUmemGenericAllocationHandle h{};
+  if (v.RetainAllocationHandle(&h, const_cast<void*>(ptr)) == CUDA_SUCCESS) {  // VMM memory
+    int fd = -1;
+    r = v.Export(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    v.Release(h);
+    if (r != CUDA_SUCCESS) {
+      return Fail(absl::StatusCode::kFailedPrecondition,
+                  "the VMM allocation exports no file descriptor (create it with "
+                  "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)",
+                  r);
+    }
+    if (out.offset != 0) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat("a VMM allocation is registered from its start; this pointer is at offset ",
+                       out.offset, " (register the allocation and use offsets into the buffer)"));
+    }
+    out.fd = fd;
+    return out;
+  }
+  CUipcMemHandle handle{};
+  if ((r = v.IpcGetMemHandle(&handle, base)) != CUDA_SUCCESS) {
+    return Fail(absl::StatusCode::kFailedPrecondition, "cuIpcGetMemHandle", r);
+  }
+  out.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  return out;
+}
+
 void DeviceMemory::Reset() {
   if (ptr_ == 0 && handle_ == 0) return;
   const CudaVmm& v = GetVmm();
@@ -139,6 +198,11 @@ absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(size_t, int) {
 
 absl::StatusOr<int> DeviceMemory::ExportFd() const {
   return absl::FailedPreconditionError("no device memory to export");
+}
+
+absl::StatusOr<DevicePointerExport> ExportDevicePointer(const void*, size_t, int) {
+  return absl::FailedPreconditionError(
+      "this Railyard client was built without CUDA (nvcc was not found): no device memory");
 }
 
 void DeviceMemory::Reset() {}

@@ -161,13 +161,36 @@ void DaemonCore::SetCrossNodeDevicePath(std::string how) {
 
 absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, uint64_t fd_handle,
                                                     uint64_t size, v1::MemoryKind memory,
-                                                    int device) {
-  std::shared_ptr<FdChannel> channel = session.fd_channel();
-  if (channel == nullptr) {
-    return absl::FailedPreconditionError("this session has no buffer side channel");
+                                                    int device, std::string_view cuda_ipc_handle,
+                                                    uint64_t cuda_ipc_offset) {
+  const bool ipc = !cuda_ipc_handle.empty();
+  absl::StatusOr<UniqueFd> fd = UniqueFd();
+  if (ipc) {
+    if (fd_handle != 0) {
+      return absl::InvalidArgumentError(
+          "a buffer comes either as a descriptor (fd_handle) or as a CUDA IPC handle, not both");
+    }
+    if (memory != v1::MEMORY_KIND_CUDA) {
+      return absl::InvalidArgumentError(
+          "a CUDA IPC handle names device memory: memory must be "
+          "MEMORY_KIND_CUDA");
+    }
+    if (!config_.cuda_ipc) {
+      return absl::FailedPreconditionError(
+          "this daemon does not take legacy CUDA IPC handles (--cuda_ipc is off: such a handle "
+          "is not bound to the process that made it, so the daemon could not tell whether this "
+          "session's process owns the memory): register a VMM allocation exported as a file "
+          "descriptor (Client::AllocateDevice, or cuMemCreate with "
+          "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), or ask the operator for --cuda_ipc");
+    }
+  } else {
+    std::shared_ptr<FdChannel> channel = session.fd_channel();
+    if (channel == nullptr) {
+      return absl::FailedPreconditionError("this session has no buffer side channel");
+    }
+    fd = channel->Take(fd_handle);
+    if (!fd.ok()) return fd.status();
   }
-  absl::StatusOr<UniqueFd> fd = channel->Take(fd_handle);
-  if (!fd.ok()) return fd.status();
   if (size == 0) return absl::InvalidArgumentError("buffer size must be > 0");
   if (memory != v1::MEMORY_KIND_HOST && memory != v1::MEMORY_KIND_CUDA) {
     return absl::InvalidArgumentError(absl::StrCat("memory kind ", static_cast<int>(memory),
@@ -195,7 +218,9 @@ absl::StatusOr<uint64_t> DaemonCore::RegisterBuffer(Session& session, uint64_t f
   absl::StatusOr<std::shared_ptr<MappedSegment>> seg;
   if (memory == v1::MEMORY_KIND_CUDA) {
     absl::StatusOr<std::shared_ptr<device::DeviceMapping>> mapping =
-        devices_->Import(device, *std::move(fd), size);
+        ipc ? devices_->ImportIpc(device, cuda_ipc_handle, cuda_ipc_offset, size,
+                                  session.cred().pid)
+            : devices_->Import(device, *std::move(fd), size);
     if (mapping.ok()) {
       seg = MappedSegment::FromDevice(*std::move(mapping));
     } else {

@@ -122,9 +122,13 @@ class DaemonCore {
   // session's and job's buffer quotas. With memory MEMORY_KIND_CUDA the descriptor is a device
   // allocation to import on `device` (device::DeviceRuntime::Import says what it checks);
   // FAILED_PRECONDITION when this daemon has no devices, INVALID_ARGUMENT for an unknown kind.
+  // A non-empty cuda_ipc_handle instead of a descriptor (fd_handle 0): legacy CUDA IPC, device
+  // memory at cuda_ipc_offset of that allocation (DeviceRuntime::ImportIpc), only with
+  // --cuda_ipc (FAILED_PRECONDITION saying why otherwise).
   absl::StatusOr<uint64_t> RegisterBuffer(Session& session, uint64_t fd_handle, uint64_t size,
                                           v1::MemoryKind memory = v1::MEMORY_KIND_HOST,
-                                          int device = -1);
+                                          int device = -1, std::string_view cuda_ipc_handle = {},
+                                          uint64_t cuda_ipc_offset = 0);
   absl::Status ReleaseBuffer(Session& session, uint64_t buffer_id);
 
   std::string NewCommId();

@@ -4,9 +4,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,11 +30,21 @@ absl::Status LaunchStatus(const char* what, int e) {
   return absl::InternalError(absl::StrCat(what, ": ", railyard_cuda_error_string(e)));
 }
 
+// Legacy CUDA IPC handles opened in this process, by handle bytes: the driver maps an allocation
+// once per process (a second cuIpcOpenMemHandle of the same handle fails), and several buffers of
+// a client may lie in one allocation. Closed when its last mapping goes.
+struct IpcOpened {
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  int refs = 0;
+};
+
 // The imported mappings by address (DeviceOf); shared with the mappings, which may outlive the
 // runtime.
 struct Registry {
   mutable std::mutex mu;
   std::map<CUdeviceptr, std::pair<uint64_t, int>> by_address;  // base -> (mapped bytes, device)
+  std::map<std::string, IpcOpened> ipc;                        // CudaIpcMapping's
 };
 
 // Uses the process-wide entry points (GetCudaVmm, never destroyed): a mapping may outlive the
@@ -69,6 +82,40 @@ class CudaMapping : public DeviceMapping {
   CUmemGenericAllocationHandle handle_;
   CUdeviceptr ptr_;
   uint64_t mapped_;
+  uint64_t size_;
+  int device_;
+};
+
+// [ptr, ptr + size) of an opened IPC allocation; the allocation is in the registry (DeviceOf)
+// while it is open.
+class CudaIpcMapping : public DeviceMapping {
+ public:
+  CudaIpcMapping(std::shared_ptr<Registry> registry, std::string handle, CUdeviceptr ptr,
+                 uint64_t size, int device)
+      : d_(&internal::GetCudaVmm()),
+        registry_(std::move(registry)),
+        handle_(std::move(handle)),
+        ptr_(ptr),
+        size_(size),
+        device_(device) {}
+  ~CudaIpcMapping() override {
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    auto it = registry_->ipc.find(handle_);
+    if (it != registry_->ipc.end() && --it->second.refs == 0) {
+      registry_->by_address.erase(it->second.base);
+      d_->IpcCloseMemHandle(it->second.base);
+      registry_->ipc.erase(it);
+    }
+  }
+  std::byte* data() const override { return reinterpret_cast<std::byte*>(ptr_); }
+  uint64_t size() const override { return size_; }
+  int device() const override { return device_; }
+
+ private:
+  const Driver* d_;
+  const std::shared_ptr<Registry> registry_;
+  const std::string handle_;
+  CUdeviceptr ptr_;
   uint64_t size_;
   int device_;
 };
@@ -213,6 +260,37 @@ class CudaDeviceRuntime : public DeviceRuntime {
     return std::make_shared<CudaMapping>(registry_, handle, ptr, mapped, size, device);
   }
 
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> ImportIpc(
+      int device, std::string_view handle, uint64_t offset, uint64_t size,
+      int64_t /*client_pid: not checkable*/) override {
+    if (size == 0) return absl::InvalidArgumentError("device memory size must be > 0");
+    if (handle.size() != kCudaIpcHandleBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle has ", kCudaIpcHandleBytes,
+                                                     " bytes, not ", handle.size()));
+    }
+    if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
+    }
+    const std::string key(handle);
+    CUdeviceptr ptr = 0;
+    {
+      std::lock_guard<std::mutex> lock(registry_->mu);
+      absl::StatusOr<IpcOpened*> opened = OpenIpcLocked(key, device);
+      if (!opened.ok()) return opened.status();
+      if (offset > (*opened)->bytes || size > (*opened)->bytes - offset) {
+        if ((*opened)->refs == 0) CloseIpcLocked(key);
+        return absl::InvalidArgumentError(
+            absl::StrCat("device memory of ", size, " bytes at offset ", offset,
+                         " does not fit the CUDA IPC allocation of ", (*opened)->bytes, " bytes"));
+      }
+      ++(*opened)->refs;
+      ptr = (*opened)->base + offset;
+    }
+    return std::make_shared<CudaIpcMapping>(registry_, key, ptr, size, device);
+  }
+
   absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
                             void* const* dsts, int ndsts, const void* const* srcs, int nsrcs,
                             size_t count, uint32_t avg_divisor) override {
@@ -256,6 +334,47 @@ class CudaDeviceRuntime : public DeviceRuntime {
   }
 
  private:
+  // The opened allocation of a legacy IPC handle (opened now when it is not yet: on `device`,
+  // where it must live); refs 0 when just opened.
+  absl::StatusOr<IpcOpened*> OpenIpcLocked(const std::string& key, int device) {
+    IpcOpened& opened = registry_->ipc[key];
+    if (opened.refs > 0) return &opened;
+    CUipcMemHandle h{};
+    std::memcpy(&h, key.data(), sizeof(h));
+    CUdeviceptr base = 0;
+    CUresult r = d_.IpcOpenMemHandle(&base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (r != CUDA_SUCCESS) {
+      registry_->ipc.erase(key);
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot open the CUDA IPC handle (cuIpcOpenMemHandle: ", DriverError(d_, r),
+                       "; the daemon must see the client's process: hostIPC, docs/gpu.md)"));
+    }
+    opened.base = base;
+    CUdeviceptr range_base = 0;
+    int ordinal = -1;
+    if ((r = d_.GetAddressRange(&range_base, &opened.bytes, base)) != CUDA_SUCCESS ||
+        (r = d_.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, base)) !=
+            CUDA_SUCCESS) {
+      CloseIpcLocked(key);
+      return absl::InternalError(
+          absl::StrCat("describing an opened CUDA IPC allocation: ", DriverError(d_, r)));
+    }
+    if (ordinal != device) {
+      CloseIpcLocked(key);
+      return absl::InvalidArgumentError(absl::StrCat("the allocation lives on device ", ordinal,
+                                                     ", not on device ", device, " as registered"));
+    }
+    registry_->by_address[base] = {opened.bytes, device};
+    return &opened;
+  }
+  void CloseIpcLocked(const std::string& key) {
+    auto it = registry_->ipc.find(key);
+    if (it == registry_->ipc.end()) return;
+    registry_->by_address.erase(it->second.base);
+    d_.IpcCloseMemHandle(it->second.base);
+    registry_->ipc.erase(it);
+  }
+
   absl::Status CopyAndWait(int device, void* dst, const void* src, size_t bytes,
                            cudaMemcpyKind kind) {
     absl::StatusOr<cudaStream_t> s = StreamOn(device);

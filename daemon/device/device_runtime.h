@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,6 +59,18 @@ class DeviceRuntime {
   // allocation holds `size` bytes (INVALID_ARGUMENT). The descriptor is closed either way.
   virtual absl::StatusOr<std::shared_ptr<DeviceMapping>> Import(int device, UniqueFd fd,
                                                                 uint64_t size) = 0;
+
+  // Maps `size` bytes at `offset` of the allocation a client exported with legacy CUDA IPC
+  // (cudaIpcGetMemHandle: `handle` is the kCudaIpcHandleBytes-byte cudaIpcMemHandle_t). Checks as
+  // Import's, plus: the handle's length (INVALID_ARGUMENT), and offset + size within the
+  // allocation (INVALID_ARGUMENT). client_pid is the registering process as the kernel reports
+  // it; CUDA's handles do not say which process made them (so CUDA's runtime cannot check it;
+  // the fake's handles do, and it refuses another process's with PERMISSION_DENIED).
+  static constexpr size_t kCudaIpcHandleBytes = 64;
+  virtual absl::StatusOr<std::shared_ptr<DeviceMapping>> ImportIpc(int device,
+                                                                   std::string_view handle,
+                                                                   uint64_t offset, uint64_t size,
+                                                                   int64_t client_pid) = 0;
 
   // The device whose imported memory holds ptr, or -1 (not device memory imported here).
   virtual int DeviceOf(const void* ptr) const = 0;

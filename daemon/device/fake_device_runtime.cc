@@ -1,5 +1,6 @@
 #include "daemon/device/fake_device_runtime.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,33 +15,37 @@
 
 namespace railyard::device {
 
+// [offset, offset + size) of a fake allocation; both of its mappings start at the allocation's
+// base (mmap offsets must be page-aligned, a registered offset need not be).
 class FakeDeviceRuntime::Mapping : public DeviceMapping {
  public:
-  Mapping(std::shared_ptr<Regions> regions, std::byte* device_ptr, std::byte* host, uint64_t mapped,
-          uint64_t size, int device)
+  Mapping(std::shared_ptr<Regions> regions, std::byte* device_base, std::byte* host_base,
+          uint64_t mapped, uint64_t offset, uint64_t size, int device)
       : regions_(std::move(regions)),
-        device_ptr_(device_ptr),
-        host_(host),
+        device_base_(device_base),
+        host_base_(host_base),
         mapped_(mapped),
+        offset_(offset),
         size_(size),
         device_(device) {}
   ~Mapping() override {
     {
       absl::MutexLock lock(&regions_->mu);
-      regions_->by_address.erase(device_ptr_);
+      regions_->by_address.erase(device_base_ + offset_);
     }
-    ::munmap(host_, mapped_);
-    ::munmap(device_ptr_, mapped_);
+    ::munmap(host_base_, mapped_);
+    ::munmap(device_base_, mapped_);
   }
-  std::byte* data() const override { return device_ptr_; }
+  std::byte* data() const override { return device_base_ + offset_; }
   uint64_t size() const override { return size_; }
   int device() const override { return device_; }
 
  private:
   std::shared_ptr<Regions> regions_;
-  std::byte* device_ptr_;
-  std::byte* host_;
+  std::byte* device_base_;
+  std::byte* host_base_;
   uint64_t mapped_;
+  uint64_t offset_;
   uint64_t size_;
   int device_;
 };
@@ -81,6 +86,48 @@ absl::StatusOr<UniqueFd> FakeDeviceRuntime::Allocate(int device, uint64_t bytes)
 
 absl::StatusOr<std::shared_ptr<DeviceMapping>> FakeDeviceRuntime::Import(int device, UniqueFd fd,
                                                                          uint64_t size) {
+  return Map(device, fd.get(), 0, size);
+}
+
+absl::StatusOr<std::string> FakeDeviceRuntime::ExportIpc(int fd) {
+  if (fd < 0) return absl::InvalidArgumentError("no descriptor to export");
+  FakeIpcHandle h{};
+  std::memcpy(h.magic, kFakeIpcMagic, sizeof(h.magic));
+  h.pid = ::getpid();
+  h.fd = fd;
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+absl::StatusOr<std::shared_ptr<DeviceMapping>> FakeDeviceRuntime::ImportIpc(
+    int device, std::string_view handle, uint64_t offset, uint64_t size, int64_t client_pid) {
+  if (handle.size() != kCudaIpcHandleBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a CUDA IPC handle has ", kCudaIpcHandleBytes, " bytes, not ", handle.size()));
+  }
+  FakeIpcHandle h{};
+  std::memcpy(&h, handle.data(), sizeof(h));
+  if (std::memcmp(h.magic, kFakeIpcMagic, sizeof(h.magic)) != 0 || h.pid <= 0 || h.fd < 0) {
+    return absl::InvalidArgumentError(
+        "the CUDA IPC handle is not one this (fake) runtime made (FakeDeviceRuntime::ExportIpc)");
+  }
+  if (h.pid != client_pid) {
+    return absl::PermissionDeniedError(absl::StrCat("the CUDA IPC handle was made by process ",
+                                                    h.pid, ", not by this session's process ",
+                                                    client_pid));
+  }
+  // What opening a legacy IPC handle needs: the maker's process, visible here (hostIPC/hostPID).
+  const std::string path = absl::StrCat("/proc/", h.pid, "/fd/", h.fd);
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot open the CUDA IPC handle's allocation (",
+                                                   path, "): ", std::strerror(errno)));
+  }
+  return Map(device, fd.get(), offset, size);
+}
+
+absl::StatusOr<std::shared_ptr<DeviceMapping>> FakeDeviceRuntime::Map(int device, int fd,
+                                                                      uint64_t offset,
+                                                                      uint64_t size) {
   if (size == 0) return absl::InvalidArgumentError("device memory size must be > 0");
   if (device < 0 || device >= devices_) {
     return absl::InvalidArgumentError(absl::StrCat("device ", device, " is not one of the ",
@@ -89,12 +136,12 @@ absl::StatusOr<std::shared_ptr<DeviceMapping>> FakeDeviceRuntime::Import(int dev
   // What the descriptor is: "/memfd:railyard-fake-device-<N> (deleted)" for a fake allocation.
   char link[256] = {};
   struct stat st {};
-  const std::string proc = absl::StrCat("/proc/self/fd/", fd.get());
-  const ssize_t n = fd.valid() ? ::readlink(proc.c_str(), link, sizeof(link) - 1) : -1;
+  const std::string proc = absl::StrCat("/proc/self/fd/", fd);
+  const ssize_t n = fd >= 0 ? ::readlink(proc.c_str(), link, sizeof(link) - 1) : -1;
   const absl::string_view what(link, n > 0 ? static_cast<size_t>(n) : 0);
   const std::string prefix = absl::StrCat("/memfd:", kFakeDeviceMemfdPrefix);
   int home = -1;
-  if (!absl::StartsWith(what, prefix) || ::fstat(fd.get(), &st) != 0 ||
+  if (!absl::StartsWith(what, prefix) || ::fstat(fd, &st) != 0 ||
       !absl::SimpleAtoi(what.substr(prefix.size(), what.find(' ') - prefix.size()), &home)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the descriptor is not an exported device allocation (the fake runtime takes memfds named ",
@@ -105,26 +152,29 @@ absl::StatusOr<std::shared_ptr<DeviceMapping>> FakeDeviceRuntime::Import(int dev
     return absl::InvalidArgumentError(absl::StrCat("the allocation lives on device ", home,
                                                    ", not on device ", device, " as registered"));
   }
-  if (size > allocated) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device memory of ", size, " bytes does not fit the exported allocation of ",
-                     allocated, " bytes"));
+  if (offset > allocated || size > allocated - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device memory of ", size, " bytes", offset > 0 ? absl::StrCat(" at offset ", offset) : "",
+        " does not fit the exported allocation of ", allocated, " bytes"));
   }
-  void* host = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  const uint64_t mapped = offset + size;
+  void* host = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (host == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("mmap: ", std::strerror(errno)));
   }
-  void* dev = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* dev =
+      ::mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (dev == MAP_FAILED) {
-    ::munmap(host, size);
+    ::munmap(host, mapped);
     return absl::ResourceExhaustedError(absl::StrCat("mmap: ", std::strerror(errno)));
   }
   auto* d = static_cast<std::byte*>(dev);
+  auto* h = static_cast<std::byte*>(host);
   {
     absl::MutexLock lock(&regions_->mu);
-    regions_->by_address[d] = Region{static_cast<std::byte*>(host), size, device};
+    regions_->by_address[d + offset] = Region{h + offset, size, device};
   }
-  return std::make_shared<Mapping>(regions_, d, static_cast<std::byte*>(host), size, size, device);
+  return std::make_shared<Mapping>(regions_, d, h, mapped, offset, size, device);
 }
 
 size_t FakeDeviceRuntime::live_mappings() const {

@@ -46,6 +46,15 @@ class FakeDeviceRuntime : public DeviceRuntime {
   }
   absl::StatusOr<std::shared_ptr<DeviceMapping>> Import(int device, UniqueFd fd,
                                                         uint64_t size) override;
+  // Stands for a client's cudaIpcGetMemHandle on an allocation from Allocate (fd, still open in
+  // the calling process): a handle naming this process and the descriptor, which ImportIpc
+  // opens through /proc/<pid>/fd/<fd>. As with CUDA's legacy IPC, the importer must see the
+  // maker's process (a pod with hostIPC/hostPID); unlike CUDA's, the handle says which process
+  // made it, and ImportIpc refuses it from any other.
+  static absl::StatusOr<std::string> ExportIpc(int fd);
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> ImportIpc(int device, std::string_view handle,
+                                                           uint64_t offset, uint64_t size,
+                                                           int64_t client_pid) override;
   absl::Status ReduceToMany(int device, kernels::DataType dtype, kernels::RedOp op,
                             void* const* dsts, int ndsts, const void* const* srcs, int nsrcs,
                             size_t count, uint32_t avg_divisor) override;
@@ -81,6 +90,17 @@ class FakeDeviceRuntime : public DeviceRuntime {
     const Region* AtOrBelowLocked(const std::byte* p, uint64_t* offset) const
         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   };
+  static constexpr char kFakeIpcMagic[8] = {'R', 'Y', 'F', 'K', 'I', 'P', 'C', '1'};
+  struct FakeIpcHandle {
+    char magic[8];
+    int64_t pid;
+    int32_t fd;
+    char unused[44];
+  };
+  static_assert(sizeof(FakeIpcHandle) == kCudaIpcHandleBytes);
+  // Maps [offset, offset + size) of the fake allocation fd (not taken), after Import's checks.
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> Map(int device, int fd, uint64_t offset,
+                                                     uint64_t size);
   // The host address of [ptr, ptr + bytes) of device memory on `device`, or INVALID_ARGUMENT.
   absl::StatusOr<std::byte*> Translate(int device, const void* ptr, uint64_t bytes) const;
 

@@ -43,8 +43,9 @@ grpc::ServerUnaryReactor* LocalService::RegisterBuffer(grpc::CallbackServerConte
                                                        v1::RegisterBufferResponse* resp) {
   auto session = core_->FindSession(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
-  absl::StatusOr<uint64_t> id = core_->RegisterBuffer(
-      **session, req->fd_handle(), req->size_bytes(), req->memory(), req->device());
+  absl::StatusOr<uint64_t> id =
+      core_->RegisterBuffer(**session, req->fd_handle(), req->size_bytes(), req->memory(),
+                            req->device(), req->cuda_ipc_handle(), req->cuda_ipc_offset());
   if (id.ok()) resp->set_buffer_id(*id);
   return Done(ctx, id.status());
 }

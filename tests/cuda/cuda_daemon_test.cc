@@ -97,6 +97,81 @@ TEST_P(GpuDaemonTest, CollectivesOnDeviceBuffersAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GpuDaemonTest, ::testing::Values(2, 4));
 
+// Client::RegisterDevicePointer on memory a framework allocated: cudaMalloc'd memory goes by
+// legacy CUDA IPC (a daemon with --cuda_ipc; refused, saying so, by one without), a VMM
+// allocation by its descriptor; the two ranks' AllReduce is exact either way.
+TEST(GpuPointerTest, CudaMallocMemoryGoesByIpcAndVmmMemoryByDescriptor) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  constexpr size_t kCount = (size_t{1} << 20) + 3;
+  void* malloced = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&malloced, 2 * kCount * 4 + 256), cudaSuccess);
+  {
+    DaemonProcess strict;
+    ASSERT_TRUE(strict.ready()) << strict.Log();
+    auto c = Client::Connect(strict.Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto b = (*c)->RegisterDevicePointer(malloced, kCount * 4, 0);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+  }
+  DaemonProcess daemon({"--cuda_ipc"});
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < 2; ++r) {
+    auto c = Client::Connect(daemon.Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto fail = [&](const std::string& what) { errors[r] = what; };
+      auto comm = clients[r]->InitComm(*id, r, 2);
+      if (!comm.ok()) return fail(std::string(comm.status().message()));
+      absl::StatusOr<Buffer> buf;
+      absl::StatusOr<Buffer> vmm;
+      if (r == 0) {  // 256 bytes into the cudaMalloc'd allocation
+        buf = clients[r]->RegisterDevicePointer(static_cast<char*>(malloced) + 256, 2 * kCount * 4,
+                                                0);
+      } else {
+        vmm = clients[r]->AllocateDevice(2 * kCount * 4, 0);
+        if (!vmm.ok()) return fail("AllocateDevice: " + vmm.status().ToString());
+        auto inside = clients[r]->RegisterDevicePointer(static_cast<char*>(vmm->data()) + 4, 8, 0);
+        if (inside.status().code() != absl::StatusCode::kInvalidArgument) {
+          return fail("VMM memory at an offset: " + inside.status().ToString());
+        }
+        buf = clients[r]->RegisterDevicePointer(vmm->data(), 2 * kCount * 4, 0);
+      }
+      if (!buf.ok()) return fail("RegisterDevicePointer: " + buf.status().ToString());
+      std::vector<float> in(kCount);
+      for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>((r + 1) * (i % 13));
+      if (cudaMemcpy(buf->data(), in.data(), kCount * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+        return fail("upload");
+      }
+      absl::Status s = comm->AllReduce(BufferRef(*buf, 0), BufferRef(*buf, kCount * 4), kCount,
+                                       DataType::kFloat32, RedOp::kSum)
+                           .wait();
+      if (!s.ok()) return fail("allreduce: " + s.ToString());
+      std::vector<float> out(kCount);
+      if (cudaMemcpy(out.data(), static_cast<char*>(buf->data()) + kCount * 4, kCount * 4,
+                     cudaMemcpyDeviceToHost) != cudaSuccess) {
+        return fail("download");
+      }
+      for (size_t i = 0; i < kCount; ++i) {
+        if (out[i] != 3.0f * static_cast<float>(i % 13)) return fail("allreduce value");
+      }
+      if (!(s = comm->Barrier().wait()).ok()) return fail("closing barrier: " + s.ToString());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << daemon.Log();
+  clients.clear();
+  cudaFree(malloced);
+}
+
 // Stream ordering on a real stream (docs/gpu.md): each rank's stream is held by a host function
 // until the host has submitted everything, then copies the input in, runs the AllReduce
 // (CollectiveOptions::stream: cuStreamWriteValue32 / cuStreamWaitValue32 on the client's host

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/device/fake_device_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
@@ -222,6 +223,72 @@ TEST(DeviceMemoryTest, BadDeviceMemoryIsRefusedSayingWhatIsWrong) {
   auto good = c.RegisterDeviceMemory(on1.fd, 4096, 1, on1.view);
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(daemon.Status().buffers(), 1u);
+}
+
+// Legacy CUDA IPC, the fallback for memory that is not a VMM allocation, on the fake runtime
+// (whose handles name the process and descriptor that made them): taken only with --cuda_ipc,
+// a buffer may start anywhere in its allocation, and ranks registered either way run together.
+TEST(DeviceMemoryTest, CudaIpcHandlesRegisterDeviceMemoryOnlyWhereTheOperatorAllowsThem) {
+  {
+    DaemonProcess strict({"--fake_gpus=1"});
+    ASSERT_TRUE(strict.ready()) << strict.Log();
+    auto client = Client::Connect(strict.Options());
+    ASSERT_TRUE(client.ok()) << client.status();
+    FakeDeviceMemory mem(0, 4096);
+    auto b = (*client)->RegisterCudaIpcMemory(*device::FakeDeviceRuntime::ExportIpc(mem.fd), 0,
+                                              4096, 0, mem.view);
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("--cuda_ipc is off"));
+    EXPECT_EQ(strict.Status().buffers(), 0u);
+    // Without a usable CUDA driver a device pointer cannot be exported at all.
+    int dummy = 0;
+    auto p = (*client)->RegisterDevicePointer(&dummy, sizeof(dummy), 0);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition) << p.status();
+  }
+  DaemonProcess daemon({"--fake_gpus=1", "--cuda_ipc"});
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  constexpr size_t kCount = 3000;
+  constexpr uint64_t kOffset = 4100;  // not page-aligned
+  const std::vector<std::string> errors =
+      RunRanks(daemon, 2, [&](int rank, Client& client, Comm& comm) -> std::string {
+        FakeDeviceMemory mem(0, kOffset + 2 * kCount * 4);
+        auto* at = reinterpret_cast<float*>(static_cast<std::byte*>(mem.view) + kOffset);
+        absl::StatusOr<Buffer> b;
+        if (rank == 0) {
+          const std::string handle = *device::FakeDeviceRuntime::ExportIpc(mem.fd);
+          // Bad handles first: each refused saying why, nothing kept.
+          auto bad = client.RegisterCudaIpcMemory(handle.substr(1), kOffset, kCount * 4, 0, at);
+          if (bad.ok() || bad.status().code() != absl::StatusCode::kInvalidArgument ||
+              bad.status().message().find("64 bytes, not 63") == std::string::npos) {
+            return "short handle: " + bad.status().ToString();
+          }
+          bad = client.RegisterCudaIpcMemory(handle, mem.bytes - 4, kCount * 4, 0, at);
+          if (bad.ok() || bad.status().code() != absl::StatusCode::kInvalidArgument ||
+              bad.status().message().find("does not fit") == std::string::npos) {
+            return "past the allocation: " + bad.status().ToString();
+          }
+          b = client.RegisterCudaIpcMemory(handle, kOffset, 2 * kCount * 4, 0, at);
+        } else {
+          b = client.RegisterDeviceMemory(mem.fd, mem.bytes, 0, mem.view);
+          at = mem.f();
+        }
+        if (!b.ok()) return "register: " + b.status().ToString();
+        for (size_t i = 0; i < kCount; ++i) at[i] = (rank + 1.0f) * static_cast<float>(i % 7);
+        Work w = comm.AllReduce(BufferRef(*b, 0), BufferRef(*b, kCount * 4), kCount,
+                                DataType::kFloat32, RedOp::kSum);
+        if (absl::Status s = w.wait(); !s.ok()) return "allreduce: " + s.ToString();
+        for (size_t i = 0; i < kCount; ++i) {
+          if (at[kCount + i] != 3.0f * static_cast<float>(i % 7)) {
+            return "value " + std::to_string(i) + " is " + std::to_string(at[kCount + i]);
+          }
+        }
+        // The bytes before the registered range (rank 0's first kOffset) are not the buffer's.
+        if (rank == 0 && mem.f()[0] != 0.0f) return "wrote before the buffer";
+        return "";
+      });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << daemon.Log();
 }
 
 TEST(DeviceMemoryTest, HostAndDeviceMemoryInOneOperationAreRefused) {

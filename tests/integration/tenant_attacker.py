@@ -30,7 +30,7 @@ def code_name(code):
 class Raw:
     """A session made by hand: side channel + Connect stream + unary calls."""
 
-    def __init__(self, sock, job, token):
+    def __init__(self, sock, job, token, pid=None):
         self.sock_path = sock
         self.side = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.side.settimeout(10)
@@ -43,7 +43,8 @@ class Raw:
         self.session = ""
         self.error = None
         self.stream = self.stub.Connect(local_pb2.ConnectRequest(
-            job_id=job, token=token, pid=os.getpid(), client="attacker", fd_ticket=self.ticket),
+            job_id=job, token=token, pid=pid or os.getpid(), client="attacker",
+            fd_ticket=self.ticket),
             timeout=3600)
         try:
             event = next(self.stream)
@@ -142,7 +143,7 @@ def attack_bad_descriptors(a):
     reply = s.put([memfd(4096)])
     out["unknown_memory_kind"] = s.register(reply[1], 4096, memory=7)
     reply = s.put([memfd(4096)])
-    out["device_memory_without_devices"] = s.register(reply[1], 4096, memory=1, device=0)
+    out["host_memfd_as_device_memory"] = s.register(reply[1], 4096, memory=1, device=0)
     out["put_without_descriptor"] = list(s.put([]))
     out["put_with_two_descriptors"] = list(s.put([memfd(4096), memfd(4096)]))
     reply = s.put([memfd(4096)])
@@ -197,6 +198,32 @@ def attack_foreign_handles(a):
         out["stream_words_in_victim_buffer"] = ("OK",)
     except grpc.RpcError as e:
         out["stream_words_in_victim_buffer"] = (e.code().name, e.details())
+    s.close()
+    return out
+
+
+def fake_ipc_handle(pid, fd):
+    """A legacy CUDA IPC handle as railyardd --fake_gpus makes them (FakeDeviceRuntime::ExportIpc):
+    the maker's pid and the allocation's descriptor number there."""
+    return b"RYFKIPC1" + struct.pack("<qi", pid, fd) + bytes(44)
+
+
+def attack_foreign_cuda_ipc(a):
+    """Registers the victim's device memory through a CUDA IPC handle naming the victim's process
+    and descriptor, from a session that also claims the victim's pid; then its own, to show the
+    path itself works for it."""
+    s = Raw(a["socket"], a["job"], a["token"], pid=a["victim_pid"])
+    assert s.session, s.error
+    cuda = {"memory": local_pb2.MEMORY_KIND_CUDA, "device": 0}
+    out = {"victim_memory": s.register(0, 4096, cuda_ipc_handle=fake_ipc_handle(
+        a["victim_pid"], a["victim_fd"]), **cuda)}
+    own = os.memfd_create("railyard-fake-device-0")
+    os.ftruncate(own, 4096)
+    out["own_memory"] = s.register(0, 4096, cuda_ipc_handle=fake_ipc_handle(os.getpid(), own),
+                                   **cuda)
+    out["garbage_handle"] = s.register(0, 4096, cuda_ipc_handle=os.urandom(64), **cuda)
+    out["with_a_descriptor_too"] = s.register(
+        7, 4096, cuda_ipc_handle=fake_ipc_handle(os.getpid(), own), **cuda)
     s.close()
     return out
 

@@ -1,5 +1,6 @@
 """Tenant isolation on one node, tried the way a hostile tenant would (issue: "Tenant isolation
-on a node"): a real railyardd with signed job tokens, a per-job uid policy and small quotas; a
+on a node"): a real railyardd with signed job tokens, a per-job uid policy and small quotas (and
+fake GPUs with legacy CUDA IPC allowed, --cuda_ipc, the riskiest way to register device memory); a
 victim job holding a buffer with known bytes and a communicator; attacks run as separate
 processes (tenant_attacker.py), some in their own pid and mount namespace like a pod, some as an
 unprivileged uid. Every attack must get a clear status, the victim must lose nothing (its bytes,
@@ -65,6 +66,7 @@ def node():
     proc = subprocess.Popen(
         [os.environ["RAILYARDD"], f"--socket={sock}", f"--token_key_file={key}",
          f"--job_policy={policy}", "--node_name=tenants", "--worker_threads=2",
+         "--fake_gpus=1", "--cuda_ipc",
          *[f"--{k}={v}" for k, v in QUOTAS.items()]], stdout=log, stderr=subprocess.STDOUT)
     wait_for("railyardd", lambda: proc.poll() is not None or (
         os.path.exists(sock) and os.path.exists(sock + ".fd")), 20)
@@ -138,7 +140,7 @@ def test_descriptors_that_are_not_sealed_allocated_memfds_are_refused(node, vict
         "handle_reused": ("NOT_FOUND", "was not given out"),
         "handle_never_given": ("NOT_FOUND", "was not given out"),
         "unknown_memory_kind": ("INVALID_ARGUMENT", "memory kind 7 is not one this daemon knows"),
-        "device_memory_without_devices": ("FAILED_PRECONDITION", "serves no device memory"),
+        "host_memfd_as_device_memory": ("INVALID_ARGUMENT", "not an exported device allocation"),
     }
     for case, (code, text) in expect.items():
         assert r[case][0] == code and text in r[case][1], (case, r[case])
@@ -182,6 +184,29 @@ def test_another_jobs_buffers_cannot_be_opened_or_named(node, victim):
                                                      "--mount-proc"))
     assert pod["dev_shm"] == [] and pod["victim_memfds_opened"] == []
     assert pod["pid_namespace_pids"] <= 3, pod
+    victim_intact(victim)
+
+
+def test_a_cuda_ipc_handle_of_another_process_is_refused_whatever_pid_the_session_claims(
+        node, victim):
+    """Legacy CUDA IPC (--cuda_ipc, on here with fake devices): a handle names the process that
+    made it, and the daemon compares it with the session's process as the kernel reports it, not
+    as the client claims."""
+    victim_fd = os.memfd_create("railyard-fake-device-0")
+    os.ftruncate(victim_fd, 4096)
+    with os.fdopen(os.dup(victim_fd), "r+b") as f:
+        f.write(b"victim device bytes")
+    try:
+        r = attack(node, "foreign_cuda_ipc", {"job": "mallory", "token": token(node, "mallory"),
+                                              "victim_pid": os.getpid(), "victim_fd": victim_fd})
+    finally:
+        os.close(victim_fd)
+    assert r["victim_memory"][0] == "PERMISSION_DENIED", r
+    assert f"made by process {os.getpid()}, not by this session's process" in r["victim_memory"][1]
+    assert r["own_memory"][0] == "OK", r
+    assert r["garbage_handle"][0] == "INVALID_ARGUMENT", r
+    assert r["with_a_descriptor_too"][0] == "INVALID_ARGUMENT", r
+    assert "not both" in r["with_a_descriptor_too"][1]
     victim_intact(victim)
 
 

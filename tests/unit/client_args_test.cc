@@ -184,8 +184,7 @@ TEST(ParsePerfArgsTest, DeviceBuffersNeedTheHostDataCheckOff) {
   EXPECT_EQ(fake->check, 1);
   absl::StatusOr<PerfArgs> no_device = Parse({"--fake_device"});
   ASSERT_FALSE(no_device.ok());
-  EXPECT_NE(no_device.status().message().find("--fake_device needs --device N"),
-            std::string::npos);
+  EXPECT_NE(no_device.status().message().find("--fake_device needs --device N"), std::string::npos);
 }
 
 TEST(ParsePerfArgsTest, StreamSyncIsOffUnlessAsked) {

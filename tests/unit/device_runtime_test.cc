@@ -71,6 +71,80 @@ TEST(FakeDeviceRuntimeTest, ImportChecksSizeDeviceAndWhatTheDescriptorIs) {
   EXPECT_TRUE(import(1, 4096).ok());
 }
 
+// Legacy CUDA IPC on the fake: the handle names its maker's process and descriptor. What
+// ImportIpc checks, and that the mapping is the registered range of the allocation.
+TEST(FakeDeviceRuntimeTest, ImportIpcChecksTheHandleItsMakerAndTheRange) {
+  FakeDeviceRuntime rt(2);
+  absl::StatusOr<UniqueFd> fd = FakeDeviceRuntime::Allocate(1, 8192);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  HostView view(fd->get(), 8192);
+  absl::StatusOr<std::string> handle = FakeDeviceRuntime::ExportIpc(fd->get());
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  ASSERT_EQ(handle->size(), DeviceRuntime::kCudaIpcHandleBytes);
+  const int64_t me = ::getpid();
+
+  // Bytes 1000..5095 of the allocation: the mapping starts there.
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> m = rt.ImportIpc(1, *handle, 1000, 4096, me);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->size(), 4096u);
+  EXPECT_EQ(rt.DeviceOf((*m)->data()), 1);
+  EXPECT_EQ(rt.DeviceOf((*m)->data() + 4096), -1);  // past the registered range
+  std::memset(view.p, 0, 8192);
+  float out = 0;
+  view.f()[250] = 7.5f;  // byte 1000: the mapping's first float
+  ASSERT_TRUE(rt.CopyToHost(1, &out, (*m)->data(), sizeof(out)).ok());
+  EXPECT_EQ(out, 7.5f);
+  // A second buffer in the same allocation, as a framework's allocator hands out.
+  absl::StatusOr<std::shared_ptr<DeviceMapping>> m2 = rt.ImportIpc(1, *handle, 0, 1000, me);
+  ASSERT_TRUE(m2.ok()) << m2.status();
+  EXPECT_EQ(rt.live_mappings(), 2u);
+
+  auto refused = [&](std::string_view h, uint64_t offset, uint64_t size, int64_t pid,
+                     int device = 1) {
+    return rt.ImportIpc(device, h, offset, size, pid).status();
+  };
+  absl::Status s = refused(handle->substr(0, 63), 0, 4096, me);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("a CUDA IPC handle has 64 bytes, not 63"), std::string::npos) << s;
+  s = refused(std::string(64, 'x'), 0, 4096, me);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not one this (fake) runtime made"), std::string::npos) << s;
+  // Another process's handle (here: one naming this process, presented by a session of pid 1).
+  s = refused(*handle, 0, 4096, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("made by process " + std::to_string(me) +
+                             ", not by this session's process 1"),
+            std::string::npos)
+      << s;
+  s = refused(*handle, 4097, 4096, me);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("4096 bytes at offset 4097 does not fit the exported allocation of "
+                             "8192 bytes"),
+            std::string::npos)
+      << s;
+  s = refused(*handle, ~uint64_t{0}, 2, me);  // offset + size wraps
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  s = refused(*handle, 0, 4096, me, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("lives on device 1, not on device 0"), std::string::npos) << s;
+  // A descriptor that is not a device allocation, and one that is no longer open.
+  UniqueFd plain(::memfd_create("not-device-memory", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(plain.get(), 4096), 0);
+  s = refused(*FakeDeviceRuntime::ExportIpc(plain.get()), 0, 4096, me);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not an exported device allocation"), std::string::npos) << s;
+  const int closed = ::dup(plain.get());
+  ::close(closed);
+  s = refused(*FakeDeviceRuntime::ExportIpc(closed), 0, 4096, me);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cannot open the CUDA IPC handle's allocation"), std::string::npos)
+      << s;
+  EXPECT_EQ(rt.live_mappings(), 2u);
+  m->reset();
+  m2->reset();
+  EXPECT_EQ(rt.live_mappings(), 0u);
+}
+
 TEST(FakeDeviceRuntimeTest, StepsReduceIntoEveryDestinationAndTouchOnlyDeviceMemory) {
   FakeDeviceRuntime rt(1);
   constexpr size_t kCount = 1000;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -221,6 +222,15 @@ class Client {
   // `device_ptr` (the buffer's data()). The memory must outlive the buffer.
   absl::StatusOr<Buffer> RegisterDeviceMemory(int exported_fd, size_t size, int device,
                                               void* device_ptr);
+  // Registers `size` bytes of device memory at `device_ptr` on `device`, however it was allocated
+  // (a framework's tensor): a VMM allocation by its descriptor, as above (from its start), other
+  // memory (cudaMalloc's) by legacy CUDA IPC, which the daemon takes only with --cuda_ipc
+  // (docs/gpu.md says why). The memory must outlive the buffer.
+  absl::StatusOr<Buffer> RegisterDevicePointer(void* device_ptr, size_t size, int device);
+  // Legacy CUDA IPC: `cuda_ipc_handle` is the cudaIpcMemHandle_t (64 bytes) of the allocation
+  // holding the buffer, which starts `offset` bytes into it.
+  absl::StatusOr<Buffer> RegisterCudaIpcMemory(std::string_view cuda_ipc_handle, uint64_t offset,
+                                               size_t size, int device, void* device_ptr);
   // A fresh communicator id naming this daemon as coordinator (ncclGetUniqueId).
   absl::StatusOr<std::string> CreateCommId();
   // Joins comm_id as rank of nranks; returns when all ranks have joined.
@@ -232,6 +242,7 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<ClientCore> core);
+  Buffer DeviceBuffer(uint64_t id, void* device_ptr, size_t size, int device) const;
   std::shared_ptr<ClientCore> core_;
 };
 

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 
@@ -43,5 +44,18 @@ class DeviceMemory {
   size_t allocated_ = 0;
   int device_ = -1;
 };
+
+// How device memory allocated elsewhere (a framework's allocator) can be shared with railyardd:
+// the allocation's descriptor when it is a VMM allocation that exports one, else a legacy CUDA
+// IPC handle (cudaIpcGetMemHandle: what cudaMalloc'd memory offers).
+struct DevicePointerExport {
+  int fd = -1;             // VMM: a new descriptor for the allocation (the caller closes it)
+  std::string ipc_handle;  // else: the allocation's cudaIpcMemHandle_t (64 bytes)
+  uint64_t offset = 0;     // the pointer's offset from its allocation's start
+};
+// Exports [ptr, ptr + size) of device memory on `device`. INVALID_ARGUMENT when the range is not
+// within one allocation of that device, or is a VMM allocation's from another offset than 0 (the
+// daemon maps descriptors from their start); FAILED_PRECONDITION without CUDA or a usable driver.
+absl::StatusOr<DevicePointerExport> ExportDevicePointer(const void* ptr, size_t size, int device);
 
 }  // namespace railyard
