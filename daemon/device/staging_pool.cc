@@ -10,10 +10,13 @@ namespace railyard::device {
 
 namespace {
 constexpr uint64_t kMinClass = 64 << 10;
+// Past this no class is computed (rounding up could wrap) and nothing is allocated.
+constexpr uint64_t kMaxBytes = uint64_t{1} << 62;
 }  // namespace
 
 uint64_t StagingPool::ClassOf(uint64_t bytes) {
   if (bytes <= kMinClass) return kMinClass;
+  if (bytes > kMaxBytes) return bytes;
   // Four classes per doubling: round up to a multiple of a quarter of the power of two below.
   const int width = absl::bit_width(bytes - 1);  // 2^(width-1) < bytes <= 2^width
   const uint64_t step = uint64_t{1} << (width - 3);
@@ -27,6 +30,10 @@ StagingPool::StagingPool(DeviceRuntime* devices, uint64_t max_idle_bytes)
 
 absl::StatusOr<StagingPool::Lease> StagingPool::Take(uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("cannot stage 0 bytes");
+  if (bytes > kMaxBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("staging ", bytes, " bytes of device memory in host memory: too large"));
+  }
   const uint64_t cls = ClassOf(bytes);
   {
     absl::MutexLock lock(&state_->mu);

@@ -74,7 +74,7 @@ class StagingPool {
   absl::StatusOr<Lease> Take(uint64_t bytes);
 
   Stats stats() const;
-  // The capacity a request for `bytes` gets.
+  // The capacity a request for `bytes` gets (bytes itself past 2^62, which Take refuses).
   static uint64_t ClassOf(uint64_t bytes);
 
  private:

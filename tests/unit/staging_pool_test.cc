@@ -124,6 +124,11 @@ TEST(StagingPoolTest, AFailedAllocationSaysWhatWasBeingStaged) {
             std::string::npos)
       << l.status();
   EXPECT_EQ(pool.Take(0).status().code(), absl::StatusCode::kInvalidArgument);
+  // Sizes whose class would wrap around 2^64 are refused, not rounded to a small buffer.
+  EXPECT_EQ(pool.Take(~uint64_t{0}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.Take((uint64_t{1} << 63) + 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_GE(StagingPool::ClassOf(~uint64_t{0}), ~uint64_t{0});
   EXPECT_EQ(pool.stats().allocations, 0u);
 }
 
