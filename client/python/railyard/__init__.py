@@ -14,6 +14,7 @@ collectives on them copy nothing; other arrays are copied in and out (slower). E
 """
 
 from ._types import DTYPE_BFLOAT16, SUPPORTED_DTYPES, ReduceOp
+from ._device import DeviceArray
 from .client import DEFAULT_SOCKET, Client, Comm, Work, connect, init_from_env
 from .errors import (
     AbortedError,
@@ -38,7 +39,8 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "connect", "init_from_env", "Client", "Comm", "Work", "ReduceOp", "DEFAULT_SOCKET",
+    "connect", "init_from_env", "Client", "Comm", "Work", "DeviceArray", "ReduceOp",
+    "DEFAULT_SOCKET",
     "SUPPORTED_DTYPES", "DTYPE_BFLOAT16",
     "RailyardError", "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
     "DeadlineExceededError", "FailedPreconditionError", "InternalError", "InvalidArgumentError",

@@ -26,6 +26,7 @@ import grpc.experimental
 import numpy as np
 
 from . import _fd_channel, _memfd, _ring
+from ._device import DeviceArray, _Registration
 from ._types import RedOpLike, ReduceOp, dtype_number, red_op_number
 from .errors import (
     CancelledError,
@@ -66,7 +67,7 @@ _SINGLE_THREADED_UNARY_STREAM = getattr(getattr(grpc.experimental, "ChannelOptio
                                         "SingleThreadedUnaryStream",
                                         "SingleThreadedUnaryStream")
 
-ArrayLike = np.ndarray
+ArrayLike = Union[np.ndarray, DeviceArray]
 Shape = Union[int, Sequence[int]]
 
 
@@ -737,6 +738,78 @@ class Client:
         mapping = self._allocate(max(n * dt.itemsize, 1))
         return np.frombuffer(mapping, dtype=dt, count=n).reshape(shape_t)
 
+    # -- device memory (docs/gpu.md) -------------------------------------------------------
+
+    def register_device_memory(self, fd: int, nbytes: int, device: int, *,
+                               dtype: Any = np.float32, shape: Optional[Shape] = None,
+                               ptr: int = 0) -> DeviceArray:
+        """Registers ``nbytes`` of a CUDA VMM allocation on ``device``, from its start, by the
+        POSIX file descriptor ``cuMemExportToShareableHandle`` gave for it (the caller keeps
+        and closes ``fd``; the daemon holds its own reference). Returns a :class:`DeviceArray`
+        of ``dtype`` (and ``shape``, default 1-D) that collectives take like a numpy array.
+        ``ptr``: the memory's device address in this process (kept as ``DeviceArray.ptr``).
+        The buffer is released when no DeviceArray of it is left.
+
+        Raises :class:`InvalidArgumentError` for a descriptor that is not a device allocation
+        of that device or is smaller than ``nbytes``, :class:`FailedPreconditionError` when the
+        daemon has no devices.
+        """
+        nbytes, device, layout = self._check_device_args(nbytes, device, dtype, shape)
+        self._flush_releases()
+        error = self._session_error()
+        if error is not None:
+            raise error
+        try:
+            handle = self._fds.put(fd, _RPC_TIMEOUT)
+        except _fd_channel.ChannelError as e:
+            raise error_from_code(e.code, f"RegisterBuffer: {e.message}") from None
+        response = self._call("RegisterBuffer", local_pb2.RegisterBufferRequest(
+            fd_handle=handle, size_bytes=nbytes, memory=local_pb2.MEMORY_KIND_CUDA,
+            device=device))
+        return self._device_array(response.buffer_id, nbytes, device, ptr, layout)
+
+    def register_cuda_ipc(self, handle: bytes, offset: int, nbytes: int, device: int, *,
+                          dtype: Any = np.float32, shape: Optional[Shape] = None,
+                          ptr: int = 0) -> DeviceArray:
+        """Registers ``nbytes`` of device memory that is not a VMM allocation (``cudaMalloc``'s)
+        by legacy CUDA IPC: ``handle`` is the 64-byte ``cudaIpcMemHandle_t`` of its allocation,
+        ``offset`` where the memory starts in it. Only a daemon started with ``--cuda_ipc``
+        takes it (:class:`FailedPreconditionError` otherwise, saying why: such handles are not
+        bound to the process that made them; docs/gpu.md). Otherwise as
+        :meth:`register_device_memory`.
+        """
+        nbytes, device, layout = self._check_device_args(nbytes, device, dtype, shape)
+        if int(offset) < 0:
+            raise _invalid(f"offset {offset} is negative")
+        self._flush_releases()
+        error = self._session_error()
+        if error is not None:
+            raise error
+        response = self._call("RegisterBuffer", local_pb2.RegisterBufferRequest(
+            size_bytes=nbytes, memory=local_pb2.MEMORY_KIND_CUDA, device=device,
+            cuda_ipc_handle=bytes(handle), cuda_ipc_offset=int(offset)))
+        return self._device_array(response.buffer_id, nbytes, device, ptr, layout)
+
+    @staticmethod
+    def _check_device_args(nbytes: int, device: int, dtype: Any, shape: Optional[Shape]
+                           ) -> Tuple[int, int, Tuple[np.dtype, Tuple[int, ...]]]:
+        """Checked before anything is registered."""
+        if int(nbytes) <= 0:
+            raise _invalid(f"cannot register {nbytes} bytes of device memory")
+        if int(device) < 0:
+            raise _invalid(f"device {device} is not a device ordinal")
+        try:
+            layout = DeviceArray._layout(int(nbytes), dtype, shape)
+        except (TypeError, ValueError) as e:
+            raise _invalid(str(e)) from None
+        return int(nbytes), int(device), layout
+
+    def _device_array(self, buffer_id: int, nbytes: int, device: int, ptr: int,
+                      layout: Tuple[np.dtype, Tuple[int, ...]]) -> DeviceArray:
+        reg = _Registration(buffer_id, nbytes, device, int(ptr))
+        weakref.finalize(reg, self._to_release.append, buffer_id)
+        return DeviceArray(reg, 0, layout[0], layout[1])
+
     def zeros(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
         """Like :meth:`empty`, filled with zeros."""
         arr = self.empty(shape, dtype)
@@ -903,7 +976,9 @@ class _Staged:
         # (mapping, array to copy the result into or None, the array staged)
         self.entries: List[Tuple[_memfd.Mapping, Optional[np.ndarray], np.ndarray]] = []
 
-    def ref(self, arr: np.ndarray, *, copy_in: bool, copy_out: bool) -> Tuple[int, int]:
+    def ref(self, arr: ArrayLike, *, copy_in: bool, copy_out: bool) -> Tuple[int, int]:
+        if isinstance(arr, DeviceArray):
+            return arr.ref()  # the daemon reads and writes it where it is
         if copy_out and not arr.flags.writeable:
             raise _invalid("the output array is read-only")
         loc = self.client._locate(arr)
@@ -915,8 +990,10 @@ class _Staged:
         self.entries.append((mapping, arr if copy_out else None, arr))
         return mapping.buffer_id, 0
 
-    def ref_in_place(self, arr: np.ndarray, send: Tuple[int, int]) -> Tuple[int, int]:
+    def ref_in_place(self, arr: ArrayLike, send: Tuple[int, int]) -> Tuple[int, int]:
         """``arr``, already referenced as the send array at ``send``, is the output too."""
+        if isinstance(arr, DeviceArray):
+            return send
         if not arr.flags.writeable:
             raise _invalid("the output array is read-only")
         for i, (mapping, out, arr_seen) in enumerate(self.entries):
@@ -982,16 +1059,20 @@ class Comm:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _like(self, x: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
+    def _like(self, x: ArrayLike, shape: Tuple[int, ...]) -> np.ndarray:
         """A new output array: shared when ``x`` is, else ordinary memory."""
+        if isinstance(x, DeviceArray):
+            raise _invalid("pass out= for a device array: this client does not allocate device "
+                           "memory")
         if self.client.is_shared(x):
             return self.client.empty(shape, x.dtype)
         return np.empty(shape, x.dtype)
 
     @staticmethod
-    def _check_array(name: str, arr: Any) -> np.ndarray:
-        if not isinstance(arr, np.ndarray):
-            raise _invalid(f"{name} must be a numpy array, not {type(arr).__name__}")
+    def _check_array(name: str, arr: Any) -> ArrayLike:
+        if not isinstance(arr, (np.ndarray, DeviceArray)):
+            raise _invalid(f"{name} must be a numpy array or a railyard.DeviceArray, not "
+                           f"{type(arr).__name__}")
         return arr
 
     def _run(self, op: int, *, dtype: int, count: int = 0, red_op: int = 0, root: int = 0,
