@@ -47,19 +47,33 @@ struct Registry {
   std::map<std::string, IpcOpened> ipc;                        // CudaIpcMapping's
 };
 
-// Uses the process-wide entry points (GetCudaVmm, never destroyed): a mapping may outlive the
-// runtime (a session's buffers are released after the daemon's device runtime at shutdown).
-class CudaMapping : public DeviceMapping {
+// [ptr, ptr + size) on a device: what both kinds of mapping below hand out. They use the
+// process-wide entry points (GetCudaVmm, never destroyed): a mapping may outlive the runtime (a
+// session's buffers are released after the daemon's device runtime at shutdown).
+class CudaRange : public DeviceMapping {
+ public:
+  CudaRange(CUdeviceptr ptr, uint64_t size, int device)
+      : d_(&internal::GetCudaVmm()), ptr_(ptr), size_(size), device_(device) {}
+  std::byte* data() const override { return reinterpret_cast<std::byte*>(ptr_); }
+  uint64_t size() const override { return size_; }
+  int device() const override { return device_; }
+
+ protected:
+  const Driver* const d_;
+  const CUdeviceptr ptr_;
+  const uint64_t size_;
+  const int device_;
+};
+
+// An imported VMM allocation, mapped here.
+class CudaMapping : public CudaRange {
  public:
   CudaMapping(std::shared_ptr<Registry> registry, CUmemGenericAllocationHandle handle,
               CUdeviceptr ptr, uint64_t mapped, uint64_t size, int device)
-      : d_(&internal::GetCudaVmm()),
+      : CudaRange(ptr, size, device),
         registry_(std::move(registry)),
         handle_(handle),
-        ptr_(ptr),
-        mapped_(mapped),
-        size_(size),
-        device_(device) {
+        mapped_(mapped) {
     std::lock_guard<std::mutex> lock(registry_->mu);
     registry_->by_address[ptr_] = {mapped_, device_};
   }
@@ -72,32 +86,20 @@ class CudaMapping : public DeviceMapping {
     d_->AddressFree(ptr_, mapped_);
     d_->Release(handle_);
   }
-  std::byte* data() const override { return reinterpret_cast<std::byte*>(ptr_); }
-  uint64_t size() const override { return size_; }
-  int device() const override { return device_; }
 
  private:
-  const Driver* d_;
   const std::shared_ptr<Registry> registry_;
   CUmemGenericAllocationHandle handle_;
-  CUdeviceptr ptr_;
   uint64_t mapped_;
-  uint64_t size_;
-  int device_;
 };
 
 // [ptr, ptr + size) of an opened IPC allocation; the allocation is in the registry (DeviceOf)
 // while it is open.
-class CudaIpcMapping : public DeviceMapping {
+class CudaIpcMapping : public CudaRange {
  public:
   CudaIpcMapping(std::shared_ptr<Registry> registry, std::string handle, CUdeviceptr ptr,
                  uint64_t size, int device)
-      : d_(&internal::GetCudaVmm()),
-        registry_(std::move(registry)),
-        handle_(std::move(handle)),
-        ptr_(ptr),
-        size_(size),
-        device_(device) {}
+      : CudaRange(ptr, size, device), registry_(std::move(registry)), handle_(std::move(handle)) {}
   ~CudaIpcMapping() override {
     std::lock_guard<std::mutex> lock(registry_->mu);
     auto it = registry_->ipc.find(handle_);
@@ -107,17 +109,10 @@ class CudaIpcMapping : public DeviceMapping {
       registry_->ipc.erase(it);
     }
   }
-  std::byte* data() const override { return reinterpret_cast<std::byte*>(ptr_); }
-  uint64_t size() const override { return size_; }
-  int device() const override { return device_; }
 
  private:
-  const Driver* d_;
   const std::shared_ptr<Registry> registry_;
   const std::string handle_;
-  CUdeviceptr ptr_;
-  uint64_t size_;
-  int device_;
 };
 
 // cudaHostAlloc'd memory; cudaFreeHost needs no runtime object, so it may outlive the runtime.
