@@ -412,36 +412,34 @@ absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size, in
   if (absl::Status st = SessionError(); !st.ok()) return st;
   absl::StatusOr<uint64_t> handle = fd_channel_->Put(memfd, internal::kRpcTimeout);
   if (!handle.ok()) return handle.status();
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, internal::kRpcTimeout);
   v1::RegisterBufferRequest request;
-  request.set_session_id(session_id_);
   request.set_fd_handle(*handle);
   request.set_size_bytes(size);
   if (device >= 0) {
     request.set_memory(v1::MEMORY_KIND_CUDA);
     request.set_device(device);
   }
-  v1::RegisterBufferResponse response;
-  grpc::Status status = stub_->RegisterBuffer(&ctx, request, &response);
-  if (!status.ok()) return RpcError("RegisterBuffer", status);
-  return response.buffer_id();
+  return SendRegisterBuffer(&request);
 }
 
 absl::StatusOr<uint64_t> ClientCore::RegisterCudaIpc(std::string_view handle, uint64_t offset,
                                                      uint64_t size, int device) {
   if (absl::Status st = SessionError(); !st.ok()) return st;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, internal::kRpcTimeout);
   v1::RegisterBufferRequest request;
-  request.set_session_id(session_id_);
   request.set_size_bytes(size);
   request.set_memory(v1::MEMORY_KIND_CUDA);
   request.set_device(device);
   request.set_cuda_ipc_handle(std::string(handle));
   request.set_cuda_ipc_offset(offset);
+  return SendRegisterBuffer(&request);
+}
+
+absl::StatusOr<uint64_t> ClientCore::SendRegisterBuffer(v1::RegisterBufferRequest* request) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, internal::kRpcTimeout);
+  request->set_session_id(session_id_);
   v1::RegisterBufferResponse response;
-  grpc::Status status = stub_->RegisterBuffer(&ctx, request, &response);
+  grpc::Status status = stub_->RegisterBuffer(&ctx, *request, &response);
   if (!status.ok()) return RpcError("RegisterBuffer", status);
   return response.buffer_id();
 }

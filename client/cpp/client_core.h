@@ -98,6 +98,8 @@ class ClientCore {
   // Device memory named by a legacy CUDA IPC handle, `offset` bytes into its allocation.
   absl::StatusOr<uint64_t> RegisterCudaIpc(std::string_view handle, uint64_t offset, uint64_t size,
                                            int device);
+  // Sends a filled-in RegisterBufferRequest (this session's id added); the buffer id.
+  absl::StatusOr<uint64_t> SendRegisterBuffer(v1::RegisterBufferRequest* request);
   absl::Status ReleaseBuffer(uint64_t buffer_id);
   absl::StatusOr<std::string> CreateCommId();
   absl::StatusOr<v1::InitCommResponse> InitComm(const std::string& comm_id, int rank, int nranks,

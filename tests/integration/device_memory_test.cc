@@ -31,16 +31,17 @@ std::string Check(const absl::Status& s, const char* what) {
   return s.ok() ? std::string() : std::string(what) + ": " + std::string(s.message());
 }
 
-// Runs fn(rank, client, comm) on nranks threads, one session each; returns their errors.
-// Unless told the communicator ends aborted, the ranks then meet in a Barrier before they leave.
+// Runs fn(rank, client, comm) on nranks threads, one session each (rank r's with options_of(r)),
+// in one communicator; returns their errors. Unless told the communicator ends aborted, the
+// ranks then meet in a Barrier before they leave.
 enum class Ending { kMeet, kAborted };
-std::vector<std::string> RunRanks(const DaemonProcess& daemon, int nranks,
+std::vector<std::string> RunRanks(const std::function<ClientOptions(int)>& options_of, int nranks,
                                   const std::function<std::string(int, Client&, Comm&)>& fn,
                                   Ending ending = Ending::kMeet) {
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::string> errors(nranks);
   for (int r = 0; r < nranks; ++r) {
-    auto c = Client::Connect(daemon.Options());
+    auto c = Client::Connect(options_of(r));
     if (!c.ok()) return {std::string(c.status().message())};
     clients.push_back(*std::move(c));
   }
@@ -64,6 +65,19 @@ std::vector<std::string> RunRanks(const DaemonProcess& daemon, int nranks,
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// Every rank a session of one daemon.
+std::vector<std::string> RunRanks(const DaemonProcess& daemon, int nranks,
+                                  const std::function<std::string(int, Client&, Comm&)>& fn,
+                                  Ending ending = Ending::kMeet) {
+  return RunRanks([&](int) { return daemon.Options(); }, nranks, fn, ending);
+}
+
+// Rank r a session of node r / per_node of the cluster.
+std::vector<std::string> RunRanks(VirtualCluster& cluster, int per_node, int nranks,
+                                  const std::function<std::string(int, Client&, Comm&)>& fn) {
+  return RunRanks([&](int r) { return cluster[r / per_node].Options(); }, nranks, fn);
 }
 
 // Every rank on device 1, or (the usual node: a GPU per rank) rank r on device r % 2, the two
@@ -349,74 +363,49 @@ TEST(DeviceMemoryTest, HostAndDeviceMemoryInOneOperationAreRefused) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(after[r], "") << "rank " << r;
 }
 
-// A session for each of `ranks` ranks, rank r on node r / 2 (fewer on a failed connect).
-std::vector<std::unique_ptr<Client>> ConnectTwoPerNode(VirtualCluster& cluster, int ranks) {
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < ranks; ++r) {
-    auto c = Client::Connect(cluster[r / 2].Options());
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) break;
-    clients.push_back(*std::move(c));
-  }
-  return clients;
-}
-
 // Across nodes device memory is staged through host memory (daemon/comm/device_staging.h): two
 // daemons with two ranks each, every buffer device memory, values checked after each operation.
 TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
   VirtualCluster cluster(2, {"--fake_gpus=1"}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   constexpr int kRanks = 4;  // ranks 0, 1 on vnode0; 2, 3 on vnode1
-  std::vector<std::unique_ptr<Client>> clients = ConnectTwoPerNode(cluster, kRanks);
-  ASSERT_EQ(clients.size(), static_cast<size_t>(kRanks));
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok()) << id.status();
   constexpr size_t kCount = 100003;
-  std::vector<std::string> errors(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      errors[r] = [&]() -> std::string {
-        auto comm = clients[r]->InitComm(*id, r, kRanks);
-        if (!comm.ok()) return std::string(comm.status().message());
-        if (comm->nnodes() != 2) return "not across two nodes";
+  const std::vector<std::string> errors =
+      RunRanks(cluster, 2, kRanks, [&](int r, Client& client, Comm& comm) -> std::string {
+        if (comm.nnodes() != 2) return "not across two nodes";
         FakeDeviceMemory send(0, kCount * 4 * kRanks), recv(0, kCount * 4 * kRanks);
-        auto sb = clients[r]->RegisterDeviceMemory(send.fd, send.bytes, 0, send.view);
-        auto rb = clients[r]->RegisterDeviceMemory(recv.fd, recv.bytes, 0, recv.view);
+        auto sb = client.RegisterDeviceMemory(send.fd, send.bytes, 0, send.view);
+        auto rb = client.RegisterDeviceMemory(recv.fd, recv.bytes, 0, recv.view);
         if (!sb.ok() || !rb.ok()) return "register failed";
         const float me = static_cast<float>(r + 1);
         for (size_t i = 0; i < kCount; ++i) send.f()[i] = me * static_cast<float>(i % 89);
-        absl::Status s = comm->AllReduce(*sb, *rb, kCount, DataType::kFloat32, RedOp::kSum).wait();
+        absl::Status s = comm.AllReduce(*sb, *rb, kCount, DataType::kFloat32, RedOp::kSum).wait();
         if (!s.ok()) return "allreduce: " + s.ToString();
         for (size_t i = 0; i < kCount; ++i) {
           if (recv.f()[i] != 10.0f * static_cast<float>(i % 89)) return "allreduce value wrong";
         }
         // The send buffer is not written back over (out of place).
         if (send.f()[88] != me * 88) return "send buffer changed";
-        s = comm->AllReduce(*sb, *sb, kCount, DataType::kFloat32, RedOp::kMax).wait();
+        s = comm.AllReduce(*sb, *sb, kCount, DataType::kFloat32, RedOp::kMax).wait();
         if (!s.ok()) return "allreduce in place: " + s.ToString();
         if (send.f()[88] != 4.0f * 88) return "in-place max wrong";
         for (size_t i = 0; i < kCount; ++i) send.f()[i] = me;
-        s = comm->AllGather(*sb, *rb, kCount, DataType::kFloat32).wait();
+        s = comm.AllGather(*sb, *rb, kCount, DataType::kFloat32).wait();
         if (!s.ok()) return "allgather: " + s.ToString();
         for (int q = 0; q < kRanks; ++q) {
           if (recv.f()[q * kCount + kCount - 1] != q + 1.0f) return "allgather value wrong";
         }
         // Send/Recv across the nodes: rank r to rank (r + 2) % 4.
-        Work sw = comm->Send(*sb, kCount, DataType::kFloat32, (r + 2) % kRanks);
-        Work rw = comm->Recv(*rb, kCount, DataType::kFloat32, (r + 2) % kRanks);
+        Work sw = comm.Send(*sb, kCount, DataType::kFloat32, (r + 2) % kRanks);
+        Work rw = comm.Recv(*rb, kCount, DataType::kFloat32, (r + 2) % kRanks);
         if (!(s = sw.wait()).ok() || !(s = rw.wait()).ok()) return "send/recv: " + s.ToString();
         if (recv.f()[kCount / 2] != static_cast<float>((r + 2) % kRanks + 1)) {
           return "recv value wrong";
         }
-        // Ranks 1 and 3 may still be exchanging when 0 and 2 are done; leaving then would abort
-        // their pair (docs/local-api.md), so the ranks meet before they leave.
-        if (!(s = comm->Barrier().wait()).ok()) return "closing barrier: " + s.ToString();
+        // Ranks 1 and 3 may still be exchanging when 0 and 2 are done; RunRanks has the ranks
+        // meet before they leave (leaving would abort their pair: docs/local-api.md).
         return "";
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
+      });
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
   }
@@ -439,23 +428,14 @@ TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
 TEST(DeviceMemoryTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroughReusedStaging) {
   VirtualCluster cluster(2, {"--fake_gpus=1"}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
-  constexpr int kRanks = 4;  // ranks 0, 1 on vnode0; 2, 3 on vnode1
-  std::vector<std::unique_ptr<Client>> clients = ConnectTwoPerNode(cluster, kRanks);
-  ASSERT_EQ(clients.size(), static_cast<size_t>(kRanks));
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok()) << id.status();
+  constexpr int kRanks = 4;     // ranks 0, 1 on vnode0; 2, 3 on vnode1
   constexpr size_t kN = 40000;  // elements per rank (per peer block for the all-to-alls)
   constexpr float kSentinel = -3.0f;
-  std::vector<std::string> errors(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      errors[r] = [&]() -> std::string {
-        auto comm = clients[r]->InitComm(*id, r, kRanks);
-        if (!comm.ok()) return std::string(comm.status().message());
+  const std::vector<std::string> errors =
+      RunRanks(cluster, 2, kRanks, [&](int r, Client& client, Comm& comm) -> std::string {
         FakeDeviceMemory send(0, kN * 4 * kRanks), recv(0, kN * 4 * kRanks);
-        auto sb = clients[r]->RegisterDeviceMemory(send.fd, send.bytes, 0, send.view);
-        auto rb = clients[r]->RegisterDeviceMemory(recv.fd, recv.bytes, 0, recv.view);
+        auto sb = client.RegisterDeviceMemory(send.fd, send.bytes, 0, send.view);
+        auto rb = client.RegisterDeviceMemory(recv.fd, recv.bytes, 0, recv.view);
         if (!sb.ok() || !rb.ok()) return "register failed";
         float* in = send.f();
         float* out = recv.f();
@@ -478,46 +458,42 @@ TEST(DeviceMemoryTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroughRe
         for (int round = 0; round < 2; ++round) {
           std::string e;
           for (size_t i = 0; i < kN * kRanks; ++i) in[i] = me * static_cast<float>(i % 89);
-          e = check("allreduce", comm->AllReduce(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum),
+          e = check("allreduce", comm.AllReduce(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum),
                     [&](size_t i) { return i < kN ? 10.0f * (i % 89) : kSentinel; });
           if (!e.empty()) return e;
           e = check("reducescatter",
-                    comm->ReduceScatter(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum),
+                    comm.ReduceScatter(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum),
                     [&](size_t i) { return i < kN ? 10.0f * ((r * kN + i) % 89) : kSentinel; });
           if (!e.empty()) return e;
           std::fill(in, in + kN * kRanks, me);
-          e = check("allgather", comm->AllGather(*sb, *rb, kN, DataType::kFloat32),
+          e = check("allgather", comm.AllGather(*sb, *rb, kN, DataType::kFloat32),
                     [&](size_t i) { return static_cast<float>(i / kN + 1); });
           if (!e.empty()) return e;
-          e = check("broadcast from rank 2", comm->Broadcast(*sb, *rb, kN, DataType::kFloat32, 2),
+          e = check("broadcast from rank 2", comm.Broadcast(*sb, *rb, kN, DataType::kFloat32, 2),
                     [&](size_t i) { return i < kN ? 3.0f : kSentinel; });
           if (!e.empty()) return e;
           e = check("reduce to rank 1",
-                    comm->Reduce(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum, 1),
+                    comm.Reduce(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum, 1),
                     [&](size_t i) { return i < kN && r == 1 ? 10.0f : kSentinel; });
           if (!e.empty()) return e;
           for (int q = 0; q < kRanks; ++q) {
             std::fill(in + q * kN, in + (q + 1) * kN, static_cast<float>(100 * r + q));
           }
-          e = check("alltoall", comm->AllToAll(*sb, *rb, kN, DataType::kFloat32),
+          e = check("alltoall", comm.AllToAll(*sb, *rb, kN, DataType::kFloat32),
                     [&](size_t i) { return static_cast<float>(100 * (i / kN) + r); });
           if (!e.empty()) return e;
           // Half of each peer's block, at the start of its slot: the other halves are gaps.
           std::vector<uint64_t> counts(kRanks, kN / 2), displs(kRanks);
           for (int q = 0; q < kRanks; ++q) displs[q] = q * kN;
           e = check("alltoallv",
-                    comm->AllToAllv(*sb, counts, displs, *rb, counts, displs, DataType::kFloat32),
+                    comm.AllToAllv(*sb, counts, displs, *rb, counts, displs, DataType::kFloat32),
                     [&](size_t i) {
                       return i % kN < kN / 2 ? static_cast<float>(100 * (i / kN) + r) : kSentinel;
                     });
           if (!e.empty()) return e;
         }
-        absl::Status s = comm->Barrier().wait();
-        return s.ok() ? "" : "closing barrier: " + s.ToString();
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
+        return "";
+      });
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
   }
@@ -530,40 +506,24 @@ TEST(DeviceMemoryTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
   VirtualCluster cluster(2, {"--fake_gpus=1", "--max_buffer_bytes_per_session=12289"},
                          PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < 2; ++r) {
-    auto c = Client::Connect(cluster[r].Options());
-    ASSERT_TRUE(c.ok()) << c.status();
-    clients.push_back(*std::move(c));
-  }
-  auto id = clients[0]->CreateCommId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      errors[r] = [&]() -> std::string {
-        auto comm = clients[r]->InitComm(*id, r, 2);
-        if (!comm.ok()) return std::string(comm.status().message());
+  const std::vector<std::string> errors =
+      RunRanks(cluster, 1, 2, [&](int r, Client& client, Comm& comm) -> std::string {
         FakeDeviceMemory send(0, 4096), recv(0, 4096);
-        auto sb = clients[r]->RegisterDeviceMemory(send.fd, 4096, 0, send.view);
-        auto rb = clients[r]->RegisterDeviceMemory(recv.fd, 4096, 0, recv.view);
+        auto sb = client.RegisterDeviceMemory(send.fd, 4096, 0, send.view);
+        auto rb = client.RegisterDeviceMemory(recv.fd, 4096, 0, recv.view);
         if (!sb.ok() || !rb.ok()) return "register failed";
         if (r == 0) {  // 8192 more bytes than the 12289 the session may hold with its 8192
-          absl::Status s = comm->AllReduce(*sb, *rb, 1024, DataType::kFloat32, RedOp::kSum).wait();
+          absl::Status s = comm.AllReduce(*sb, *rb, 1024, DataType::kFloat32, RedOp::kSum).wait();
           if (s.code() != absl::StatusCode::kResourceExhausted ||
               s.message().find("staging 8192 bytes of device memory") == std::string::npos) {
             return "out of place past the quota: " + s.ToString();
           }
         }
         for (size_t i = 0; i < 1024; ++i) send.f()[i] = r + 1.0f;
-        absl::Status s = comm->AllReduce(*sb, *sb, 1024, DataType::kFloat32, RedOp::kSum).wait();
+        absl::Status s = comm.AllReduce(*sb, *sb, 1024, DataType::kFloat32, RedOp::kSum).wait();
         if (!s.ok()) return "in place within the quota: " + s.ToString();
         return send.f()[1023] == 3.0f ? "" : "in-place value wrong";
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
+      });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
 }
 

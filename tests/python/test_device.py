@@ -47,6 +47,20 @@ class FakeDeviceMemory:
         os.close(self.fd)
 
 
+@pytest.fixture
+def fake_memory():
+    """Makes FakeDeviceMemory(nbytes) objects, closed when the test ends."""
+    made = []
+
+    def make(nbytes):
+        made.append(FakeDeviceMemory(nbytes))
+        return made[-1]
+
+    yield make
+    for m in made:
+        m.close()
+
+
 def run_ranks(clients, fn, timeout=30.0):
     """fn(rank, client, comm) on one thread per client, all in one communicator; returns the
     results, raising the first error."""
@@ -80,9 +94,9 @@ def gpu_pair(gpu_daemon):
         c.close()
 
 
-def test_collectives_on_device_arrays_run_in_the_daemon_and_are_exact(gpu_pair):
+def test_collectives_on_device_arrays_run_in_the_daemon_and_are_exact(gpu_pair, fake_memory):
     n = 10007
-    mems = [FakeDeviceMemory(3 * n * 4) for _ in range(2)]
+    mems = [fake_memory(3 * n * 4) for _ in range(2)]
 
     def rank(r, client, comm):
         mem = mems[r]
@@ -107,17 +121,13 @@ def test_collectives_on_device_arrays_run_in_the_daemon_and_are_exact(gpu_pair):
         np.testing.assert_array_equal(mem.floats(0, n), 2)
         return True
 
-    try:
-        assert run_ranks(gpu_pair, rank) == [True, True]
-    finally:
-        for m in mems:
-            m.close()
+    assert run_ranks(gpu_pair, rank) == [True, True]
 
 
-def test_cuda_ipc_registration_at_an_offset(gpu_pair):
+def test_cuda_ipc_registration_at_an_offset(gpu_pair, fake_memory):
     n = 4096
     offset = 4100  # not page-aligned: as in an allocator's pool
-    mems = [FakeDeviceMemory(offset + 2 * n * 4) for _ in range(2)]
+    mems = [fake_memory(offset + 2 * n * 4) for _ in range(2)]
 
     def rank(r, client, comm):
         mem = mems[r]
@@ -134,17 +144,13 @@ def test_cuda_ipc_registration_at_an_offset(gpu_pair):
             assert not mem.floats(0, 1).any()  # nothing before the registered range
         return True
 
-    try:
-        assert run_ranks(gpu_pair, rank) == [True, True]
-    finally:
-        for m in mems:
-            m.close()
+    assert run_ranks(gpu_pair, rank) == [True, True]
 
 
-def test_bad_device_memory_is_refused_saying_why_and_buffers_are_released():
+def test_bad_device_memory_is_refused_saying_why_and_buffers_are_released(fake_memory):
     gpu_daemon = Daemon("--fake_gpus=1", "--cuda_ipc", node_name="pytest-gpu-bad")
     c = railyard.connect(gpu_daemon.socket, job="gpu-bad")
-    mem = FakeDeviceMemory(4096)
+    mem = fake_memory(4096)
     try:
         with pytest.raises(railyard.InvalidArgumentError, match="device 3 is not one of the 1"):
             c.register_device_memory(mem.fd, 4096, 3)
@@ -184,7 +190,6 @@ def test_bad_device_memory_is_refused_saying_why_and_buffers_are_released():
         c.register_device_memory(mem.fd, 4096, 0)  # flushes the release first
         assert gpu_daemon.status().buffers == 1
     finally:
-        mem.close()
         c.close()
         gpu_daemon.stop()
 
