@@ -60,6 +60,20 @@ struct FakeBuffer {
   std::shared_ptr<MappedSegment> segment;
 };
 
+// An AllReduce of `count` floats from send into recv, device memory of device 0.
+PendingRequest AllReduceOn(FakeBuffer* send, FakeBuffer* recv, size_t count) {
+  PendingRequest p;
+  p.request_id = 1;
+  p.req.op = scheduler::OpKind::kAllReduce;
+  p.req.count = count;
+  p.req.send = send->segment->data();
+  p.req.recv = recv->segment->data();
+  p.req.device = 0;
+  p.send_segment = send->segment;
+  p.recv_segment = recv->segment;
+  return p;
+}
+
 TEST(DeviceStagingTest, TheRequestRunsOnHostCopiesAndItsResultReachesTheDeviceFirst) {
   device::FakeDeviceRuntime rt(1);
   device::StagingPool pool(&rt, 1 << 20);
@@ -71,16 +85,9 @@ TEST(DeviceStagingTest, TheRequestRunsOnHostCopiesAndItsResultReachesTheDeviceFi
     recv.view[i] = -1.0f;
   }
   auto client = std::make_shared<Recorder>();
-  PendingRequest p;
+  PendingRequest p = AllReduceOn(&send, &recv, kCount);
   p.request_id = 7;
   p.session = client;
-  p.req.op = scheduler::OpKind::kAllReduce;
-  p.req.count = kCount;
-  p.req.send = send.segment->data();
-  p.req.recv = recv.segment->data();
-  p.req.device = 0;
-  p.send_segment = send.segment;
-  p.recv_segment = recv.segment;
   ASSERT_TRUE(StageThroughHost(&p, 2, &rt, &pool, &executor).ok());
   EXPECT_EQ(p.req.device, -1);
   // Host memory now, holding what the device held (this read would fault on device addresses).
@@ -98,21 +105,6 @@ TEST(DeviceStagingTest, TheRequestRunsOnHostCopiesAndItsResultReachesTheDeviceFi
   EXPECT_EQ(client->id(), 7u);
   EXPECT_EQ(recv.view[5], 10.0f);
   EXPECT_EQ(send.view[5], 5.0f);  // out of place: the send buffer is not written back
-}
-
-PendingRequest AllReduceOn(FakeBuffer* send, FakeBuffer* recv, size_t count,
-                           const std::shared_ptr<Recorder>& client) {
-  PendingRequest p;
-  p.request_id = 1;
-  if (client != nullptr) p.session = client;
-  p.req.op = scheduler::OpKind::kAllReduce;
-  p.req.count = count;
-  p.req.send = send->segment->data();
-  p.req.recv = recv->segment->data();
-  p.req.device = 0;
-  p.send_segment = send->segment;
-  p.recv_segment = recv->segment;
-  return p;
 }
 
 // The pool's buffers serve one operation after another (possibly another tenant's). What reaches
@@ -144,14 +136,21 @@ TEST(DeviceStagingTest, ReusedBuffersBringNothingOfAnEarlierOperationToTheDevice
     p.session.lock()->PostCompletion(1, fail ? absl::InternalError("peer gone") : absl::OkStatus(),
                                      0);
     if (!client->WaitDone()) return absl::DeadlineExceededError("no completion");
+    // The leases go back when the last holder of the staging sink lets go: this request, and the
+    // device thread's copy-back task, which may still be finishing after it completed the client.
+    p = PendingRequest();
+    for (int i = 0; i < 10000 && pool.stats().leased_bytes != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (pool.stats().leased_bytes != 0) return absl::DeadlineExceededError("leases not returned");
     return client->status();
   };
-  ASSERT_TRUE(run(AllReduceOn(&send_a, &recv_a, kCount, nullptr), 99.0f, 0, kCount, false).ok());
+  ASSERT_TRUE(run(AllReduceOn(&send_a, &recv_a, kCount), 99.0f, 0, kCount, false).ok());
   EXPECT_EQ(recv_a.view[kCount - 1], 99.0f);
   EXPECT_EQ(pool.stats().idle_buffers, 2u);
 
   // B reuses A's buffers (A's 99s are in them); it fails after writing one element.
-  EXPECT_EQ(run(AllReduceOn(&send_b, &recv_b, kCount, nullptr), 7.0f, 0, 1, true).code(),
+  EXPECT_EQ(run(AllReduceOn(&send_b, &recv_b, kCount), 7.0f, 0, 1, true).code(),
             absl::StatusCode::kInternal);
   EXPECT_EQ(pool.stats().reuses, 2u);
   EXPECT_EQ(rt.pinned_allocations(), 2u);
@@ -159,7 +158,7 @@ TEST(DeviceStagingTest, ReusedBuffersBringNothingOfAnEarlierOperationToTheDevice
 
   // AllToAllv receiving blocks [0, N/4) and [N/2, 3N/4): the gap between them comes back as the
   // device held it, not as the reused buffer did.
-  PendingRequest v = AllReduceOn(&send_b, &recv_b, 0, nullptr);
+  PendingRequest v = AllReduceOn(&send_b, &recv_b, 0);
   v.req.op = scheduler::OpKind::kAllToAllv;
   v.req.send_counts = {kCount / 4, kCount / 4};
   v.req.send_displs = {0, kCount / 4};
