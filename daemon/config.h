@@ -83,6 +83,10 @@ struct DaemonConfig {
   absl::Duration stream_poll = absl::Microseconds(100);
   // Idle page-locked staging buffers kept for reuse (--staging_cache_bytes; device::StagingPool).
   uint64_t staging_cache_bytes = uint64_t{512} << 20;
+  // Device memory staged across nodes: an operation whose copy to host memory is larger goes to
+  // the device's thread for it, in the order its rank submitted, instead of copying on the
+  // submitting thread (--staging_inline_bytes; DaemonCore::MustHold).
+  uint64_t staging_inline_bytes = uint64_t{1} << 20;
   // Accept legacy CUDA IPC handles for device memory (--cuda_ipc; DaemonCore::RegisterBuffer).
   bool cuda_ipc = false;
   // Collectives on one node moving at most this many bytes run on the thread that made them

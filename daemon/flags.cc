@@ -109,6 +109,11 @@ ABSL_FLAG(int64_t, stream_poll_us, 100,
           "The longest the daemon sleeps between looks at the ready words of operations held for "
           "their clients' streams (stream ordering, docs/gpu.md): the most an operation may start "
           "late once its stream reached it; it spins --spin_us after each one it lets go");
+ABSL_FLAG(uint64_t, staging_inline_bytes, uint64_t{1} << 20,
+          "Device memory staged through host memory across nodes: an operation copying at most "
+          "this many bytes copies on the thread that took its submission; a larger one is handed, "
+          "in submission order, to the device's thread, so the session's other submissions do "
+          "not wait for the copy (docs/gpu.md; 0: always the device's thread)");
 ABSL_FLAG(uint64_t, staging_cache_bytes, uint64_t{512} << 20,
           "Page-locked host memory the daemon keeps, idle, for reuse by operations that stage "
           "device memory across nodes (docs/gpu.md); buffers beyond it are freed when their "
@@ -209,6 +214,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "poll_us",
                                    "stream_poll_us",
                                    "staging_cache_bytes",
+                                   "staging_inline_bytes",
                                    "cuda_ipc",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
@@ -373,6 +379,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   }
   c.stream_poll = absl::Microseconds(stream_poll_us);
   c.staging_cache_bytes = absl::GetFlag(FLAGS_staging_cache_bytes);
+  c.staging_inline_bytes = absl::GetFlag(FLAGS_staging_inline_bytes);
   c.cuda_ipc = absl::GetFlag(FLAGS_cuda_ipc);
   const int64_t inline_max = absl::GetFlag(FLAGS_inline_max_bytes);
   if (inline_max < 0 || inline_max > (int64_t{1} << 30)) {

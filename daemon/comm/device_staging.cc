@@ -77,6 +77,16 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
 
 }  // namespace
 
+uint64_t StagedBytes(const PendingRequest& request, int nranks) {
+  absl::StatusOr<scheduler::Extents> ext =
+      scheduler::ComputeExtents(request.req, request.rank, nranks);
+  if (!ext.ok()) return 0;
+  uint64_t bytes = 0;
+  if (ext->needs_send && request.req.send != nullptr) bytes += ext->send_bytes;
+  if (ext->needs_recv && request.req.recv != nullptr) bytes += ext->recv_bytes;
+  return bytes;
+}
+
 absl::Status StageThroughHost(PendingRequest* request, int nranks, device::DeviceRuntime* devices,
                               device::StagingPool* pool, scheduler::Executor* executor) {
   scheduler::RankRequest& req = request->req;

@@ -4,9 +4,11 @@
 // back to the device before its completion reaches the client.
 //
 // The host copies are page-locked buffers leased from a StagingPool (daemon/device/staging_pool.h)
-// and reused across operations. Not pipelined yet: the whole send region is copied to the host on
-// the submitting thread before the operation starts, and the whole recv region back after it
-// ends, on the device's thread (never a transport's progress thread).
+// and reused across operations. Not pipelined yet: the whole send region is copied to the host
+// before the operation goes to its communicator (DaemonCore: on the submitting thread up to
+// --staging_inline_bytes, past it on the device's thread, in the order the rank submitted), and
+// the whole recv region back after it ends, on the device's thread (never a transport's progress
+// thread).
 #pragma once
 
 #include <memory>
@@ -27,5 +29,10 @@ namespace railyard {
 // A failed copy is the request's error (INTERNAL naming it); the request is left as it was.
 absl::Status StageThroughHost(PendingRequest* request, int nranks, device::DeviceRuntime* devices,
                               device::StagingPool* pool, scheduler::Executor* executor);
+
+// The bytes StageThroughHost would copy for a request on device buffers (send and recv regions,
+// counted apart even when they overlap); 0 for a request it would refuse (its error comes from
+// StageThroughHost).
+uint64_t StagedBytes(const PendingRequest& request, int nranks);
 
 }  // namespace railyard

@@ -771,7 +771,7 @@ absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& sess
   if (!m.ok()) return RefuseSubmit(*session, req, m.status());
   absl::StatusOr<std::unique_ptr<PendingRequest>> pending = DecodeForSession(session, req, *m);
   if (!pending.ok()) return pending.status();
-  if (gates_.MustHold({session.get(), req.comm_handle()}, (*pending)->sync)) {
+  if (MustHold(*session, *m, req.comm_handle(), **pending)) {
     if (absl::Status st = HoldSubmit(session, *m, req.comm_handle(), sink, *std::move(pending));
         !st.ok()) {
       return st;
@@ -816,7 +816,7 @@ std::vector<absl::StatusOr<uint64_t>> DaemonCore::SubmitBatch(
         results[j] = pending.status();
         continue;
       }
-      if (gates_.MustHold({session.get(), handle}, (*pending)->sync)) {
+      if (MustHold(*session, *m, handle, **pending)) {
         flush();  // what came before it goes in first
         absl::Status st = HoldSubmit(session, *m, handle, sink, *std::move(pending));
         results[j] = st.ok() ? absl::StatusOr<uint64_t>(0) : absl::StatusOr<uint64_t>(st);
@@ -880,6 +880,13 @@ absl::Status DaemonCore::FinishSubmit(const std::shared_ptr<Session>& session, c
                             &executor_);
   }
   return absl::OkStatus();
+}
+
+bool DaemonCore::MustHold(const Session& session, const Membership& m, uint64_t handle,
+                          const PendingRequest& pending) const {
+  if (gates_.MustHold({&session, handle}, pending.sync)) return true;
+  return pending.req.device >= 0 && m.comm->multi_node() &&
+         StagedBytes(pending, m.comm->nranks()) > config_.staging_inline_bytes;
 }
 
 absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, const Membership& m,

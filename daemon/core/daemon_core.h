@@ -215,11 +215,19 @@ class DaemonCore {
   absl::Status FinishSubmit(const std::shared_ptr<Session>& session, const Membership& m,
                             const std::shared_ptr<CompletionSink>& sink, PendingRequest* pending);
   // Holds a decoded request in gates_ until its stream reaches it (or the ones held before it on
-  // the communicator go): then FinishSubmit and the communicator; a failure then, an expiry or the
-  // session's end is the request's completion. Not held (RESOURCE_EXHAUSTED): the caller's error.
+  // the communicator go): then FinishSubmit and the communicator (on the device's thread for
+  // device memory across nodes); a failure then, an expiry or the session's end is the request's
+  // completion. Not held (RESOURCE_EXHAUSTED): the caller's error.
   absl::Status HoldSubmit(const std::shared_ptr<Session>& session, const Membership& m,
                           uint64_t handle, const std::shared_ptr<CompletionSink>& sink,
                           std::unique_ptr<PendingRequest> pending);
+  // Whether a decoded request goes through gates_ before the communicator sees it: its stream
+  // has not reached it, something is held before it on its communicator, or it is device memory
+  // across nodes whose staging copy (StagedBytes) is past --staging_inline_bytes (the copy then
+  // runs on the device's thread, not on the submitting one: a session's ring thread, whose
+  // client's other submissions would wait for it).
+  bool MustHold(const Session& session, const Membership& m, uint64_t handle,
+                const PendingRequest& pending) const;
   // What every communicator of this daemon runs with.
   CommEnv MakeCommEnv();
   // A join's wait for the other ranks: the request's, else --init_timeout; never more than

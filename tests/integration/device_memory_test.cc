@@ -425,8 +425,13 @@ TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
 // round's data): every element of every recv region is exactly its result, or, where the
 // operation writes nothing (a Reduce's non-root, AllToAllv's gaps), still the sentinel the rank
 // put there.
-TEST(DeviceMemoryTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroughReusedStaging) {
-  VirtualCluster cluster(2, {"--fake_gpus=1"}, PeerPlane::kInsecure);
+// Where the staging copy to host memory runs: on the thread that took the submission (these
+// sizes are within the default --staging_inline_bytes), or on the device's thread, in the order
+// the rank submitted (--staging_inline_bytes=0).
+class StagingThreadTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StagingThreadTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroughReusedStaging) {
+  VirtualCluster cluster(2, {"--fake_gpus=1", GetParam()}, PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   constexpr int kRanks = 4;     // ranks 0, 1 on vnode0; 2, 3 on vnode1
   constexpr size_t kN = 40000;  // elements per rank (per peer block for the all-to-alls)
@@ -502,8 +507,8 @@ TEST(DeviceMemoryTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroughRe
 
 // Staging copies count against the session's buffer bytes: past the quota the operation is
 // refused before it reaches the communicator, and the ranks go on.
-TEST(DeviceMemoryTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
-  VirtualCluster cluster(2, {"--fake_gpus=1", "--max_buffer_bytes_per_session=12289"},
+TEST_P(StagingThreadTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
+  VirtualCluster cluster(2, {"--fake_gpus=1", "--max_buffer_bytes_per_session=12289", GetParam()},
                          PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   const std::vector<std::string> errors =
@@ -526,6 +531,96 @@ TEST(DeviceMemoryTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
       });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
 }
+
+// A staged operation handed to the device's thread keeps its place: each rank submits device and
+// host operations on one communicator back to back without waiting, and every one of them gets
+// the next sequence number in the order the rank submitted it and its exact result (a host
+// operation that passed the device one before it would be matched with another rank's device
+// operation: a mismatch, or the wrong values). The rank's other communicator is not held behind
+// them.
+TEST(DeviceMemoryTest, OperationsStagedOnTheDeviceThreadKeepTheOrderTheirRankSubmittedThem) {
+  VirtualCluster cluster(2, {"--fake_gpus=1", "--staging_inline_bytes=0"}, PeerPlane::kInsecure);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  constexpr int kRanks = 4;  // ranks 0, 1 on vnode0; 2, 3 on vnode1
+  constexpr size_t kN = 50000;
+  constexpr int kRounds = 3;
+  const std::vector<std::string> errors =
+      RunRanks(cluster, 2, kRanks, [&](int r, Client& client, Comm& comm) -> std::string {
+        // drecv: the AllGather's kRanks blocks, then each round's device AllReduce.
+        FakeDeviceMemory dsend(0, kN * 4), drecv(0, kN * 4 * (kRanks + kRounds));
+        auto ds = client.RegisterDeviceMemory(dsend.fd, dsend.bytes, 0, dsend.view);
+        auto dr = client.RegisterDeviceMemory(drecv.fd, drecv.bytes, 0, drecv.view);
+        auto hs = client.Allocate(kN * 4);
+        auto hr = client.Allocate(kN * 4 * kRounds);
+        if (!ds.ok() || !dr.ok() || !hs.ok() || !hr.ok()) return "register failed";
+        auto local = client.InitComm(*client.CreateCommId(), 0, 1);
+        if (!local.ok()) return "local comm: " + local.status().ToString();
+        const float me = static_cast<float>(r + 1);
+        for (size_t i = 0; i < kN; ++i) {
+          dsend.f()[i] = me * static_cast<float>(i % 97);
+          hs->span<float>()[i] = me * 1000.0f + static_cast<float>(i % 7);
+        }
+        std::vector<Work> works;
+        for (int k = 0; k < kRounds; ++k) {
+          works.push_back(comm.AllReduce(*ds, BufferRef(*dr, (kRanks + k) * kN * 4), kN,
+                                         DataType::kFloat32, RedOp::kSum));
+          works.push_back(
+              comm.AllReduce(*hs, BufferRef(*hr, k * kN * 4), kN, DataType::kFloat32, RedOp::kMax));
+        }
+        works.push_back(comm.AllGather(*ds, *dr, kN, DataType::kFloat32));
+        // Another communicator of the session: not behind the held ones (a host operation on
+        // one rank completes at once).
+        auto lb = client.Allocate(4);
+        if (!lb.ok()) return "allocate";
+        lb->span<float>()[0] = 7.0f;
+        if (absl::Status s = local->AllReduce(*lb, *lb, 1, DataType::kFloat32, RedOp::kSum).wait();
+            !s.ok() || lb->span<float>()[0] != 7.0f) {
+          return "the other communicator: " + s.ToString();
+        }
+        for (size_t i = 0; i < works.size(); ++i) {
+          if (absl::Status s = works[i].wait(); !s.ok()) {
+            return "operation " + std::to_string(i) + ": " + s.ToString();
+          }
+          if (i > 0 && works[i].seq() != works[i - 1].seq() + 1) {
+            return "operation " + std::to_string(i) + " has seq " + std::to_string(works[i].seq()) +
+                   " after " + std::to_string(works[i - 1].seq());
+          }
+        }
+        for (int k = 0; k < kRounds; ++k) {
+          for (size_t i = 0; i < kN; ++i) {
+            const float sum = drecv.f()[(kRanks + k) * kN + i];
+            if (sum != 10.0f * static_cast<float>(i % 97)) {
+              return "device allreduce " + std::to_string(k) + ": element " + std::to_string(i) +
+                     " is " + std::to_string(sum);
+            }
+            if (hr->span<float>()[k * kN + i] != 4000.0f + static_cast<float>(i % 7)) {
+              return "host allreduce " + std::to_string(k) + ": element " + std::to_string(i) +
+                     " is " + std::to_string(hr->span<float>()[k * kN + i]);
+            }
+          }
+        }
+        for (int q = 0; q < kRanks; ++q) {
+          for (size_t i = 0; i < kN; ++i) {
+            if (drecv.f()[q * kN + i] != (q + 1.0f) * static_cast<float>(i % 97)) {
+              return "allgather block " + std::to_string(q) + ": element " + std::to_string(i) +
+                     " is " + std::to_string(drecv.f()[q * kN + i]);
+            }
+          }
+        }
+        return "";
+      });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
+  }
+  for (int n = 0; n < 2; ++n) EXPECT_EQ(cluster[n].Status().buffer_bytes(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(DeviceMemory, StagingThreadTest,
+                         ::testing::Values("--staging_inline_bytes=1048576",
+                                           "--staging_inline_bytes=0"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return info.index == 0 ? "OnTheSubmittingThread" : "OnTheDeviceThread";
+                         });
 
 }  // namespace
 }  // namespace railyard::testing

@@ -192,5 +192,28 @@ TEST(DeviceStagingTest, AFailedCopyLeavesTheRequestAsItWas) {
   EXPECT_EQ(p.sink_owner, nullptr);
 }
 
+// What DaemonCore weighs against --staging_inline_bytes: the bytes the copy to host memory would
+// take, without touching the device.
+TEST(DeviceStagingTest, StagedBytesAreTheRegionsTheOperationTouches) {
+  device::FakeDeviceRuntime rt(1);
+  FakeBuffer send(&rt, 8192), recv(&rt, 8192);
+  PendingRequest p = AllReduceOn(&send, &recv, 1000);
+  EXPECT_EQ(StagedBytes(p, 2), 8000u);
+  p.req.recv = p.req.send;  // in place: still both regions
+  EXPECT_EQ(StagedBytes(p, 2), 8000u);
+  PendingRequest r = AllReduceOn(&send, &recv, 1000);
+  r.req.op = scheduler::OpKind::kReduce;
+  r.req.root = 1;
+  r.rank = 0;  // not the root: nothing to receive
+  EXPECT_EQ(StagedBytes(r, 2), 4000u);
+  r.rank = 1;
+  EXPECT_EQ(StagedBytes(r, 2), 8000u);
+  r.req.root = 5;  // refused by StageThroughHost, which says why
+  EXPECT_EQ(StagedBytes(r, 2), 0u);
+  PendingRequest g = AllReduceOn(&send, &recv, 500);
+  g.req.op = scheduler::OpKind::kAllGather;  // 500 floats from each of 4 ranks
+  EXPECT_EQ(StagedBytes(g, 4), 2000u + 8000u);
+}
+
 }  // namespace
 }  // namespace railyard

@@ -20,7 +20,8 @@ std::string FormatStatus(const v1::StatusResponse& s) {
       FormatBytes(s.buffer_bytes()), s.ops_completed(), s.ops_failed());
   if (!s.devices().empty()) absl::StrAppend(&out, "devices: ", s.devices(), "\n");
   if (s.ops_held_for_streams() > 0) {
-    absl::StrAppend(&out, "operations waiting for their streams: ", s.ops_held_for_streams(), "\n");
+    absl::StrAppend(
+        &out, "operations waiting for their streams or staging: ", s.ops_held_for_streams(), "\n");
   }
   if (!s.peer_address().empty()) {
     absl::StrAppend(&out, "peer service ", s.peer_address(), ", rails ",
