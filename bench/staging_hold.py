@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""How long a session's small operation waits behind its own large device operation across nodes.
+"""How long small operations wait behind a large device operation across nodes: the same session's,
+and another tenant's on the same device.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/staging_hold.py [--mib 64] [--iters 9] [--launches 3]
+    /usr/bin/python3 bench/staging_hold.py [--mib 64] [--iters 9] [--launches 3]
 
 Two railyardd on loopback (vnode0, vnode1) with fake devices (--fake_gpus), one rank on each (a
 session each, threads of this process). Each rank, per iteration: an AllReduce of MIB MiB of fake
@@ -11,6 +12,11 @@ only this rank (it has nobody to wait for), timed until it completes; then the l
 waited for. Printed per launch: the medians over the iterations of the small operation's time
 and the large one's, for the staging copy on the submitting thread (--staging_inline_bytes past
 the size) and on the device's thread (--staging_inline_bytes=0), launches interleaved.
+
+Second table (another tenant): job A's two ranks run MIB MiB device AllReduces across the nodes
+back to back (after one that warms the staging buffers up) while job B's two ranks, sessions of vnode0 only, run 1 KiB device AllReduces on the
+same (fake) device, each timed; B's median, 90th percentile and worst time, for staging copies
+of --staging_chunk_bytes (4 MiB, the default) and of one task per copy (1 GiB).
 
 Not a test: the numbers depend on the machine and its load (on a 2-CPU VM both daemons' copies
 compete with everything else for the cores).
@@ -45,23 +51,8 @@ MODES = (("submitting thread", "--staging_inline_bytes=1099511627776"),
 
 def launch(railyardd: str, flag: str, mib: int, iters: int) -> List[Tuple[float, float]]:
     tmp = tempfile.mkdtemp(prefix="rysh-", dir="/tmp")
-    procs, sockets = [], []
+    procs, sockets = start_daemons(railyardd, tmp, [flag])
     try:
-        for i in range(2):
-            topo = os.path.join(tmp, f"vnode{i}.json")
-            with open(topo, "w") as f:
-                json.dump({"node": f"vnode{i}", "rails": [{"name": "rail0", "device": "lo"}]}, f)
-            sock = os.path.join(tmp, f"d{i}.sock")
-            procs.append(subprocess.Popen(
-                [railyardd, f"--socket={sock}", "--insecure_first_session_token",
-                 f"--node_name=vnode{i}", "--peer_listen=127.0.0.1:0", "--peer_insecure",
-                 f"--topology={topo}", "--fake_gpus=1", "--log_level=error", flag]))
-            sockets.append(sock)
-        for sock in sockets:
-            for _ in range(200):
-                if os.path.exists(sock):
-                    break
-                time.sleep(0.05)
         clients = [railyard.connect(s, job="staging-hold") for s in sockets]
         comm_id = clients[0].new_comm_id()
         results: List[Tuple[float, float]] = [(0.0, 0.0)] * 2
@@ -70,12 +61,7 @@ def launch(railyardd: str, flag: str, mib: int, iters: int) -> List[Tuple[float,
         def rank(r: int) -> None:
             try:
                 c = clients[r]
-                nbytes = mib << 20
-                fds = [os.memfd_create("railyard-fake-device-0") for _ in range(2)]
-                for fd in fds:
-                    os.ftruncate(fd, nbytes)
-                send, recv = (c.register_device_memory(fd, nbytes, 0, dtype=np.float32)
-                              for fd in fds)
+                send, recv = device_array(c, mib << 20), device_array(c, mib << 20)
                 comm = c.comm(comm_id, r, 2, timeout=60)
                 alone = c.comm(c.new_comm_id(), 0, 1)
                 x = np.ones(1, np.float32)
@@ -93,8 +79,6 @@ def launch(railyardd: str, flag: str, mib: int, iters: int) -> List[Tuple[float,
                     large.append((t3 - t0) * 1e3)
                 comm.barrier()
                 results[r] = (statistics.median(small), statistics.median(large))
-                for fd in fds:
-                    os.close(fd)
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
 
@@ -108,6 +92,97 @@ def launch(railyardd: str, flag: str, mib: int, iters: int) -> List[Tuple[float,
         if errors:
             raise errors[0]
         return results
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+
+
+def start_daemons(railyardd: str, tmp: str, flags: List[str]) -> Tuple[list, List[str]]:
+    procs, sockets = [], []
+    for i in range(2):
+        topo = os.path.join(tmp, f"vnode{i}.json")
+        with open(topo, "w") as f:
+            json.dump({"node": f"vnode{i}", "rails": [{"name": "rail0", "device": "lo"}]}, f)
+        sock = os.path.join(tmp, f"d{i}.sock")
+        procs.append(subprocess.Popen(
+            [railyardd, f"--socket={sock}", "--insecure_first_session_token",
+             f"--node_name=vnode{i}", "--peer_listen=127.0.0.1:0", "--peer_insecure",
+             f"--topology={topo}", "--fake_gpus=1", "--log_level=error", *flags]))
+        sockets.append(sock)
+    for sock in sockets:
+        for _ in range(200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+    return procs, sockets
+
+
+def device_array(client: "railyard.Client", nbytes: int):
+    fd = os.memfd_create("railyard-fake-device-0")
+    os.ftruncate(fd, nbytes)
+    arr = client.register_device_memory(fd, nbytes, 0, dtype=np.float32)
+    os.close(fd)  # the registration holds the memory
+    return arr
+
+
+def tenant_launch(railyardd: str, chunk: int, mib: int, iters: int) -> List[float]:
+    """Job B's small operation times (ms) while job A moves mib MiB across nodes."""
+    tmp = tempfile.mkdtemp(prefix="rysh-", dir="/tmp")
+    procs, sockets = start_daemons(railyardd, tmp, [f"--staging_chunk_bytes={chunk}"])
+    try:
+        a = [railyard.connect(s, job="tenant-a") for s in sockets]
+        b = [railyard.connect(sockets[0], job="tenant-b") for _ in range(2)]
+        a_id, b_id = a[0].new_comm_id(), b[0].new_comm_id()
+        running = threading.Event()  # set while job A runs its timed operations
+        times: List[float] = []
+        errors: List[BaseException] = []
+
+        def job_a(r: int) -> None:
+            try:
+                send, recv = device_array(a[r], mib << 20), device_array(a[r], mib << 20)
+                comm = a[r].comm(a_id, r, 2, timeout=60)
+                comm.all_reduce(send, out=recv)  # warm: the staging buffers exist, pages faulted
+                comm.barrier()
+                running.set()
+                for _ in range(iters):
+                    comm.all_reduce(send, out=recv)
+                comm.barrier()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                running.clear()
+
+        def job_b(r: int) -> None:
+            try:
+                x, y = device_array(b[r], 1024), device_array(b[r], 1024)
+                comm = b[r].comm(b_id, r, 2, timeout=60)
+                for _ in range(20):
+                    comm.all_reduce(x, out=y)
+                running.wait(120)
+                while True:
+                    go = np.array([1.0 if running.is_set() else 0.0], np.float32)
+                    comm.all_reduce(go, op="min")  # both stop together
+                    if go[0] == 0.0:
+                        break
+                    t0 = time.perf_counter()
+                    comm.all_reduce(x, out=y)
+                    if r == 0:
+                        times.append((time.perf_counter() - t0) * 1e3)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=job_a, args=(r,)) for r in range(2)]
+        threads += [threading.Thread(target=job_b, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        for c in a + b:
+            c.close()
+        if errors:
+            raise errors[0]
+        return times
     finally:
         for p in procs:
             p.terminate()
@@ -132,6 +207,20 @@ def main() -> int:
             (s0, l0), (s1, l1) = launch(args.railyardd, flag, args.mib, args.iters)
             print(f"| {n + 1} | {name} | {s0:.2f} | {s1:.2f} | {l0:.1f} | {l1:.1f} |",
                   flush=True)
+    print()
+    print(f"# job B: 1 KiB device AllReduce, 2 ranks on vnode0, while job A runs {args.iters} "
+          f"{args.mib} MiB device AllReduces across vnode0 and vnode1; B's times, ms")
+    print("| launch | staging chunk | B operations | median | p90 | worst |")
+    print("|---|---|---|---|---|---|")
+    for n in range(args.launches):
+        for chunk in (4 << 20, 1 << 30):
+            times = sorted(tenant_launch(args.railyardd, chunk, args.mib, args.iters))
+            if not times:
+                print(f"| {n + 1} | {chunk >> 20} MiB | 0 | - | - | - |", flush=True)
+                continue
+            p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+            print(f"| {n + 1} | {chunk >> 20} MiB | {len(times)} | "
+                  f"{statistics.median(times):.2f} | {p90:.2f} | {times[-1]:.2f} |", flush=True)
     return 0
 
 

@@ -87,6 +87,9 @@ struct DaemonConfig {
   // the device's thread for it, in the order its rank submitted, instead of copying on the
   // submitting thread (--staging_inline_bytes; DaemonCore::MustHold).
   uint64_t staging_inline_bytes = uint64_t{1} << 20;
+  // The most a staging copy moves per task of a device's thread before the device's other queued
+  // work runs (--staging_chunk_bytes; device_staging.h). At least 4096.
+  uint64_t staging_chunk_bytes = uint64_t{4} << 20;
   // Accept legacy CUDA IPC handles for device memory (--cuda_ipc; DaemonCore::RegisterBuffer).
   bool cuda_ipc = false;
   // Collectives on one node moving at most this many bytes run on the thread that made them

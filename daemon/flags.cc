@@ -114,6 +114,10 @@ ABSL_FLAG(uint64_t, staging_inline_bytes, uint64_t{1} << 20,
           "this many bytes copies on the thread that took its submission; a larger one is handed, "
           "in submission order, to the device's thread, so the session's other submissions do "
           "not wait for the copy (docs/gpu.md; 0: always the device's thread)");
+ABSL_FLAG(uint64_t, staging_chunk_bytes, uint64_t{4} << 20,
+          "The most a staging copy between device and host memory moves per task of the device's "
+          "thread: the device's other queued work (other tenants' operations) runs between "
+          "chunks (docs/gpu.md; at least 4096)");
 ABSL_FLAG(uint64_t, staging_cache_bytes, uint64_t{512} << 20,
           "Page-locked host memory the daemon keeps, idle, for reuse by operations that stage "
           "device memory across nodes (docs/gpu.md); buffers beyond it are freed when their "
@@ -215,6 +219,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "stream_poll_us",
                                    "staging_cache_bytes",
                                    "staging_inline_bytes",
+                                   "staging_chunk_bytes",
                                    "cuda_ipc",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
@@ -380,6 +385,11 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.stream_poll = absl::Microseconds(stream_poll_us);
   c.staging_cache_bytes = absl::GetFlag(FLAGS_staging_cache_bytes);
   c.staging_inline_bytes = absl::GetFlag(FLAGS_staging_inline_bytes);
+  c.staging_chunk_bytes = absl::GetFlag(FLAGS_staging_chunk_bytes);
+  if (c.staging_chunk_bytes < 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--staging_chunk_bytes must be at least 4096, not ", c.staging_chunk_bytes));
+  }
   c.cuda_ipc = absl::GetFlag(FLAGS_cuda_ipc);
   const int64_t inline_max = absl::GetFlag(FLAGS_inline_max_bytes);
   if (inline_max < 0 || inline_max > (int64_t{1} << 30)) {

@@ -10,23 +10,17 @@
 namespace railyard {
 namespace {
 
-struct Region {
-  std::byte* device_ptr = nullptr;
-  uint64_t bytes = 0;
-  device::StagingPool::Lease host;  // its first `bytes` bytes
-  bool copy_in = false;             // holds the send region, or bytes the operation may not write
-  bool copy_back = false;           // holds (part of) the recv region
-};
+using Region = HostStaging::Region;
 
-// Completes a staged request: copies its recv region back to the device on a worker, then posts
-// to the client's sink.
+// Completes a staged request: copies its recv region back to the device on the device's thread,
+// chunk_bytes per task, then posts to the client's sink.
 class StagedSink : public CompletionSink, public std::enable_shared_from_this<StagedSink> {
  public:
   StagedSink(std::weak_ptr<CompletionSink> client, int device, std::vector<Region> regions,
              std::shared_ptr<MappedSegment> send_segment,
              std::shared_ptr<MappedSegment> recv_segment, QuotaCharge charge,
              device::DeviceRuntime* devices, scheduler::Executor* executor,
-             std::shared_ptr<CompletionSink> keep)
+             std::shared_ptr<CompletionSink> keep, uint64_t chunk_bytes)
       : client_(std::move(client)),
         keep_(std::move(keep)),
         device_(device),
@@ -35,28 +29,48 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
         recv_segment_(std::move(recv_segment)),
         charge_(std::move(charge)),
         devices_(devices),
-        executor_(executor) {}
+        executor_(executor),
+        chunk_bytes_(chunk_bytes == 0 ? kStagingCopyChunk : chunk_bytes) {}
 
   void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) override {
     if (!status.ok()) {
       Forward(request_id, status, seq);
       return;
     }
-    executor_->PostToDevice(device_, [self = shared_from_this(), request_id, seq] {
-      absl::Status s;
-      for (const Region& r : self->regions_) {
-        if (!r.copy_back || !s.ok()) continue;
-        s = self->devices_->CopyFromHost(self->device_, r.device_ptr, r.host.data(), r.bytes);
-        if (!s.ok()) {
-          s = absl::InternalError(absl::StrCat("copying the result back to device ", self->device_,
-                                               " after the operation: ", s.message()));
-        }
-      }
-      self->Forward(request_id, s, seq);
-    });
+    CopyBack(0, 0, request_id, seq);
   }
 
  private:
+  // One task: up to chunk_bytes_ from regions_[region] at offset, then the next task
+  // (behind whatever else the device's thread has queued meanwhile), or the completion.
+  void CopyBack(size_t region, uint64_t offset, uint64_t request_id, uint64_t seq) {
+    executor_->PostToDevice(device_, [self = shared_from_this(), region, offset, request_id,
+                                      seq]() mutable {
+      while (region < self->regions_.size() &&
+             (!self->regions_[region].copy_back || offset >= self->regions_[region].bytes)) {
+        ++region;
+        offset = 0;
+      }
+      if (region == self->regions_.size()) {
+        self->Forward(request_id, absl::OkStatus(), seq);
+        return;
+      }
+      const Region& r = self->regions_[region];
+      const uint64_t n = std::min(self->chunk_bytes_, r.bytes - offset);
+      absl::Status s = self->devices_->CopyFromHost(self->device_, r.device_ptr + offset,
+                                                    r.host.data() + offset, n);
+      if (!s.ok()) {
+        self->Forward(
+            request_id,
+            absl::InternalError(absl::StrCat("copying the result back to device ", self->device_,
+                                             " after the operation: ", s.message())),
+            seq);
+        return;
+      }
+      self->CopyBack(region, offset + n, request_id, seq);
+    });
+  }
+
   void Forward(uint64_t request_id, const absl::Status& status, uint64_t seq) {
     if (auto client = client_.lock()) client->PostCompletion(request_id, status, seq);
   }
@@ -73,29 +87,24 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
   QuotaCharge charge_;
   device::DeviceRuntime* const devices_;
   scheduler::Executor* const executor_;
+  const uint64_t chunk_bytes_;
 };
 
 }  // namespace
 
-uint64_t StagedBytes(const PendingRequest& request, int nranks) {
-  absl::StatusOr<scheduler::Extents> ext =
-      scheduler::ComputeExtents(request.req, request.rank, nranks);
-  if (!ext.ok()) return 0;
-  uint64_t bytes = 0;
-  if (ext->needs_send && request.req.send != nullptr) bytes += ext->send_bytes;
-  if (ext->needs_recv && request.req.recv != nullptr) bytes += ext->recv_bytes;
-  return bytes;
-}
-
-absl::Status StageThroughHost(PendingRequest* request, int nranks, device::DeviceRuntime* devices,
-                              device::StagingPool* pool, scheduler::Executor* executor) {
-  scheduler::RankRequest& req = request->req;
-  const int device = req.device;
-  absl::StatusOr<scheduler::Extents> ext = scheduler::ComputeExtents(req, request->rank, nranks);
+absl::StatusOr<std::unique_ptr<HostStaging>> HostStaging::Prepare(const PendingRequest& request,
+                                                                  int nranks,
+                                                                  device::StagingPool* pool) {
+  const scheduler::RankRequest& req = request.req;
+  absl::StatusOr<scheduler::Extents> ext = scheduler::ComputeExtents(req, request.rank, nranks);
   if (!ext.ok()) return ext.status();
   const bool has_send = ext->needs_send && ext->send_bytes > 0 && req.send != nullptr;
   const bool has_recv = ext->needs_recv && ext->recv_bytes > 0 && req.recv != nullptr;
-  std::vector<Region> regions;
+  std::unique_ptr<HostStaging> staging(new HostStaging());
+  staging->device_ = req.device;
+  staging->has_send_ = has_send;
+  staging->has_recv_ = has_recv;
+  std::vector<Region>& regions = staging->regions_;
   auto add = [&](std::byte* p, uint64_t bytes, bool in, bool back) {
     Region r;
     r.device_ptr = p;
@@ -120,8 +129,8 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
   }
   uint64_t total = 0;
   for (const Region& r : regions) total += r.bytes;
-  QuotaCharge charge;
-  if (absl::Status s = QuotaCharge::Take(request->quota, Resource::kBufferBytes, total, &charge);
+  if (absl::Status s =
+          QuotaCharge::Take(request.quota, Resource::kBufferBytes, total, &staging->charge_);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("staging ", total,
                                                " bytes of device memory in host "
@@ -132,31 +141,79 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
     absl::StatusOr<device::StagingPool::Lease> host = pool->Take(r.bytes);
     if (!host.ok()) return host.status();
     r.host = *std::move(host);
-    // A leased buffer may hold an earlier operation's bytes (another tenant's): the region is
-    // either copied in whole here or written whole by the operation before anything is copied
-    // back (copy_in above), so none of them reaches the device.
-    if (!r.copy_in) continue;
-    if (absl::Status s = devices->CopyToHost(device, r.host.data(), r.device_ptr, r.bytes);
-        !s.ok()) {
-      return absl::InternalError(absl::StrCat(
-          "copying device ", device, " memory to host memory before the operation: ", s.message()));
-    }
   }
+  return staging;
+}
+
+absl::StatusOr<bool> HostStaging::CopyIn(device::DeviceRuntime* devices, uint64_t max_bytes) {
+  // A leased buffer may hold an earlier operation's bytes (another tenant's): each region is
+  // either copied in whole here or written whole by the operation before anything is copied back
+  // (copy_in, Prepare), so none of them reaches the device.
+  while (max_bytes > 0 && next_region_ < regions_.size()) {
+    Region& r = regions_[next_region_];
+    if (!r.copy_in || next_offset_ >= r.bytes) {
+      ++next_region_;
+      next_offset_ = 0;
+      continue;
+    }
+    const uint64_t n = std::min(max_bytes, r.bytes - next_offset_);
+    if (absl::Status s = devices->CopyToHost(device_, r.host.data() + next_offset_,
+                                             r.device_ptr + next_offset_, n);
+        !s.ok()) {
+      return absl::InternalError(
+          absl::StrCat("copying device ", device_,
+                       " memory to host memory before the operation: ", s.message()));
+    }
+    next_offset_ += n;
+    max_bytes -= n;
+  }
+  while (next_region_ < regions_.size() &&
+         (!regions_[next_region_].copy_in || next_offset_ >= regions_[next_region_].bytes)) {
+    ++next_region_;
+    next_offset_ = 0;
+  }
+  return next_region_ == regions_.size();
+}
+
+void HostStaging::Attach(PendingRequest* request, device::DeviceRuntime* devices,
+                         scheduler::Executor* executor, uint64_t chunk_bytes) {
+  scheduler::RankRequest& req = request->req;
   auto host_of = [&](std::byte* p) -> std::byte* {
-    for (const Region& r : regions) {
+    for (const Region& r : regions_) {
       if (p >= r.device_ptr && p < r.device_ptr + r.bytes)
         return r.host.data() + (p - r.device_ptr);
     }
     return nullptr;
   };
-  if (has_send) req.send = host_of(req.send);
-  if (has_recv) req.recv = host_of(req.recv);
+  if (has_send_) req.send = host_of(req.send);
+  if (has_recv_) req.recv = host_of(req.recv);
   req.device = -1;
   auto sink = std::make_shared<StagedSink>(
-      request->session, device, std::move(regions), request->send_segment, request->recv_segment,
-      std::move(charge), devices, executor, std::move(request->sink_owner));
+      request->session, device_, std::move(regions_), request->send_segment, request->recv_segment,
+      std::move(charge_), devices, executor, std::move(request->sink_owner), chunk_bytes);
   request->session = sink;
   request->sink_owner = std::move(sink);
+}
+
+uint64_t StagedBytes(const PendingRequest& request, int nranks) {
+  absl::StatusOr<scheduler::Extents> ext =
+      scheduler::ComputeExtents(request.req, request.rank, nranks);
+  if (!ext.ok()) return 0;
+  uint64_t bytes = 0;
+  if (ext->needs_send && request.req.send != nullptr) bytes += ext->send_bytes;
+  if (ext->needs_recv && request.req.recv != nullptr) bytes += ext->recv_bytes;
+  return bytes;
+}
+
+absl::Status StageThroughHost(PendingRequest* request, int nranks, device::DeviceRuntime* devices,
+                              device::StagingPool* pool, scheduler::Executor* executor,
+                              uint64_t chunk_bytes) {
+  absl::StatusOr<std::unique_ptr<HostStaging>> staging =
+      HostStaging::Prepare(*request, nranks, pool);
+  if (!staging.ok()) return staging.status();
+  absl::StatusOr<bool> copied = (*staging)->CopyIn(devices, UINT64_MAX);
+  if (!copied.ok()) return copied.status();
+  (*staging)->Attach(request, devices, executor, chunk_bytes);
   return absl::OkStatus();
 }
 

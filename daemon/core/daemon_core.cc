@@ -864,20 +864,26 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::DecodeForSession(
   return pending;
 }
 
-absl::Status DaemonCore::FinishSubmit(const std::shared_ptr<Session>& session, const Membership& m,
-                                      const std::shared_ptr<CompletionSink>& sink,
-                                      PendingRequest* pending) {
+void DaemonCore::RouteCompletion(const std::shared_ptr<Session>& session,
+                                 const std::shared_ptr<CompletionSink>& sink,
+                                 PendingRequest* pending) {
   if (sink != nullptr) {
     pending->session = sink;
   } else {
     pending->session = session;
   }
-  // First: done is stored only after everything else a completion does (the copy back below).
+  // First: done is stored only after everything else a completion does (a staging copy back).
   AttachStreamSync(pending);
+}
+
+absl::Status DaemonCore::FinishSubmit(const std::shared_ptr<Session>& session, const Membership& m,
+                                      const std::shared_ptr<CompletionSink>& sink,
+                                      PendingRequest* pending) {
+  RouteCompletion(session, sink, pending);
   if (pending->req.device >= 0 && m.comm->multi_node()) {
     // Across nodes, device memory goes through host memory (device_staging.h).
     return StageThroughHost(pending, m.comm->nranks(), devices_.get(), staging_pool_.get(),
-                            &executor_);
+                            &executor_, config_.staging_chunk_bytes);
   }
   return absl::OkStatus();
 }
@@ -919,13 +925,8 @@ absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, con
       absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
       if (!seq.ok()) fail(seq.status());
     };
-    // Across nodes, FinishSubmit copies the device memory to the host: on the device's thread,
-    // not on the gates' one, which every tenant's held operations wait on.
     if ((*held)->req.device >= 0 && m.comm->multi_node()) {
-      executor_.PostToDevice((*held)->req.device, [submit, done] {
-        submit();
-        done();
-      });
+      StageOnDevice(weak_session, m, sink, held, fail, std::move(done));
       return;
     }
     submit();
@@ -935,6 +936,59 @@ absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, con
   absl::Status st = gates_.Hold({session.get(), handle}, std::move(item));
   if (!st.ok()) let_stream_go();  // not held: the caller reports the error
   return st;
+}
+
+void DaemonCore::StageOnDevice(std::weak_ptr<Session> weak_session, const Membership& m,
+                               std::shared_ptr<CompletionSink> sink,
+                               std::shared_ptr<std::unique_ptr<PendingRequest>> held,
+                               std::function<void(const absl::Status&)> fail,
+                               std::function<void()> done) {
+  // Not on the gates' thread, which every tenant's held operations wait on. The host memory is
+  // leased on a worker (a buffer the pool does not have yet is allocated and page-locked then:
+  // tens of milliseconds for 64 MiB, which the device's thread would spend with every other
+  // operation on that device waiting), the copy made on the device's thread a chunk per task
+  // (CopyInOnDevice), so the device's other work runs in between.
+  const int device = (*held)->req.device;
+  executor_.Post([this, weak_session, m, sink, held, fail, done, device] {
+    std::shared_ptr<Session> s = weak_session.lock();
+    if (s == nullptr || s->closed()) {
+      fail(absl::CancelledError("the session has ended"));
+      return done();
+    }
+    RouteCompletion(s, sink, held->get());
+    absl::StatusOr<std::unique_ptr<HostStaging>> prepared =
+        HostStaging::Prepare(**held, m.comm->nranks(), staging_pool_.get());
+    if (!prepared.ok()) {
+      fail(prepared.status());
+      return done();
+    }
+    std::shared_ptr<HostStaging> staging = *std::move(prepared);
+    CopyInOnDevice(
+        device, staging, [this, weak_session, m, held, fail, done, staging](absl::Status copied) {
+          std::shared_ptr<Session> s = weak_session.lock();
+          if (copied.ok() && (s == nullptr || s->closed())) {
+            copied = absl::CancelledError("the session has ended");
+          }
+          if (!copied.ok()) {
+            fail(copied);
+            return done();
+          }
+          staging->Attach(held->get(), devices_.get(), &executor_, config_.staging_chunk_bytes);
+          absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
+          if (!seq.ok()) fail(seq.status());
+          done();
+        });
+  });
+}
+
+void DaemonCore::CopyInOnDevice(int device, std::shared_ptr<HostStaging> staging,
+                                std::function<void(absl::Status)> then) {
+  executor_.PostToDevice(device, [this, device, staging, then]() mutable {
+    absl::StatusOr<bool> all = staging->CopyIn(devices_.get(), config_.staging_chunk_bytes);
+    if (!all.ok()) return then(all.status());
+    if (*all) return then(absl::OkStatus());
+    CopyInOnDevice(device, std::move(staging), std::move(then));
+  });
 }
 
 absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,

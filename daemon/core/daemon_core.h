@@ -23,6 +23,7 @@
 #include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_registry.h"
 #include "daemon/comm/communicator.h"
+#include "daemon/comm/device_staging.h"
 #include "daemon/comm/peer_client.h"
 #include "daemon/comm/peer_identity.h"
 #include "daemon/comm/stream_gates.h"
@@ -221,6 +222,22 @@ class DaemonCore {
   absl::Status HoldSubmit(const std::shared_ptr<Session>& session, const Membership& m,
                           uint64_t handle, const std::shared_ptr<CompletionSink>& sink,
                           std::unique_ptr<PendingRequest> pending);
+  // Where a request's completion goes (sink, else the session) and its stream sync's done word:
+  // the part of FinishSubmit before device staging.
+  void RouteCompletion(const std::shared_ptr<Session>& session,
+                       const std::shared_ptr<CompletionSink>& sink, PendingRequest* pending);
+  // HoldSubmit's release of device memory across nodes: on a worker, RouteCompletion and the
+  // staging's host memory; on the device's thread, the copy (CopyInOnDevice) and the
+  // communicator; then done (the gates' queue goes on). A failure (or the session's end) is
+  // fail's.
+  void StageOnDevice(std::weak_ptr<Session> weak_session, const Membership& m,
+                     std::shared_ptr<CompletionSink> sink,
+                     std::shared_ptr<std::unique_ptr<PendingRequest>> held,
+                     std::function<void(const absl::Status&)> fail, std::function<void()> done);
+  // Copies what staging must copy to host memory, --staging_chunk_bytes per task of the device's
+  // thread, each behind what the device has queued meanwhile; then `then` with the outcome.
+  void CopyInOnDevice(int device, std::shared_ptr<HostStaging> staging,
+                      std::function<void(absl::Status)> then);
   // Whether a decoded request goes through gates_ before the communicator sees it: its stream
   // has not reached it, something is held before it on its communicator, or it is device memory
   // across nodes whose staging copy (StagedBytes) is past --staging_inline_bytes (the copy then

@@ -428,10 +428,17 @@ TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
 // Where the staging copy to host memory runs: on the thread that took the submission (these
 // sizes are within the default --staging_inline_bytes), or on the device's thread, in the order
 // the rank submitted (--staging_inline_bytes=0).
-class StagingThreadTest : public ::testing::TestWithParam<const char*> {};
+class StagingThreadTest : public ::testing::TestWithParam<std::vector<std::string>> {
+ protected:
+  // `flags` and the parameter's.
+  std::vector<std::string> With(std::vector<std::string> flags) const {
+    flags.insert(flags.end(), GetParam().begin(), GetParam().end());
+    return flags;
+  }
+};
 
 TEST_P(StagingThreadTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroughReusedStaging) {
-  VirtualCluster cluster(2, {"--fake_gpus=1", GetParam()}, PeerPlane::kInsecure);
+  VirtualCluster cluster(2, With({"--fake_gpus=1"}), PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   constexpr int kRanks = 4;     // ranks 0, 1 on vnode0; 2, 3 on vnode1
   constexpr size_t kN = 40000;  // elements per rank (per peer block for the all-to-alls)
@@ -508,7 +515,7 @@ TEST_P(StagingThreadTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroug
 // Staging copies count against the session's buffer bytes: past the quota the operation is
 // refused before it reaches the communicator, and the ranks go on.
 TEST_P(StagingThreadTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
-  VirtualCluster cluster(2, {"--fake_gpus=1", "--max_buffer_bytes_per_session=12289", GetParam()},
+  VirtualCluster cluster(2, With({"--fake_gpus=1", "--max_buffer_bytes_per_session=12289"}),
                          PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   const std::vector<std::string> errors =
@@ -539,7 +546,10 @@ TEST_P(StagingThreadTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
 // operation: a mismatch, or the wrong values). The rank's other communicator is not held behind
 // them.
 TEST(DeviceMemoryTest, OperationsStagedOnTheDeviceThreadKeepTheOrderTheirRankSubmittedThem) {
-  VirtualCluster cluster(2, {"--fake_gpus=1", "--staging_inline_bytes=0"}, PeerPlane::kInsecure);
+  // Chunks of 64 KiB: each staged copy (200 KB) takes several tasks of the device's thread.
+  VirtualCluster cluster(
+      2, {"--fake_gpus=1", "--staging_inline_bytes=0", "--staging_chunk_bytes=65536"},
+      PeerPlane::kInsecure);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
   constexpr int kRanks = 4;  // ranks 0, 1 on vnode0; 2, 3 on vnode1
   constexpr size_t kN = 50000;
@@ -615,12 +625,23 @@ TEST(DeviceMemoryTest, OperationsStagedOnTheDeviceThreadKeepTheOrderTheirRankSub
   for (int n = 0; n < 2; ++n) EXPECT_EQ(cluster[n].Status().buffer_bytes(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(DeviceMemory, StagingThreadTest,
-                         ::testing::Values("--staging_inline_bytes=1048576",
-                                           "--staging_inline_bytes=0"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return info.index == 0 ? "OnTheSubmittingThread" : "OnTheDeviceThread";
-                         });
+TEST(DeviceMemoryTest, AStagingChunkSmallerThanAPageIsRefusedAtStart) {
+  DaemonProcess d({"--fake_gpus=1", "--staging_chunk_bytes=100"});
+  auto code = d.process().Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(code.has_value()) << "the daemon started:\n" << d.Log();
+  EXPECT_NE(*code, 0);
+  EXPECT_THAT(d.Log(), HasSubstr("--staging_chunk_bytes must be at least 4096, not 100"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DeviceMemory, StagingThreadTest,
+    ::testing::Values(std::vector<std::string>{"--staging_inline_bytes=1048576"},
+                      // Every copy on the device's thread, a page per task.
+                      std::vector<std::string>{"--staging_inline_bytes=0",
+                                               "--staging_chunk_bytes=4096"}),
+    [](const ::testing::TestParamInfo<std::vector<std::string>>& info) {
+      return info.index == 0 ? "OnTheSubmittingThread" : "OnTheDeviceThread";
+    });
 
 }  // namespace
 }  // namespace railyard::testing

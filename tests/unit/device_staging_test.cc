@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/device/fake_device_runtime.h"
 
 namespace railyard {
@@ -25,6 +26,10 @@ class Recorder : public CompletionSink {
     status_ = status;
     seq_ = seq;
     done_ = true;
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
   }
   bool WaitDone() {
     absl::MutexLock lock(&mu_);
@@ -190,6 +195,66 @@ TEST(DeviceStagingTest, AFailedCopyLeavesTheRequestAsItWas) {
   EXPECT_EQ(p.req.device, 0);
   EXPECT_EQ(p.req.send, send.segment->data());
   EXPECT_EQ(p.sink_owner, nullptr);
+}
+
+// On a device's thread a staging copy goes kStagingCopyChunk bytes at a time (HostStaging::CopyIn's
+// bound; the copy back a task per chunk), so that the device's other queued work (another
+// tenant's operation) runs before a large copy has finished. Every byte still arrives.
+TEST(DeviceStagingTest, CopiesGoAChunkAtATimeAndTheDevicesOtherWorkRunsInBetween) {
+  device::FakeDeviceRuntime rt(1);
+  device::StagingPool pool(&rt, 64 << 20);
+  scheduler::Executor executor(1);
+  executor.SetDeviceRuntime(&rt);  // a thread for device 0, taking its tasks in order
+  constexpr size_t kCount = 3 * kStagingCopyChunk / 4 + 1000;  // 3 chunks and 4000 bytes
+  FakeBuffer send(&rt, kCount * 4), recv(&rt, kCount * 4);
+  for (size_t i = 0; i < kCount; ++i) {
+    send.view[i] = static_cast<float>(i % 1009);
+    recv.view[i] = -1.0f;
+  }
+  auto client = std::make_shared<Recorder>();
+  PendingRequest p = AllReduceOn(&send, &recv, kCount);
+  p.request_id = 7;
+  p.session = client;
+  absl::StatusOr<std::unique_ptr<HostStaging>> staging = HostStaging::Prepare(p, 2, &pool);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  EXPECT_EQ(p.req.device, 0);  // Prepare changes nothing
+  int calls = 0;
+  for (bool all = false; !all; ++calls) {
+    absl::StatusOr<bool> copied = (*staging)->CopyIn(&rt, kStagingCopyChunk);
+    ASSERT_TRUE(copied.ok()) << copied.status();
+    all = *copied;
+    ASSERT_LT(calls, 10);
+  }
+  EXPECT_EQ(calls, 4);  // the send region only: an AllReduce writes all of its recv region
+  (*staging)->Attach(&p, &rt, &executor);
+  ASSERT_EQ(p.req.device, -1);
+  const auto* staged_send = reinterpret_cast<const float*>(p.req.send);
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(staged_send[i], static_cast<float>(i % 1009)) << "element " << i;
+  }
+  auto* staged_recv = reinterpret_cast<float*>(p.req.recv);
+  for (size_t i = 0; i < kCount; ++i) staged_recv[i] = static_cast<float>(i % 1013);
+  // The device's thread is held until the copy back's first chunk and another task are queued
+  // behind it, in that order: the other task then runs before the copy back's second chunk.
+  absl::Notification go, other_ran;
+  bool done_when_other_ran = true;
+  float last_when_other_ran = 0.0f;
+  executor.PostToDevice(0, [&] { go.WaitForNotification(); });
+  p.session.lock()->PostCompletion(7, absl::OkStatus(), 3);
+  executor.PostToDevice(0, [&] {
+    done_when_other_ran = client->done();
+    last_when_other_ran = recv.view[kCount - 1];
+    other_ran.Notify();
+  });
+  go.Notify();
+  ASSERT_TRUE(client->WaitDone());
+  ASSERT_TRUE(other_ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_FALSE(done_when_other_ran);
+  EXPECT_EQ(last_when_other_ran, -1.0f);  // the last chunk was still to come
+  EXPECT_TRUE(client->status().ok()) << client->status();
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(recv.view[i], static_cast<float>(i % 1013)) << "element " << i;
+  }
 }
 
 // What DaemonCore weighs against --staging_inline_bytes: the bytes the copy to host memory would
