@@ -25,6 +25,7 @@ compete with everything else for the cores).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import List, Tuple
+from typing import Callable, Iterator, List, Tuple
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 BUILD = os.path.join(REPO, os.environ.get("RAILYARD_BUILD_DIR", "build"))
@@ -50,72 +51,83 @@ MODES = (("submitting thread", "--staging_inline_bytes=1099511627776"),
 
 
 def launch(railyardd: str, flag: str, mib: int, iters: int) -> List[Tuple[float, float]]:
-    tmp = tempfile.mkdtemp(prefix="rysh-", dir="/tmp")
-    procs, sockets = start_daemons(railyardd, tmp, [flag])
-    try:
+    with daemons(railyardd, [flag]) as sockets:
         clients = [railyard.connect(s, job="staging-hold") for s in sockets]
         comm_id = clients[0].new_comm_id()
         results: List[Tuple[float, float]] = [(0.0, 0.0)] * 2
-        errors: List[BaseException] = []
 
         def rank(r: int) -> None:
-            try:
-                c = clients[r]
-                send, recv = device_array(c, mib << 20), device_array(c, mib << 20)
-                comm = c.comm(comm_id, r, 2, timeout=60)
-                alone = c.comm(c.new_comm_id(), 0, 1)
-                x = np.ones(1, np.float32)
-                small, large = [], []
-                for _ in range(iters):
-                    comm.barrier()
-                    t0 = time.perf_counter()
-                    work = comm.all_reduce(send, out=recv, async_op=True)
-                    t1 = time.perf_counter()
-                    alone.all_reduce(x)
-                    t2 = time.perf_counter()
-                    work.wait()
-                    t3 = time.perf_counter()
-                    small.append((t2 - t1) * 1e3)
-                    large.append((t3 - t0) * 1e3)
+            c = clients[r]
+            send, recv = device_array(c, mib << 20), device_array(c, mib << 20)
+            comm = c.comm(comm_id, r, 2, timeout=60)
+            alone = c.comm(c.new_comm_id(), 0, 1)
+            x = np.ones(1, np.float32)
+            small, large = [], []
+            for _ in range(iters):
                 comm.barrier()
-                results[r] = (statistics.median(small), statistics.median(large))
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
+                t0 = time.perf_counter()
+                work = comm.all_reduce(send, out=recv, async_op=True)
+                t1 = time.perf_counter()
+                alone.all_reduce(x)
+                t2 = time.perf_counter()
+                work.wait()
+                t3 = time.perf_counter()
+                small.append((t2 - t1) * 1e3)
+                large.append((t3 - t0) * 1e3)
+            comm.barrier()
+            results[r] = (statistics.median(small), statistics.median(large))
 
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
-        for c in clients:
-            c.close()
-        if errors:
-            raise errors[0]
+        run_threads([lambda r=r: rank(r) for r in range(2)], clients)
         return results
+
+
+@contextlib.contextmanager
+def daemons(railyardd: str, flags: List[str]) -> Iterator[List[str]]:
+    """Two railyardd (vnode0, vnode1) with fake devices; yields their sockets, ends them after."""
+    tmp = tempfile.mkdtemp(prefix="rysh-", dir="/tmp")
+    procs, sockets = [], []
+    try:
+        for i in range(2):
+            topo = os.path.join(tmp, f"vnode{i}.json")
+            with open(topo, "w") as f:
+                json.dump({"node": f"vnode{i}", "rails": [{"name": "rail0", "device": "lo"}]}, f)
+            sock = os.path.join(tmp, f"d{i}.sock")
+            procs.append(subprocess.Popen(
+                [railyardd, f"--socket={sock}", "--insecure_first_session_token",
+                 f"--node_name=vnode{i}", "--peer_listen=127.0.0.1:0", "--peer_insecure",
+                 f"--topology={topo}", "--fake_gpus=1", "--log_level=error", *flags]))
+            sockets.append(sock)
+        for sock in sockets:
+            for _ in range(200):
+                if os.path.exists(sock):
+                    break
+                time.sleep(0.05)
+        yield sockets
     finally:
         for p in procs:
             p.terminate()
             p.wait()
 
 
-def start_daemons(railyardd: str, tmp: str, flags: List[str]) -> Tuple[list, List[str]]:
-    procs, sockets = [], []
-    for i in range(2):
-        topo = os.path.join(tmp, f"vnode{i}.json")
-        with open(topo, "w") as f:
-            json.dump({"node": f"vnode{i}", "rails": [{"name": "rail0", "device": "lo"}]}, f)
-        sock = os.path.join(tmp, f"d{i}.sock")
-        procs.append(subprocess.Popen(
-            [railyardd, f"--socket={sock}", "--insecure_first_session_token",
-             f"--node_name=vnode{i}", "--peer_listen=127.0.0.1:0", "--peer_insecure",
-             f"--topology={topo}", "--fake_gpus=1", "--log_level=error", *flags]))
-        sockets.append(sock)
-    for sock in sockets:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
-    return procs, sockets
+def run_threads(targets: List[Callable[[], None]], clients: List["railyard.Client"]) -> None:
+    """Runs each target on its own thread, then closes the clients; raises the first error."""
+    errors: List[BaseException] = []
+
+    def guarded(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(fn,)) for fn in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    for c in clients:
+        c.close()
+    if errors:
+        raise errors[0]
 
 
 def device_array(client: "railyard.Client", nbytes: int):
@@ -128,15 +140,12 @@ def device_array(client: "railyard.Client", nbytes: int):
 
 def tenant_launch(railyardd: str, chunk: int, mib: int, iters: int) -> List[float]:
     """Job B's small operation times (ms) while job A moves mib MiB across nodes."""
-    tmp = tempfile.mkdtemp(prefix="rysh-", dir="/tmp")
-    procs, sockets = start_daemons(railyardd, tmp, [f"--staging_chunk_bytes={chunk}"])
-    try:
+    with daemons(railyardd, [f"--staging_chunk_bytes={chunk}"]) as sockets:
         a = [railyard.connect(s, job="tenant-a") for s in sockets]
         b = [railyard.connect(sockets[0], job="tenant-b") for _ in range(2)]
         a_id, b_id = a[0].new_comm_id(), b[0].new_comm_id()
         running = threading.Event()  # set while job A runs its timed operations
         times: List[float] = []
-        errors: List[BaseException] = []
 
         def job_a(r: int) -> None:
             try:
@@ -148,45 +157,28 @@ def tenant_launch(railyardd: str, chunk: int, mib: int, iters: int) -> List[floa
                 for _ in range(iters):
                     comm.all_reduce(send, out=recv)
                 comm.barrier()
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
             finally:
                 running.clear()
 
         def job_b(r: int) -> None:
-            try:
-                x, y = device_array(b[r], 1024), device_array(b[r], 1024)
-                comm = b[r].comm(b_id, r, 2, timeout=60)
-                for _ in range(20):
-                    comm.all_reduce(x, out=y)
-                running.wait(120)
-                while True:
-                    go = np.array([1.0 if running.is_set() else 0.0], np.float32)
-                    comm.all_reduce(go, op="min")  # both stop together
-                    if go[0] == 0.0:
-                        break
-                    t0 = time.perf_counter()
-                    comm.all_reduce(x, out=y)
-                    if r == 0:
-                        times.append((time.perf_counter() - t0) * 1e3)
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
+            x, y = device_array(b[r], 1024), device_array(b[r], 1024)
+            comm = b[r].comm(b_id, r, 2, timeout=60)
+            for _ in range(20):
+                comm.all_reduce(x, out=y)
+            running.wait(120)
+            while True:
+                go = np.array([1.0 if running.is_set() else 0.0], np.float32)
+                comm.all_reduce(go, op="min")  # both stop together
+                if go[0] == 0.0:
+                    break
+                t0 = time.perf_counter()
+                comm.all_reduce(x, out=y)
+                if r == 0:
+                    times.append((time.perf_counter() - t0) * 1e3)
 
-        threads = [threading.Thread(target=job_a, args=(r,)) for r in range(2)]
-        threads += [threading.Thread(target=job_b, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
-        for c in a + b:
-            c.close()
-        if errors:
-            raise errors[0]
+        run_threads([lambda r=r: job_a(r) for r in range(2)] +
+                    [lambda r=r: job_b(r) for r in range(2)], a + b)
         return times
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
 
 
 def main() -> int:
