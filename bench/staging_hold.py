@@ -14,9 +14,10 @@ and the large one's, for the staging copy on the submitting thread (--staging_in
 the size) and on the device's thread (--staging_inline_bytes=0), launches interleaved.
 
 Second table (another tenant): job A's two ranks run MIB MiB device AllReduces across the nodes
-back to back (after one that warms the staging buffers up) while job B's two ranks, sessions of vnode0 only, run 1 KiB device AllReduces on the
-same (fake) device, each timed; B's median, 90th percentile and worst time, for staging copies
-of --staging_chunk_bytes (4 MiB, the default) and of one task per copy (1 GiB).
+back to back (after one that warms the staging buffers up) while job B's two ranks, sessions of
+vnode0 only, run 1 KiB device AllReduces on the same (fake) device, each timed; B's median, 90th
+percentile and worst time, for staging copies of --staging_chunk_bytes (4 MiB, the default) and
+of one task per copy (1 GiB).
 
 Not a test: the numbers depend on the machine and its load (on a 2-CPU VM both daemons' copies
 compete with everything else for the cores).

@@ -6,11 +6,14 @@ the fake's handles name the process and descriptor that made them).
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import mmap
 import os
+import queue
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -201,3 +204,232 @@ def test_a_daemon_without_cuda_ipc_refuses_ipc_handles(fresh_daemon):
             c.register_cuda_ipc(bytes(64), 0, 4096, 0)
     finally:
         c.close()
+
+
+# -- stream ordering (stream=, railyard.StreamOps) ------------------------------------------------
+
+
+class FakeStream:
+    """A stream as CUDA runs one: its work in order, on its own thread (here: Python callables)."""
+
+    def __init__(self):
+        self._queue = queue.Queue()
+        self.errors = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def put(self, fn):
+        self._queue.put(fn)
+
+    def _run(self):
+        while True:
+            fn = self._queue.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001
+                self.errors.append(e)
+
+    def finish(self, timeout=30.0):
+        """Waits until everything put so far has run, then ends the stream."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream is still waiting"
+        assert not self.errors, self.errors
+
+
+class FakeStreamOps(railyard.StreamOps):
+    """StreamOps for FakeStream: host addresses as they are, stores and waits as stream work."""
+
+    def __init__(self):
+        self.unmapped = []
+
+    def map_host_words(self, address, nbytes):
+        return address
+
+    def unmap_host_words(self, address):
+        self.unmapped.append(address)
+
+    def write_value(self, stream, addr, value):
+        def store():
+            ctypes.c_uint32.from_address(addr).value = value
+        stream.put(store)
+
+    def wait_value(self, stream, addr, value):
+        def wait():
+            deadline = time.monotonic() + 20
+            word = ctypes.c_uint32.from_address(addr)
+            while ((word.value - value) & 0xFFFFFFFF) >= 0x80000000:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the done word stayed at {word.value}, below {value}")
+                time.sleep(1e-4)
+        stream.put(wait)
+
+
+@pytest.fixture
+def stream_pair(gpu_daemon):
+    clients = [railyard.connect(gpu_daemon.socket, job="gpu-streams", stream_ops=FakeStreamOps())
+               for _ in range(2)]
+    yield clients
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.parametrize("fastpath", ["1", "0"], ids=["rings", "grpc"])
+def test_an_operation_on_a_stream_reads_what_the_stream_wrote_and_the_stream_waits_for_it(
+        gpu_daemon, fake_memory, monkeypatch, fastpath):
+    monkeypatch.setenv("RAILYARD_FASTPATH", fastpath)
+    clients = [railyard.connect(gpu_daemon.socket, job="gpu-streams", stream_ops=FakeStreamOps())
+               for _ in range(2)]
+    assert all(c.fastpath == (fastpath == "1") for c in clients)
+    n = 4099
+    mems = [(fake_memory(n * 4), fake_memory(n * 4)) for _ in range(2)]
+
+    def rank(r, client, comm):
+        send_mem, recv_mem = mems[r]
+        send = client.register_device_memory(send_mem.fd, n * 4, 0)
+        recv = client.register_device_memory(recv_mem.fd, n * 4, 0)
+        recv_mem.floats()[:] = -1
+        stream, go, seen = FakeStream(), threading.Event(), []
+
+        def produce():  # the stream's earlier work: it writes the input, once told to
+            assert go.wait(20)
+            send_mem.floats()[:] = (r + 1) * (np.arange(n, dtype=np.float32) % 13)
+
+        stream.put(produce)
+        work = comm.all_reduce(send, out=recv, stream=stream, async_op=True)
+        stream.put(lambda: seen.append(recv_mem.floats().copy()))  # the stream's later work
+        # Neither rank's stream has reached the operation: it cannot have started.
+        assert not work.is_completed()
+        go.set()
+        assert work.wait(timeout=30) is recv
+        stream.finish()
+        np.testing.assert_array_equal(seen[0], 3 * (np.arange(n) % 13))
+        # Shared host memory on a stream too (the words order any operation), and a second
+        # operation on the same stream takes the stream's next value.
+        x = client.empty(8, np.float64)
+        x[:] = r + 1
+        stream = FakeStream()
+        works = [comm.all_reduce(x, stream=stream, async_op=True) for _ in range(2)]
+        for w in works:
+            w.wait(timeout=30)
+        stream.finish()
+        np.testing.assert_array_equal(x, 6.0)  # (1 + 2), then doubled
+        return True
+
+    try:
+        assert run_ranks(clients, rank) == [True, True]
+    finally:
+        for c in clients:
+            c.close()
+    assert all(len(c._stream_ops.unmapped) == 1 for c in clients)  # unmapped at close
+
+
+def test_an_operation_that_fails_lets_its_stream_go(stream_pair, fake_memory):
+    """However an operation on a stream ends, the stream gets past its wait: the daemon stores
+    done for a failure it reports (here the other rank never comes: DEADLINE_EXCEEDED), and the
+    client does when the session ends before the operation ran."""
+    c0, c1 = stream_pair
+    mem = fake_memory(4096)
+    buf = c0.register_device_memory(mem.fd, 4096, 0)
+    comm_id = c0.new_comm_id()
+    comms = [None, None]
+    threads = [threading.Thread(target=lambda i=i, c=c: comms.__setitem__(
+        i, c.comm(comm_id, i, 2, timeout=20))) for i, c in enumerate(stream_pair)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    stream, after = FakeStream(), []
+    work = comms[0].all_reduce(buf, stream=stream, async_op=True, timeout=0.3)
+    stream.put(lambda: after.append(True))
+    with pytest.raises(railyard.DeadlineExceededError):
+        work.wait(timeout=30)
+    stream.finish()
+    assert after == [True]
+
+    # Held for a stream that has not reached it, then the session ends: the client lets the
+    # stream go when the operation fails.
+    stream, go, after = FakeStream(), threading.Event(), []
+    stream.put(lambda: go.wait(20))
+    work = comms[0].all_reduce(buf, stream=stream, async_op=True)
+    stream.put(lambda: after.append(True))
+    c0.close()
+    with pytest.raises(railyard.RailyardError):
+        work.wait(timeout=30)
+    go.set()
+    stream.finish()
+    assert after == [True]
+
+
+def test_stream_arguments_that_cannot_work_are_refused_before_anything_is_enqueued(
+        stream_pair, fake_memory):
+    c = stream_pair[0]
+    comm = c.comm(c.new_comm_id(), 0, 1)
+    stream = FakeStream()
+    with pytest.raises(railyard.InvalidArgumentError, match="pass async_op=True"):
+        comm.all_reduce(c.empty(4), stream=stream)
+    with pytest.raises(railyard.InvalidArgumentError, match="before the stream has produced it"):
+        comm.all_reduce(np.ones(4, np.float32), stream=stream, async_op=True)
+    stream.finish()  # nothing was enqueued: nothing waits
+    assert c._stream_words is None or not c._stream_words._streams
+
+
+def test_the_ring_entry_carries_the_stream_sync_in_its_last_extension_slot():
+    from railyard import _ring
+    out = bytearray()
+    _ring.Rings.encode(out, 7, 3, _ring.ALL_TO_ALL_V, 1, 0, 0, 0, (1, 0), (2, 0), 0, "", False,
+                       ([1] * 5, [0] * 5, [1] * 5, [0] * 5), stream_sync=(9, 16, 42))
+    vec_slots = _ring.ext_slots_for(5)
+    assert len(out) == (2 + vec_slots) * _ring.SQ_ENTRY
+    flags, ext = struct.unpack_from("<II", out, 76)
+    assert flags == _ring.FLAG_STREAM_SYNC and ext == vec_slots + 1
+    assert struct.unpack_from("<QQI", out, (1 + vec_slots) * _ring.SQ_ENTRY) == (9, 16, 42)
+
+
+def test_without_a_cuda_driver_a_stream_is_refused_saying_so(gpu_daemon):
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this node has a CUDA driver (tests/cuda covers the real path)")
+    except OSError:
+        pass
+    c = railyard.connect(gpu_daemon.socket, job="gpu-nocuda")
+    try:
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        with pytest.raises(railyard.FailedPreconditionError, match="no CUDA driver"):
+            comm.all_reduce(c.empty(4), stream=1, async_op=True)
+    finally:
+        c.close()
+
+
+def test_stream_words_count_up_per_stream_wrap_and_a_release_only_moves_done_forward():
+    from railyard import _streams
+    words = np.zeros(_streams.STREAMS_BYTES, np.uint8)
+    ops = FakeStreamOps()
+    sw = _streams.StreamWords(words, buffer_id=5, offset=4096, ops=ops)
+    a, b = FakeStream(), FakeStream()
+    s1, s2, t1 = sw.enqueue(a), sw.enqueue(a), sw.enqueue(b)
+    assert (s1.buffer_id, s1.offset, s1.value) == (5, 4096, 1)
+    assert (s2.offset, s2.value) == (4096, 2)  # the same stream: its next value
+    assert (t1.offset, t1.value) == (4096 + 8, 1)  # another stream: its own words
+    u32 = words.view(np.uint32)
+    s2.release()  # done jumps to 2 (both of a's waits pass)
+    assert u32[1] == 2
+    s1.release()  # never backwards
+    assert u32[1] == 2
+    t1.release()
+    assert u32[3] == 1
+    a.finish()
+    b.finish()
+    assert u32[0] == 2 and u32[2] == 1  # the streams stored ready
+    # Near the wrap: values compare as int32 differences. (a's thread has ended: what this
+    # enqueues on it does not run; the slot is what is checked.)
+    sw._streams[ops.key(a)][1] = 0xFFFFFFFF
+    w = sw.enqueue(a)
+    assert w.value == 0
+    u32[1] = 0xFFFFFFFF
+    w.release()
+    assert u32[1] == 0  # 0 is after 0xFFFFFFFF
+    sw.close()
+    assert ops.unmapped == [words.__array_interface__["data"][0]]

@@ -15,6 +15,7 @@ collectives on them copy nothing; other arrays are copied in and out (slower). E
 
 from ._types import DTYPE_BFLOAT16, SUPPORTED_DTYPES, ReduceOp
 from ._device import DeviceArray
+from ._streams import CudaStreamOps, StreamOps
 from .client import DEFAULT_SOCKET, Client, Comm, Work, connect, init_from_env
 from .errors import (
     AbortedError,
@@ -40,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "connect", "init_from_env", "Client", "Comm", "Work", "DeviceArray", "ReduceOp",
+    "StreamOps", "CudaStreamOps",
     "DEFAULT_SOCKET",
     "SUPPORTED_DTYPES", "DTYPE_BFLOAT16",
     "RailyardError", "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",

@@ -15,7 +15,7 @@ import struct
 import threading
 import time
 import weakref
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from . import _memfd
 
@@ -30,6 +30,7 @@ ALGO_BYTES = 16
 COMPRESSION_BYTES = 16
 FLAG_GROUP_NEXT = 1
 FLAG_ERROR_FEEDBACK = 2
+FLAG_STREAM_SYNC = 4
 DEFAULT_ENTRIES = 1024
 #: How long after a submission or a foreground wait the background reader leaves the completion
 #: ring to the submitting thread; meanwhile it reads the ring only every READER_DOZE_S (a
@@ -53,6 +54,8 @@ ALL_TO_ALL_V = 7
 # compression_key.
 _ENTRY = struct.Struct("<QQQQQQQIIIiIIII16s16sQ")
 _CQ_HEAD = struct.Struct("<QQiI")
+# The stream-sync extension slot: words.buffer_id, words.offset, value (the rest zero).
+_SYNC = struct.Struct("<QQI")
 assert _ENTRY.size == SQ_ENTRY
 
 _SYS_FUTEX = 202  # x86-64
@@ -187,8 +190,10 @@ class Rings:
                red_op: int, count: int, root: int, send: tuple, recv: tuple, timeout_ms: int,
                algo: str, group_next: bool, vectors: Optional[tuple] = None,
                compression: str = "", error_feedback: bool = False,
-               compression_key: int = 0) -> None:
-        """Appends one entry (and its AllToAllv vector slots) to ``out``."""
+               compression_key: int = 0,
+               stream_sync: Optional[Tuple[int, int, int]] = None) -> None:
+        """Appends one entry (and its extension slots: AllToAllv's vectors, then the stream
+        sync's (buffer id, offset, value)) to ``out``."""
         algo_b = algo.encode()
         if len(algo_b) >= ALGO_BYTES:
             raise ValueError(f"algorithm name {algo!r} is longer than {ALGO_BYTES - 1} "
@@ -199,15 +204,20 @@ class Rings:
                              f"{COMPRESSION_BYTES - 1} characters")
         flags = (FLAG_GROUP_NEXT if group_next else 0) | (FLAG_ERROR_FEEDBACK if error_feedback
                                                            else 0)
+        if stream_sync is not None:
+            flags |= FLAG_STREAM_SYNC
         vec_len = len(vectors[0]) if vectors else 0
-        ext = ext_slots_for(vec_len) if op == ALL_TO_ALL_V else 0
+        vec_slots = ext_slots_for(vec_len) if op == ALL_TO_ALL_V else 0
+        ext = vec_slots + (1 if stream_sync is not None else 0)
         out += _ENTRY.pack(request_id, comm_handle, count, send[0], send[1] if send[0] else 0,
                            recv[0], recv[1] if recv[0] else 0, op, dtype, red_op, root,
                            timeout_ms, flags, ext, vec_len if op == ALL_TO_ALL_V else 0, algo_b,
                            compression_b, compression_key if error_feedback else 0)
-        if ext:
+        if vec_slots:
             flat = b"".join(struct.pack(f"<{vec_len}Q", *v) for v in vectors)
-            out += flat + bytes(ext * SQ_ENTRY - len(flat))
+            out += flat + bytes(vec_slots * SQ_ENTRY - len(flat))
+        if stream_sync is not None:
+            out += _SYNC.pack(*stream_sync) + bytes(SQ_ENTRY - _SYNC.size)
 
     def publish(self, entries: bytes) -> None:
         """Publishes whole entries at once (a group), waiting for room while reading

@@ -25,7 +25,7 @@ import grpc
 import grpc.experimental
 import numpy as np
 
-from . import _fd_channel, _memfd, _ring
+from . import _fd_channel, _memfd, _ring, _streams
 from ._device import DeviceArray, _Registration
 from ._types import RedOpLike, ReduceOp, dtype_number, red_op_number
 from .errors import (
@@ -145,10 +145,11 @@ class Work:
     # _seq). A threading.Event (~2 us to make) exists only once a thread must block for it:
     # a thread on the session rings reads them itself until _done instead.
     __slots__ = ("_done", "_event", "_lock", "_error", "_result", "_finish", "_callbacks",
-                 "_seq", "_rings", "__weakref__")
+                 "_seq", "_rings", "_stream_slot", "__weakref__")
 
     def __init__(self, result: Any = None,
-                 finish: Optional[Callable[[bool], None]] = None) -> None:
+                 finish: Optional[Callable[[bool], None]] = None,
+                 stream_slot: Optional[_streams.Slot] = None) -> None:
         self._done = False
         self._event: Optional[threading.Event] = None
         self._lock = threading.Lock()
@@ -158,6 +159,9 @@ class Work:
         self._callbacks: Optional[List[Callable[["Work"], None]]] = None
         self._seq: Optional[int] = None
         self._rings: Optional[_ring.Rings] = None  # set when submitted on the session rings
+        # Ordered on a stream (stream=): the stream waits for done, which a failure stores here
+        # when the daemon may not have (refused before it, the session gone).
+        self._stream_slot = stream_slot
 
     def _drive(self, deadline: Optional[float]) -> None:
         """Reads the session's completion ring on this thread until done or the deadline
@@ -258,6 +262,8 @@ class Work:
             except Exception as e:  # pragma: no cover - copy-out cannot normally fail
                 if error is None:
                     error = RailyardError(grpc.StatusCode.INTERNAL, f"copying the result: {e}")
+        if error is not None and self._stream_slot is not None:
+            self._stream_slot.release()
         with self._lock:
             self._error = error
             if seq is not None:
@@ -286,7 +292,7 @@ class _Request:
 
     __slots__ = ("comm_handle", "op", "dtype", "red_op", "count", "root", "timeout_ms", "algo",
                  "compression", "error_feedback", "compression_key", "vectors", "send", "recv",
-                 "request_id")
+                 "request_id", "stream_sync")
 
     def __init__(self, comm_handle: int, op: int, dtype: int, red_op: int, count: int,
                  root: int, timeout_ms: int, algo: str, compression: str = "",
@@ -316,6 +322,7 @@ class _Request:
         self.send: Optional[Tuple[int, int]] = None  # (buffer id, offset)
         self.recv: Optional[Tuple[int, int]] = None
         self.request_id = 0
+        self.stream_sync: Optional[Tuple[int, int, int]] = None  # (buffer id, offset, value)
 
     def proto(self, session_id: str) -> Any:
         r = local_pb2.SubmitRequest(
@@ -326,6 +333,9 @@ class _Request:
         for field, ref in ((r.send, self.send), (r.recv, self.recv)):
             if ref is not None:
                 field.buffer_id, field.offset = ref
+        if self.stream_sync is not None:
+            r.stream_sync.words.buffer_id, r.stream_sync.words.offset, r.stream_sync.value = \
+                self.stream_sync
         if self.vectors is not None:
             r.send_counts.extend(self.vectors[0])
             r.send_displs.extend(self.vectors[1])
@@ -401,7 +411,8 @@ class Client:
 
     def __init__(self, socket: Optional[str] = None, job: Optional[str] = None,
                  token: Optional[str] = None, *, connect_timeout: float = 5.0,
-                 integrity: Optional[str] = None) -> None:
+                 integrity: Optional[str] = None,
+                 stream_ops: Optional[_streams.StreamOps] = None) -> None:
         self.socket: str = socket or _env("RAILYARD_SOCKET", DEFAULT_SOCKET)
         self.job: str = job or _env("RAILYARD_JOB", "default")
         token = token if token is not None else _env("RAILYARD_TOKEN", "")
@@ -427,6 +438,8 @@ class Client:
         self._to_release: collections.deque = collections.deque()
         self._staging_free: dict = {}
         self._stream = None
+        self._stream_ops = stream_ops
+        self._stream_words: Optional[_streams.StreamWords] = None
         self._rings: Optional[_ring.Rings] = None
         self._forked = False  # this object was inherited by a forked child (_after_fork_in_child)
         self._pid = os.getpid()
@@ -660,6 +673,9 @@ class Client:
         with self._lock:
             self._staging_free.clear()
             self._to_release.clear()
+        words = self._stream_words
+        if words is not None:
+            words.close()  # its streams have passed their waits: every operation has ended
 
     def __enter__(self) -> "Client":
         return self
@@ -851,6 +867,29 @@ class Client:
             if len(free) < _STAGING_KEEP:
                 free.append(mapping)
 
+    def _stream_slot(self, stream: Any) -> _streams.Slot:
+        """Enqueues on ``stream`` the ready store and done wait of an operation (stream=)."""
+        try:
+            with self._lock:
+                words = self._stream_words
+            if words is None:
+                made = _streams.make_stream_words(self, self._stream_ops)
+                with self._lock:
+                    if self._stream_words is None:
+                        self._stream_words = made
+                    words = self._stream_words
+                if words is not made:
+                    made.close()
+            return words.enqueue(stream)
+        except RailyardError as e:
+            raise error_from_code(e.code.value[0], f"ordering the operation on its stream: "
+                                  f"{e.message}") from None
+        except TypeError as e:
+            raise _invalid(f"ordering the operation on its stream: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a StreamOps' own failure
+            raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
+                                          f"ordering the operation on its stream: {e}") from None
+
     # -- communicators -------------------------------------------------------------------------
 
     def new_comm_id(self) -> str:
@@ -898,7 +937,7 @@ class Client:
                 request.red_op, request.count, request.root, request.send or (0, 0),
                 request.recv or (0, 0), request.timeout_ms, request.algo, False,
                 request.vectors, request.compression, request.error_feedback,
-                request.compression_key)
+                request.compression_key, request.stream_sync)
         except (ValueError, struct.error) as e:
             work._complete(_invalid(str(e)))
             return
@@ -1027,7 +1066,10 @@ class Comm:
     ``algo`` forces an algorithm (default ``$RAILYARD_ALGO``; all ranks must agree).
     ``all_reduce`` also takes ``compression`` (default ``$RAILYARD_COMPRESSION``: ``"none"``,
     ``"fp16"``, ``"bf16"``, ``"int8"``, ``"topk:0.01"`` or ``"auto"``; docs/compression.md) and
-    ``compression_key``, which turns on error feedback under that key.
+    ``compression_key``, which turns on error feedback under that key. ``stream`` (every
+    collective) orders the operation on an accelerator stream, as NCCL does: it starts once the
+    stream's earlier work is done, the stream's later work waits for it, and the call returns at
+    once (``async_op=True`` needed; docs/gpu.md, "Stream ordering").
     """
 
     def __init__(self, client: Client, comm_id: str, handle: int, rank: int, nranks: int,
@@ -1078,7 +1120,11 @@ class Comm:
     def _run(self, op: int, *, dtype: int, count: int = 0, red_op: int = 0, root: int = 0,
              send: Optional[np.ndarray] = None, recv: Optional[np.ndarray] = None,
              result: OpResult = None, async_op: bool = False, timeout: Optional[float] = None,
-             algo: Optional[str] = None, **extra: Any) -> OpResult:
+             algo: Optional[str] = None, stream: Any = None, **extra: Any) -> OpResult:
+        if stream is not None and not async_op:
+            raise _invalid("an operation ordered on a stream returns at once: pass async_op=True "
+                           "and keep the Work (its wait() waits on the host and says how it "
+                           "ended)")
         if not self.handle:
             raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION,
                                           "communicator closed")
@@ -1100,7 +1146,16 @@ class Comm:
         except BaseException:
             staged.finish(False)
             raise
-        work = Work(result, staged.finish if staged.entries else None)
+        slot = None
+        if stream is not None:
+            if staged.entries:
+                staged.finish(False)
+                raise _invalid("an operation ordered on a stream takes arrays from client.empty "
+                               "or device arrays: this one would be copied into shared memory "
+                               "now, before the stream has produced it")
+            slot = client._stream_slot(stream)
+            request.stream_sync = (slot.buffer_id, slot.offset, slot.value)
+        work = Work(result, staged.finish if staged.entries else None, slot)
         client._submit(request, work)
         if async_op:
             return work
@@ -1135,7 +1190,7 @@ class Comm:
                    out: Optional[ArrayLike] = None, async_op: bool = False,
                    timeout: Optional[float] = None, algo: Optional[str] = None,
                    dtype: Any = None, compression: Optional[str] = None,
-                   compression_key: Optional[int] = None) -> OpResult:
+                   compression_key: Optional[int] = None, stream: Any = None) -> OpResult:
         """Reduces ``x`` element-wise over all ranks; every rank gets the result.
 
         Args:
@@ -1160,7 +1215,7 @@ class Comm:
         extra = self._compression(compression, compression_key)
         return self._run(common_pb2.COLLECTIVE_OP_ALL_REDUCE, dtype=self._dtype(dtype, x, out),
                          count=x.size, red_op=self._red(op), send=x, recv=out, result=out,
-                         async_op=async_op, timeout=timeout, algo=algo, **extra)
+                         async_op=async_op, timeout=timeout, algo=algo, stream=stream, **extra)
 
     def _compression(self, compression: Optional[str],
                      compression_key: Optional[int]) -> Dict[str, Any]:
@@ -1180,7 +1235,7 @@ class Comm:
                        out: Optional[ArrayLike] = None, async_op: bool = False,
                        timeout: Optional[float] = None, algo: Optional[str] = None,
                        dtype: Any = None, compression: Optional[str] = None,
-                       compression_key: Optional[int] = None) -> OpResult:
+                       compression_key: Optional[int] = None, stream: Any = None) -> OpResult:
         """Reduces ``x`` over all ranks and gives rank ``r`` the ``r``-th of ``nranks`` equal
         chunks of the result (in C order).
 
@@ -1209,11 +1264,13 @@ class Comm:
         return self._run(common_pb2.COLLECTIVE_OP_REDUCE_SCATTER,
                          dtype=self._dtype(dtype, x, out), count=count, red_op=self._red(op),
                          send=x, recv=out, result=out, async_op=async_op, timeout=timeout,
-                         algo=algo, **self._compression(compression, compression_key))
+                         algo=algo, stream=stream, **self._compression(compression,
+                                                                       compression_key))
 
     def all_gather(self, x: ArrayLike, *, out: Optional[ArrayLike] = None,
                    async_op: bool = False, timeout: Optional[float] = None,
-                   algo: Optional[str] = None, dtype: Any = None) -> OpResult:
+                   algo: Optional[str] = None, dtype: Any = None,
+                   stream: Any = None) -> OpResult:
         """Gathers every rank's ``x``: ``out[r]`` is rank ``r``'s ``x``.
 
         Args:
@@ -1233,11 +1290,11 @@ class Comm:
                            f"{x.size * self.nranks} (nranks * x.size)")
         return self._run(common_pb2.COLLECTIVE_OP_ALL_GATHER, dtype=self._dtype(dtype, x, out),
                          count=x.size, send=x, recv=out, result=out, async_op=async_op,
-                         timeout=timeout, algo=algo)
+                         timeout=timeout, algo=algo, stream=stream)
 
     def broadcast(self, x: ArrayLike, root: int = 0, *, async_op: bool = False,
                   timeout: Optional[float] = None, algo: Optional[str] = None,
-                  dtype: Any = None) -> OpResult:
+                  dtype: Any = None, stream: Any = None) -> OpResult:
         """Copies root's ``x`` into ``x`` on every rank (in place).
 
         Returns:
@@ -1247,12 +1304,12 @@ class Comm:
         root = self._check_root(root)
         return self._run(common_pb2.COLLECTIVE_OP_BROADCAST, dtype=self._dtype(dtype, x),
                          count=x.size, root=root, send=x if self.rank == root else None, recv=x,
-                         result=x, async_op=async_op, timeout=timeout, algo=algo)
+                         result=x, async_op=async_op, timeout=timeout, algo=algo, stream=stream)
 
     def reduce(self, x: ArrayLike, root: int = 0, op: RedOpLike = ReduceOp.SUM, *,
                out: Optional[ArrayLike] = None, async_op: bool = False,
                timeout: Optional[float] = None, algo: Optional[str] = None,
-               dtype: Any = None) -> OpResult:
+               dtype: Any = None, stream: Any = None) -> OpResult:
         """Reduces ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only; the other
         ranks' ``out`` is left untouched.
 
@@ -1267,11 +1324,12 @@ class Comm:
         return self._run(common_pb2.COLLECTIVE_OP_REDUCE, dtype=self._dtype(dtype, x, out),
                          count=x.size, red_op=self._red(op), root=root, send=x,
                          recv=out if self.rank == root else None, result=out,
-                         async_op=async_op, timeout=timeout, algo=algo)
+                         async_op=async_op, timeout=timeout, algo=algo, stream=stream)
 
     def all_to_all(self, x: ArrayLike, *, out: Optional[ArrayLike] = None,
                    async_op: bool = False, timeout: Optional[float] = None,
-                   algo: Optional[str] = None, dtype: Any = None) -> OpResult:
+                   algo: Optional[str] = None, dtype: Any = None,
+                   stream: Any = None) -> OpResult:
         """Rank ``r`` sends the ``p``-th of its ``nranks`` equal chunks of ``x`` to rank ``p``
         and receives rank ``p``'s ``r``-th chunk as the ``p``-th chunk of ``out``.
 
@@ -1293,14 +1351,14 @@ class Comm:
             raise _invalid(f"all_to_all: out has {out.size} elements, x has {x.size}")
         return self._run(common_pb2.COLLECTIVE_OP_ALL_TO_ALL, dtype=self._dtype(dtype, x, out),
                          count=x.size // self.nranks, send=x, recv=out, result=out,
-                         async_op=async_op, timeout=timeout, algo=algo)
+                         async_op=async_op, timeout=timeout, algo=algo, stream=stream)
 
     def all_to_all_v(self, x: ArrayLike, send_counts: Sequence[int],
                      recv_counts: Sequence[int], *, out: Optional[ArrayLike] = None,
                      send_displs: Optional[Sequence[int]] = None,
                      recv_displs: Optional[Sequence[int]] = None, async_op: bool = False,
                      timeout: Optional[float] = None, algo: Optional[str] = None,
-                     dtype: Any = None) -> OpResult:
+                     dtype: Any = None, stream: Any = None) -> OpResult:
         """All-to-all with per-peer sizes: ``send_counts[p]`` elements of ``x`` starting at
         ``send_displs[p]`` go to rank ``p``, and ``recv_counts[p]`` elements from rank ``p``
         land in ``out`` at ``recv_displs[p]`` (counts and displacements in elements).
@@ -1342,11 +1400,12 @@ class Comm:
                            f"{recv_need}")
         return self._run(common_pb2.COLLECTIVE_OP_ALL_TO_ALL_V, dtype=self._dtype(dtype, x, out),
                          send=x, recv=out, result=out, async_op=async_op, timeout=timeout,
-                         algo=algo, send_counts=sc, send_displs=sd, recv_counts=rc,
-                         recv_displs=rd)
+                         algo=algo, stream=stream, send_counts=sc, send_displs=sd,
+                         recv_counts=rc, recv_displs=rd)
 
     def send(self, x: ArrayLike, peer: int, *, async_op: bool = False,
-             timeout: Optional[float] = None, dtype: Any = None) -> OpResult:
+             timeout: Optional[float] = None, dtype: Any = None,
+             stream: Any = None) -> OpResult:
         """Sends ``x`` to rank ``peer``, which calls :meth:`recv` with the same size and dtype.
         Pairs match in FIFO order per (sender, receiver), independently of collectives.
 
@@ -1356,10 +1415,12 @@ class Comm:
         x = self._check_array("x", x)
         peer = self._check_root(peer, "peer")
         return self._run(common_pb2.COLLECTIVE_OP_SEND, dtype=self._dtype(dtype, x), count=x.size,
-                         root=peer, send=x, result=x, async_op=async_op, timeout=timeout)
+                         root=peer, send=x, result=x, async_op=async_op, timeout=timeout,
+                         stream=stream)
 
     def recv(self, x: ArrayLike, peer: int, *, async_op: bool = False,
-             timeout: Optional[float] = None, dtype: Any = None) -> OpResult:
+             timeout: Optional[float] = None, dtype: Any = None,
+             stream: Any = None) -> OpResult:
         """Receives into ``x`` what rank ``peer`` sends with :meth:`send`.
 
         Returns:
@@ -1368,21 +1429,24 @@ class Comm:
         x = self._check_array("x", x)
         peer = self._check_root(peer, "peer")
         return self._run(common_pb2.COLLECTIVE_OP_RECV, dtype=self._dtype(dtype, x), count=x.size,
-                         root=peer, recv=x, result=x, async_op=async_op, timeout=timeout)
+                         root=peer, recv=x, result=x, async_op=async_op, timeout=timeout,
+                         stream=stream)
 
-    def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None) -> OpResult:
+    def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None,
+                stream: Any = None) -> OpResult:
         """Returns once every rank has entered the barrier.
 
         Returns:
             ``None``, or a :class:`Work` with ``async_op=True``.
         """
         return self._run(common_pb2.COLLECTIVE_OP_BARRIER, dtype=0, async_op=async_op,
-                         timeout=timeout)
+                         timeout=timeout, stream=stream)
 
 
 def connect(socket: Optional[str] = None, job: Optional[str] = None,
             token: Optional[str] = None, *, connect_timeout: float = 5.0,
-            integrity: Optional[str] = None) -> Client:
+            integrity: Optional[str] = None,
+            stream_ops: Optional[_streams.StreamOps] = None) -> Client:
     """Opens a session with the node's railyardd.
 
     Args:
@@ -1396,13 +1460,16 @@ def connect(socket: Optional[str] = None, job: Optional[str] = None,
         integrity: end-to-end check asked for on the inter-node transfers of the
             communicators this client joins: ``"none"`` or ``"crc32c"``; default
             ``$RAILYARD_INTEGRITY``, else the daemon's ``--integrity``.
+        stream_ops: how collectives given ``stream=`` are put in order on their stream
+            (:class:`railyard.StreamOps`); default CUDA's, through ``libcuda.so.1``.
 
     Raises:
         UnavailableError: no daemon at the socket (the message names it).
         PermissionDeniedError: wrong token for the job.
         InvalidArgumentError: malformed job id or socket path.
     """
-    return Client(socket, job, token, connect_timeout=connect_timeout, integrity=integrity)
+    return Client(socket, job, token, connect_timeout=connect_timeout, integrity=integrity,
+                  stream_ops=stream_ops)
 
 
 def init_from_env(client: Optional[Client] = None, *,
