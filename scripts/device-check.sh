@@ -2,7 +2,8 @@
 # The GPU check, for a machine with an NVIDIA GPU (an H200 here): builds Railyard with CUDA for
 # sm_90, runs the GPU tests (kernels against the CPU kernels for every dtype x op, device memory
 # exported by clients and imported by railyardd, collectives on device buffers through a real
-# daemon with 2 and 4 ranks sharing one GPU), then prints
+# daemon with 2 and 4 ranks sharing one GPU; the Python client's legacy IPC registration and
+# stream ordering on a real CUDA stream, tests/python/test_cuda_python.py), then prints
 #   - cuda-bench: device memcpy bandwidth and the reduce kernels' at 1 MiB-256 MiB, and
 #   - railyard-perf AllReduce on device buffers, 2 and 4 ranks on one daemon, 8 B-256 MiB,
 # with the two targets of issue 16 computed from them: reduce kernel / memcpy at >= 64 MiB
@@ -38,7 +39,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRAILYARD_WITH_CUDA=
   -DCMAKE_CUDA_ARCHITECTURES=90 -DRAILYARD_WERROR=OFF >"$build.cmake.log" 2>&1 ||
   { tail -30 "$build.cmake.log"; echo "device-check: cmake failed"; exit 1; }
 timeout 420 ninja -C "$build" -j "$(nproc)" railyardd railyard-perf cuda-bench cuda_device_test \
-  cuda_daemon_test device_runtime_test >"$build.ninja.log" 2>&1 ||
+  cuda_daemon_test device_runtime_test railyard_python >"$build.ninja.log" 2>&1 ||
   { tail -40 "$build.ninja.log"; echo "device-check: build failed"; exit 1; }
 echo "built in $((SECONDS - start)) s"
 
@@ -51,6 +52,14 @@ for t in cuda_device_test cuda_daemon_test; do
   # Nothing may be skipped for want of a device on a GPU machine.
   if grep -q '^\[  SKIPPED \]' <<<"$out"; then fail "$t skipped tests: no usable GPU here"; fi
 done
+
+step "the Python client on the GPU: legacy IPC memory, a collective on a CUDA stream"
+out=$(RAILYARDD="$build/daemon/railyardd" PYTHONPATH="$build/python" timeout 180 \
+  /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda_python.py 2>&1)
+rc=$?
+tail -15 <<<"$out"
+[ $rc -eq 0 ] || fail "test_cuda_python.py (exit $rc)"
+if grep -q ' skipped' <<<"$out"; then fail "test_cuda_python.py skipped: no usable GPU here"; fi
 
 step "the device-runtime contract on the fake (CI runs the fake-device integration tests)"
 timeout 60 "$build/tests/unit/device_runtime_test" --gtest_brief=1 || fail device_runtime_test
