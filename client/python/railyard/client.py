@@ -675,7 +675,10 @@ class Client:
             self._to_release.clear()
         words = self._stream_words
         if words is not None:
-            words.close()  # its streams have passed their waits: every operation has ended
+            try:
+                words.close()  # its streams have passed their waits: every operation has ended
+            except Exception:  # noqa: BLE001 - a StreamOps' failure must not stop the close
+                pass
 
     def __enter__(self) -> "Client":
         return self
