@@ -41,20 +41,26 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
   }
 
  private:
-  // One task: up to chunk_bytes_ from regions_[region] at offset, then the next task
-  // (behind whatever else the device's thread has queued meanwhile), or the completion.
+  // The first (region, offset) at or after these with bytes to copy back; region ==
+  // regions_.size() when none is left.
+  void Skip(size_t* region, uint64_t* offset) const {
+    while (*region < regions_.size() &&
+           (!regions_[*region].copy_back || *offset >= regions_[*region].bytes)) {
+      ++*region;
+      *offset = 0;
+    }
+  }
+
+  // One task: up to chunk_bytes_ from regions_[region] at offset, then the next task (behind
+  // whatever else the device's thread has queued meanwhile), or, after the last, the completion.
   void CopyBack(size_t region, uint64_t offset, uint64_t request_id, uint64_t seq) {
+    Skip(&region, &offset);
+    if (region == regions_.size()) {  // nothing to copy back (a Reduce's non-root)
+      Forward(request_id, absl::OkStatus(), seq);
+      return;
+    }
     executor_->PostToDevice(device_, [self = shared_from_this(), region, offset, request_id,
                                       seq]() mutable {
-      while (region < self->regions_.size() &&
-             (!self->regions_[region].copy_back || offset >= self->regions_[region].bytes)) {
-        ++region;
-        offset = 0;
-      }
-      if (region == self->regions_.size()) {
-        self->Forward(request_id, absl::OkStatus(), seq);
-        return;
-      }
       const Region& r = self->regions_[region];
       const uint64_t n = std::min(self->chunk_bytes_, r.bytes - offset);
       absl::Status s = self->devices_->CopyFromHost(self->device_, r.device_ptr + offset,
@@ -67,7 +73,13 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
             seq);
         return;
       }
-      self->CopyBack(region, offset + n, request_id, seq);
+      offset += n;
+      self->Skip(&region, &offset);
+      if (region == self->regions_.size()) {
+        self->Forward(request_id, absl::OkStatus(), seq);
+        return;
+      }
+      self->CopyBack(region, offset, request_id, seq);
     });
   }
 
