@@ -53,13 +53,22 @@ for t in cuda_device_test cuda_daemon_test; do
   if grep -q '^\[  SKIPPED \]' <<<"$out"; then fail "$t skipped tests: no usable GPU here"; fi
 done
 
+# pytest_gpu FILE SECONDS: one Python test file against the CUDA build; its output is kept in $out.
+pytest_gpu() {
+  out=$(RAILYARDD="$build/daemon/railyardd" PYTHONPATH="$build/python" timeout "$2" \
+    /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider "tests/python/$1" 2>&1)
+  local rc=$?
+  tail -15 <<<"$out"
+  [ $rc -eq 0 ] || fail "$1 (exit $rc)"
+}
+
 step "the Python client on the GPU: legacy IPC memory, a collective on a CUDA stream"
-out=$(RAILYARDD="$build/daemon/railyardd" PYTHONPATH="$build/python" timeout 180 \
-  /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda_python.py 2>&1)
-rc=$?
-tail -15 <<<"$out"
-[ $rc -eq 0 ] || fail "test_cuda_python.py (exit $rc)"
+pytest_gpu test_cuda_python.py 180
 if grep -q ' skipped' <<<"$out"; then fail "test_cuda_python.py skipped: no usable GPU here"; fi
+
+step "torch on cuda tensors through the railyard backend (needs a CUDA build of torch)"
+pytest_gpu test_torch_cuda.py 300
+# A torch without CUDA skips it and says so above; that is this machine's torch, not a failure.
 
 step "the device-runtime contract on the fake (CI runs the fake-device integration tests)"
 timeout 60 "$build/tests/unit/device_runtime_test" --gtest_brief=1 || fail device_runtime_test

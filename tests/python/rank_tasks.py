@@ -892,3 +892,62 @@ def compressed_reduce_scatter(rank: int, n: int, comm_id: str, codec: str,
         return {"out": np.asarray(out).tolist(), "refused": refused}
     finally:
         comm.close()
+
+
+def torch_cuda_collectives(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """torch.distributed on cuda tensors (device 0, shared by the ranks) through the railyard
+    backend (tests/python/test_torch_cuda.py, on a GPU only). Each input is written by stream work
+    that runs after ~20 ms of GPU sleep: an operation that did not wait for its stream would read
+    the old values. Then three DDP steps on cuda."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    torch.cuda.set_device(0)
+    out: Dict[str, Any] = {}
+    try:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            t = torch.zeros(1 << 20, device="cuda")
+            torch.cuda._sleep(40_000_000)
+            t.fill_(rank + 1.0)
+            work = dist.all_reduce(t, async_op=True)
+            doubled = t * 2  # stream work after the operation: it reads the result
+            m = torch.arange(24, dtype=torch.float32, device="cuda").view(6, 4) + rank
+            dist.all_reduce(m[:, 1], op=dist.ReduceOp.MAX)  # strided: through a contiguous copy
+            gathered = torch.empty(n * 3, dtype=torch.bfloat16, device="cuda")
+            dist.all_gather_into_tensor(gathered, torch.full((3,), rank, dtype=torch.bfloat16,
+                                                             device="cuda"))
+            outs = [torch.empty(2, dtype=torch.int64, device="cuda") for _ in range(n)]
+            dist.all_gather(outs, torch.tensor([rank, -rank], device="cuda"))
+            b = torch.full((5,), float(rank), device="cuda", dtype=torch.float64)
+            dist.broadcast(b, src=n - 1)
+        work.wait()
+        stream.synchronize()
+        out["all_reduce"] = doubled[:4].cpu().tolist()
+        out["strided_max"] = m[:, 1].cpu().tolist()
+        out["strided_rest"] = m[:, 0].cpu().tolist()
+        out["all_gather_base"] = gathered.float().cpu().tolist()
+        out["all_gather"] = [o.cpu().tolist() for o in outs]
+        out["broadcast"] = b.cpu().tolist()
+        # DDP on the GPU: every rank's parameters after 3 steps, against the same steps on CPU
+        # with the gradient averaged by hand (rank r's batch is seeded by r).
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 4)
+        reference = torch.nn.Linear(16, 4)
+        reference.load_state_dict(model.state_dict())
+        ddp = torch.nn.parallel.DistributedDataParallel(model.cuda(), device_ids=[0])
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        for step in range(3):
+            batches = [torch.Generator().manual_seed(100 * step + r) for r in range(n)]
+            xs = [torch.randn(8, 16, generator=g) for g in batches]
+            opt.zero_grad()
+            ddp(xs[rank].cuda()).pow(2).sum().backward()
+            opt.step()
+            ref_opt.zero_grad()
+            sum(reference(x).pow(2).sum() for x in xs).div(n).backward()
+            ref_opt.step()
+        out["ddp_max_diff"] = max(float((p.detach().cpu() - q.detach()).abs().max())
+                                  for p, q in zip(model.parameters(), reference.parameters()))
+    finally:
+        dist.destroy_process_group()
+    return out

@@ -182,13 +182,14 @@ _LT_X_GPU_WRAPPER = common_distributed.skip_if_lt_x_gpu(1)(lambda: None).__code_
 def _cuda_skip(func) -> Optional[str]:
     """The skip that the processes of a test behind skip_if_no_gpu / skip_if_lt_x_gpu would exit
     with on this machine (None: they would run it). With CUDA devices, such a test is skipped for
-    railyard anyway: it moves CUDA tensors."""
+    railyard anyway: it moves CUDA tensors, also in operations railyard takes on the CPU only."""
     skips = common_distributed.TEST_SKIPS
     while func is not None:
         code = getattr(func, "__code__", None)  # wraps() copies the names, not the code
         if code in (_NO_GPU_WRAPPER, _LT_X_GPU_WRAPPER) and SUITE_BACKEND == "railyard" and \
                 torch.cuda.is_available():
-            return "needs CUDA tensors: the railyard backend handles CPU tensors only"
+            return ("needs CUDA tensors in operations railyard runs on CPU tensors only "
+                    "(its cuda path: tests/python/test_torch_cuda.py)")
         if code is _NO_GPU_WRAPPER:
             if not torch.cuda.is_available():
                 return skips["no_cuda"].message

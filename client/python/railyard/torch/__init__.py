@@ -1,4 +1,5 @@
-"""The ``"railyard"`` backend of ``torch.distributed`` (CPU tensors).
+"""The ``"railyard"`` backend of ``torch.distributed`` (CPU tensors; ``cuda`` tensors in the
+operations :data:`_ON_DEVICES` lists, ordered on their current stream: docs/gpu.md, "From torch").
 
 Importing this module registers the backend::
 
@@ -67,8 +68,10 @@ import railyard
 from railyard import errors as _errors
 from railyard.client import _sleep_until_done
 
+from ._device_tensors import CudaTensors, DeviceTensors, numpy_dtype
+
 __all__ = ["ProcessGroupRailyard", "BACKEND", "empty", "create_process_group",
-           "compression_hook"]
+           "compression_hook", "DeviceTensors", "CudaTensors"]
 
 #: The backend name, for ``dist.init_process_group(BACKEND, ...)``.
 BACKEND = "railyard"
@@ -95,12 +98,22 @@ def _red_op(op: Any) -> str:
                      "(supported: SUM, PRODUCT, MIN, MAX, AVG)")
 
 
-def _check_tensor(t: Any, what: str) -> torch.Tensor:
+_ON_DEVICES = ("all_reduce, all_reduce_coalesced, broadcast, reduce, all_gather, "
+               "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, "
+               "all_to_all_single and barrier")
+
+
+def _check_tensor(t: Any, what: str, devices: Optional[DeviceTensors] = None) -> torch.Tensor:
+    """``t`` if the operation ``what`` can take it: a dense CPU tensor, or a device tensor
+    ``devices`` serves (``None``: host memory only)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"railyard: {what} must be a tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"railyard: {what} is on {t.device}; the railyard backend handles CPU "
-                         "tensors only")
+    if t.device.type != "cpu" and (devices is None or not devices.owns(t)):
+        if devices is None:
+            raise ValueError(f"railyard: {what} is on {t.device}; the railyard backend runs it "
+                             f"on CPU tensors only (device tensors: {_ON_DEVICES})")
+        raise ValueError(f"railyard: {what} is on {t.device}; the railyard backend takes CPU "
+                         f"tensors and {devices.kind} only")
     if t.layout != torch.strided:
         raise ValueError(f"railyard: {what} has layout {t.layout}; only dense tensors are "
                          "supported here (all_reduce also takes sparse COO tensors)")
@@ -117,21 +130,49 @@ def _as_numpy(t: torch.Tensor, red: Optional[str]) -> Tuple[np.ndarray, Optional
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy(), "bfloat16"
     if t.is_complex():
-        if red is not None and red not in ("sum", "avg"):
-            raise ValueError(f"railyard: {red} is not defined for complex tensors")
+        _refuse_red(t.dtype, red)
         t = torch.view_as_real(t)
     if t.dtype == torch.bool:
-        if red is not None and red not in ("min", "max"):
-            raise ValueError(f"railyard: {red} is not supported for bool tensors (min/max are)")
+        _refuse_red(t.dtype, red)
         arr = t.view(torch.uint8).numpy()
     else:
         arr = t.numpy()
     if arr.dtype in railyard.SUPPORTED_DTYPES:
         return arr, None
-    if red is not None:
-        raise ValueError(f"railyard: dtype {t.dtype} cannot be reduced (supported: float32, "
-                         "float64, float16, bfloat16, int8, uint8, int32, int64)")
+    _refuse_red(t.dtype, red, unsupported=True)
     return arr.reshape(-1).view(np.uint8), None
+
+
+def _refuse_red(dtype: torch.dtype, red: Optional[str], unsupported: bool = False) -> None:
+    """Raises when tensors of ``dtype`` cannot be reduced with ``red`` (None: no reduction)."""
+    if red is None:
+        return
+    if dtype.is_complex and red not in ("sum", "avg"):
+        raise ValueError(f"railyard: {red} is not defined for complex tensors")
+    if dtype == torch.bool and red not in ("min", "max"):
+        raise ValueError(f"railyard: {red} is not supported for bool tensors (min/max are)")
+    if unsupported:
+        raise ValueError(f"railyard: dtype {dtype} cannot be reduced (supported: float32, "
+                         "float64, float16, bfloat16, int8, uint8, int32, int64)")
+
+
+def _as_device_array(reg: "railyard.DeviceArray", t: torch.Tensor,
+                     red: Optional[str]) -> Tuple["railyard.DeviceArray", Optional[str]]:
+    """What :func:`_as_numpy` is for host tensors, for ``reg``: the bytes of a device tensor
+    ``t`` (uint8), seen as the dtype the daemon reduces (or left as bytes)."""
+    if t.dtype == torch.bfloat16:
+        return reg.view(np.int16), "bfloat16"
+    _refuse_red(t.dtype, red)
+    if t.is_complex():
+        dt = numpy_dtype(torch.float32 if t.dtype == torch.complex64 else torch.float64)
+    elif t.dtype == torch.bool:
+        dt = np.dtype(np.uint8)
+    else:
+        dt = numpy_dtype(t.dtype)
+    if dt in railyard.SUPPORTED_DTYPES:
+        return reg.view(dt), None
+    _refuse_red(t.dtype, red, unsupported=True)
+    return reg, None
 
 
 class _Io:
@@ -157,6 +198,36 @@ class _Io:
         with torch.no_grad():
             for tmp, t in self.copy_back:
                 t.copy_(tmp)
+
+
+class _DeviceIo(_Io):
+    """An :class:`_Io` for device tensors: the contiguous copies are device tensors, and the
+    copies into and out of them are work on the operation's stream."""
+
+    def __init__(self, devices: DeviceTensors, stream: Any) -> None:
+        super().__init__()
+        self._devices = devices
+        self._stream = stream
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        tmp = self._devices.empty(tuple(t.shape), t.dtype, t)
+
+        def copy() -> None:
+            with torch.no_grad():
+                tmp.copy_(t)
+
+        self._devices.on_stream(self._stream, copy)
+        return tmp
+
+    def input(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_contiguous() else self._copy(t)
+
+    def output(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_contiguous():
+            return t
+        tmp = self._copy(t)
+        self.copy_back.append((tmp, t))
+        return tmp
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,6 +321,16 @@ def _worded(error: Optional[BaseException], seconds: Optional[float]) -> Optiona
         worded.__cause__ = error
         return worded
     return error
+
+
+def _cuda_devices(outputs: List[Any]) -> List[torch.device]:
+    """The cuda devices of ``outputs`` (tensors, or lists of them)."""
+    found: List[torch.device] = []
+    for o in outputs:
+        for t in (o if isinstance(o, (list, tuple)) else [o]):
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.device not in found:
+                found.append(t.device)
+    return found
 
 
 class Work(_Work):
@@ -362,7 +443,9 @@ class Work(_Work):
         """A future completed with the output tensors (or the error) when the operation ends."""
         with self._lock:
             if self._future is None:
-                self._future = torch.futures.Future()
+                # A future whose value holds cuda tensors must name their devices (PyTorch
+                # refuses the value otherwise) and is then stream-aware.
+                self._future = torch.futures.Future(devices=_cuda_devices(self._outputs))
                 if self._done:
                     future = self._future
                     _futures.submit(lambda: self._complete_future(future))
@@ -707,9 +790,12 @@ class ProcessGroupRailyard(dist.ProcessGroup):
 
     def __init__(self, store: Any, rank: int, world_size: int,
                  timeout: timedelta = timedelta(minutes=30),
-                 client: Optional["railyard.Client"] = None) -> None:
+                 client: Optional["railyard.Client"] = None,
+                 device_tensors: Optional[DeviceTensors] = None) -> None:
         super().__init__(rank, world_size)
         self.client = client if client is not None else _shared_client()
+        # Tensors that are not host memory (cuda ones by default; tests give a fake).
+        self._devices = device_tensors if device_tensors is not None else _cuda_tensors
         seconds = _seconds(timeout, "timeout")
         self._op_timeout = min(max(seconds or 0.0, 0.001), _MAX_TIMEOUT)
         # Every init of this store's group gets its own key (re-initialization reuses group
@@ -752,25 +838,80 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                launch: Callable[[Dict[str, Any]],
                                 Union["railyard.Work", List["railyard.Work"]]],
                post: Optional[Callable[[], None]] = None, opts: Any = None,
-               timeout: Optional[float] = None) -> Work:
+               timeout: Optional[float] = None, stream: Any = None) -> Work:
         """Launches an operation: ``launch(kw)`` submits it (``kw``: async_op and timeout for the
-        railyard calls: ``timeout``, else the one of ``opts``, else the group's) and returns its
-        railyard work(s)."""
+        railyard calls: ``timeout``, else the one of ``opts``, else the group's; and ``stream``
+        for device tensors) and returns its railyard work(s). On host tensors ``post`` and the
+        copies back run once the operation has completed; on device tensors they are enqueued on
+        ``stream`` now, behind the operation."""
         def finish() -> None:
             if post is not None:
                 post()
             io.finish()
 
         kw = {"async_op": True, "timeout": self._timeout(opts) if timeout is None else timeout}
-        work = Work(outputs, finish, kw["timeout"])
+        if stream is not None:
+            kw["stream"] = stream
+        work = Work(outputs, finish if stream is None else None, kw["timeout"])
         try:
             rws = launch(kw)
         except BaseException:
             with _live_lock:
                 _live_works.pop(id(work), None)
             raise
+        if stream is not None:
+            self._devices.on_stream(stream, finish)
         work._expect(rws if isinstance(rws, list) else [rws])
         return work
+
+    def _stream(self, tensors: Sequence[torch.Tensor], what: str) -> Any:
+        """None when ``tensors`` are host memory; for device tensors, the stream their operation
+        is put in order on. Host and device tensors in one operation: ValueError."""
+        on_device = [self._devices.owns(t) for t in tensors]
+        if not any(on_device):
+            return None
+        if not all(on_device):
+            raise ValueError(f"railyard: {what} mixes CPU and device tensors")
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(f"railyard: {what} has tensors on several devices "
+                             f"({', '.join(sorted(str(d) for d in devices))}); one process "
+                             "drives one device per operation")
+        return self._devices.stream(tensors[0])
+
+    def _io(self, stream: Any) -> _Io:
+        return _Io() if stream is None else _DeviceIo(self._devices, stream)
+
+    def _array(self, t: torch.Tensor, red: Optional[str], stream: Any
+               ) -> Tuple[Union[np.ndarray, "railyard.DeviceArray"], Optional[str]]:
+        """The array a railyard call takes for contiguous ``t``, and its ``dtype=``."""
+        if stream is None:
+            return _as_numpy(t, red)
+        return _as_device_array(self._devices.array(self.client, t), t, red)
+
+    def _empty(self, shape: Tuple[int, ...], dtype: torch.dtype, like: torch.Tensor,
+               stream: Any) -> torch.Tensor:
+        if stream is None:
+            return torch.empty(shape, dtype=dtype)
+        return self._devices.empty(shape, dtype, like)
+
+    def _flat(self, tensors: Sequence[torch.Tensor], stream: Any) -> torch.Tensor:
+        """``tensors`` laid end to end in one new 1-D tensor (on a device: copied by stream
+        work)."""
+        if stream is None:
+            return torch.cat([t.detach().reshape(-1) for t in tensors])
+        flat = self._devices.empty((sum(t.numel() for t in tensors),), tensors[0].dtype,
+                                   tensors[0])
+
+        def copy() -> None:
+            offset = 0
+            with torch.no_grad():
+                for t in tensors:
+                    flat[offset:offset + t.numel()].copy_(t.reshape(-1))
+                    offset += t.numel()
+
+        self._devices.on_stream(stream, copy)
+        return flat
 
     def _done(self, outputs: List[Any]) -> Work:
         """A work that has already completed (an operation with nothing to move)."""
@@ -778,12 +919,12 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         work._complete(None)
         return work
 
-    @staticmethod
-    def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+    def _one(self, tensors: Sequence[torch.Tensor], what: str,
+             on_devices: bool = False) -> torch.Tensor:
         if len(tensors) != 1:
             raise ValueError(f"railyard: {what} takes exactly one tensor per process, got "
                              f"{len(tensors)}")
-        return _check_tensor(tensors[0], what)
+        return _check_tensor(tensors[0], what, self._devices if on_devices else None)
 
     # -- collectives (signatures of c10d::ProcessGroup) ----------------------------------------
 
@@ -791,13 +932,13 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and \
                 tensors[0].layout != torch.strided:
             return self._sparse_allreduce(tensors[0], opts)
-        t = self._one(tensors, "all_reduce")
+        t = self._one(tensors, "all_reduce", on_devices=True)
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        io = _Io()
-        buf = io.output(t)
-        arr, dt = _as_numpy(buf, red)
+        stream = self._stream([t], "all_reduce")
+        io = self._io(stream)
+        arr, dt = self._array(io.output(t), red, stream)
         return self._start([t], io, lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw),
-                           opts=opts)
+                           opts=opts, stream=stream)
 
     def allreduce_compressed(self, tensor: torch.Tensor, compression: str,
                              key: Optional[int] = None, op: str = "avg",
@@ -880,11 +1021,12 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         if not tensors:
             raise ValueError("railyard: allreduce_coalesced needs at least one tensor")
         for t in tensors:
-            _check_tensor(t, "all_reduce_coalesced")
+            _check_tensor(t, "all_reduce_coalesced", self._devices)
             if t.dtype != tensors[0].dtype:
                 raise ValueError("railyard: allreduce_coalesced tensors must share a dtype")
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        arr, dt = _as_numpy(flat, red)
+        stream = self._stream(tensors, "all_reduce_coalesced")
+        flat = self._flat(tensors, stream)
+        arr, dt = self._array(flat, red, stream)
 
         def post() -> None:
             offset = 0
@@ -894,56 +1036,59 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                     offset += t.numel()
 
         return self._start(list(tensors), _Io(),
-                           lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw), post, opts)
+                           lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw), post, opts,
+                           stream=stream)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
-        t = self._one(tensors, "broadcast")
+        t = self._one(tensors, "broadcast", on_devices=True)
         root = opts.rootRank if opts is not None else 0
-        io = _Io()
-        buf = io.output(t)
-        arr, dt = _as_numpy(buf, None)
+        stream = self._stream([t], "broadcast")
+        io = self._io(stream)
+        arr, dt = self._array(io.output(t), None, stream)
         return self._start([t], io, lambda kw: self.comm.broadcast(arr, root, dtype=dt, **kw),
-                           opts=opts)
+                           opts=opts, stream=stream)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
-        t = self._one(tensors, "reduce")
+        t = self._one(tensors, "reduce", on_devices=True)
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         root = opts.rootRank if opts is not None else 0
-        io = _Io()
-        buf = io.output(t)
-        arr, dt = _as_numpy(buf, red)
+        stream = self._stream([t], "reduce")
+        io = self._io(stream)
+        arr, dt = self._array(io.output(t), red, stream)
         return self._start([t], io, lambda kw: self.comm.reduce(arr, root, red, dtype=dt, **kw),
-                           opts=opts)
+                           opts=opts, stream=stream)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Work:
-        _check_tensor(output, "all_gather output")
-        _check_tensor(input, "all_gather input")
+        _check_tensor(output, "all_gather output", self._devices)
+        _check_tensor(input, "all_gather input", self._devices)
         if output.dtype != input.dtype or output.numel() != input.numel() * self.size():
             raise ValueError(f"railyard: all_gather output must have world_size * "
                              f"{input.numel()} elements of {input.dtype}, got "
                              f"{output.numel()} of {output.dtype}")
-        io = _Io()
-        src, _ = _as_numpy(io.input(input), None)
-        out, dt = _as_numpy(io.output(output), None)
+        stream = self._stream([output, input], "all_gather")
+        io = self._io(stream)
+        src, _ = self._array(io.input(input), None, stream)
+        out, dt = self._array(io.output(output), None, stream)
         return self._start([output], io, lambda kw: self.comm.all_gather(
-            src, out=out, dtype=dt, **kw), opts=opts)
+            src, out=out, dtype=dt, **kw), opts=opts, stream=stream)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]],
                   input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
-        t = self._one(input_tensors, "all_gather")
+        t = self._one(input_tensors, "all_gather", on_devices=True)
         if len(output_tensors) != 1 or len(output_tensors[0]) != self.size():
             raise ValueError(f"railyard: all_gather needs one list of {self.size()} output "
                              "tensors")
         outs = output_tensors[0]
         for o in outs:
-            _check_tensor(o, "all_gather output")
+            _check_tensor(o, "all_gather output", self._devices)
             if o.numel() != t.numel() or o.dtype != t.dtype:
                 raise ValueError("railyard: all_gather outputs must match the input's size and "
                                  "dtype")
-        gathered = torch.empty((self.size(),) + tuple(t.shape), dtype=t.dtype)
-        src, _ = _as_numpy(t.contiguous(), None)
-        out, dt = _as_numpy(gathered, None)
+        stream = self._stream([t] + list(outs), "all_gather")
+        gathered = self._empty((self.size(),) + tuple(t.shape), t.dtype, t, stream)
+        src, _ = self._array(self._io(stream).input(t), None, stream)
+        out, dt = self._array(gathered, None, stream)
 
         def post() -> None:
             with torch.no_grad():
@@ -951,7 +1096,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
                     o.copy_(gathered[r].view_as(o))
 
         return self._start(list(outs), _Io(), lambda kw: self.comm.all_gather(
-            src, out=out, dtype=dt, **kw), post, opts)
+            src, out=out, dtype=dt, **kw), post, opts, stream=stream)
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
                             input_list: List[torch.Tensor], opts: Any = None) -> Work:
@@ -1018,57 +1163,60 @@ class ProcessGroupRailyard(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Work:
-        _check_tensor(output, "reduce_scatter output")
-        _check_tensor(input, "reduce_scatter input")
+        _check_tensor(output, "reduce_scatter output", self._devices)
+        _check_tensor(input, "reduce_scatter input", self._devices)
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if output.dtype != input.dtype or input.numel() != output.numel() * self.size():
             raise ValueError(f"railyard: reduce_scatter input must have world_size * "
                              f"{output.numel()} elements of {output.dtype}, got "
                              f"{input.numel()} of {input.dtype}")
-        io = _Io()
-        src, dt = _as_numpy(io.input(input), red)
-        out, _ = _as_numpy(io.output(output), red)
+        stream = self._stream([output, input], "reduce_scatter")
+        io = self._io(stream)
+        src, dt = self._array(io.input(input), red, stream)
+        out, _ = self._array(io.output(output), red, stream)
         return self._start([output], io, lambda kw: self.comm.reduce_scatter(
-            src, red, out=out, dtype=dt, **kw), opts=opts)
+            src, red, out=out, dtype=dt, **kw), opts=opts, stream=stream)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor],
                        input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Work:
-        t = self._one(output_tensors, "reduce_scatter")
+        t = self._one(output_tensors, "reduce_scatter", on_devices=True)
         red = _red_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if len(input_tensors) != 1 or len(input_tensors[0]) != self.size():
             raise ValueError(f"railyard: reduce_scatter needs one list of {self.size()} input "
                              "tensors")
         for i in input_tensors[0]:
-            _check_tensor(i, "reduce_scatter input")
+            _check_tensor(i, "reduce_scatter input", self._devices)
             if i.numel() != t.numel() or i.dtype != t.dtype:
                 raise ValueError("railyard: reduce_scatter inputs must match the output's size "
                                  "and dtype")
-        stacked = torch.stack([i.detach().reshape(-1) for i in input_tensors[0]])
-        io = _Io()
-        src, dt = _as_numpy(stacked, red)
-        out, _ = _as_numpy(io.output(t), red)
+        stream = self._stream([t] + list(input_tensors[0]), "reduce_scatter")
+        stacked = self._flat(input_tensors[0], stream)
+        io = self._io(stream)
+        src, dt = self._array(stacked, red, stream)
+        out, _ = self._array(io.output(t), red, stream)
         return self._start([t], io, lambda kw: self.comm.reduce_scatter(
-            src, red, out=out, dtype=dt, **kw), opts=opts)
+            src, red, out=out, dtype=dt, **kw), opts=opts, stream=stream)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: List[int], input_split_sizes: List[int],
                       opts: Any = None) -> Work:
-        _check_tensor(output, "all_to_all output")
-        _check_tensor(input, "all_to_all input")
+        _check_tensor(output, "all_to_all output", self._devices)
+        _check_tensor(input, "all_to_all input", self._devices)
         if output.dtype != input.dtype:
             raise ValueError("railyard: all_to_all input and output dtypes differ")
-        io = _Io()
-        src, dt = _as_numpy(io.input(input), None)
-        out, _ = _as_numpy(io.output(output), None)
+        stream = self._stream([output, input], "all_to_all")
+        io = self._io(stream)
+        src, dt = self._array(io.input(input), None, stream)
+        out, _ = self._array(io.output(output), None, stream)
         n = self.size()
         if not output_split_sizes and not input_split_sizes:
             if src.size != out.size or src.size % n:
                 raise ValueError(f"railyard: all_to_all_single needs equal input and output "
                                  f"sizes divisible by {n}")
             return self._start([output], io, lambda kw: self.comm.all_to_all(
-                src, out=out, dtype=dt, **kw), opts=opts)
+                src, out=out, dtype=dt, **kw), opts=opts, stream=stream)
         # Split sizes count rows (dim 0); counts for the daemon are elements (or bytes).
-        def counts(t: torch.Tensor, arr: np.ndarray, splits: List[int]) -> List[int]:
+        def counts(t: torch.Tensor, arr: Any, splits: List[int]) -> List[int]:
             if not splits:
                 if t.shape[0] % n:
                     raise ValueError(f"railyard: dim 0 ({t.shape[0]}) not divisible by {n}")
@@ -1082,7 +1230,7 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         sc = counts(input, src, list(input_split_sizes))
         rc = counts(output, out, list(output_split_sizes))
         return self._start([output], io, lambda kw: self.comm.all_to_all_v(
-            src, sc, rc, out=out, dtype=dt, **kw), opts=opts)
+            src, sc, rc, out=out, dtype=dt, **kw), opts=opts, stream=stream)
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Work:
@@ -1302,6 +1450,7 @@ def create_process_group(store: Any, rank: int, world_size: int,
 
 
 _groups: "weakref.WeakSet[ProcessGroupRailyard]" = weakref.WeakSet()
+_cuda_tensors = CudaTensors()
 
 
 def _destroy_process_group(group: Any = None) -> None:
