@@ -2,7 +2,7 @@
 """How long small operations wait behind a large device operation across nodes: the same session's,
 and another tenant's on the same device.
 
-    /usr/bin/python3 bench/staging_hold.py [--mib 64] [--iters 9] [--launches 3]
+    /usr/bin/python3 bench/staging_hold.py [--mib 64] [--iters 9] [--launches 3] [--tables 1,2]
 
 Two railyardd on loopback (vnode0, vnode1) with fake devices (--fake_gpus), one rank on each (a
 session each, threads of this process). Each rank, per iteration: an AllReduce of MIB MiB of fake
@@ -11,7 +11,8 @@ docs/gpu.md), then a 4-byte AllReduce on a second communicator of the same sessi
 only this rank (it has nobody to wait for), timed until it completes; then the large one is
 waited for. Printed per launch: the medians over the iterations of the small operation's time
 and the large one's, for the staging copy on the submitting thread (--staging_inline_bytes past
-the size) and on the device's thread (--staging_inline_bytes=0), launches interleaved.
+the size) and on the device's thread (--staging_inline_bytes=0), there pipelined with the
+operation (the default) or before it (--staging_pipeline=false), launches interleaved.
 
 Second table (another tenant): job A's two ranks run MIB MiB device AllReduces across the nodes
 back to back (after one that warms the staging buffers up) while job B's two ranks, sessions of
@@ -47,12 +48,14 @@ import numpy as np  # noqa: E402
 
 import railyard  # noqa: E402
 
-MODES = (("submitting thread", "--staging_inline_bytes=1099511627776"),
-         ("device thread", "--staging_inline_bytes=0"))
+MODES = (("submitting thread", ["--staging_inline_bytes=1099511627776"]),
+         ("device thread, pipelined", ["--staging_inline_bytes=0"]),
+         ("device thread, whole copy first", ["--staging_inline_bytes=0",
+                                              "--staging_pipeline=false"]))
 
 
-def launch(railyardd: str, flag: str, mib: int, iters: int) -> List[Tuple[float, float]]:
-    with daemons(railyardd, [flag]) as sockets:
+def launch(railyardd: str, flags: List[str], mib: int, iters: int) -> List[Tuple[float, float]]:
+    with daemons(railyardd, flags) as sockets:
         clients = [railyard.connect(s, job="staging-hold") for s in sockets]
         comm_id = clients[0].new_comm_id()
         results: List[Tuple[float, float]] = [(0.0, 0.0)] * 2
@@ -188,7 +191,17 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=9)
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--railyardd", default=os.path.join(BUILD, "daemon", "railyardd"))
+    ap.add_argument("--tables", default="1,2", help="which tables to print (1, 2 or both)")
     args = ap.parse_args()
+    tables = {int(t) for t in args.tables.split(",")}
+    if 1 in tables:
+        first_table(args)
+    if 2 in tables:
+        second_table(args)
+    return 0
+
+
+def first_table(args: argparse.Namespace) -> None:
     print(f"# {args.mib} MiB device AllReduce across 2 daemons (fake devices) submitted without "
           f"waiting, then a 4 B AllReduce on a one-rank communicator of the same session; "
           f"medians of {args.iters} iterations per rank, ms")
@@ -196,11 +209,14 @@ def main() -> int:
           "| rank 1 large op |")
     print("|---|---|---|---|---|---|")
     for n in range(args.launches):
-        for name, flag in MODES:
-            (s0, l0), (s1, l1) = launch(args.railyardd, flag, args.mib, args.iters)
+        for name, flags in MODES:
+            (s0, l0), (s1, l1) = launch(args.railyardd, flags, args.mib, args.iters)
             print(f"| {n + 1} | {name} | {s0:.2f} | {s1:.2f} | {l0:.1f} | {l1:.1f} |",
                   flush=True)
     print()
+
+
+def second_table(args: argparse.Namespace) -> None:
     print(f"# job B: 1 KiB device AllReduce, 2 ranks on vnode0, while job A runs {args.iters} "
           f"{args.mib} MiB device AllReduces across vnode0 and vnode1; B's times, ms")
     print("| launch | staging chunk | B operations | median | p90 | worst |")
@@ -214,7 +230,6 @@ def main() -> int:
             p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
             print(f"| {n + 1} | {chunk >> 20} MiB | {len(times)} | "
                   f"{statistics.median(times):.2f} | {p90:.2f} | {times[-1]:.2f} |", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

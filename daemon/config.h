@@ -90,6 +90,9 @@ struct DaemonConfig {
   // The most a staging copy moves per task of a device's thread before the device's other queued
   // work runs (--staging_chunk_bytes; device_staging.h). At least 4096.
   uint64_t staging_chunk_bytes = uint64_t{4} << 20;
+  // A collective staged on the device's thread starts once its host memory is leased, its steps
+  // waiting for the chunks they touch (--staging_pipeline; DaemonCore::StageOnDevice).
+  bool staging_pipeline = true;
   // Accept legacy CUDA IPC handles for device memory (--cuda_ipc; DaemonCore::RegisterBuffer).
   bool cuda_ipc = false;
   // Collectives on one node moving at most this many bytes run on the thread that made them

@@ -118,6 +118,10 @@ ABSL_FLAG(uint64_t, staging_chunk_bytes, uint64_t{4} << 20,
           "The most a staging copy between device and host memory moves per task of the device's "
           "thread: the device's other queued work (other tenants' operations) runs between "
           "chunks (docs/gpu.md; at least 4096)");
+ABSL_FLAG(bool, staging_pipeline, true,
+          "A collective staged on the device's thread (past --staging_inline_bytes) goes to its "
+          "communicator once its host memory is leased, its steps waiting for the chunks they "
+          "touch, instead of after the whole copy (docs/gpu.md; false: after the whole copy)");
 ABSL_FLAG(uint64_t, staging_cache_bytes, uint64_t{512} << 20,
           "Page-locked host memory the daemon keeps, idle, for reuse by operations that stage "
           "device memory across nodes (docs/gpu.md); buffers beyond it are freed when their "
@@ -220,6 +224,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "staging_cache_bytes",
                                    "staging_inline_bytes",
                                    "staging_chunk_bytes",
+                                   "staging_pipeline",
                                    "cuda_ipc",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
@@ -386,6 +391,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.staging_cache_bytes = absl::GetFlag(FLAGS_staging_cache_bytes);
   c.staging_inline_bytes = absl::GetFlag(FLAGS_staging_inline_bytes);
   c.staging_chunk_bytes = absl::GetFlag(FLAGS_staging_chunk_bytes);
+  c.staging_pipeline = absl::GetFlag(FLAGS_staging_pipeline);
   if (c.staging_chunk_bytes < 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--staging_chunk_bytes must be at least 4096, not ", c.staging_chunk_bytes));

@@ -515,8 +515,12 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
   node_memory_.send.assign(nranks_, nullptr);
   node_memory_.recv.assign(nranks_, nullptr);
   node_memory_.scratch.assign(nranks_, nullptr);
+  node_gates_.clear();
   for (size_t li = 0; li < local_ranks_.size(); ++li) {
     const int g = local_ranks_[li];
+    if (slot.requests[li]->input_gate != nullptr) {
+      node_gates_.push_back(slot.requests[li]->input_gate);
+    }
     node_memory_.send[g] = slot.requests[li]->req.send;
     node_memory_.recv[g] = slot.requests[li]->req.recv;
     node_memory_.scratch[g] = first_only && li > 0 ? nullptr : scratch_.data() + li * per_rank;
@@ -536,6 +540,14 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
     // The receiver tells from the length whether it did (NodeRun::Carried). Found once per
     // schedule (the planner caches them by shape; holding it keeps its address from reuse).
     if (carried_for_ != node_schedule_) PickCarriedSteps();
+    run_carried_.clear();
+    if (!node_gates_.empty()) {
+      for (uint32_t step : node_carried_) {
+        if (node_schedule_->steps[step].kind != scheduler::NodeStep::Kind::kSend) {
+          run_carried_.push_back(step);
+        }
+      }
+    }
   }
 }
 
@@ -968,7 +980,8 @@ void Communicator::Deliver(Outcomes& out) {
     p.codec = node_codec_;
     p.residual = node_residual_;
     const int peers = multi_node_ ? net_.layout.nnodes - 1 : 0;
-    p.carried = peers > 0 ? &node_carried_ : nullptr;
+    p.carried = peers == 0 ? nullptr : node_gates_.empty() ? &node_carried_ : &run_carried_;
+    p.gates = &node_gates_;
     {
       absl::MutexLock lock(&run_parts_mu_);
       run_status_ = absl::OkStatus();
@@ -1124,7 +1137,7 @@ void Communicator::StartDigestExchange() {
         static_cast<size_t>(n) < net_.endpoints.size() && !net_.endpoints[n].empty()
             ? net_.endpoints[n][0].get()
             : nullptr;
-    const int64_t send_step = carried_send_[n];
+    const int64_t send_step = node_gates_.empty() ? carried_send_[n] : -1;
     const int64_t recv_step = carried_recv_[n];
     if (ep == nullptr || static_cast<size_t>(n) >= net_.node_slots.size()) {
       const absl::Status s = absl::InternalError(absl::StrCat("no endpoint to node ", n));

@@ -352,7 +352,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<int64_t> carried_recv_;
   std::vector<uint32_t> node_carried_;
   std::shared_ptr<const scheduler::NodeSchedule> carried_for_;  // the schedule they are of
-  void PickCarriedSteps();                                      // of node_schedule_
+  // The running operation's device staging still in progress (PendingRequest::input_gate), for
+  // NodeRun::Params::gates. With any, this node's sends ride in no digest (their bytes may not be
+  // on the host yet): run_carried_ is node_carried_ without them.
+  std::vector<std::shared_ptr<scheduler::InputGate>> node_gates_;
+  std::vector<uint32_t> run_carried_;
+  void PickCarriedSteps();  // of node_schedule_
   std::atomic<int> run_parts_{0};
   absl::Mutex run_parts_mu_;
   absl::Status run_status_ ABSL_GUARDED_BY(run_parts_mu_);

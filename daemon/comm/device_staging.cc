@@ -16,18 +16,19 @@ using Region = HostStaging::Region;
 // chunk_bytes per task, then posts to the client's sink.
 class StagedSink : public CompletionSink, public std::enable_shared_from_this<StagedSink> {
  public:
-  StagedSink(std::weak_ptr<CompletionSink> client, int device, std::vector<Region> regions,
-             std::shared_ptr<MappedSegment> send_segment,
-             std::shared_ptr<MappedSegment> recv_segment, QuotaCharge charge,
-             device::DeviceRuntime* devices, scheduler::Executor* executor,
-             std::shared_ptr<CompletionSink> keep, uint64_t chunk_bytes)
+  StagedSink(std::weak_ptr<CompletionSink> client, std::shared_ptr<HostStaging> staging,
+             std::shared_ptr<scheduler::FillGate> gate, std::shared_ptr<MappedSegment> send_segment,
+             std::shared_ptr<MappedSegment> recv_segment, device::DeviceRuntime* devices,
+             scheduler::Executor* executor, std::shared_ptr<CompletionSink> keep,
+             uint64_t chunk_bytes)
       : client_(std::move(client)),
         keep_(std::move(keep)),
-        device_(device),
-        regions_(std::move(regions)),
+        staging_(std::move(staging)),
+        gate_(std::move(gate)),
+        device_(staging_->device()),
+        regions_(staging_->regions()),
         send_segment_(std::move(send_segment)),
         recv_segment_(std::move(recv_segment)),
-        charge_(std::move(charge)),
         devices_(devices),
         executor_(executor),
         chunk_bytes_(chunk_bytes == 0 ? kStagingCopyChunk : chunk_bytes) {}
@@ -37,7 +38,17 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
       Forward(request_id, status, seq);
       return;
     }
-    CopyBack(0, 0, request_id, seq);
+    if (gate_ == nullptr) {
+      CopyBack(0, 0, request_id, seq);
+      return;
+    }
+    // The operation may end before everything was copied in (it need not read every byte);
+    // copying back a region the copy in has not reached would put a leased buffer's old bytes
+    // (another tenant's) on the device.
+    gate_->WhenFilled([self = shared_from_this(), request_id, seq](absl::Status filled) {
+      if (!filled.ok()) return self->Forward(request_id, filled, seq);
+      self->CopyBack(0, 0, request_id, seq);
+    });
   }
 
  private:
@@ -91,12 +102,14 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
   // The sink client_ points to when the request owned it (a stream sync's): it lives as long as
   // the copy back that comes before it.
   const std::shared_ptr<CompletionSink> keep_;
+  // The host memory and its quota charge, until the copy back is done.
+  const std::shared_ptr<HostStaging> staging_;
+  const std::shared_ptr<scheduler::FillGate> gate_;  // null: copied in before the operation
   const int device_;
-  const std::vector<Region> regions_;
+  const std::vector<Region>& regions_;  // staging_'s
   // The device memory stays mapped until the copy back is done.
   const std::shared_ptr<MappedSegment> send_segment_;
   const std::shared_ptr<MappedSegment> recv_segment_;
-  QuotaCharge charge_;
   device::DeviceRuntime* const devices_;
   scheduler::Executor* const executor_;
   const uint64_t chunk_bytes_;
@@ -157,6 +170,20 @@ absl::StatusOr<std::unique_ptr<HostStaging>> HostStaging::Prepare(const PendingR
   return staging;
 }
 
+std::shared_ptr<scheduler::FillGate> HostStaging::Gate() {
+  if (gate_ == nullptr) {
+    std::vector<scheduler::FillGate::Region> filled;
+    gate_region_.assign(regions_.size(), 0);
+    for (size_t i = 0; i < regions_.size(); ++i) {
+      if (!regions_[i].copy_in) continue;
+      gate_region_[i] = filled.size();
+      filled.push_back({regions_[i].host.data(), regions_[i].bytes});
+    }
+    gate_ = std::make_shared<scheduler::FillGate>(std::move(filled));
+  }
+  return gate_;
+}
+
 absl::StatusOr<bool> HostStaging::CopyIn(device::DeviceRuntime* devices, uint64_t max_bytes) {
   // A leased buffer may hold an earlier operation's bytes (another tenant's): each region is
   // either copied in whole here or written whole by the operation before anything is copied back
@@ -172,12 +199,15 @@ absl::StatusOr<bool> HostStaging::CopyIn(device::DeviceRuntime* devices, uint64_
     if (absl::Status s = devices->CopyToHost(device_, r.host.data() + next_offset_,
                                              r.device_ptr + next_offset_, n);
         !s.ok()) {
-      return absl::InternalError(
+      absl::Status error = absl::InternalError(
           absl::StrCat("copying device ", device_,
                        " memory to host memory before the operation: ", s.message()));
+      if (gate_ != nullptr) gate_->Fail(error);
+      return error;
     }
     next_offset_ += n;
     max_bytes -= n;
+    if (gate_ != nullptr) gate_->Advance(gate_region_[next_region_], next_offset_);
   }
   while (next_region_ < regions_.size() &&
          (!regions_[next_region_].copy_in || next_offset_ >= regions_[next_region_].bytes)) {
@@ -187,22 +217,25 @@ absl::StatusOr<bool> HostStaging::CopyIn(device::DeviceRuntime* devices, uint64_
   return next_region_ == regions_.size();
 }
 
-void HostStaging::Attach(PendingRequest* request, device::DeviceRuntime* devices,
-                         scheduler::Executor* executor, uint64_t chunk_bytes) {
+void HostStaging::Attach(std::shared_ptr<HostStaging> staging, PendingRequest* request,
+                         device::DeviceRuntime* devices, scheduler::Executor* executor,
+                         uint64_t chunk_bytes) {
   scheduler::RankRequest& req = request->req;
   auto host_of = [&](std::byte* p) -> std::byte* {
-    for (const Region& r : regions_) {
+    for (const Region& r : staging->regions_) {
       if (p >= r.device_ptr && p < r.device_ptr + r.bytes)
         return r.host.data() + (p - r.device_ptr);
     }
     return nullptr;
   };
-  if (has_send_) req.send = host_of(req.send);
-  if (has_recv_) req.recv = host_of(req.recv);
+  if (staging->has_send_) req.send = host_of(req.send);
+  if (staging->has_recv_) req.recv = host_of(req.recv);
   req.device = -1;
-  auto sink = std::make_shared<StagedSink>(
-      request->session, device_, std::move(regions_), request->send_segment, request->recv_segment,
-      std::move(charge_), devices, executor, std::move(request->sink_owner), chunk_bytes);
+  request->input_gate = staging->gate_;
+  std::shared_ptr<scheduler::FillGate> gate = staging->gate_;
+  auto sink = std::make_shared<StagedSink>(request->session, std::move(staging), std::move(gate),
+                                           request->send_segment, request->recv_segment, devices,
+                                           executor, std::move(request->sink_owner), chunk_bytes);
   request->session = sink;
   request->sink_owner = std::move(sink);
 }
@@ -225,7 +258,7 @@ absl::Status StageThroughHost(PendingRequest* request, int nranks, device::Devic
   if (!staging.ok()) return staging.status();
   absl::StatusOr<bool> copied = (*staging)->CopyIn(devices, UINT64_MAX);
   if (!copied.ok()) return copied.status();
-  (*staging)->Attach(request, devices, executor, chunk_bytes);
+  HostStaging::Attach(*std::move(staging), request, devices, executor, chunk_bytes);
   return absl::OkStatus();
 }
 

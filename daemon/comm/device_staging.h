@@ -4,13 +4,15 @@
 // back to the device before its completion reaches the client.
 //
 // The host copies are page-locked buffers leased from a StagingPool (daemon/device/staging_pool.h)
-// and reused across operations. Not pipelined with the transfers yet: the whole send region is
-// copied to the host before the operation goes to its communicator (DaemonCore: on the submitting
-// thread up to --staging_inline_bytes, past it on the device's thread, in the order the rank
-// submitted), and the whole recv region back after it ends, on the device's thread (never a
-// transport's progress thread). On the device's thread a copy goes a chunk (--staging_chunk_bytes,
-// kStagingCopyChunk) per task, so the other work queued for that device (other tenants'
-// operations) runs in between.
+// and reused across operations. Up to --staging_inline_bytes the whole send region is copied to
+// the host on the submitting thread before the operation goes to its communicator. Past it
+// (DaemonCore), on the device's thread a chunk (--staging_chunk_bytes, kStagingCopyChunk) per
+// task, so the other work queued for that device (other tenants' operations) runs in between;
+// a collective then goes to its communicator as soon as its host memory is leased, pipelined
+// with the copies: its steps wait for the bytes they touch (Gate(), scheduler::InputGate), so its
+// first chunks are on the wire while later ones are still being copied. Send/Recv wait for the
+// whole copy. The recv region goes back after the operation ends, on the device's thread (never a
+// transport's progress thread), once everything was copied in.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include "daemon/device/device_runtime.h"
 #include "daemon/device/staging_pool.h"
 #include "daemon/scheduler/executor.h"
+#include "daemon/scheduler/input_gate.h"
 #include "daemon/session/quota.h"
 
 namespace railyard {
@@ -51,15 +54,27 @@ class HostStaging {
                                                               int nranks,
                                                               device::StagingPool* pool);
 
+  // The host memory still to be copied in, as a gate an operation's steps wait on
+  // (scheduler::InputGate): CopyIn fills it, and fails it when a copy fails. Made on the first
+  // call, which must come before the first CopyIn.
+  std::shared_ptr<scheduler::FillGate> Gate();
+
   // Copies at most max_bytes more of what must go to host memory, in order; true once all of it
   // has. A failed copy: INTERNAL naming it.
   absl::StatusOr<bool> CopyIn(device::DeviceRuntime* devices, uint64_t max_bytes);
 
   // Points the request at the host copies (req.device -1) and makes request->session a sink that
   // copies the recv region back on the device's thread (chunk_bytes per task), then completes to
-  // the old one. After CopyIn returned true.
-  void Attach(PendingRequest* request, device::DeviceRuntime* devices,
-              scheduler::Executor* executor, uint64_t chunk_bytes = kStagingCopyChunk);
+  // the old one. After CopyIn returned true, or, with a Gate(), before (the request then carries
+  // the gate, and the copy back waits until everything was copied in). The sink keeps `staging`
+  // (its host memory and quota charge) until its copy back is done; so does a copy in that
+  // still runs.
+  static void Attach(std::shared_ptr<HostStaging> staging, PendingRequest* request,
+                     device::DeviceRuntime* devices, scheduler::Executor* executor,
+                     uint64_t chunk_bytes = kStagingCopyChunk);
+
+  int device() const { return device_; }
+  const std::vector<Region>& regions() const { return regions_; }
 
  private:
   HostStaging() = default;
@@ -70,6 +85,8 @@ class HostStaging {
   QuotaCharge charge_;
   size_t next_region_ = 0;  // CopyIn's place
   uint64_t next_offset_ = 0;
+  std::shared_ptr<scheduler::FillGate> gate_;
+  std::vector<size_t> gate_region_;  // by region: its index in gate_ (copy_in regions only)
 };
 
 // Prepare, CopyIn and Attach on the calling thread. A failed copy is the request's error

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "daemon/comm/completion_sink.h"
 #include "daemon/comm/stream_sync.h"
+#include "daemon/scheduler/input_gate.h"
 #include "daemon/scheduler/op.h"
 #include "daemon/session/quota.h"
 #include "daemon/session/shm_segment.h"
@@ -42,6 +43,9 @@ struct PendingRequest {
   // back when the operation starts, or when the request is failed or destroyed.
   std::shared_ptr<QuotaAccount> quota;
   QuotaCharge waiting;
+  // Device staging still copying this request's device memory into the host memory it now
+  // points at (device_staging.h): the operation's steps wait for the bytes they touch.
+  std::shared_ptr<scheduler::InputGate> input_gate;
 };
 
 }  // namespace railyard

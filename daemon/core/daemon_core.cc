@@ -963,21 +963,34 @@ void DaemonCore::StageOnDevice(std::weak_ptr<Session> weak_session, const Member
       return done();
     }
     std::shared_ptr<HostStaging> staging = *std::move(prepared);
-    CopyInOnDevice(
-        device, staging, [this, weak_session, m, held, fail, done, staging](absl::Status copied) {
-          std::shared_ptr<Session> s = weak_session.lock();
-          if (copied.ok() && (s == nullptr || s->closed())) {
-            copied = absl::CancelledError("the session has ended");
-          }
-          if (!copied.ok()) {
-            fail(copied);
-            return done();
-          }
-          staging->Attach(held->get(), devices_.get(), &executor_, config_.staging_chunk_bytes);
-          absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
-          if (!seq.ok()) fail(seq.status());
-          done();
-        });
+    if (config_.staging_pipeline && !scheduler::IsPointToPoint((*held)->req.op)) {
+      // Pipelined: the operation goes to its communicator now, and its steps wait for the
+      // chunks they touch (the gate); its rank's next submissions may follow it at once. A
+      // failed copy fails the steps that wait for it, and so the operation, on every rank.
+      staging->Gate();
+      HostStaging::Attach(staging, held->get(), devices_.get(), &executor_,
+                          config_.staging_chunk_bytes);
+      CopyInOnDevice(device, staging, [](const absl::Status&) {});  // the gate says how it ends
+      absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
+      if (!seq.ok()) fail(seq.status());
+      return done();
+    }
+    CopyInOnDevice(device, staging,
+                   [this, weak_session, m, held, fail, done, staging](absl::Status copied) {
+                     std::shared_ptr<Session> s = weak_session.lock();
+                     if (copied.ok() && (s == nullptr || s->closed())) {
+                       copied = absl::CancelledError("the session has ended");
+                     }
+                     if (!copied.ok()) {
+                       fail(copied);
+                       return done();
+                     }
+                     HostStaging::Attach(staging, held->get(), devices_.get(), &executor_,
+                                         config_.staging_chunk_bytes);
+                     absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
+                     if (!seq.ok()) fail(seq.status());
+                     done();
+                   });
   });
 }
 

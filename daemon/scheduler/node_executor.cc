@@ -108,8 +108,34 @@ void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done
   for (uint32_t i : initial) Ready(i);
 }
 
+bool NodeRun::Admitted(uint32_t i) {
+  const NodeStep& s = p_.schedule->steps[i];
+  // The byte counts of codec and widening steps count the float32 side, the larger one: a
+  // conservative range, which may wait for a few more bytes but never touches unfilled ones.
+  const std::byte* reads = s.kind == NodeStep::Kind::kRecv ? nullptr : Resolve(s.src);
+  const std::byte* writes = s.kind == NodeStep::Kind::kSend ? nullptr : Resolve(s.dst);
+  for (const std::shared_ptr<InputGate>& gate : *p_.gates) {
+    for (const std::byte* p : {reads, writes}) {
+      if (p == nullptr) continue;
+      std::function<void(absl::Status)> wake = [this, i](absl::Status st) {
+        if (st.ok()) {
+          Ready(i);
+        } else {
+          Finished(i, absl::Status(st.code(), absl::StrCat("step ", i,
+                                                           " waited for staged memory "
+                                                           "that was not filled: ",
+                                                           st.message())));
+        }
+      };
+      if (!gate->Admit(p, s.bytes, wake)) return false;
+    }
+  }
+  return true;
+}
+
 // Starts step i; in_flight_ already counts it.
 void NodeRun::Ready(uint32_t i) {
+  if (p_.gates != nullptr && !p_.gates->empty() && !Admitted(i)) return;
   const NodeStep& s = p_.schedule->steps[i];
   switch (s.kind) {
     case NodeStep::Kind::kCopy:

@@ -15,6 +15,7 @@
 #include "daemon/kernels/codec.h"
 #include "daemon/kernels/types.h"
 #include "daemon/scheduler/executor.h"
+#include "daemon/scheduler/input_gate.h"
 #include "daemon/scheduler/schedule.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/transport/transport.h"
@@ -92,6 +93,10 @@ class NodeRun {
     // outcome, and the step finishes once it is also ready. A send listed here must have no
     // dependencies (its bytes leave with the caller's message, before the run could order them).
     const std::vector<uint32_t>* carried = nullptr;  // null: none
+    // Memory being filled while the run goes (device staging, input_gate.h): a step that reads
+    // or writes bytes of it not filled yet waits for them. A carried send must not read such
+    // memory (its bytes leave before the run starts). Null or empty: none.
+    const std::vector<std::shared_ptr<InputGate>>* gates = nullptr;
   };
   static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
 
@@ -131,6 +136,9 @@ class NodeRun {
   void FinishCarried(CarriedStep& c);
   void Post(uint32_t step);  // posts transfer step `step` to its endpoint
   void Ready(uint32_t step);
+  // Whether step's memory is filled (Params::gates); if not, the step waits in a gate, which
+  // calls Ready again (or fails the step) when it is.
+  bool Admitted(uint32_t step);
   // A local step; a decode of malformed peer bytes fails it (INVALID_ARGUMENT).
   absl::Status RunLocal(uint32_t step);
   // RunLocal + Finished on this thread; steps that become ready meanwhile and run inline too are

@@ -427,7 +427,7 @@ TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
 // put there.
 // Where the staging copy to host memory runs: on the thread that took the submission (these
 // sizes are within the default --staging_inline_bytes), or on the device's thread, in the order
-// the rank submitted (--staging_inline_bytes=0).
+// the rank submitted (--staging_inline_bytes=0), pipelined with the operation or before it.
 class StagingThreadTest : public ::testing::TestWithParam<std::vector<std::string>> {
  protected:
   // `flags` and the parameter's.
@@ -472,6 +472,12 @@ TEST_P(StagingThreadTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroug
           for (size_t i = 0; i < kN * kRanks; ++i) in[i] = me * static_cast<float>(i % 89);
           e = check("allreduce", comm.AllReduce(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum),
                     [&](size_t i) { return i < kN ? 10.0f * (i % 89) : kSentinel; });
+          if (!e.empty()) return e;
+          // Small enough for its first message to ride in the operation digest, which leaves
+          // before the run: pipelined, such a send waits for its bytes like any other step.
+          e = check("small allreduce",
+                    comm.AllReduce(*sb, *rb, 100, DataType::kFloat32, RedOp::kSum),
+                    [&](size_t i) { return i < 100 ? 10.0f * (i % 89) : kSentinel; });
           if (!e.empty()) return e;
           e = check("reducescatter",
                     comm.ReduceScatter(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum),
@@ -633,15 +639,23 @@ TEST(DeviceMemoryTest, AStagingChunkSmallerThanAPageIsRefusedAtStart) {
   EXPECT_THAT(d.Log(), HasSubstr("--staging_chunk_bytes must be at least 4096, not 100"));
 }
 
+std::string StagingThreadName(const ::testing::TestParamInfo<std::vector<std::string>>& info) {
+  const char* const names[] = {"OnTheSubmittingThread", "OnTheDeviceThreadPipelined",
+                               "OnTheDeviceThreadWholeCopyFirst"};
+  return names[info.index];
+}
+
 INSTANTIATE_TEST_SUITE_P(
     DeviceMemory, StagingThreadTest,
-    ::testing::Values(std::vector<std::string>{"--staging_inline_bytes=1048576"},
-                      // Every copy on the device's thread, a page per task.
-                      std::vector<std::string>{"--staging_inline_bytes=0",
-                                               "--staging_chunk_bytes=4096"}),
-    [](const ::testing::TestParamInfo<std::vector<std::string>>& info) {
-      return info.index == 0 ? "OnTheSubmittingThread" : "OnTheDeviceThread";
-    });
+    ::testing::Values(
+        std::vector<std::string>{"--staging_inline_bytes=1048576"},
+        // Every copy on the device's thread, a page per task, the collectives'
+        // steps waiting for their pages (pipelined, the default).
+        std::vector<std::string>{"--staging_inline_bytes=0", "--staging_chunk_bytes=4096"},
+        // The same, each operation starting after its whole copy.
+        std::vector<std::string>{"--staging_inline_bytes=0", "--staging_chunk_bytes=4096",
+                                 "--staging_pipeline=false"}),
+    StagingThreadName);
 
 }  // namespace
 }  // namespace railyard::testing

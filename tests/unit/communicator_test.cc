@@ -395,6 +395,45 @@ TEST_F(TwoDaemonsTest, AllReduceAcrossNodesWithEachForcedAlgorithm) {
   }
 }
 
+// Device staging's pipelined copies (PendingRequest::input_gate): each rank's memory is still
+// being filled when the operation starts. Nothing may read it early, including the first message
+// that a small operation would send inside its digest before the run: every node sends that one
+// on its own here, and the result is the sum of the filled values, not of what was there before.
+TEST_F(TwoDaemonsTest, GatedMemoryIsTouchedOnlyOnceFilledAndRidesInNoDigest) {
+  for (const size_t count : {size_t{50}, size_t{30000}}) {  // 200 bytes: a carried message
+    const uint64_t id = 200 + count;  // the sink is the test's: one id per round
+    std::shared_ptr<Communicator> comm[2] = {
+        Make(0, "g" + std::to_string(count), 1, {4, 5}, "ring"),
+        Make(1, "g" + std::to_string(count), 1, {4, 5}, "ring")};
+    JoinAll(*comm[0], {0});
+    JoinAll(*comm[1], {1});
+    RankBuffer bufs[2];
+    std::shared_ptr<scheduler::FillGate> gates[2];
+    for (int r = 0; r < 2; ++r) {
+      bufs[r].data.assign(count, -1000.0f);  // a leased buffer's old bytes
+      auto p = bufs[r].Request(id + r, r, OpKind::kAllReduce, sink_);
+      gates[r] = std::make_shared<scheduler::FillGate>(std::vector<scheduler::FillGate::Region>{
+          {reinterpret_cast<const std::byte*>(bufs[r].data.data()), count * 4}});
+      p->input_gate = gates[r];
+      ASSERT_TRUE(comm[r]->Submit(std::move(p)).ok());
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(sink_->Count(id + r), 0u) << "count " << count;
+    for (int r = 0; r < 2; ++r) {
+      for (size_t i = 0; i < count; ++i) bufs[r].data[i] = static_cast<float>((r + 1) * (i % 7));
+      gates[r]->Advance(0, count * 4);
+    }
+    for (int r = 0; r < 2; ++r) {
+      const auto c = sink_->Wait(id + r);
+      ASSERT_TRUE(c.status.ok()) << c.status;
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(bufs[r].data[i], static_cast<float>(3 * (i % 7)))
+            << "count " << count << " " << i;
+      }
+    }
+  }
+}
+
 // The in-process twin of the tag-collision integration test: two communicators in lockstep on
 // the same two transports (same sequence numbers, nodes and steps), each with its own slots.
 TEST_F(TwoDaemonsTest, TwoCommunicatorsInLockstepKeepTheirOwnData) {

@@ -226,7 +226,7 @@ TEST(DeviceStagingTest, CopiesGoAChunkAtATimeAndTheDevicesOtherWorkRunsInBetween
     ASSERT_LT(calls, 10);
   }
   EXPECT_EQ(calls, 4);  // the send region only: an AllReduce writes all of its recv region
-  (*staging)->Attach(&p, &rt, &executor);
+  HostStaging::Attach(*std::move(staging), &p, &rt, &executor);
   ASSERT_EQ(p.req.device, -1);
   const auto* staged_send = reinterpret_cast<const float*>(p.req.send);
   for (size_t i = 0; i < kCount; ++i) {
@@ -255,6 +255,116 @@ TEST(DeviceStagingTest, CopiesGoAChunkAtATimeAndTheDevicesOtherWorkRunsInBetween
   for (size_t i = 0; i < kCount; ++i) {
     ASSERT_EQ(recv.view[i], static_cast<float>(i % 1013)) << "element " << i;
   }
+}
+
+// A pipelined staging of request p (HostStaging::Gate, then Attach before any copy in), on a
+// device thread of its own, with its host memory from a pool.
+struct Pipelined {
+  explicit Pipelined(device::FakeDeviceRuntime* rt) : pool(rt, 64 << 20) {
+    executor.SetDeviceRuntime(rt);
+  }
+  // Stages p; false (a test failure) if Prepare refused it.
+  bool Stage(PendingRequest* p, device::FakeDeviceRuntime* rt) {
+    absl::StatusOr<std::unique_ptr<HostStaging>> prepared = HostStaging::Prepare(*p, 2, &pool);
+    EXPECT_TRUE(prepared.ok()) << prepared.status();
+    if (!prepared.ok()) return false;
+    staging = *std::move(prepared);
+    gate = staging->Gate();
+    HostStaging::Attach(staging, p, rt, &executor, 4096);
+    return true;
+  }
+  device::StagingPool pool;
+  scheduler::Executor executor{1};
+  std::shared_ptr<HostStaging> staging;
+  std::shared_ptr<scheduler::FillGate> gate;
+};
+
+// Pipelined (HostStaging::Gate): the request is attached before anything is copied in and
+// carries the gate its operation's steps wait on; each chunk copied opens the bytes it filled,
+// and an operation that ends before the copy in has finished (here: at once, in place) gets its
+// result back only after it has, so no leased buffer's old bytes reach the device.
+TEST(DeviceStagingTest, APipelinedRequestsStepsWaitForTheirChunksAndTheCopyBackForTheWholeCopy) {
+  device::FakeDeviceRuntime rt(1);
+  constexpr size_t kCount = 3 * 4096 / 4;  // 3 chunks of 4096 bytes
+  FakeBuffer buf(&rt, kCount * 4);
+  for (size_t i = 0; i < kCount; ++i) buf.view[i] = static_cast<float>(i % 997);
+  auto client = std::make_shared<Recorder>();
+  PendingRequest p = AllReduceOn(&buf, &buf, kCount);  // in place: one region, in and back
+  p.request_id = 9;
+  p.session = client;
+  Pipelined staged(&rt);
+  ASSERT_TRUE(staged.Stage(&p, &rt));
+  std::shared_ptr<HostStaging> staging = staged.staging;
+  std::shared_ptr<scheduler::FillGate> gate = staged.gate;
+  ASSERT_EQ(p.input_gate, gate);
+  std::byte* host = p.req.send;
+  ASSERT_EQ(p.req.recv, host);
+  // A step touching the second chunk waits; one before it would not.
+  absl::Notification second_chunk;
+  absl::Status woke_with = absl::UnknownError("not woken");
+  std::function<void(absl::Status)> wake = [&](absl::Status st) {
+    woke_with = st;
+    second_chunk.Notify();
+  };
+  ASSERT_FALSE(gate->Admit(host + 4096, 4096, wake));
+  // The operation "ends" now, before any copy in: its completion must wait for the copy.
+  p.session.lock()->PostCompletion(9, absl::OkStatus(), 4);
+  EXPECT_FALSE(client->done());
+  absl::StatusOr<bool> copied = staging->CopyIn(&rt, 4096);
+  ASSERT_TRUE(copied.ok() && !*copied);
+  EXPECT_FALSE(second_chunk.HasBeenNotified());
+  std::function<void(absl::Status)> unused = [](absl::Status) {};
+  EXPECT_TRUE(gate->Admit(host, 4096, unused));  // the first chunk is in
+  copied = staging->CopyIn(&rt, 4096);
+  ASSERT_TRUE(copied.ok() && !*copied);
+  ASSERT_TRUE(second_chunk.HasBeenNotified());
+  EXPECT_TRUE(woke_with.ok()) << woke_with;
+  EXPECT_FALSE(client->done());  // the third chunk is still to come
+  copied = staging->CopyIn(&rt, 4096);
+  ASSERT_TRUE(copied.ok() && *copied);
+  ASSERT_TRUE(client->WaitDone());
+  EXPECT_TRUE(client->status().ok()) << client->status();
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(buf.view[i], static_cast<float>(i % 997)) << "element " << i;
+  }
+}
+
+// A copy in that fails fails every step waiting for it and the operation's completion, and the
+// result is not copied back.
+TEST(DeviceStagingTest, AFailedPipelinedCopyFailsTheWaitingStepsAndTheCompletion) {
+  device::FakeDeviceRuntime rt(1);
+  FakeBuffer buf(&rt, 4096);
+  for (size_t i = 0; i < 1024; ++i) buf.view[i] = 5.0f;
+  auto client = std::make_shared<Recorder>();
+  // 8192 bytes in place, of which the device has 4096: the second chunk's copy fails.
+  PendingRequest p = AllReduceOn(&buf, &buf, 2048);
+  p.session = client;
+  Pipelined staged(&rt);
+  ASSERT_TRUE(staged.Stage(&p, &rt));
+  std::shared_ptr<HostStaging> staging = staged.staging;
+  std::shared_ptr<scheduler::FillGate> gate = staged.gate;
+  absl::Status woke_with;
+  std::function<void(absl::Status)> wake = [&](absl::Status st) { woke_with = st; };
+  ASSERT_FALSE(gate->Admit(p.req.send + 4096, 8, wake));
+  p.session.lock()->PostCompletion(1, absl::OkStatus(), 0);
+  absl::StatusOr<bool> copied = staging->CopyIn(&rt, 4096);
+  ASSERT_TRUE(copied.ok() && !*copied) << copied.status();
+  EXPECT_TRUE(woke_with.ok());  // not woken yet
+  copied = staging->CopyIn(&rt, 4096);
+  ASSERT_FALSE(copied.ok());
+  EXPECT_EQ(woke_with.code(), absl::StatusCode::kInternal) << woke_with;
+  ASSERT_TRUE(client->WaitDone());
+  EXPECT_EQ(client->status().code(), absl::StatusCode::kInternal) << client->status();
+  EXPECT_NE(client->status().message().find("copying device 0 memory to host memory"),
+            std::string::npos)
+      << client->status();
+  // A step that comes after the failure is failed at once; one on filled bytes may still run.
+  absl::Status late;
+  std::function<void(absl::Status)> late_wake = [&](absl::Status st) { late = st; };
+  EXPECT_FALSE(gate->Admit(p.req.send + 6000, 8, late_wake));
+  EXPECT_EQ(late.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(gate->Admit(p.req.send, 4096, late_wake));
+  for (size_t i = 0; i < 1024; ++i) ASSERT_EQ(buf.view[i], 5.0f) << "element " << i;
 }
 
 // What DaemonCore weighs against --staging_inline_bytes: the bytes the copy to host memory would
