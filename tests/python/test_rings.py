@@ -117,8 +117,10 @@ def test_a_loop_that_waits_for_its_own_operations_costs_the_daemon_no_wake_ups(d
         assert after.ring_completed - before.ring_completed >= n  # (status reads count too)
         assert list(x) == [3.0]
         # The loop's own thread may sleep now and then (a descheduled daemon thread); the reader
-        # must not wake for every one: before, ~0.2-0.5 wakes per operation here.
-        assert after.ring_client_wakes - before.ring_client_wakes <= n // 20
+        # must not wake for every one: before, ~0.2-0.5 wakes per operation here (80-200). Under
+        # ctest -j2 beside a heavy test, 28 of 400 were seen with the reader behaving: the bound
+        # leaves room for that and still fails the old behaviour.
+        assert after.ring_client_wakes - before.ring_client_wakes <= n // 8
 
 
 def _dozing_reader(daemon, monkeypatch, job):
