@@ -463,6 +463,9 @@ void Communicator::OnCollectiveDone(const absl::Status& run_status) {
     if (status.ok() && node_codec_.kind != kernels::CodecKind::kNone) CountCompressedBytesLocked();
     node_codec_ = {};
     node_residual_ = nullptr;
+    // The run is done with them; the watchers hold their staging's host memory and quota.
+    node_gates_.clear();
+    node_outputs_.clear();
     collective_running_ = false;
     // A failed transfer leaves the daemons out of step: the communicator cannot go on.
     if (!status.ok()) AbortLocked(status, &out, /*transfers_now=*/true);
@@ -516,10 +519,15 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
   node_memory_.recv.assign(nranks_, nullptr);
   node_memory_.scratch.assign(nranks_, nullptr);
   node_gates_.clear();
+  node_outputs_.clear();
   for (size_t li = 0; li < local_ranks_.size(); ++li) {
     const int g = local_ranks_[li];
     if (slot.requests[li]->input_gate != nullptr) {
       node_gates_.push_back(slot.requests[li]->input_gate);
+    }
+    if (slot.requests[li]->output_watcher != nullptr) {
+      slot.requests[li]->output_watcher->Watched();
+      node_outputs_.push_back(slot.requests[li]->output_watcher);
     }
     node_memory_.send[g] = slot.requests[li]->req.send;
     node_memory_.recv[g] = slot.requests[li]->req.recv;
@@ -982,6 +990,7 @@ void Communicator::Deliver(Outcomes& out) {
     const int peers = multi_node_ ? net_.layout.nnodes - 1 : 0;
     p.carried = peers == 0 ? nullptr : node_gates_.empty() ? &node_carried_ : &run_carried_;
     p.gates = &node_gates_;
+    p.outputs = &node_outputs_;
     {
       absl::MutexLock lock(&run_parts_mu_);
       run_status_ = absl::OkStatus();

@@ -356,6 +356,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // NodeRun::Params::gates. With any, this node's sends ride in no digest (their bytes may not be
   // on the host yet): run_carried_ is node_carried_ without them.
   std::vector<std::shared_ptr<scheduler::InputGate>> node_gates_;
+  std::vector<std::shared_ptr<scheduler::OutputWatcher>> node_outputs_;  // for Params::outputs
   std::vector<uint32_t> run_carried_;
   void PickCarriedSteps();  // of node_schedule_
   std::atomic<int> run_parts_{0};

@@ -1,11 +1,14 @@
 #include "daemon/comm/device_staging.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace railyard {
 namespace {
@@ -13,8 +16,12 @@ namespace {
 using Region = HostStaging::Region;
 
 // Completes a staged request: copies its recv region back to the device on the device's thread,
-// chunk_bytes per task, then posts to the client's sink.
-class StagedSink : public CompletionSink, public std::enable_shared_from_this<StagedSink> {
+// chunk_bytes per task, then posts to the client's sink. Pipelined (a gate, and a run that
+// watches it: Watched()), it copies back what the run tells it was written, as it is written,
+// and completes once the operation has and every copy back is done.
+class StagedSink : public CompletionSink,
+                   public scheduler::OutputWatcher,
+                   public std::enable_shared_from_this<StagedSink> {
  public:
   StagedSink(std::weak_ptr<CompletionSink> client, std::shared_ptr<HostStaging> staging,
              std::shared_ptr<scheduler::FillGate> gate, std::shared_ptr<MappedSegment> send_segment,
@@ -33,7 +40,49 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
         executor_(executor),
         chunk_bytes_(chunk_bytes == 0 ? kStagingCopyChunk : chunk_bytes) {}
 
+  void Watched() override { watched_.store(true, std::memory_order_release); }
+
+  // On a run's thread: queues the copy back of what [p, p + n) holds in the recv region (only
+  // bytes the operation wrote, so nothing of a leased buffer's old contents).
+  void Written(const std::byte* p, uint64_t n) override {
+    for (size_t i = 0; i < regions_.size(); ++i) {
+      const Region& r = regions_[i];
+      const std::byte* lo = std::max<const std::byte*>(p, r.host.data());
+      const std::byte* hi = std::min<const std::byte*>(p + n, r.host.data() + r.bytes);
+      if (!r.copy_back || lo >= hi) continue;
+      for (uint64_t off = lo - r.host.data(), end = hi - r.host.data(); off < end;) {
+        const uint64_t len = std::min(chunk_bytes_, end - off);
+        {
+          absl::MutexLock lock(&mu_);
+          ++pending_;
+        }
+        executor_->PostToDevice(device_, [self = shared_from_this(), i, off, len] {
+          const Region& r = self->regions_[i];
+          absl::Status s = self->devices_->CopyFromHost(self->device_, r.device_ptr + off,
+                                                        r.host.data() + off, len);
+          self->CopiedBack(s);
+        });
+        off += len;
+      }
+    }
+  }
+
   void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) override {
+    if (watched_.load(std::memory_order_acquire)) {
+      // Whatever the outcome, not before the copies back queued so far are done: the client may
+      // reuse its buffer once it hears.
+      bool now = false;
+      {
+        absl::MutexLock lock(&mu_);
+        completed_ = true;
+        request_id_ = request_id;
+        seq_ = seq;
+        if (!status.ok()) outcome_ = status;
+        now = pending_ == 0;
+      }
+      if (now) Forward(request_id, Outcome(), seq);
+      return;
+    }
     if (!status.ok()) {
       Forward(request_id, status, seq);
       return;
@@ -98,6 +147,28 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
     if (auto client = client_.lock()) client->PostCompletion(request_id, status, seq);
   }
 
+  absl::Status Outcome() {
+    absl::MutexLock lock(&mu_);
+    return outcome_;
+  }
+
+  // A pipelined copy back is done; the last one after the completion forwards it.
+  void CopiedBack(const absl::Status& s) {
+    bool now = false;
+    uint64_t id = 0, seq = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && outcome_.ok()) {
+        outcome_ = absl::InternalError(
+            absl::StrCat("copying a result back to device ", device_, ": ", s.message()));
+      }
+      now = --pending_ == 0 && completed_;
+      id = request_id_;
+      seq = seq_;
+    }
+    if (now) Forward(id, Outcome(), seq);
+  }
+
   const std::weak_ptr<CompletionSink> client_;
   // The sink client_ points to when the request owned it (a stream sync's): it lives as long as
   // the copy back that comes before it.
@@ -113,6 +184,14 @@ class StagedSink : public CompletionSink, public std::enable_shared_from_this<St
   device::DeviceRuntime* const devices_;
   scheduler::Executor* const executor_;
   const uint64_t chunk_bytes_;
+  // Pipelined copies back (Watched, Written).
+  std::atomic<bool> watched_{false};
+  absl::Mutex mu_;
+  uint64_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // copies back queued and not done
+  bool completed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t request_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status outcome_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -236,6 +315,7 @@ void HostStaging::Attach(std::shared_ptr<HostStaging> staging, PendingRequest* r
   auto sink = std::make_shared<StagedSink>(request->session, std::move(staging), std::move(gate),
                                            request->send_segment, request->recv_segment, devices,
                                            executor, std::move(request->sink_owner), chunk_bytes);
+  if (request->input_gate != nullptr) request->output_watcher = sink;
   request->session = sink;
   request->sink_owner = std::move(sink);
 }

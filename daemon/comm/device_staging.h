@@ -10,9 +10,10 @@
 // task, so the other work queued for that device (other tenants' operations) runs in between;
 // a collective then goes to its communicator as soon as its host memory is leased, pipelined
 // with the copies: its steps wait for the bytes they touch (Gate(), scheduler::InputGate), so its
-// first chunks are on the wire while later ones are still being copied. Send/Recv wait for the
-// whole copy. The recv region goes back after the operation ends, on the device's thread (never a
-// transport's progress thread), once everything was copied in.
+// first chunks are on the wire while later ones are still being copied; and its results go back
+// as its run writes them (scheduler::OutputWatcher: only the bytes it wrote), the completion
+// after the last. Send/Recv wait for the whole copy, and their results go back after they end.
+// Copies back run on the device's thread, never on a transport's progress thread.
 #pragma once
 
 #include <cstdint>

@@ -46,6 +46,8 @@ struct PendingRequest {
   // Device staging still copying this request's device memory into the host memory it now
   // points at (device_staging.h): the operation's steps wait for the bytes they touch.
   std::shared_ptr<scheduler::InputGate> input_gate;
+  // With it, device staging copying the results back as the operation writes them.
+  std::shared_ptr<scheduler::OutputWatcher> output_watcher;
 };
 
 }  // namespace railyard

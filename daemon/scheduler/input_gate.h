@@ -25,6 +25,20 @@ class InputGate {
   virtual bool Admit(const std::byte* p, uint64_t n, std::function<void(absl::Status)>& wake) = 0;
 };
 
+// The other direction: told as the run writes results, so that they can leave before the run
+// ends (device staging copies them back to the device). Only final writes are told (the last
+// step that writes each byte of a recv region), with the exact bytes each step wrote, after it
+// has and before any step that depends on it starts.
+class OutputWatcher {
+ public:
+  virtual ~OutputWatcher() = default;
+  // A run will tell this watcher its writes (called before the run starts). A watcher never
+  // told so sees no writes and must not wait for any.
+  virtual void Watched() = 0;
+  // [p, p + n) holds its final value (may be no memory of this watcher's: ignore it).
+  virtual void Written(const std::byte* p, uint64_t n) = 0;
+};
+
 // Regions filled from their start, in order (region 0 first): what HostStaging copies in.
 class FillGate : public InputGate {
  public:

@@ -1,6 +1,8 @@
 #include "daemon/scheduler/node_executor.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,57 @@ std::byte* Resolve(const RankMemory& m, const RankRef& ref) {
       break;
   }
   return base == nullptr ? nullptr : base + ref.offset;
+}
+
+uint64_t DstBytes(const NodeStep& s, kernels::DataType dtype, const kernels::Codec& codec) {
+  switch (s.kind) {
+    case NodeStep::Kind::kSend:
+      return 0;
+    case NodeStep::Kind::kNarrow:
+      return s.bytes / sizeof(float) * kernels::ElementSize(dtype);
+    case NodeStep::Kind::kEncode:
+      return kernels::EncodedBytes(codec, s.bytes / sizeof(float));
+    default:
+      return s.bytes;
+  }
+}
+
+std::vector<bool> FinalRecvWrites(const NodeSchedule& schedule, kernels::DataType dtype,
+                                  const kernels::Codec& codec) {
+  const auto& steps = schedule.steps;
+  std::vector<bool> final_write(steps.size(), false);
+  // By rank, the recv bytes a later step writes: disjoint [begin, end) keyed by begin.
+  std::map<int, std::map<uint64_t, uint64_t>> covered;
+  for (size_t k = steps.size(); k-- > 0;) {
+    const NodeStep& s = steps[k];
+    const uint64_t n = DstBytes(s, dtype, codec);
+    if (n == 0 || s.dst.space != RankRef::Space::kRecv) continue;
+    const uint64_t begin = s.dst.offset;
+    const uint64_t end = begin + n;
+    std::map<uint64_t, uint64_t>& c = covered[s.dst.rank];
+    // Final unless later writes cover all of [begin, end).
+    uint64_t at = begin;
+    auto it = c.upper_bound(begin);
+    if (it != c.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second > at) at = prev->second;
+    }
+    for (; it != c.end() && it->first <= at && at < end; ++it) at = std::max(at, it->second);
+    final_write[k] = at < end;
+    // Add [begin, end), merging what it touches.
+    uint64_t lo = begin, hi = end;
+    auto first = c.upper_bound(begin);
+    if (first != c.begin() && std::prev(first)->second >= begin) --first;
+    auto last = first;
+    while (last != c.end() && last->first <= end) {
+      lo = std::min(lo, last->first);
+      hi = std::max(hi, last->second);
+      ++last;
+    }
+    c.erase(first, last);
+    c.emplace(lo, hi);
+  }
+  return final_write;
 }
 
 void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done) {
@@ -90,6 +143,11 @@ void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done
   }
   successors_.resize(n);
   for (auto& s : successors_) s.clear();
+  if (p_.outputs != nullptr && !p_.outputs->empty()) {
+    final_writes_ = FinalRecvWrites(*p_.schedule, p_.dtype, p_.codec);
+  } else {
+    final_writes_.clear();
+  }
   pending_deps_ = std::make_unique<std::atomic<uint32_t>[]>(n);
   std::vector<uint32_t> initial;
   for (uint32_t i = 0; i < n; ++i) {
@@ -341,6 +399,15 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
 
 void NodeRun::Finished(uint32_t i, const absl::Status& status) {
   done_flags_[i].store(true, std::memory_order_relaxed);
+  if (status.ok() && i < final_writes_.size() && final_writes_[i]) {
+    // Before any step that depends on it starts: a later write of the same bytes is told later.
+    const NodeStep& s = p_.schedule->steps[i];
+    const std::byte* dst = Resolve(s.dst);
+    const uint64_t n = DstBytes(s, p_.dtype, p_.codec);
+    if (dst != nullptr) {
+      for (const std::shared_ptr<OutputWatcher>& w : *p_.outputs) w->Written(dst, n);
+    }
+  }
   if (status.ok() && !Failing()) {
     for (uint32_t succ : successors_[i]) {
       if (pending_deps_[succ].fetch_sub(1) == 1) {

@@ -33,6 +33,15 @@ struct RankMemory {
 // Where ref is in memory: null when its rank has no such region here.
 std::byte* Resolve(const RankMemory& memory, const RankRef& ref);
 
+// The bytes step s writes at its dst (0: it writes none): s.bytes, except where dst holds
+// another width than the float32 side s.bytes counts (kNarrow: the dtype's; kEncode: the wire's).
+uint64_t DstBytes(const NodeStep& s, kernels::DataType dtype, const kernels::Codec& codec);
+
+// By step: whether it is the last step (in schedule order, which deps make the order of any two
+// writes of the same bytes) to write some byte of a recv region. Empty schedules: empty.
+std::vector<bool> FinalRecvWrites(const NodeSchedule& schedule, kernels::DataType dtype,
+                                  const kernels::Codec& codec);
+
 // Endpoints to the other daemons of a communicator: endpoints[node][rail]; null for this node.
 using EndpointTable = std::vector<std::vector<std::shared_ptr<transport::Endpoint>>>;
 
@@ -97,6 +106,9 @@ class NodeRun {
     // or writes bytes of it not filled yet waits for them. A carried send must not read such
     // memory (its bytes leave before the run starts). Null or empty: none.
     const std::vector<std::shared_ptr<InputGate>>* gates = nullptr;
+    // Told of every final write to a recv region (input_gate.h: OutputWatcher), so that results
+    // can leave before the run ends. Null or empty: none.
+    const std::vector<std::shared_ptr<OutputWatcher>>* outputs = nullptr;
   };
   static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
 
@@ -150,6 +162,7 @@ class NodeRun {
   Params p_;
   std::function<void(absl::Status)> done_;
   std::vector<std::vector<uint32_t>> successors_;
+  std::vector<bool> final_writes_;  // FinalRecvWrites, when Params::outputs has any
   std::unique_ptr<std::atomic<uint32_t>[]> pending_deps_;
   std::atomic<uint32_t> remaining_{0};  // steps not yet finished
   std::atomic<uint32_t> in_flight_{0};  // steps started and not finished

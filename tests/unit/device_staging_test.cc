@@ -367,6 +367,51 @@ TEST(DeviceStagingTest, AFailedPipelinedCopyFailsTheWaitingStepsAndTheCompletion
   for (size_t i = 0; i < 1024; ++i) ASSERT_EQ(buf.view[i], 5.0f) << "element " << i;
 }
 
+// Pipelined and watched by its run (OutputWatcher): the results go back as the run says it wrote
+// them, only those bytes (a recv byte the run never wrote keeps the device's value, never a leased
+// buffer's), and the completion waits for the copies back queued before it.
+TEST(DeviceStagingTest, AWatchedRequestCopiesBackWhatTheRunWroteAsItWritesIt) {
+  device::FakeDeviceRuntime rt(1);
+  constexpr size_t kCount = 4096;  // 16 KiB: 4 chunks of 4096 bytes
+  FakeBuffer send(&rt, kCount * 4), recv(&rt, kCount * 4);
+  for (size_t i = 0; i < kCount; ++i) {
+    send.view[i] = 1.0f;
+    recv.view[i] = -7.0f;  // the device's values before the operation
+  }
+  auto client = std::make_shared<Recorder>();
+  PendingRequest p = AllReduceOn(&send, &recv, kCount);
+  p.request_id = 11;
+  p.session = client;
+  Pipelined staged(&rt);
+  ASSERT_TRUE(staged.Stage(&p, &rt));
+  ASSERT_NE(p.output_watcher, nullptr);
+  p.output_watcher->Watched();  // what the communicator does before the run
+  auto* host_recv = reinterpret_cast<float*>(p.req.recv);
+  for (size_t i = 0; i < kCount; ++i) host_recv[i] = 99.0f;  // a leased buffer's old bytes
+  // The run writes the first 3 KiB and the 3rd chunk, and says so; the device's thread is held so
+  // that the copies back are still queued when the operation completes.
+  absl::Notification go;
+  staged.executor.PostToDevice(0, [&] { go.WaitForNotification(); });
+  for (size_t i = 0; i < 768; ++i) host_recv[i] = 2.0f + static_cast<float>(i);
+  p.output_watcher->Written(p.req.recv, 768 * 4);
+  for (size_t i = 2048; i < 3072; ++i) host_recv[i] = 5.0f;
+  p.output_watcher->Written(p.req.recv + 2048 * 4, 1024 * 4);
+  p.output_watcher->Written(p.req.send, 64);  // not a recv region: nothing
+  p.session.lock()->PostCompletion(11, absl::OkStatus(), 6);
+  EXPECT_FALSE(client->done());  // its copies back are still queued
+  go.Notify();
+  ASSERT_TRUE(client->WaitDone());
+  EXPECT_TRUE(client->status().ok()) << client->status();
+  EXPECT_EQ(client->id(), 11u);
+  for (size_t i = 0; i < kCount; ++i) {
+    const float want = i < 768                 ? 2.0f + static_cast<float>(i)
+                       : i >= 2048 && i < 3072 ? 5.0f
+                                               : -7.0f;
+    ASSERT_EQ(recv.view[i], want) << "element " << i;
+  }
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(send.view[i], 1.0f) << "element " << i;
+}
+
 // What DaemonCore weighs against --staging_inline_bytes: the bytes the copy to host memory would
 // take, without touching the device.
 TEST(DeviceStagingTest, StagedBytesAreTheRegionsTheOperationTouches) {

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/scheduler/node_executor.h"
 
@@ -84,10 +86,11 @@ TEST(FillGateTest, AFailureWakesEveryWaiterWithItsErrorAndLaterOnesAtOnce) {
 // one FillGate over [gated, gated + gated_bytes); Start()s it and records how it ends.
 struct GatedRun {
   GatedRun(NodeSchedule s, std::byte* send, std::byte* recv, const std::byte* gated,
-           uint64_t gated_bytes)
+           uint64_t gated_bytes, std::vector<std::shared_ptr<OutputWatcher>> watchers = {})
       : schedule(std::move(s)),
         gate(std::make_shared<FillGate>(std::vector<FillGate::Region>{{gated, gated_bytes}})),
-        gates{gate} {
+        gates{gate},
+        outputs(std::move(watchers)) {
     memory.send = {send};
     memory.recv = {recv};
     memory.scratch = {nullptr};
@@ -98,6 +101,7 @@ struct GatedRun {
     p.node_slots = &slots;
     p.pool = &pool;
     p.gates = &gates;
+    p.outputs = &outputs;
     run.Start(p, [this](absl::Status st) {
       result = st;
       done.Notify();
@@ -106,6 +110,7 @@ struct GatedRun {
   NodeSchedule schedule;
   std::shared_ptr<FillGate> gate;
   std::vector<std::shared_ptr<InputGate>> gates;
+  std::vector<std::shared_ptr<OutputWatcher>> outputs;
   RankMemory memory;
   EndpointTable endpoints;
   std::vector<uint16_t> slots = {0};
@@ -178,6 +183,73 @@ TEST(NodeRunGateTest, AStepWaitingForBytesThatAreNeverFilledFailsTheRunSayingWhy
   EXPECT_EQ(r.result.message(),
             "step 0 waited for staged memory that was not filled: copying device 0 memory to "
             "host memory: gone");
+}
+
+NodeStep Write(NodeStep::Kind kind, int rank, uint64_t offset, uint64_t bytes) {
+  NodeStep s;
+  s.kind = kind;
+  s.src = {rank, RankRef::Space::kSend, 0};
+  s.dst = {rank, RankRef::Space::kRecv, offset};
+  s.bytes = bytes;
+  return s;
+}
+
+// A write is final unless later steps write every byte of it again; only recv regions count.
+TEST(FinalRecvWritesTest, AStepIsFinalUnlessLaterWritesCoverAllOfIt) {
+  NodeSchedule s;
+  using K = NodeStep::Kind;
+  s.steps.push_back(Write(K::kCopy, 0, 0, 100));    // 0: covered by 2 and 3 together: not final
+  s.steps.push_back(Write(K::kReduce, 0, 0, 150));  // 1: 100-150 covered by 3 only up to 120
+  s.steps.push_back(Write(K::kRecv, 0, 0, 60));     // 2: final
+  s.steps.push_back(Write(K::kReduce, 0, 60, 60));  // 3: final (60-120)
+  s.steps.push_back(Write(K::kCopy, 1, 0, 100));    // 4: another rank's: final
+  NodeStep send = Write(K::kSend, 0, 0, 500);       // 5: writes nothing
+  s.steps.push_back(send);
+  NodeStep scratch = Write(K::kCopy, 0, 0, 500);  // 6: scratch, not recv
+  scratch.dst.space = RankRef::Space::kScratch;
+  s.steps.push_back(scratch);
+  NodeStep narrow = Write(K::kNarrow, 1, 200, 400);  // 7: writes 400 / 4 * 2 bytes of float16
+  s.steps.push_back(narrow);
+  s.steps.push_back(Write(K::kCopy, 1, 200, 200));  // 8: covers all of 7
+  const std::vector<bool> f = FinalRecvWrites(s, kernels::DataType::kFloat16, {});
+  EXPECT_EQ(f, (std::vector<bool>{false, true, true, true, true, false, false, false, true}));
+  EXPECT_EQ(DstBytes(narrow, kernels::DataType::kFloat16, {}), 200u);
+  EXPECT_EQ(DstBytes(send, kernels::DataType::kFloat16, {}), 0u);
+}
+
+class RecordingWatcher : public OutputWatcher {
+ public:
+  void Watched() override {}
+  void Written(const std::byte* p, uint64_t n) override {
+    absl::MutexLock lock(&mu);
+    writes.emplace_back(p, n);
+  }
+  absl::Mutex mu;
+  std::vector<std::pair<const std::byte*, uint64_t>> writes;
+};
+
+// A run tells its watchers each final write, with its bytes, before its dependents run.
+TEST(NodeRunGateTest, WatchersHearOfFinalWritesOnlyBeforeTheirDependentsRun) {
+  std::vector<std::byte> send(256), recv(256);
+  NodeSchedule schedule;
+  using K = NodeStep::Kind;
+  schedule.steps.push_back(Write(K::kCopy, 0, 0, 128));  // 0: overwritten by 1
+  schedule.steps.push_back(Write(K::kCopy, 0, 0, 128));  // 1: final
+  schedule.steps[1].deps = {0};
+  schedule.steps.push_back(Write(K::kCopy, 0, 128, 64));  // 2: final
+  schedule.steps[2].deps = {1};
+  auto watcher = std::make_shared<RecordingWatcher>();
+  // The gate is over memory no step touches: nothing waits.
+  std::vector<std::byte> elsewhere(8);
+  GatedRun r(std::move(schedule), send.data(), recv.data(), elsewhere.data(), elsewhere.size(),
+             {watcher});
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(r.result.ok()) << r.result;
+  absl::MutexLock lock(&watcher->mu);
+  using Write = std::pair<const std::byte*, uint64_t>;
+  ASSERT_EQ(watcher->writes.size(), 2u);
+  EXPECT_EQ(watcher->writes[0], Write(recv.data(), 128));
+  EXPECT_EQ(watcher->writes[1], Write(recv.data() + 128, 64));
 }
 
 }  // namespace
