@@ -479,6 +479,12 @@ TEST_P(StagingThreadTest, EveryCollectiveAcrossNodesWritesExactlyItsResultThroug
                     comm.AllReduce(*sb, *rb, 100, DataType::kFloat32, RedOp::kSum),
                     [&](size_t i) { return i < 100 ? 10.0f * (i % 89) : kSentinel; });
           if (!e.empty()) return e;
+          // In place: one region, copied in and back (pipelined: back as the run writes it).
+          for (size_t i = 0; i < kN; ++i) out[i] = me * static_cast<float>(i % 89);
+          e = check("allreduce in place",
+                    comm.AllReduce(*rb, *rb, kN, DataType::kFloat32, RedOp::kSum),
+                    [&](size_t i) { return i < kN ? 10.0f * (i % 89) : kSentinel; });
+          if (!e.empty()) return e;
           e = check("reducescatter",
                     comm.ReduceScatter(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum),
                     [&](size_t i) { return i < kN ? 10.0f * ((r * kN + i) % 89) : kSentinel; });
