@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -42,44 +44,51 @@ class StagedSink : public CompletionSink,
 
   void Watched() override { watched_.store(true, std::memory_order_release); }
 
-  // On a run's thread: queues the copy back of what [p, p + n) holds in the recv region (only
-  // bytes the operation wrote, so nothing of a leased buffer's old contents).
+  // On a run's thread: [p, p + n) of a recv region holds results (only bytes the operation wrote,
+  // so nothing of a leased buffer's old contents). Written bytes gather into contiguous runs, and
+  // a run goes back once it reaches chunk_bytes (the rest at the completion): one device copy per
+  // chunk, not one per step (a 64 MiB operation has ~1000 steps; a device copy has a fixed cost).
   void Written(const std::byte* p, uint64_t n) override {
-    for (size_t i = 0; i < regions_.size(); ++i) {
-      const Region& r = regions_[i];
-      const std::byte* lo = std::max<const std::byte*>(p, r.host.data());
-      const std::byte* hi = std::min<const std::byte*>(p + n, r.host.data() + r.bytes);
-      if (!r.copy_back || lo >= hi) continue;
-      for (uint64_t off = lo - r.host.data(), end = hi - r.host.data(); off < end;) {
-        const uint64_t len = std::min(chunk_bytes_, end - off);
-        {
-          absl::MutexLock lock(&mu_);
-          ++pending_;
+    std::vector<Piece> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < regions_.size(); ++i) {
+        const Region& r = regions_[i];
+        const std::byte* lo = std::max<const std::byte*>(p, r.host.data());
+        const std::byte* hi = std::min<const std::byte*>(p + n, r.host.data() + r.bytes);
+        if (!r.copy_back || lo >= hi) continue;
+        auto [begin, end] = AddLocked(i, lo - r.host.data(), hi - r.host.data());
+        if (end - begin >= chunk_bytes_) {
+          written_[i].erase(begin);
+          ready.push_back({i, begin, end});
         }
-        executor_->PostToDevice(device_, [self = shared_from_this(), i, off, len] {
-          const Region& r = self->regions_[i];
-          absl::Status s = self->devices_->CopyFromHost(self->device_, r.device_ptr + off,
-                                                        r.host.data() + off, len);
-          self->CopiedBack(s);
-        });
-        off += len;
       }
+      CountLocked(ready);
     }
+    Queue(ready);
   }
-
   void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) override {
     if (watched_.load(std::memory_order_acquire)) {
       // Whatever the outcome, not before the copies back queued so far are done: the client may
       // reuse its buffer once it hears.
       bool now = false;
+      std::vector<Piece> rest;
       {
         absl::MutexLock lock(&mu_);
         completed_ = true;
         request_id_ = request_id;
         seq_ = seq;
         if (!status.ok()) outcome_ = status;
+        if (status.ok()) {  // what is still gathering goes back now
+          for (size_t i = 0; i < written_.size(); ++i) {
+            for (const auto& [begin, end] : written_[i]) rest.push_back({i, begin, end});
+            written_[i].clear();
+          }
+          CountLocked(rest);
+        }
         now = pending_ == 0;
       }
+      Queue(rest);
       if (now) Forward(request_id, Outcome(), seq);
       return;
     }
@@ -147,6 +156,54 @@ class StagedSink : public CompletionSink,
     if (auto client = client_.lock()) client->PostCompletion(request_id, status, seq);
   }
 
+  // Bytes [begin, end) of regions_[region] to copy back.
+  struct Piece {
+    size_t region;
+    uint64_t begin;
+    uint64_t end;
+  };
+
+  // Adds [begin, end) to regions_[region]'s written runs, merged with the runs it touches;
+  // returns the run it is now part of.
+  std::pair<uint64_t, uint64_t> AddLocked(size_t region, uint64_t begin, uint64_t end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (written_.size() < regions_.size()) written_.resize(regions_.size());
+    std::map<uint64_t, uint64_t>& runs = written_[region];
+    auto first = runs.upper_bound(begin);
+    if (first != runs.begin() && std::prev(first)->second >= begin) --first;
+    auto last = first;
+    for (; last != runs.end() && last->first <= end; ++last) {
+      begin = std::min(begin, last->first);
+      end = std::max(end, last->second);
+    }
+    runs.erase(first, last);
+    runs.emplace(begin, end);
+    return {begin, end};
+  }
+
+  // Counts the device copies `pieces` take (chunk_bytes_ each at most) as pending.
+  void CountLocked(const std::vector<Piece>& pieces) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Piece& piece : pieces) {
+      pending_ += (piece.end - piece.begin + chunk_bytes_ - 1) / chunk_bytes_;
+    }
+  }
+
+  // Posts the device copies CountLocked counted, a chunk per task.
+  void Queue(const std::vector<Piece>& pieces) {
+    for (const Piece& piece : pieces) {
+      for (uint64_t off = piece.begin; off < piece.end;) {
+        const uint64_t len = std::min(chunk_bytes_, piece.end - off);
+        executor_->PostToDevice(device_, [self = shared_from_this(), i = piece.region, off, len] {
+          const Region& r = self->regions_[i];
+          absl::Status s = self->devices_->CopyFromHost(self->device_, r.device_ptr + off,
+                                                        r.host.data() + off, len);
+          self->CopiedBack(s);
+        });
+        off += len;
+      }
+    }
+  }
+
   absl::Status Outcome() {
     absl::MutexLock lock(&mu_);
     return outcome_;
@@ -188,6 +245,8 @@ class StagedSink : public CompletionSink,
   std::atomic<bool> watched_{false};
   absl::Mutex mu_;
   uint64_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // copies back queued and not done
+  // By region: written bytes not yet copied back, as disjoint runs [begin, end) keyed by begin.
+  std::vector<std::map<uint64_t, uint64_t>> written_ ABSL_GUARDED_BY(mu_);
   bool completed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t request_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
