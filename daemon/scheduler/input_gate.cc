@@ -63,16 +63,18 @@ void FillGate::Advance(size_t region, uint64_t filled) {
 
 void FillGate::Fail(const absl::Status& error) {
   std::vector<std::function<void(absl::Status)>> woken;
+  absl::Status stored;  // never OK: a waiter woken with OK would touch unfilled bytes
   {
     absl::MutexLock lock(&mu_);
     if (!error_.ok()) return;
     error_ = error.ok() ? absl::InternalError("filling the memory stopped") : error;
+    stored = error_;
     for (auto& w : waiters_) woken.push_back(std::move(w.wake));
     waiters_.clear();
     for (auto& f : when_filled_) woken.push_back(std::move(f));
     when_filled_.clear();
   }
-  for (auto& wake : woken) wake(error);
+  for (auto& wake : woken) wake(stored);
 }
 
 void FillGate::WhenFilled(std::function<void(absl::Status)> then) {

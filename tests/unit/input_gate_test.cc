@@ -120,6 +120,20 @@ struct GatedRun {
   NodeRun run;  // last: destroyed first, once done
 };
 
+// Fail with OK (a caller's slip) still wakes waiters with an error: an OK would let them touch
+// bytes that were never filled.
+TEST(FillGateTest, AFailureWithoutAnErrorStillWakesWithOne) {
+  std::vector<std::byte> a(16);
+  FillGate gate({{a.data(), a.size()}});
+  absl::Status st;
+  int calls = 0;
+  std::function<void(absl::Status)> w = Record(&st, &calls);
+  ASSERT_FALSE(gate.Admit(a.data(), 8, w));
+  gate.Fail(absl::OkStatus());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+}
+
 // A one-node schedule: rank 0 copies its send region to its recv region in two halves, then
 // reduces the first half onto the second in recv. The send region is filled while the run goes.
 TEST(NodeRunGateTest, StepsRunOnlyOnFilledBytesAndSeeWhatWasFilled) {
