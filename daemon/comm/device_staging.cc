@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <iterator>
 #include <map>
 #include <utility>
 #include <vector>
@@ -40,7 +39,8 @@ class StagedSink : public CompletionSink,
         recv_segment_(std::move(recv_segment)),
         devices_(devices),
         executor_(executor),
-        chunk_bytes_(chunk_bytes == 0 ? kStagingCopyChunk : chunk_bytes) {}
+        chunk_bytes_(chunk_bytes == 0 ? kStagingCopyChunk : chunk_bytes),
+        written_(regions_.size()) {}
 
   void Watched() override { watched_.store(true, std::memory_order_release); }
 
@@ -57,7 +57,7 @@ class StagedSink : public CompletionSink,
         const std::byte* lo = std::max<const std::byte*>(p, r.host.data());
         const std::byte* hi = std::min<const std::byte*>(p + n, r.host.data() + r.bytes);
         if (!r.copy_back || lo >= hi) continue;
-        auto [begin, end] = AddLocked(i, lo - r.host.data(), hi - r.host.data());
+        auto [begin, end] = scheduler::AddRun(written_[i], lo - r.host.data(), hi - r.host.data());
         if (end - begin >= chunk_bytes_) {
           written_[i].erase(begin);
           ready.push_back({i, begin, end});
@@ -78,8 +78,9 @@ class StagedSink : public CompletionSink,
         completed_ = true;
         request_id_ = request_id;
         seq_ = seq;
-        if (!status.ok()) outcome_ = status;
-        if (status.ok()) {  // what is still gathering goes back now
+        if (!status.ok()) {
+          outcome_ = status;
+        } else {  // what is still gathering goes back now
           for (size_t i = 0; i < written_.size(); ++i) {
             for (const auto& [begin, end] : written_[i]) rest.push_back({i, begin, end});
             written_[i].clear();
@@ -162,24 +163,6 @@ class StagedSink : public CompletionSink,
     uint64_t begin;
     uint64_t end;
   };
-
-  // Adds [begin, end) to regions_[region]'s written runs, merged with the runs it touches;
-  // returns the run it is now part of.
-  std::pair<uint64_t, uint64_t> AddLocked(size_t region, uint64_t begin, uint64_t end)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (written_.size() < regions_.size()) written_.resize(regions_.size());
-    std::map<uint64_t, uint64_t>& runs = written_[region];
-    auto first = runs.upper_bound(begin);
-    if (first != runs.begin() && std::prev(first)->second >= begin) --first;
-    auto last = first;
-    for (; last != runs.end() && last->first <= end; ++last) {
-      begin = std::min(begin, last->first);
-      end = std::max(end, last->second);
-    }
-    runs.erase(first, last);
-    runs.emplace(begin, end);
-    return {begin, end};
-  }
 
   // Counts the device copies `pieces` take (chunk_bytes_ each at most) as pending.
   void CountLocked(const std::vector<Piece>& pieces) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -1,6 +1,7 @@
 #include "daemon/scheduler/input_gate.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 namespace railyard::scheduler {
@@ -88,6 +89,25 @@ void FillGate::WhenFilled(std::function<void(absl::Status)> then) {
     now = error_;
   }
   then(now);
+}
+
+std::pair<uint64_t, uint64_t> AddRun(std::map<uint64_t, uint64_t>& runs, uint64_t begin,
+                                     uint64_t end) {
+  auto first = runs.upper_bound(begin);
+  if (first != runs.begin() && std::prev(first)->second >= begin) --first;
+  auto last = first;
+  for (; last != runs.end() && last->first <= end; ++last) {
+    begin = std::min(begin, last->first);
+    end = std::max(end, last->second);
+  }
+  runs.erase(first, last);
+  runs.emplace(begin, end);
+  return {begin, end};
+}
+
+bool Covers(const std::map<uint64_t, uint64_t>& runs, uint64_t begin, uint64_t end) {
+  auto it = runs.upper_bound(begin);
+  return it != runs.begin() && std::prev(it)->second >= end;
 }
 
 }  // namespace railyard::scheduler

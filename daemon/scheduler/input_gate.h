@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -14,6 +16,14 @@
 #include "absl/synchronization/mutex.h"
 
 namespace railyard::scheduler {
+
+// Byte runs as disjoint, non-touching [begin, end) keyed by begin: what has been written (device
+// staging's copies back, FinalRecvWrites). AddRun adds [begin, end), merged with the runs it
+// overlaps or touches, and returns the run it is now part of; Covers says whether one run holds
+// all of [begin, end).
+std::pair<uint64_t, uint64_t> AddRun(std::map<uint64_t, uint64_t>& runs, uint64_t begin,
+                                     uint64_t end);
+bool Covers(const std::map<uint64_t, uint64_t>& runs, uint64_t begin, uint64_t end);
 
 class InputGate {
  public:

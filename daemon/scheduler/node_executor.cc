@@ -1,7 +1,6 @@
 #include "daemon/scheduler/node_executor.h"
 
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <utility>
 #include <vector>
@@ -68,27 +67,8 @@ std::vector<bool> FinalRecvWrites(const NodeSchedule& schedule, kernels::DataTyp
     const uint64_t begin = s.dst.offset;
     const uint64_t end = begin + n;
     std::map<uint64_t, uint64_t>& c = covered[s.dst.rank];
-    // Final unless later writes cover all of [begin, end).
-    uint64_t at = begin;
-    auto it = c.upper_bound(begin);
-    if (it != c.begin()) {
-      auto prev = std::prev(it);
-      if (prev->second > at) at = prev->second;
-    }
-    for (; it != c.end() && it->first <= at && at < end; ++it) at = std::max(at, it->second);
-    final_write[k] = at < end;
-    // Add [begin, end), merging what it touches.
-    uint64_t lo = begin, hi = end;
-    auto first = c.upper_bound(begin);
-    if (first != c.begin() && std::prev(first)->second >= begin) --first;
-    auto last = first;
-    while (last != c.end() && last->first <= end) {
-      lo = std::min(lo, last->first);
-      hi = std::max(hi, last->second);
-      ++last;
-    }
-    c.erase(first, last);
-    c.emplace(lo, hi);
+    final_write[k] = !Covers(c, begin, end);  // unless later writes cover all of it
+    AddRun(c, begin, end);
   }
   return final_write;
 }
