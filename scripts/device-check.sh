@@ -10,16 +10,30 @@
 # (>= 0.9), and 2-rank 64 MiB AllReduce against the bound 2*M / memcpy bandwidth (>= 0.7).
 # Runs start to finish without edits in under 10 minutes (each step has its own timeout).
 #
-#   scripts/device-check.sh [BUILD_DIR]      default: build-gpu
+#   scripts/device-check.sh [BUILD_DIR [STEP...]]    default: build-gpu, every step
 #
-# Needs what scripts/install-deps.sh installs, and nvcc (PATH or /usr/local/cuda/bin).
+# STEPs, run in the order given (default: gtest bench perf python torch): gtest (the GPU test
+# binaries), bench (cuda-bench), perf (railyard-perf), python (the client on CUDA memory), torch
+# (the torch backend on cuda tensors). LOG_DIR, when set, keeps each step's full output there.
+#
+# Builds when the machine can (what scripts/install-deps.sh installs, and nvcc on PATH or in
+# /usr/local/cuda/bin). A machine without gRPC and UCX development files, such as the CUDA image
+# of the device machines lent here, which has no network to install them, runs the bundle that
+# scripts/device-bundle.sh BUILD_DIR made elsewhere (BUILD_DIR/bundle, carried along); set
+# RAILYARD_PREBUILT=1 to use the bundle even where a build would work. PYTHON names the
+# interpreter (default: the first of python3 and /usr/bin/python3 that imports grpc and numpy).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
+shift $(($# > 0 ? 1 : 0))
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(gtest bench perf python torch)
 start=$SECONDS
 failures=()
 step() { printf '\n== %s (at %ds)\n' "$*" $((SECONDS - start)); }
 fail() { failures+=("$1"); echo "device-check: FAILED: $1"; }
+# keep NAME: stdin to $LOG_DIR/NAME when LOG_DIR is set.
+keep() { if [ -n "${LOG_DIR:-}" ]; then mkdir -p "$LOG_DIR" && cat >"$LOG_DIR/$1"; else cat >/dev/null; fi; }
 
 step "machine"
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
@@ -28,84 +42,118 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 nvcc --version | tail -2 | head -1
 echo "cores: $(nproc)"
 
-step "build with CUDA (sm_90)"
-if ! pkg-config --exists grpc++ ucx 2>/dev/null; then
-  echo "gRPC or UCX development files are missing: running scripts/install-deps.sh"
-  timeout 300 scripts/install-deps.sh >"$build.deps.log" 2>&1 ||
-    { tail -20 "$build.deps.log"; echo "device-check: install-deps failed"; exit 1; }
+# shellcheck source=scripts/lib/device-bins.sh
+. scripts/lib/device-bins.sh
+step "binaries"
+railyard_binaries "$build" railyardd railyard-perf cuda-bench cuda_device_test cuda_daemon_test \
+  device_runtime_test railyard_python || { echo "device-check: no binaries to run"; exit 1; }
+echo "ready at $((SECONDS - start)) s"
+export RAILYARDD=$daemon_bin  # the daemon the GPU tests start
+if [ -z "${PYTHON:-}" ]; then
+  for p in python3 /usr/bin/python3; do
+    if "$p" -c 'import grpc, google.protobuf, numpy' 2>/dev/null; then PYTHON=$p; break; fi
+  done
 fi
-if [ -f scripts/lib/ccache.sh ]; then . scripts/lib/ccache.sh; fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRAILYARD_WITH_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DRAILYARD_WERROR=OFF >"$build.cmake.log" 2>&1 ||
-  { tail -30 "$build.cmake.log"; echo "device-check: cmake failed"; exit 1; }
-timeout 420 ninja -C "$build" -j "$(nproc)" railyardd railyard-perf cuda-bench cuda_device_test \
-  cuda_daemon_test device_runtime_test railyard_python >"$build.ninja.log" 2>&1 ||
-  { tail -40 "$build.ninja.log"; echo "device-check: build failed"; exit 1; }
-echo "built in $((SECONDS - start)) s"
+echo "python: ${PYTHON:-none that imports grpc, protobuf and numpy}"
 
-step "GPU tests: kernels, import, device memory through railyardd (tests/cuda)"
-for t in cuda_device_test cuda_daemon_test; do
-  out=$(timeout 180 "$build/tests/cuda/$t" 2>&1)
-  rc=$?
-  grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Skipped|Failure|Expected|Which is|error' <<<"$out"
-  [ $rc -eq 0 ] || fail "$t (exit $rc)"
-  # Nothing may be skipped for want of a device on a GPU machine.
-  if grep -q '^\[  SKIPPED \]' <<<"$out"; then fail "$t skipped tests: no usable GPU here"; fi
-done
+check_gtest() {
+  step "GPU tests: kernels, import, device memory through railyardd (tests/cuda)"
+  local t out rc
+  for t in cuda_device_test cuda_daemon_test; do
+    out=$(timeout 150 "$cuda_tests/$t" 2>&1)
+    rc=$?
+    keep "$t.log" <<<"$out"
+    grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Skipped|Failure|Expected|Which is|error' <<<"$out"
+    [ $rc -eq 0 ] || fail "$t (exit $rc)"
+    # Nothing may be skipped for want of a device on a GPU machine (the tests of what happens
+    # without a driver skip where there is one).
+    if grep '^\[  SKIPPED \]' <<<"$out" | grep -vq 'WithoutAUsableDriver\|listed below'; then
+      fail "$t skipped tests: no usable GPU here"
+    fi
+  done
+  step "the device-runtime contract on the fake (CI runs the fake-device integration tests)"
+  timeout 60 "$unit_tests/device_runtime_test" --gtest_brief=1 || fail device_runtime_test
+}
 
 # pytest_gpu FILE SECONDS: one Python test file against the CUDA build; its output is kept in $out.
 pytest_gpu() {
-  out=$(RAILYARDD="$build/daemon/railyardd" PYTHONPATH="$build/python" timeout "$2" \
-    /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider "tests/python/$1" 2>&1)
+  if [ -z "${PYTHON:-}" ]; then out="skipped: no Python with grpc"; fail "$1 (no Python)"; return; fi
+  local path=$pkg
+  if ! PYTHONPATH=$path "$PYTHON" -c 'import railyard.v1.local_pb2' 2>/dev/null &&
+    [ -d "${bundle:-}/python-protobuf" ]; then
+    echo "this Python's protobuf cannot load the bundle's stubs: using the bundle's pure-Python one"
+    path=$pkg:$bundle/python-protobuf
+    export PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
+  fi
+  out=$(PYTHONPATH="$path" PYTHONUNBUFFERED=1 timeout "$2" \
+    "$PYTHON" -m pytest -q -rs -p no:cacheprovider "tests/python/$1" 2>&1)
   local rc=$?
-  tail -15 <<<"$out"
+  keep "$1.log" <<<"$out"
+  tail -25 <<<"$out"
   [ $rc -eq 0 ] || fail "$1 (exit $rc)"
 }
 
-step "the Python client on the GPU: legacy IPC memory, a collective on a CUDA stream"
-pytest_gpu test_cuda_python.py 180
-if grep -q ' skipped' <<<"$out"; then fail "test_cuda_python.py skipped: no usable GPU here"; fi
+check_python() {
+  step "the Python client on the GPU: legacy IPC memory, a collective on a CUDA stream"
+  pytest_gpu test_cuda_python.py 120
+  if grep -q ' skipped' <<<"$out"; then fail "test_cuda_python.py skipped: no usable GPU here"; fi
+}
 
-step "torch on cuda tensors through the railyard backend (needs a CUDA build of torch)"
-pytest_gpu test_torch_cuda.py 300
-# A torch without CUDA skips it and says so above; that is this machine's torch, not a failure.
+check_torch() {
+  step "torch on cuda tensors through the railyard backend (needs a CUDA build of torch)"
+  "${PYTHON:-python3}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+  pytest_gpu test_torch_cuda.py 150
+  # A torch without CUDA skips it and says so above; that is this machine's torch, not a failure.
+}
 
-step "the device-runtime contract on the fake (CI runs the fake-device integration tests)"
-timeout 60 "$build/tests/unit/device_runtime_test" --gtest_brief=1 || fail device_runtime_test
+copy64=
+check_bench() {
+  step "cuda-bench: device memcpy and reduce-kernel bandwidth"
+  local bench_out
+  bench_out=$(timeout 120 "$bench_bin" --iters=20 --max_mib=256 2>&1) || fail cuda-bench
+  echo "$bench_out"
+  copy64=$(awk '$1 == "memcpy_GBps_64MiB" {print $2}' <<<"$bench_out")
+  awk '$1 ~ /^[0-9]+$/ && $1 >= 67108864 {
+         printf "target: reduce kernel >= 0.9 of memcpy at %d bytes: 2 inputs %.3f, 4 inputs %.3f %s\n",
+                $1, $4, $6, ($4 >= 0.9 && $6 >= 0.9) ? "(met)" : "(NOT met)" }' <<<"$bench_out"
+}
 
-step "cuda-bench: device memcpy and reduce-kernel bandwidth"
-bench_out=$(timeout 120 "$build/tools/cuda-bench/cuda-bench" --iters=20 --max_mib=256 2>&1) ||
-  fail cuda-bench
-echo "$bench_out"
-copy64=$(awk '$1 == "memcpy_GBps_64MiB" {print $2}' <<<"$bench_out")
-awk '$1 ~ /^[0-9]+$/ && $1 >= 67108864 {
-       printf "target: reduce kernel >= 0.9 of memcpy at %d bytes: 2 inputs %.3f, 4 inputs %.3f %s\n",
-              $1, $4, $6, ($4 >= 0.9 && $6 >= 0.9) ? "(met)" : "(NOT met)" }' <<<"$bench_out"
+check_perf() {
+  local dir daemon n out
+  dir=$(mktemp -d /tmp/ry-devcheck-XXXXXX)
+  step "railyard-perf: AllReduce on device buffers, one daemon (daemon log: $dir/railyardd.log)"
+  "$daemon_bin" --socket="$dir/ry.sock" --node_name=devcheck \
+    --insecure_first_session_token >"$dir/railyardd.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 100); do [ -S "$dir/ry.sock" ] && break; sleep 0.1; done
+  grep -m1 'devices' "$dir/railyardd.log" | head -1
+  for n in 2 4; do
+    echo "-- $n ranks on device 0"
+    out=$(timeout 120 "$perf_bin" --daemons "$dir/ry.sock" --ranks-per-daemon "$n" \
+      --device 0 -c 0 -b 8 -e 256M -f 2 -w 3 -n 20 2>&1) || fail "railyard-perf $n ranks"
+    echo "$out"
+    if [ "$n" = 2 ] && [ -n "$copy64" ]; then
+      # The 64 MiB AllReduce must read both inputs and write both outputs: 2*M at the copy rate
+      # (memcpy moves M bytes in M / (copy64 / 2) seconds: copy64 counts reads and writes).
+      awk -v bw="$copy64" '$1 == 67108864 {
+            bound_us = 2 * $1 / (bw / 2 * 1e9) * 1e6;
+            printf "target: 64 MiB AllReduce, 2 ranks: %.1f us against the bound %.1f us (2*M / memcpy %.1f GB/s): %.2f of the bound %s\n",
+                   $6, bound_us, bw / 2, bound_us / $6, (bound_us / $6 >= 0.7) ? "(met)" : "(NOT met)" }' <<<"$out"
+    fi
+  done
+  kill "$daemon" 2>/dev/null
+  wait "$daemon" 2>/dev/null
+  keep railyardd-perf.log <"$dir/railyardd.log"
+  rm -rf "$dir"
+}
 
-dir=$(mktemp -d /tmp/ry-devcheck-XXXXXX)
-step "railyard-perf: AllReduce on device buffers, one daemon (daemon log: $dir/railyardd.log)"
-"$build/daemon/railyardd" --socket="$dir/ry.sock" --node_name=devcheck \
-  --insecure_first_session_token >"$dir/railyardd.log" 2>&1 &
-daemon=$!
-for _ in $(seq 100); do [ -S "$dir/ry.sock" ] && break; sleep 0.1; done
-grep -m1 '"devices"\|devices' "$dir/railyardd.log" | head -1
-for n in 2 4; do
-  echo "-- $n ranks on device 0"
-  out=$(timeout 150 "$build/tools/railyard-perf" --daemons "$dir/ry.sock" --ranks-per-daemon "$n" \
-    --device 0 -c 0 -b 8 -e 256M -f 2 -w 3 -n 20 2>&1) || fail "railyard-perf $n ranks"
-  echo "$out"
-  if [ "$n" = 2 ] && [ -n "$copy64" ]; then
-    # The 64 MiB AllReduce must read both inputs and write both outputs: 2*M at the copy rate
-    # (memcpy moves M bytes in M / (copy64 / 2) seconds: copy64 counts reads and writes).
-    awk -v bw="$copy64" '$1 == 67108864 {
-          bound_us = 2 * $1 / (bw / 2 * 1e9) * 1e6;
-          printf "target: 64 MiB AllReduce, 2 ranks: %.1f us against the bound %.1f us (2*M / memcpy %.1f GB/s): %.2f of the bound %s\n",
-                 $6, bound_us, bw / 2, bound_us / $6, (bound_us / $6 >= 0.7) ? "(met)" : "(NOT met)" }' <<<"$out"
-  fi
+# The most telling checks first, so that a run cut short still reports them.
+for s in "${steps[@]}"; do
+  case $s in
+    gtest | bench | perf | python | torch) "check_$s" ;;
+    *) fail "unknown step $s (gtest, bench, perf, python, torch)" ;;
+  esac
 done
-kill "$daemon" 2>/dev/null
-wait "$daemon" 2>/dev/null
-rm -rf "$dir"
 
 step "done in $((SECONDS - start)) s"
 if [ ${#failures[@]} -gt 0 ]; then

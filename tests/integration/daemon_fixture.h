@@ -26,6 +26,13 @@ inline std::string MakeTempDir() {
   return dir == nullptr ? std::string("/tmp") : std::string(dir);
 }
 
+// The daemon binary: $RAILYARDD when set (a prebuilt bundle run on another machine, as
+// scripts/device-check.sh does), else the one this build made.
+inline std::string RailyarddPath() {
+  const char* env = std::getenv("RAILYARDD");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(RAILYARDD_PATH);
+}
+
 inline bool SocketAccepts(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
@@ -40,7 +47,7 @@ class DaemonProcess {
  public:
   explicit DaemonProcess(std::vector<std::string> extra_flags = {}) : dir_(MakeTempDir()) {
     socket_ = dir_ + "/ry.sock";
-    std::vector<std::string> argv = {RAILYARDD_PATH, "--socket=" + socket_, "--node_name=itest",
+    std::vector<std::string> argv = {RailyarddPath(), "--socket=" + socket_, "--node_name=itest",
                                      "--insecure_first_session_token"};
     argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     proc_ = std::make_unique<Process>(argv, dir_ + "/railyardd.log");
