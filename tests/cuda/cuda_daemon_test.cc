@@ -14,6 +14,7 @@
 
 #include "tests/cuda/no_gpu.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/virtual_cluster.h"
 
 namespace railyard::testing {
 namespace {
@@ -96,6 +97,121 @@ TEST_P(GpuDaemonTest, CollectivesOnDeviceBuffersAreExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GpuDaemonTest, ::testing::Values(2, 4));
+
+// Across two daemons ("nodes" on loopback, UCX between them) with two ranks each, all on device
+// 0: device buffers are staged through host memory (docs/gpu.md), pipelined with the transfers
+// or copied whole first (--staging_pipeline). Every value is checked: an AllReduce of 16 MiB and
+// an odd tail (four 4 MiB copy chunks, on the device's thread), one in place, four issued back to
+// back before any is waited for (as a training loop's buckets are), an AllGather, a
+// ReduceScatter and a Broadcast.
+class GpuCrossNodeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GpuCrossNodeTest, CollectivesOnDeviceBuffersAcrossDaemonsAreExact) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  constexpr int kNodes = 2, kPerNode = 2, kRanks = kNodes * kPerNode, kLoop = 4;
+  constexpr size_t kCount = (size_t{4} << 20) + 5;
+  VirtualCluster cluster(kNodes, {std::string("--staging_pipeline=") + (GetParam() ? "1" : "0")},
+                         PeerPlane::kInsecure);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < kRanks; ++r) {
+    auto c = Client::Connect(cluster[r / kPerNode].Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  // Element i of rank r's input: (r + 1) * (i % 251 + k) for the k-th operation.
+  auto input = [](int r, size_t i, int k) { return static_cast<float>((r + 1) * (i % 251 + k)); };
+  constexpr float kRankSum = kRanks * (kRanks + 1) / 2.0f;
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      errors[r] = [&]() -> std::string {
+        if (cudaSetDevice(0) != cudaSuccess) return "cudaSetDevice";
+        auto comm = clients[r]->InitComm(*id, r, kRanks);
+        if (!comm.ok()) return "InitComm: " + comm.status().ToString();
+        std::vector<Buffer> send, recv;
+        for (int k = 0; k < kLoop; ++k) {
+          auto s = clients[r]->AllocateDevice(kCount * 4, 0);
+          auto v = clients[r]->AllocateDevice(kCount * 4, 0);
+          if (!s.ok() || !v.ok()) return "AllocateDevice: " + (s.ok() ? v : s).status().ToString();
+          send.push_back(*std::move(s));
+          recv.push_back(*std::move(v));
+          std::vector<float> in(kCount);
+          for (size_t i = 0; i < kCount; ++i) in[i] = input(r, i, k);
+          Upload(send[k], in);
+        }
+        auto check = [&](const Buffer& b, size_t count, auto want) -> std::string {
+          std::vector<float> out = Download(b, count);
+          for (size_t i = 0; i < count; ++i) {
+            if (out[i] != want(i)) {
+              return "element " + std::to_string(i) + " is " + std::to_string(out[i]) + ", not " +
+                     std::to_string(want(i));
+            }
+          }
+          return "";
+        };
+        auto sum = [&](int k) { return [&, k](size_t i) { return kRankSum * (i % 251 + k); }; };
+        absl::Status s =
+            comm->AllReduce(send[0], recv[0], kCount, DataType::kFloat32, RedOp::kSum).wait();
+        if (!s.ok()) return "allreduce: " + s.ToString();
+        if (std::string e = check(recv[0], kCount, sum(0)); !e.empty()) return "allreduce " + e;
+        s = comm->AllReduce(send[1], send[1], kCount, DataType::kFloat32, RedOp::kSum).wait();
+        if (!s.ok()) return "in-place allreduce: " + s.ToString();
+        if (std::string e = check(send[1], kCount, sum(1)); !e.empty()) return "in place " + e;
+        std::vector<Work> loop;
+        for (int k = 0; k < kLoop; ++k) {
+          loop.push_back(
+              comm->AllReduce(recv[k], recv[k], kCount, DataType::kFloat32, RedOp::kSum));
+        }
+        for (int k = 0; k < kLoop; ++k) {
+          if (!(s = loop[k].wait()).ok()) return "back-to-back allreduce: " + s.ToString();
+        }
+        // recv[0] held sum(0) on every rank: now kRanks * sum(0). recv[k > 0] held whatever the
+        // earlier steps left: check only the ones whose contents are known.
+        if (std::string e = check(recv[0], kCount, [&](size_t i) { return kRanks * sum(0)(i); });
+            !e.empty()) {
+          return "back-to-back allreduce " + e;
+        }
+        s = comm->AllGather(send[2], recv[3], kCount / kRanks, DataType::kFloat32).wait();
+        if (!s.ok()) return "allgather: " + s.ToString();
+        if (std::string e = check(recv[3], kCount / kRanks * kRanks,
+                                  [&](size_t i) {
+                                    const size_t per = kCount / kRanks;
+                                    return input(static_cast<int>(i / per), i % per, 2);
+                                  });
+            !e.empty()) {
+          return "allgather " + e;
+        }
+        s = comm->ReduceScatter(send[3], recv[2], kCount / kRanks, DataType::kFloat32, RedOp::kSum)
+                .wait();
+        if (!s.ok()) return "reducescatter: " + s.ToString();
+        if (std::string e =
+                check(recv[2], kCount / kRanks,
+                      [&](size_t i) { return kRankSum * ((r * (kCount / kRanks) + i) % 251 + 3); });
+            !e.empty()) {
+          return "reducescatter " + e;
+        }
+        s = comm->Broadcast(send[2], recv[1], kCount, DataType::kFloat32, kRanks - 1).wait();
+        if (!s.ok()) return "broadcast: " + s.ToString();
+        if (std::string e =
+                check(recv[1], kCount, [&](size_t i) { return input(kRanks - 1, i, 2); });
+            !e.empty()) {
+          return "broadcast " + e;
+        }
+        if (!(s = comm->Barrier().wait()).ok()) return "closing barrier: " + s.ToString();
+        return "";
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  if (HasFailure()) ADD_FAILURE() << cluster.Logs();
+}
+
+INSTANTIATE_TEST_SUITE_P(StagingPipeline, GpuCrossNodeTest, ::testing::Bool());
 
 // Client::RegisterDevicePointer on memory a framework allocated: cudaMalloc'd memory goes by
 // legacy CUDA IPC (a daemon with --cuda_ipc; refused, saying so, by one without), a VMM
