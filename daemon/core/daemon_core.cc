@@ -1,6 +1,7 @@
 #include "daemon/core/daemon_core.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -965,15 +966,22 @@ void DaemonCore::StageOnDevice(std::weak_ptr<Session> weak_session, const Member
     std::shared_ptr<HostStaging> staging = *std::move(prepared);
     if (config_.staging_pipeline && !scheduler::IsPointToPoint((*held)->req.op)) {
       // Pipelined: the operation goes to its communicator now, and its steps wait for the
-      // chunks they touch (the gate); its rank's next submissions may follow it at once. A
-      // failed copy fails the steps that wait for it, and so the operation, on every rank.
+      // chunks they touch (the gate). A failed copy fails the steps that wait for it, and so
+      // the operation, on every rank. The rank's next submission follows once this one is
+      // submitted *and* copied in, as unpipelined: letting it go at once leased host memory for
+      // every operation a loop issues back to back (a buffer each, allocated and page-locked
+      // anew), which made 64 MiB AllReduces across nodes 1.8x slower on an H200.
       staging->Gate();
       HostStaging::Attach(staging, held->get(), devices_.get(), &executor_,
                           config_.staging_chunk_bytes);
-      CopyInOnDevice(device, staging, [](const absl::Status&) {});  // the gate says how it ends
+      auto both = std::make_shared<std::atomic<int>>(2);  // submitted, copied in: then done()
+      auto one_done = [both, done] {
+        if (both->fetch_sub(1, std::memory_order_acq_rel) == 1) done();
+      };
+      CopyInOnDevice(device, staging, [one_done](const absl::Status&) { one_done(); });
       absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
       if (!seq.ok()) fail(seq.status());
-      return done();
+      return one_done();
     }
     CopyInOnDevice(device, staging,
                    [this, weak_session, m, held, fail, done, staging](absl::Status copied) {
