@@ -153,7 +153,16 @@ class StagedSink : public CompletionSink,
     });
   }
 
+  // The completion, once, after everything else this sink does. The host memory goes back to the
+  // pool first (unless a copy in still runs, which holds it until it ends), so that the rank's
+  // next operation, which may follow as soon as the client hears, can reuse it.
   void Forward(uint64_t request_id, const absl::Status& status, uint64_t seq) {
+    std::shared_ptr<HostStaging> staging;
+    {
+      absl::MutexLock lock(&mu_);
+      staging = std::move(staging_);
+    }
+    staging.reset();
     if (auto client = client_.lock()) client->PostCompletion(request_id, status, seq);
   }
 
@@ -213,8 +222,8 @@ class StagedSink : public CompletionSink,
   // The sink client_ points to when the request owned it (a stream sync's): it lives as long as
   // the copy back that comes before it.
   const std::shared_ptr<CompletionSink> keep_;
-  // The host memory and its quota charge, until the copy back is done.
-  const std::shared_ptr<HostStaging> staging_;
+  // The host memory and its quota charge, until the copy back is done (Forward lets it go).
+  std::shared_ptr<HostStaging> staging_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<scheduler::FillGate> gate_;  // null: copied in before the operation
   const int device_;
   const std::vector<Region>& regions_;  // staging_'s

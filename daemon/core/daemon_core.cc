@@ -1006,8 +1006,11 @@ void DaemonCore::CopyInOnDevice(int device, std::shared_ptr<HostStaging> staging
                                 std::function<void(absl::Status)> then) {
   executor_.PostToDevice(device, [this, device, staging, then]() mutable {
     absl::StatusOr<bool> all = staging->CopyIn(devices_.get(), config_.staging_chunk_bytes);
-    if (!all.ok()) return then(all.status());
-    if (*all) return then(absl::OkStatus());
+    if (!all.ok() || *all) {
+      // This task's hold on the host memory ends here, not when the executor drops the task.
+      staging.reset();
+      return then(all.ok() ? absl::OkStatus() : all.status());
+    }
     CopyInOnDevice(device, std::move(staging), std::move(then));
   });
 }
@@ -1082,6 +1085,10 @@ metrics::DaemonSample DaemonCore::SampleMetrics() {
   const std::vector<std::shared_ptr<Communicator>> comms = comms_.Snapshot();
   metrics::DaemonSample out;
   out.sessions = static_cast<int>(sessions.size());
+  if (staging_pool_ != nullptr) {
+    const device::StagingPool::Stats st = staging_pool_->stats();
+    out.staging = {st.leased_bytes, st.idle_bytes, st.allocations, st.reuses};
+  }
   for (const auto& s : sessions) {
     out.registered_buffer_bytes += s->buffer_bytes();
     out.jobs[s->job()];  // a connected job shows up with zero comms

@@ -150,6 +150,20 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
                           .AddGauge("railyard_ucx_endpoints",
                                     "Transport endpoints to other daemons held by communicators")
                           .Add(kNoLabels)),
+      staging_leased_(&registry_
+                           .AddGauge("railyard_staging_host_bytes",
+                                     "Page-locked host memory staging device buffers across "
+                                     "nodes: on lease to operations, or idle and kept for reuse")
+                           .Add({{"state", "leased"}})),
+      staging_idle_(
+          &registry_.AddGauge("railyard_staging_host_bytes", "").Add({{"state", "idle"}})),
+      staging_allocated_(&registry_
+                              .AddCounter("railyard_staging_buffers_total",
+                                          "Staging leases, by whether the buffer was allocated "
+                                          "and page-locked for it or reused from the pool")
+                              .Add({{"buffer", "allocated"}})),
+      staging_reused_(
+          &registry_.AddCounter("railyard_staging_buffers_total", "").Add({{"buffer", "reused"}})),
       op_timeouts_(&registry_
                         .AddCounter("railyard_op_timeouts_total",
                                     "Communicators failed because an operation or join timed out")
@@ -347,6 +361,18 @@ void DaemonMetrics::Scrape() {
   sessions_->Set(sample.sessions);
   buffer_bytes_->Set(static_cast<double>(sample.registered_buffer_bytes));
   communicators_->Set(sample.communicators);
+  staging_leased_->Set(static_cast<double>(sample.staging.leased_bytes));
+  staging_idle_->Set(static_cast<double>(sample.staging.idle_bytes));
+  if (sample.staging.allocations > staging_reported_.allocations) {
+    staging_allocated_->Increment(
+        static_cast<double>(sample.staging.allocations - staging_reported_.allocations));
+    staging_reported_.allocations = sample.staging.allocations;
+  }
+  if (sample.staging.reuses > staging_reported_.reuses) {
+    staging_reused_->Increment(
+        static_cast<double>(sample.staging.reuses - staging_reported_.reuses));
+    staging_reported_.reuses = sample.staging.reuses;
+  }
   const double cpu = ProcessCpuSeconds();
   if (cpu > cpu_reported_) {
     cpu_seconds_->Increment(cpu - cpu_reported_);

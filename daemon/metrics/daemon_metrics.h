@@ -78,10 +78,18 @@ struct JobSample {
   int pending_collectives = 0;
   double stalled_seconds = 0;
 };
+// The page-locked host buffers that stage device memory across nodes (device::StagingPool).
+struct StagingSample {
+  uint64_t leased_bytes = 0;  // capacity of the buffers out on lease
+  uint64_t idle_bytes = 0;    // kept for reuse
+  uint64_t allocations = 0;   // buffers allocated and page-locked, since the start
+  uint64_t reuses = 0;        // leases served by a kept buffer, since the start
+};
 struct DaemonSample {
   int sessions = 0;
   uint64_t registered_buffer_bytes = 0;
   int communicators = 0;
+  StagingSample staging;
   std::map<std::string, JobSample> jobs;
   // Weights set for jobs (alive or not): a job that ended keeps showing its weight.
   std::map<std::string, double> job_weights;
@@ -197,6 +205,10 @@ class DaemonMetrics {
   Gauge* communicators_;
   Counter* cpu_seconds_;
   Gauge* ucx_endpoints_;
+  Gauge* staging_leased_;
+  Gauge* staging_idle_;
+  Counter* staging_allocated_;
+  Counter* staging_reused_;
   Counter* op_timeouts_;
   Counter* comm_aborts_;
   Counter* desyncs_;
@@ -220,6 +232,7 @@ class DaemonMetrics {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;         // scrapes started
   std::function<absl::Time()> now_ ABSL_GUARDED_BY(mu_) = [] { return absl::Now(); };
   double cpu_reported_ ABSL_GUARDED_BY(mu_) = 0;
+  StagingSample staging_reported_ ABSL_GUARDED_BY(mu_);  // the counters' sources, last scrape
   // Throughput: each link counter's value at the previous sample, and when it was taken.
   absl::Time last_rate_sample_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<const Counter*, double> last_rate_value_ ABSL_GUARDED_BY(mu_);

@@ -18,6 +18,7 @@
 #include "daemon/device/fake_device_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/cluster_ranks.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/fake_device_memory.h"
 #include "tests/integration/virtual_cluster.h"
@@ -549,6 +550,57 @@ TEST_P(StagingThreadTest, StagingPastTheBufferQuotaIsRefusedAndTheRanksGoOn) {
         return send.f()[1023] == 3.0f ? "" : "in-place value wrong";
       });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
+}
+
+// A rank's operations reuse the staging buffers the one before it returned, and /metrics says
+// so: every lease counted once (allocated or reused), none left out on lease, the buffers kept
+// idle. (The pool gets its buffers back before the client hears of the completion, so the
+// next operation finds them; only a copy in that is still ending may hold one a moment longer.)
+TEST_P(StagingThreadTest, StagingBuffersAreReusedAndCountedInMetrics) {
+  VirtualCluster cluster(2, With({"--fake_gpus=1", "--metrics_listen=127.0.0.1:0"}),
+                         PeerPlane::kInsecure);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  constexpr int kOps = 6;
+  constexpr size_t kN = 16384;  // 64 KiB each way: two leases per operation
+  const std::vector<std::string> errors =
+      RunRanks(cluster, 1, 2, [&](int r, Client& client, Comm& comm) -> std::string {
+        FakeDeviceMemory send(0, kN * 4), recv(0, kN * 4);
+        auto sb = client.RegisterDeviceMemory(send.fd, send.bytes, 0, send.view);
+        auto rb = client.RegisterDeviceMemory(recv.fd, recv.bytes, 0, recv.view);
+        if (!sb.ok() || !rb.ok()) return "register failed";
+        for (int k = 0; k < kOps; ++k) {
+          for (size_t i = 0; i < kN; ++i) send.f()[i] = static_cast<float>((r + 1) * (i % 89 + k));
+          absl::Status s = comm.AllReduce(*sb, *rb, kN, DataType::kFloat32, RedOp::kSum).wait();
+          if (!s.ok()) return "allreduce " + std::to_string(k) + ": " + s.ToString();
+          for (size_t i = 0; i < kN; ++i) {
+            if (recv.f()[i] != 3.0f * static_cast<float>(i % 89 + k)) {
+              return "allreduce " + std::to_string(k) + ": element " + std::to_string(i);
+            }
+          }
+        }
+        return "";
+      });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << "\n" << cluster.Logs();
+  for (int n = 0; n < 2; ++n) {
+    std::string text;
+    for (int i = 0; i < 100; ++i) {  // a copy in still ending returns its buffer a moment later
+      text = HttpGet(MetricsAddress(cluster[n]), "/metrics");
+      if (text.find("railyard_staging_host_bytes{state=\"leased\"} 0\n") != std::string::npos) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_NE(text.find("railyard_staging_host_bytes{state=\"leased\"} 0\n"), std::string::npos)
+        << "node " << n << "\n"
+        << text;
+    const double allocated =
+        SumSamples(text, "railyard_staging_buffers_total{buffer=\"allocated\"}");
+    const double reused = SumSamples(text, "railyard_staging_buffers_total{buffer=\"reused\"}");
+    EXPECT_EQ(allocated + reused, 2 * kOps) << "node " << n << "\n" << text;
+    EXPECT_GE(reused, kOps) << "node " << n << ": most leases should find a buffer\n" << text;
+    EXPECT_GE(SumSamples(text, "railyard_staging_host_bytes{state=\"idle\"}"), 2 * kN * 4)
+        << "node " << n;
+  }
 }
 
 // A staged operation handed to the device's thread keeps its place: each rank submits device and

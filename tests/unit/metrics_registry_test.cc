@@ -182,6 +182,35 @@ TEST(DaemonMetrics, LinksAndJobsFromSampler) {
   EXPECT_NE(RenderText(m.registry()).find("railyard_job_comms{job=\"k\"} 0\n"), std::string::npos);
 }
 
+// The staging pool's state: gauges as sampled; counters that grow by what the pool's own
+// counts grew between scrapes (never down, also if a sample comes back lower).
+TEST(DaemonMetrics, StagingPoolFromSampler) {
+  DaemonMetrics m("n0", "v");
+  StagingSample staging{4 << 20, 8 << 20, 2, 0};
+  m.SetSampler([&staging] {
+    DaemonSample s;
+    s.staging = staging;
+    return s;
+  });
+  std::string text = RenderText(m.registry());
+  EXPECT_NE(text.find("railyard_staging_host_bytes{state=\"leased\"} 4194304\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("railyard_staging_host_bytes{state=\"idle\"} 8388608\n"), std::string::npos);
+  EXPECT_NE(text.find("railyard_staging_buffers_total{buffer=\"allocated\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("railyard_staging_buffers_total{buffer=\"reused\"} 0\n"), std::string::npos);
+  staging = {0, 12 << 20, 3, 7};
+  text = RenderText(m.registry());
+  EXPECT_NE(text.find("railyard_staging_host_bytes{state=\"leased\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("railyard_staging_buffers_total{buffer=\"allocated\"} 3\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("railyard_staging_buffers_total{buffer=\"reused\"} 7\n"), std::string::npos);
+  staging = {0, 0, 1, 1};  // lower: the counters stay
+  text = RenderText(m.registry());
+  EXPECT_NE(text.find("railyard_staging_buffers_total{buffer=\"reused\"} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("railyard_staging_host_bytes{state=\"idle\"} 0\n"), std::string::npos);
+}
+
 // Every sample line of a rendering is unique and belongs to a family announced by # TYPE.
 void ExpectValidExposition(const std::string& text) {
   std::set<std::string> families, series;
