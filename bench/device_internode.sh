@@ -51,17 +51,19 @@ launch() {
   done
   timeout 120 "$perf_bin" --op allreduce -b 1M -e "$max" -f 4 -n 10 -w 2 \
     --daemons "${socks[0]},${socks[1]}" --ranks-per-daemon "$rpd" "${dev[@]}" \
-    >"$out/$mode.$i" 2>&1 || { echo "railyard-perf failed ($mode, launch $i):"; tail -5 "$out/$mode.$i"; }
+    >"$out/$mode.$i" 2>&1 ||
+    { failed=$((failed + 1)); echo "railyard-perf failed ($mode, launch $i):"; tail -5 "$out/$mode.$i"; }
   cleanup
   pids=()
 }
 
+failed=0
 echo "# 2 railyardd x $rpd rank(s) on loopback, AllReduce float32 sum, device 0: $(nvidia-smi \
   --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); $launches launches, interleaved"
 for i in $(seq "$launches"); do
   for mode in host pipelined whole; do launch "$mode" "$i"; done
 done
-/usr/bin/env python3 - "$out" "$launches" <<'EOF'
+/usr/bin/env python3 - "$out" "$launches" <<'EOF' || failed=$((failed + 1))
 import statistics, sys
 out, launches = sys.argv[1], int(sys.argv[2])
 modes = ("host", "pipelined", "whole")
@@ -85,4 +87,9 @@ for size in sorted(times["pipelined"]):
     print(f"{size:>11} {med['host']:>10.1f} {med['pipelined']:>13.1f} {med['whole']:>10.1f} "
           f"{med['pipelined'] / med['whole']:>16.3f}")
 print(f"# wrong values where checked (host buffers; all with FAKE=1): {wrong}")
+sys.exit(1 if wrong else 0)
 EOF
+if [ "$failed" -gt 0 ]; then
+  echo "device_internode: $failed launch(es) failed"
+  exit 1
+fi

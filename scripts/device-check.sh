@@ -12,9 +12,11 @@
 #
 #   scripts/device-check.sh [BUILD_DIR [STEP...]]    default: build-gpu, every step
 #
-# STEPs, run in the order given (default: gtest bench perf python torch): gtest (the GPU test
-# binaries), bench (cuda-bench), perf (railyard-perf), python (the client on CUDA memory), torch
-# (the torch backend on cuda tensors). LOG_DIR, when set, keeps each step's full output there.
+# STEPs, run in the order given (default: gtest bench perf python torch internode): gtest (the
+# GPU test binaries), bench (cuda-bench), perf (railyard-perf), python (the client on CUDA
+# memory), torch (the torch backend on cuda tensors), internode (bench/device_internode.sh: an
+# AllReduce across two daemons on device 0, staged through host memory, 1-64 MiB). LOG_DIR, when
+# set, keeps each step's full output there.
 #
 # Builds when the machine can (what scripts/install-deps.sh installs, and nvcc on PATH or in
 # /usr/local/cuda/bin). A machine without gRPC and UCX development files, such as the CUDA image
@@ -27,7 +29,7 @@ cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 shift $(($# > 0 ? 1 : 0))
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gtest bench perf python torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gtest bench perf python torch internode)
 start=$SECONDS
 failures=()
 step() { printf '\n== %s (at %ds)\n' "$*" $((SECONDS - start)); }
@@ -147,11 +149,19 @@ check_perf() {
   rm -rf "$dir"
 }
 
+check_internode() {
+  step "across two daemons on device 0: staged through host memory, pipelined or whole first"
+  local out
+  out=$(timeout 150 bench/device_internode.sh "$build" 3 1 64M 2>&1) || fail "device_internode"
+  keep device-internode.log <<<"$out"
+  sed -n '/^# 2 railyardd/,$p' <<<"$out"
+}
+
 # The most telling checks first, so that a run cut short still reports them.
 for s in "${steps[@]}"; do
   case $s in
-    gtest | bench | perf | python | torch) "check_$s" ;;
-    *) fail "unknown step $s (gtest, bench, perf, python, torch)" ;;
+    gtest | bench | perf | python | torch | internode) "check_$s" ;;
+    *) fail "unknown step $s (gtest, bench, perf, python, torch, internode)" ;;
   esac
 done
 
