@@ -20,6 +20,16 @@ constexpr absl::Duration kRateWindow = absl::Seconds(1);
 
 const Labels kNoLabels;
 
+// A counter that mirrors a monotonic source read at each scrape: grows by what the source grew
+// since the last scrape (*reported), never down (a source that went back is ignored until it
+// passes *reported again).
+void AdvanceTo(Counter* counter, double* reported, double source) {
+  if (source > *reported) {
+    counter->Increment(source - *reported);
+    *reported = source;
+  }
+}
+
 double ProcessCpuSeconds() {
   rusage ru{};
   if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
@@ -363,21 +373,10 @@ void DaemonMetrics::Scrape() {
   communicators_->Set(sample.communicators);
   staging_leased_->Set(static_cast<double>(sample.staging.leased_bytes));
   staging_idle_->Set(static_cast<double>(sample.staging.idle_bytes));
-  if (sample.staging.allocations > staging_reported_.allocations) {
-    staging_allocated_->Increment(
-        static_cast<double>(sample.staging.allocations - staging_reported_.allocations));
-    staging_reported_.allocations = sample.staging.allocations;
-  }
-  if (sample.staging.reuses > staging_reported_.reuses) {
-    staging_reused_->Increment(
-        static_cast<double>(sample.staging.reuses - staging_reported_.reuses));
-    staging_reported_.reuses = sample.staging.reuses;
-  }
-  const double cpu = ProcessCpuSeconds();
-  if (cpu > cpu_reported_) {
-    cpu_seconds_->Increment(cpu - cpu_reported_);
-    cpu_reported_ = cpu;
-  }
+  AdvanceTo(staging_allocated_, &staging_allocations_reported_,
+            static_cast<double>(sample.staging.allocations));
+  AdvanceTo(staging_reused_, &staging_reuses_reported_, static_cast<double>(sample.staging.reuses));
+  AdvanceTo(cpu_seconds_, &cpu_reported_, ProcessCpuSeconds());
   // The jobs alive, summed by label (the jobs past max_jobs_ under kOtherJob).
   std::map<std::string, JobSample> by_label;
   for (const auto& [job, j] : sample.jobs) {

@@ -231,8 +231,10 @@ class DaemonMetrics {
   bool other_series_ ABSL_GUARDED_BY(mu_) = false;  // kOtherJob labels some series
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;         // scrapes started
   std::function<absl::Time()> now_ ABSL_GUARDED_BY(mu_) = [] { return absl::Now(); };
+  // The sources of the counters that mirror them (AdvanceTo), at the last scrape.
   double cpu_reported_ ABSL_GUARDED_BY(mu_) = 0;
-  StagingSample staging_reported_ ABSL_GUARDED_BY(mu_);  // the counters' sources, last scrape
+  double staging_allocations_reported_ ABSL_GUARDED_BY(mu_) = 0;
+  double staging_reuses_reported_ ABSL_GUARDED_BY(mu_) = 0;
   // Throughput: each link counter's value at the previous sample, and when it was taken.
   absl::Time last_rate_sample_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<const Counter*, double> last_rate_value_ ABSL_GUARDED_BY(mu_);
