@@ -20,6 +20,8 @@ packages=(
   openmpi-bin libopenmpi-dev mpich libmpich-dev
   # Python client (Debian's /usr/bin/python3 only)
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-torch
+  # headers for the Python client's C++ ring hot path (railyard._ringcore)
+  python3-dev
   # deployment checks (tests/deploy: Kubernetes manifests, Helm chart, systemd unit)
   python3-yaml systemd
   # signed job tokens (HMAC-SHA256, daemon/auth) and the peer plane's mutual TLS checks; the

@@ -14,9 +14,10 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 class Mapping(mmap.mmap):
     """An ``mmap`` of a buffer's memfd; subclassed so that it supports weak references and
-    carries the daemon's buffer id."""
+    carries the daemon's buffer id and the address it is mapped at here."""
 
     buffer_id: int = 0
+    address: int = 0
 
 
 def create(job: str, size: int) -> tuple:

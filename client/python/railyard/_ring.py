@@ -19,6 +19,11 @@ from typing import Callable, Optional, Tuple
 
 from . import _memfd
 
+try:  # the hot path in C++ (client/python/native/ringcore.cc), where it was built
+    from . import _ringcore as _native
+except ImportError:  # pragma: no cover - a build without it: the Python twin below
+    _native = None
+
 MAGIC = 0x47525952
 VERSION = 2
 HEADER_BYTES = 4096
@@ -52,11 +57,11 @@ ALL_TO_ALL_V = 7
 # request_id, comm_handle, count, send buffer, send offset, recv buffer, recv offset, op, dtype,
 # red_op, root, timeout_ms, flags, ext_slots, vec_len, algo (16 bytes), compression (16 bytes),
 # compression_key.
-_ENTRY = struct.Struct("<QQQQQQQIIIiIIII16s16sQ")
+ENTRY = struct.Struct("<QQQQQQQIIIiIIII16s16sQ")
 _CQ_HEAD = struct.Struct("<QQiI")
 # The stream-sync extension slot: words.buffer_id, words.offset, value (the rest zero).
 _SYNC = struct.Struct("<QQI")
-assert _ENTRY.size == SQ_ENTRY
+assert ENTRY.size == SQ_ENTRY
 
 _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT = 0
@@ -68,6 +73,12 @@ class _Timespec(ctypes.Structure):
 
 
 _libc = None
+
+
+def native() -> bool:
+    """True when the rings' hot path runs in C++ (``railyard._ringcore``, built with the package;
+    ``RAILYARD_PY_NATIVE=0`` keeps the pure-Python one, read when a session opens its rings)."""
+    return _native is not None and os.environ.get("RAILYARD_PY_NATIVE", "1") != "0"
 
 
 def supported() -> bool:
@@ -168,6 +179,10 @@ class Rings:
         self._reader_bell_addr = ctypes.addressof(self._reader_bell)
         self._reader_dozing = False
         self._reader: Optional[threading.Thread] = None
+        # The C++ hot path (publish, drain, wait_until), where built: it keeps its own indices,
+        # the foreground count and grace, and its closed flag; the Python twin's are unused then.
+        self._core = (_native.RingCore(m, sq_entries, cq_entries, float(spin_us),
+                                       on_completion) if native() else None)
 
     # -- the futex --------------------------------------------------------------------------
 
@@ -180,6 +195,9 @@ class Rings:
         self._futex(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, n, None, None, 0)
 
     def _add_waiter(self, delta: int) -> None:
+        if self._core is not None:
+            self._core.add_waiter(delta)  # atomic, as the C++ wait's own
+            return
         with self._waiters_lock:
             self._client_waiters.value = (self._client_waiters.value + delta) & 0xFFFFFFFF
 
@@ -209,7 +227,7 @@ class Rings:
         vec_len = len(vectors[0]) if vectors else 0
         vec_slots = ext_slots_for(vec_len) if op == ALL_TO_ALL_V else 0
         ext = vec_slots + (1 if stream_sync is not None else 0)
-        out += _ENTRY.pack(request_id, comm_handle, count, send[0], send[1] if send[0] else 0,
+        out += ENTRY.pack(request_id, comm_handle, count, send[0], send[1] if send[0] else 0,
                            recv[0], recv[1] if recv[0] else 0, op, dtype, red_op, root,
                            timeout_ms, flags, ext, vec_len if op == ALL_TO_ALL_V else 0, algo_b,
                            compression_b, compression_key if error_feedback else 0)
@@ -227,6 +245,11 @@ class Rings:
         if need > self.sq_entries:
             raise RingError(f"submission of {need} ring slots does not fit the ring's "
                             f"{self.sq_entries}")
+        core = self._core
+        if core is not None:
+            if not core.publish(entries):
+                self._publish_when_room(core, entries)
+            return
         started = time.monotonic()
         with self._sq_lock:
             while self._tail + need - self._sq_head.value > self.sq_entries:
@@ -255,6 +278,20 @@ class Rings:
             self._sq_tail.value = self._tail  # after the entries: TSO keeps the order
             self._ring_doorbell()
         self._foreground_until = time.monotonic() + READER_GRACE_S
+
+    def _publish_when_room(self, core, entries: bytes) -> None:
+        """The C++ path's full ring: reads completions (the daemon takes entries only while
+        their completions fit) until the entries fit."""
+        started = time.monotonic()
+        while not core.publish(entries):
+            if core.closed:
+                raise RingError("the session has ended")
+            if core.drain() == 0:
+                core.poke()
+                if time.monotonic() - started < self.spin_s:
+                    os.sched_yield()
+                else:
+                    time.sleep(50e-6)
 
     def _check_owner(self) -> None:
         if self._forked:
@@ -286,6 +323,8 @@ class Rings:
     def drain(self, blocking: bool = True) -> int:
         """Reads the completions there are and hands each to ``on_completion``."""
         self._check_owner()
+        if self._core is not None:
+            return self._core.drain()
         if not self._cq_lock.acquire(blocking):
             return 0
         got = []
@@ -318,6 +357,8 @@ class Rings:
         """Reads completions on this thread until ``done()`` or the deadline (monotonic):
         spins for the spin time, then sleeps on the completion doorbell."""
         self._check_owner()
+        if self._core is not None:
+            return self._core.wait_until(done, deadline)
         with self._waiters_lock:
             self._foreground += 1
         try:
@@ -355,6 +396,8 @@ class Rings:
         """A completion is awaited off the submitting thread: the reader asks the daemon to
         wake it from now on (until the next submission or foreground wait)."""
         self._foreground_until = 0.0
+        if self._core is not None:
+            self._core.foreground_until = 0.0
         if self._reader_dozing:
             self._wake(self._reader_bell_addr, 1)
 
@@ -364,9 +407,18 @@ class Rings:
         self._reader = threading.Thread(target=self._read, name="railyard-ring", daemon=True)
         self._reader.start()
 
+    def _waiting_in_foreground(self) -> bool:
+        core = self._core
+        return bool(core.foreground if core is not None else self._foreground)
+
+    def _in_grace(self) -> bool:
+        core = self._core
+        until = core.foreground_until if core is not None else self._foreground_until
+        return time.monotonic() < until
+
     def _read(self) -> None:
         while not self._closed:
-            if self._foreground or time.monotonic() < self._foreground_until:
+            if self._waiting_in_foreground() or self._in_grace():
                 # Doze on our own bell, not on the completion doorbell: every completion bumps
                 # that, so a wait there returns whenever one lands between reading it and
                 # sleeping, and each return takes the GIL from the thread doing the work.
@@ -375,13 +427,13 @@ class Rings:
                     self._wait(self._reader_bell_addr, 0, READER_DOZE_S)
                 finally:
                     self._reader_dozing = False
-                if not self._foreground and not self._closed:
+                if not self._waiting_in_foreground() and not self._closed:
                     self.drain(blocking=False)  # completions nobody is waiting for
                 continue
             self._add_waiter(1)
             try:
                 ring = self._cq_doorbell.value
-                if self.drain() == 0 and not self._closed and not self._foreground:
+                if self.drain() == 0 and not self._closed and not self._waiting_in_foreground():
                     self._wait(self._cq_doorbell_addr, ring, 1.0)
             finally:
                 self._add_waiter(-1)
@@ -391,6 +443,8 @@ class Rings:
         if self._forked:
             return  # the parent's: nothing here to wake, nothing to close for it
         self._closed = True
+        if self._core is not None:
+            self._core.close()
         with self._cq_lock:
             pass  # a drain in progress has finished
         self._cq_doorbell.value = (self._cq_doorbell.value + 1) & 0xFFFFFFFF

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import bisect
 import collections
+import ctypes
 import itertools
 import math
 import os
@@ -284,6 +285,53 @@ class Work:
         state = ("running" if not self._done
                  else "ok" if self._error is None else f"failed ({self._error.code.name})")
         return f"<railyard.Work seq={self._seq} {state}>"
+
+
+class _HostOp:
+    """An operation whose send and receive are one host region (``nbytes`` at ``ptr``, kept alive
+    by the caller), staged through a shared buffer and submitted as one ring entry: the lean path
+    of :meth:`Comm._start_in_place` (the torch backend's small all_reduce), with none of the
+    general path's per-operation objects. Completion (on whichever thread reads it) copies the
+    result back, returns the staging buffer and calls ``on_done(error)``; the daemon is done
+    with the buffer by then, whatever the outcome."""
+
+    __slots__ = ("_client", "_rings", "_mapping", "_ptr", "_nbytes", "_on_done", "_done")
+
+    def __init__(self, client: "Client", rings: _ring.Rings, mapping: _memfd.Mapping, ptr: int,
+                 nbytes: int, on_done: Callable[[Optional[RailyardError]], None]) -> None:
+        self._client = client
+        self._rings = rings
+        self._mapping = mapping
+        self._ptr = ptr
+        self._nbytes = nbytes
+        self._on_done = on_done
+        self._done = False
+
+    def _complete(self, error: Optional[RailyardError], seq: Optional[int] = None) -> None:
+        # Called once: the client hands a completion to the work it pops from its table.
+        if error is None:
+            ctypes.memmove(self._ptr, self._mapping.address, self._nbytes)
+        self._client._staging_release(self._mapping)
+        self._done = True
+        self._on_done(error)
+
+    def _drive(self, deadline: Optional[float]) -> None:
+        """Reads the session's completion ring on this thread until done or the deadline."""
+        if not self._done:
+            try:
+                self._rings.wait_until(lambda: self._done, deadline)
+            except _ring.ForkedError:
+                raise FailedPreconditionError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"this operation was submitted by the process that process {os.getpid()} "
+                    f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
+
+    def _wanted_in_background(self) -> None:
+        self._rings.background_wanted()
+
+    def _poll(self) -> None:
+        if not self._rings._forked:
+            self._rings.drain(blocking=False)
 
 
 class _Request:
@@ -714,6 +762,7 @@ class Client:
             os.close(fd)  # both mappings keep the memory; it has no name anyone could open
         mapping.buffer_id = response.buffer_id
         start = _address(np.frombuffer(mapping, dtype=np.uint8, count=1))
+        mapping.address = start
         region = _Region(start, start + size, mapping, response.buffer_id)
         weakref.finalize(mapping, self._to_release.append, response.buffer_id)
         with self._lock:
@@ -945,6 +994,11 @@ class Client:
             work._complete(_invalid(str(e)))
             return
         work._rings = rings
+        self._publish(rings, request_id, entry, work)
+
+    def _publish(self, rings: _ring.Rings, request_id: int, entry: bytes, work: Any) -> None:
+        """Registers ``work`` (anything with ``_complete(error, seq)``) for ``request_id`` and
+        publishes its ring entry; a session that has ended completes it with the error."""
         if not self._register(request_id, work):
             return  # not published: an entry nobody waits for (or a fork's) never goes out
         try:
@@ -957,7 +1011,7 @@ class Client:
             if pending is not None:
                 pending._complete(error)
 
-    def _register(self, request_id: int, work: Work) -> bool:
+    def _register(self, request_id: int, work: Any) -> bool:
         with self._lock:
             error = self._session_error()
             if error is None:
@@ -1163,6 +1217,31 @@ class Comm:
         if async_op:
             return work
         return work.wait()
+
+    def _start_in_place(self, op: int, dtype: int, red_op: int, count: int, root: int, ptr: int,
+                        nbytes: int, timeout_ms: int,
+                        on_done: Callable[[Optional[RailyardError]], None]
+                        ) -> Optional[_HostOp]:
+        """Submits ``op`` in place on ``nbytes`` of host memory at ``ptr`` (wire numbers
+        throughout; the caller checked them and keeps the memory alive until ``on_done``). The
+        lean path for small operations from a caller that is not numpy (the torch backend):
+        ``None`` where it does not apply (no session rings, a client-wide algorithm or
+        compression, a closed communicator, a forked process), and the general path, which says
+        what is wrong where anything is, runs instead."""
+        client = self.client
+        rings = client._rings
+        if (rings is None or not self.handle or client._forked or client.default_algo or
+                client.default_compression or nbytes <= 0):
+            return None
+        mapping = client._staging_acquire(nbytes)
+        ctypes.memmove(mapping.address, ptr, nbytes)
+        request_id = next(client._request_ids)
+        buffer_id = mapping.buffer_id
+        entry = _ring.ENTRY.pack(request_id, self.handle, count, buffer_id, 0, buffer_id, 0, op,
+                                 dtype, red_op, root, timeout_ms, 0, 0, 0, b"", b"", 0)
+        op_ = _HostOp(client, rings, mapping, ptr, nbytes, on_done)
+        client._publish(rings, request_id, entry, op_)
+        return op_
 
     def _dtype(self, dtype: Any, *arrays: Optional[np.ndarray]) -> int:
         arrays_ = [a for a in arrays if a is not None]

@@ -65,8 +65,10 @@ import torch
 import torch.distributed as dist
 
 import railyard
+from railyard import _types
 from railyard import errors as _errors
-from railyard.client import _sleep_until_done
+from railyard.client import _sleep_until_done, _timeout_ms
+from railyard.v1 import common_pb2 as _common_pb2
 
 from ._device_tensors import CudaTensors, DeviceTensors, numpy_dtype
 
@@ -96,6 +98,19 @@ def _red_op(op: Any) -> str:
             return name
     raise ValueError(f"railyard: reduce op {op} is not supported "
                      "(supported: SUM, PRODUCT, MIN, MAX, AVG)")
+
+
+# The lean path of a small all_reduce (ProcessGroupRailyard._small_allreduce): wire numbers by
+# torch dtype and reduce op, and the largest tensor it takes (beyond, the staging copies cost more
+# than the Python it saves).
+_WIRE_DTYPES = {t: _types.dtype_number(np.dtype(n)) for t, n in (
+    (torch.float32, np.float32), (torch.float64, np.float64), (torch.float16, np.float16),
+    (torch.int8, np.int8), (torch.uint8, np.uint8), (torch.int32, np.int32),
+    (torch.int64, np.int64))}
+_WIRE_DTYPES[torch.bfloat16] = _types.DTYPE_BFLOAT16
+_WIRE_RED_OPS = {ref: _types.red_op_number(name) for name, ref in _RED_OPS}
+_SMALL_BYTES = 64 << 10
+_ALL_REDUCE = _common_pb2.COLLECTIVE_OP_ALL_REDUCE
 
 
 _ON_DEVICES = ("all_reduce, all_reduce_coalesced, broadcast, reduce, all_gather, "
@@ -929,6 +944,10 @@ class ProcessGroupRailyard(dist.ProcessGroup):
     # -- collectives (signatures of c10d::ProcessGroup) ----------------------------------------
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        if len(tensors) == 1:
+            work = self._small_allreduce(tensors[0], opts)
+            if work is not None:
+                return work
         if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and \
                 tensors[0].layout != torch.strided:
             return self._sparse_allreduce(tensors[0], opts)
@@ -939,6 +958,36 @@ class ProcessGroupRailyard(dist.ProcessGroup):
         arr, dt = self._array(io.output(t), red, stream)
         return self._start([t], io, lambda kw: self.comm.all_reduce(arr, red, dtype=dt, **kw),
                            opts=opts, stream=stream)
+
+    def _small_allreduce(self, t: Any, opts: Any) -> Optional[Work]:
+        """A small contiguous CPU tensor's all_reduce, submitted straight onto the session rings
+        (railyard.Comm._start_in_place: one staging copy each way, no numpy view, no per-operation
+        objects but this Work). ``None`` where it does not apply; the general path runs then."""
+        if (type(t) is not torch.Tensor or t.device.type != "cpu" or
+                t.layout != torch.strided or not t.is_contiguous() or self._devices.owns(t)):
+            return None
+        dtype = _WIRE_DTYPES.get(t.dtype)
+        count = t.numel()
+        nbytes = count * t.element_size()
+        red = _WIRE_RED_OPS.get(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if dtype is None or red is None or not 0 < nbytes <= _SMALL_BYTES:
+            return None
+        timeout = self._timeout(opts)
+        work = Work([t], None, timeout)
+        try:
+            rw = self.comm._start_in_place(_ALL_REDUCE, dtype, red, count, 0, t.data_ptr(),
+                                           nbytes, _timeout_ms(timeout), work._complete)
+        except BaseException:
+            rw = None
+            raise
+        finally:
+            if rw is None:
+                with _live_lock:
+                    _live_works.pop(id(work), None)
+        if rw is None:
+            return None
+        work._rw = rw
+        return work
 
     def allreduce_compressed(self, tensor: torch.Tensor, compression: str,
                              key: Optional[int] = None, op: str = "avg",
