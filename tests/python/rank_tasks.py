@@ -429,6 +429,37 @@ def torch_subgroups(rank: int, n: int, store_path: str) -> Dict[str, Any]:
         dist.destroy_process_group()
 
 
+def torch_small_all_reduce(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """all_reduce sums of every dtype the lean path takes, at sizes either side of its limit, a
+    non-contiguous view and an async one; with the path each took (the railyard work behind the
+    torch Work: the lean _HostOp, or the general path's railyard.Work)."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    out: Dict[str, Any] = {}
+    try:
+        for name in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
+                     "int64"):
+            dtype = getattr(torch, name)
+            limit = (64 << 10) // torch.empty(0, dtype=dtype).element_size()
+            for count in (1, 7, limit, limit + 1):
+                t = (torch.arange(count, dtype=torch.float64) % 5 + rank).to(dtype)
+                work = dist.all_reduce(t, async_op=True)
+                work.wait()
+                out[f"{name}/{count}"] = (t.to(torch.float64).numpy().tolist(),
+                                          type(work._rw).__name__)
+        m = torch.arange(12, dtype=torch.float32).reshape(4, 3) + rank
+        work = dist.all_reduce(m[:, 1], async_op=True)
+        work.wait()
+        out["noncontig"] = (m[:, 1].tolist(), type(work._rw).__name__)
+        t = torch.full((3,), float(rank + 1))
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        out["future"] = work.get_future().wait()[0].tolist()
+        out["completed"] = work.is_completed()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
 def torch_error(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     """Mismatched sizes: the error surfaces from the synchronous call and from Work.wait()."""
     import torch

@@ -83,6 +83,25 @@ def test_subgroups(ranks, store_path):
                        "backend": "railyard"}, got
 
 
+def test_small_all_reduce_takes_the_lean_path_and_agrees_with_the_general_one(ranks, store_path):
+    n = 2
+    results = ranks.run(rank_tasks.torch_small_all_reduce, [(r, n, store_path) for r in range(n)],
+                        timeout=120)
+    for got in results:
+        for key in [k for k in got if "/" in k]:
+            values, path = got[key]
+            name, count = key.split("/")
+            count = int(count)
+            limit = (64 << 10) // np.dtype("float16" if name == "bfloat16" else name).itemsize
+            want = sum(np.arange(count) % 5 + r for r in range(n))
+            np.testing.assert_allclose(values, want, err_msg=key)
+            # Up to 64 KiB straight onto the rings; beyond, the general path.
+            assert path == ("_HostOp" if count <= limit else "Work"), (key, path)
+        col = [1.0 + 3 * i for i in range(4)]
+        assert got["noncontig"] == ([2 * c + 1 for c in col], "Work")
+        assert got["future"] == [float(n)] * 3 and got["completed"]
+
+
 def test_errors_surface_from_wait(ranks, store_path):
     results = ranks.run(rank_tasks.torch_error, [(r, 2, store_path) for r in range(2)])
     for got in results:
