@@ -7,7 +7,7 @@ The proto directory is ../../proto (a checkout of the repository), or $RAILYARD_
 import os
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,5 +37,12 @@ class BuildPyWithStubs(build_py):
         _gen_stubs().generate(proto_dir, os.path.abspath(self.build_lib))
 
 
+# The session rings' hot path in C++ (native/ringcore.cc). Optional: where it cannot be compiled
+# (no C++ compiler or Python headers) the package runs its pure-Python rings.
+_RINGCORE = Extension("railyard._ringcore", sources=[os.path.join("native", "ringcore.cc")],
+                      include_dirs=[_proto_dir()], language="c++",
+                      extra_compile_args=["-std=c++17", "-O2"], optional=True)
+
 setup(version=_gen_stubs().project_version(_proto_dir()),
-      cmdclass={"build_py": BuildPyWithStubs})
+      cmdclass={"build_py": BuildPyWithStubs},
+      ext_modules=[_RINGCORE])

@@ -175,6 +175,31 @@ def test_a_wait_ends_at_its_deadline_on_a_completion_or_when_the_session_closes(
     assert d.core.drain() == 0
 
 
+def test_a_signal_ends_a_wait():
+    # Ctrl-C (here an interval timer's handler) must reach a thread waiting in C++ long before
+    # its deadline.
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    d = FakeDaemon()
+    old = signal.signal(signal.SIGALRM, handler)
+    start = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Interrupted):
+            d.core.wait_until(lambda: False, time.monotonic() + 10)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - start < 5
+    assert d.core.foreground == 0 and d.u32(_ring.OFF_CLIENT_WAITERS) == 0
+
+
 def test_a_done_that_raises_ends_the_wait_with_its_error():
     d = FakeDaemon()
 

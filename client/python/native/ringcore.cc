@@ -302,6 +302,9 @@ PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
     }
     __atomic_fetch_sub(Word32(self, rp::kOffClientWaiters), 1, __ATOMIC_SEQ_CST);
     if (m < 0 || d2 < 0) break;
+    // A signal (Ctrl-C) ends the wait with its exception, as it would a Python loop; the
+    // operation keeps running in the daemon and can be waited on again.
+    if (PyErr_CheckSignals() < 0) break;
   }
   --self->foreground;
   self->foreground_until = Monotonic() + kReaderGraceS;
