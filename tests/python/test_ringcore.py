@@ -223,3 +223,11 @@ def test_bad_geometry_and_arguments_are_refused():
         core_module.RingCore(m, 8, 8, 0.0, None)
     with pytest.raises(BufferError, match="not writable"):
         core_module.RingCore(b"read-only bytes", 8, 8, 0.0, print)
+    bare = core_module.RingCore.__new__(core_module.RingCore)  # never initialised: no crash
+    for call in (bare.drain, bare.poke, bare.close, lambda: bare.publish(entry(1)),
+                 lambda: bare.wait_until(lambda: True, None), lambda: bare.cq_doorbell):
+        with pytest.raises(RuntimeError, match="not initialised"):
+            call()
+    with pytest.raises(RuntimeError, match="already initialised"):
+        core_module.RingCore.__init__(core_module.RingCore(m, 8, 8, 0.0, print), m, 8, 8, 0.0,
+                                      print)

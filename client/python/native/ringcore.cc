@@ -153,6 +153,13 @@ int Done(PyObject* done) {
   return v;
 }
 
+// False, with RuntimeError set, for an object made by RingCore.__new__ alone (no mapping yet).
+bool Ready(RingCore* self) {
+  if (self->base != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "RingCore is not initialised");
+  return false;
+}
+
 int RingCore_init(RingCore* self, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"mapping", "sq_entries",    "cq_entries",
                              "spin_us", "on_completion", nullptr};
@@ -204,6 +211,7 @@ void RingCore_dealloc(RingCore* self) {
 // publish(entries) -> bool: the whole entries (a multiple of the slot size) at once, or False
 // when the submission ring has no room for them now (or the session has ended).
 PyObject* RingCore_publish(RingCore* self, PyObject* arg) {
+  if (!Ready(self)) return nullptr;
   Py_buffer b;
   if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) != 0) return nullptr;
   const size_t len = static_cast<size_t>(b.len);
@@ -234,12 +242,14 @@ PyObject* RingCore_publish(RingCore* self, PyObject* arg) {
 }
 
 PyObject* RingCore_drain(RingCore* self, PyObject*) {
+  if (!Ready(self)) return nullptr;
   const Py_ssize_t n = Drain(self);
   if (n < 0) return nullptr;
   return PyLong_FromSsize_t(n);
 }
 
 PyObject* RingCore_poke(RingCore* self, PyObject*) {
+  if (!Ready(self)) return nullptr;
   PokeDaemon(self);
   Py_RETURN_NONE;
 }
@@ -248,6 +258,7 @@ PyObject* RingCore_poke(RingCore* self, PyObject*) {
 // deadline (time.monotonic(); None: none): spins for spin_us, yielding the CPU (and the GIL)
 // every 64 looks, then sleeps on the completion doorbell. Returns done().
 PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
+  if (!Ready(self)) return nullptr;
   PyObject* done;
   PyObject* deadline_obj;
   if (!PyArg_ParseTuple(args, "OO", &done, &deadline_obj)) return nullptr;
@@ -314,6 +325,7 @@ PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
 
 // add_waiter(delta): this process's count of threads asleep on the completion doorbell.
 PyObject* RingCore_add_waiter(RingCore* self, PyObject* arg) {
+  if (!Ready(self)) return nullptr;
   const long delta = PyLong_AsLong(arg);
   if (delta == -1 && PyErr_Occurred()) return nullptr;
   __atomic_fetch_add(Word32(self, rp::kOffClientWaiters), static_cast<uint32_t>(delta),
@@ -323,6 +335,7 @@ PyObject* RingCore_add_waiter(RingCore* self, PyObject* arg) {
 
 // wait_doorbell(expected, seconds): sleeps while the completion doorbell reads expected.
 PyObject* RingCore_wait_doorbell(RingCore* self, PyObject* args) {
+  if (!Ready(self)) return nullptr;
   unsigned int expected;
   double seconds;
   if (!PyArg_ParseTuple(args, "Id", &expected, &seconds)) return nullptr;
@@ -332,6 +345,7 @@ PyObject* RingCore_wait_doorbell(RingCore* self, PyObject* args) {
 
 // close(): later publishes fail, every waiter wakes.
 PyObject* RingCore_close(RingCore* self, PyObject*) {
+  if (!Ready(self)) return nullptr;
   self->closed = true;
   __atomic_fetch_add(Word32(self, rp::kOffCqDoorbell), 1, __ATOMIC_SEQ_CST);
   uint32_t* word = Word32(self, rp::kOffCqDoorbell);
@@ -357,6 +371,7 @@ int RingCore_set_foreground_until(RingCore* self, PyObject* value, void*) {
   return 0;
 }
 PyObject* RingCore_get_cq_doorbell(RingCore* self, void*) {
+  if (!Ready(self)) return nullptr;
   return PyLong_FromUnsignedLong(
       __atomic_load_n(Word32(self, rp::kOffCqDoorbell), __ATOMIC_SEQ_CST));
 }
