@@ -1234,11 +1234,15 @@ class Comm:
                 client.default_compression or nbytes <= 0):
             return None
         mapping = client._staging_acquire(nbytes)
-        ctypes.memmove(mapping.address, ptr, nbytes)
-        request_id = next(client._request_ids)
-        buffer_id = mapping.buffer_id
-        entry = _ring.ENTRY.pack(request_id, self.handle, count, buffer_id, 0, buffer_id, 0, op,
-                                 dtype, red_op, root, timeout_ms, 0, 0, 0, b"", b"", 0)
+        try:
+            ctypes.memmove(mapping.address, ptr, nbytes)
+            request_id = next(client._request_ids)
+            buffer_id = mapping.buffer_id
+            entry = _ring.ENTRY.pack(request_id, self.handle, count, buffer_id, 0, buffer_id, 0,
+                                     op, dtype, red_op, root, timeout_ms, 0, 0, 0, b"", b"", 0)
+        except BaseException:
+            client._staging_release(mapping)  # nothing was submitted: the buffer is free
+            raise
         op_ = _HostOp(client, rings, mapping, ptr, nbytes, on_done)
         client._publish(rings, request_id, entry, op_)
         return op_

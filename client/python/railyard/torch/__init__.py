@@ -974,14 +974,12 @@ class ProcessGroupRailyard(dist.ProcessGroup):
             return None
         timeout = self._timeout(opts)
         work = Work([t], None, timeout)
+        rw = None
         try:
             rw = self.comm._start_in_place(_ALL_REDUCE, dtype, red, count, 0, t.data_ptr(),
                                            nbytes, _timeout_ms(timeout), work._complete)
-        except BaseException:
-            rw = None
-            raise
         finally:
-            if rw is None:
+            if rw is None:  # not submitted (raised, or not for the lean path): forget the work
                 with _live_lock:
                     _live_works.pop(id(work), None)
         if rw is None:
