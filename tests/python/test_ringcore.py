@@ -17,6 +17,7 @@ import pytest
 from railyard import _ring
 
 core_module = pytest.importorskip("railyard._ringcore")
+GRACE = _ring.READER_GRACE_S
 
 
 def test_the_build_has_the_cpp_rings():
@@ -33,7 +34,7 @@ class FakeDaemon:
         self.sq, self.cq = sq, cq
         self.m = mmap.mmap(-1, _ring.ring_bytes(sq, cq))
         self.seen = []
-        self.core = core_module.RingCore(self.m, sq, cq, 50.0, self._on_completion)
+        self.core = core_module.RingCore(self.m, sq, cq, 50.0, self._on_completion, GRACE)
         self.sq_head = 0
         self.cq_tail = 0
 
@@ -128,7 +129,7 @@ def test_a_callback_that_raises_loses_no_completion():
             raise RuntimeError("callback bug")
 
     d = FakeDaemon()
-    d.m, d.core = m, core_module.RingCore(m, 8, 8, 50.0, cb)
+    d.m, d.core = m, core_module.RingCore(m, 8, 8, 50.0, cb, GRACE)
     for i in range(3):
         d.complete(i)
     with pytest.raises(RuntimeError, match="callback bug"):
@@ -145,7 +146,7 @@ def test_a_wait_ends_at_its_deadline_on_a_completion_or_when_the_session_closes(
 
     done = []
     d._on_completion = lambda *c: done.append(c)
-    d.core = core_module.RingCore(d.m, d.sq, d.cq, 0.0, d._on_completion)  # sleeps at once
+    d.core = core_module.RingCore(d.m, d.sq, d.cq, 0.0, d._on_completion, GRACE)  # sleeps at once
 
     def later():
         time.sleep(0.05)
@@ -214,20 +215,20 @@ def test_a_done_that_raises_ends_the_wait_with_its_error():
 def test_bad_geometry_and_arguments_are_refused():
     m = mmap.mmap(-1, _ring.ring_bytes(8, 8))
     with pytest.raises(ValueError, match="powers of two"):
-        core_module.RingCore(m, 12, 8, 0.0, print)
+        core_module.RingCore(m, 12, 8, 0.0, print, GRACE)
     with pytest.raises(ValueError, match="powers of two"):
-        core_module.RingCore(m, 8, 4, 0.0, print)
+        core_module.RingCore(m, 8, 4, 0.0, print, GRACE)
     with pytest.raises(ValueError, match="smaller than the rings"):
-        core_module.RingCore(m, 16, 8, 0.0, print)
+        core_module.RingCore(m, 16, 8, 0.0, print, GRACE)
     with pytest.raises(TypeError, match="callable"):
-        core_module.RingCore(m, 8, 8, 0.0, None)
+        core_module.RingCore(m, 8, 8, 0.0, None, GRACE)
     with pytest.raises(BufferError, match="not writable"):
-        core_module.RingCore(b"read-only bytes", 8, 8, 0.0, print)
+        core_module.RingCore(b"read-only bytes", 8, 8, 0.0, print, GRACE)
     bare = core_module.RingCore.__new__(core_module.RingCore)  # never initialised: no crash
     for call in (bare.drain, bare.poke, bare.close, lambda: bare.publish(entry(1)),
                  lambda: bare.wait_until(lambda: True, None), lambda: bare.cq_doorbell):
         with pytest.raises(RuntimeError, match="not initialised"):
             call()
+    made = core_module.RingCore(m, 8, 8, 0.0, print, GRACE)
     with pytest.raises(RuntimeError, match="already initialised"):
-        core_module.RingCore.__init__(core_module.RingCore(m, 8, 8, 0.0, print), m, 8, 8, 0.0,
-                                      print)
+        core_module.RingCore.__init__(made, m, 8, 8, 0.0, print, GRACE)

@@ -27,9 +27,6 @@ namespace rp = railyard::ringproto;
 
 namespace {
 
-// How long after a submission or a foreground wait the background reader leaves the completion
-// ring to the submitting thread (railyard/_ring.py, READER_GRACE_S).
-constexpr double kReaderGraceS = 0.002;
 // The longest one futex sleep (a closed session or a deadline is noticed at least this often).
 constexpr double kMaxSleepS = 0.1;
 
@@ -55,6 +52,9 @@ struct RingCore {
   uint64_t sq_tail;  // ours: the daemon only reads the shared copy
   uint64_t cq_head;
   double spin_s;
+  // How long after a submission or a foreground wait the background reader leaves the completion
+  // ring to the submitting thread (railyard/_ring.py, READER_GRACE_S).
+  double grace_s;
   PyObject* on_completion;  // on_completion(request_id, code, message, seq)
   bool closed;
   int foreground;           // threads waiting in wait_until
@@ -161,14 +161,15 @@ bool Ready(RingCore* self) {
 }
 
 int RingCore_init(RingCore* self, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"mapping", "sq_entries",    "cq_entries",
-                             "spin_us", "on_completion", nullptr};
+  static const char* kw[] = {"mapping",       "sq_entries", "cq_entries", "spin_us",
+                             "on_completion", "grace_s",    nullptr};
   PyObject* mapping;
   unsigned int sq, cq;
   double spin_us;
   PyObject* cb;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OIIdO", const_cast<char**>(kw), &mapping, &sq,
-                                   &cq, &spin_us, &cb)) {
+  double grace_s;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OIIdOd", const_cast<char**>(kw), &mapping, &sq,
+                                   &cq, &spin_us, &cb, &grace_s)) {
     return -1;
   }
   if (!rp::ValidEntries(sq) || !rp::ValidEntries(cq)) {
@@ -195,6 +196,7 @@ int RingCore_init(RingCore* self, PyObject* args, PyObject* kwargs) {
   self->sq_entries = sq;
   self->cq_entries = cq;
   self->spin_s = spin_us / 1e6;
+  self->grace_s = grace_s;
   Py_INCREF(cb);
   self->on_completion = cb;
   return 0;
@@ -236,7 +238,7 @@ PyObject* RingCore_publish(RingCore* self, PyObject* arg) {
   PyBuffer_Release(&b);
   self->sq_tail += need;
   __atomic_store_n(Word64(self, rp::kOffSqTail), self->sq_tail, __ATOMIC_RELEASE);
-  self->foreground_until = Monotonic() + kReaderGraceS;
+  self->foreground_until = Monotonic() + self->grace_s;
   RingDoorbell(self);
   Py_RETURN_TRUE;
 }
@@ -318,7 +320,7 @@ PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
     if (PyErr_CheckSignals() < 0) break;
   }
   --self->foreground;
-  self->foreground_until = Monotonic() + kReaderGraceS;
+  self->foreground_until = Monotonic() + self->grace_s;
   if (result < 0) return nullptr;
   return PyBool_FromLong(result);
 }
@@ -405,8 +407,8 @@ PyGetSetDef kGetSet[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyType_Slot kSlots[] = {
-    {Py_tp_doc,
-     const_cast<char*>("RingCore(mapping, sq_entries, cq_entries, spin_us, on_completion)")},
+    {Py_tp_doc, const_cast<char*>(
+                    "RingCore(mapping, sq_entries, cq_entries, spin_us, on_completion, grace_s)")},
     {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},  // zero-filled: no view, indices 0
     {Py_tp_init, reinterpret_cast<void*>(RingCore_init)},
     {Py_tp_dealloc, reinterpret_cast<void*>(RingCore_dealloc)},

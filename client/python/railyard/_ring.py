@@ -182,7 +182,7 @@ class Rings:
         # The C++ hot path (publish, drain, wait_until), where built: it keeps its own indices,
         # the foreground count and grace, and its closed flag; the Python twin's are unused then.
         self._core = (_native.RingCore(m, sq_entries, cq_entries, float(spin_us),
-                                       on_completion) if native() else None)
+                                       on_completion, READER_GRACE_S) if native() else None)
 
     # -- the futex --------------------------------------------------------------------------
 
@@ -258,12 +258,7 @@ class Rings:
                 # Full: the daemon takes entries only while their completions fit.
                 self._sq_lock.release()
                 try:
-                    if self.drain() == 0:
-                        self._poke_daemon()
-                        if time.monotonic() - started < self.spin_s:
-                            os.sched_yield()  # time.sleep(0) is a ~90 us system call here
-                        else:
-                            time.sleep(50e-6)
+                    self._await_room(started)
                 finally:
                     self._sq_lock.acquire()
             if self._closed:
@@ -280,18 +275,23 @@ class Rings:
         self._foreground_until = time.monotonic() + READER_GRACE_S
 
     def _publish_when_room(self, core, entries: bytes) -> None:
-        """The C++ path's full ring: reads completions (the daemon takes entries only while
-        their completions fit) until the entries fit."""
+        """The C++ path's full ring: waits for room until the entries fit."""
         started = time.monotonic()
         while not core.publish(entries):
             if core.closed:
                 raise RingError("the session has ended")
-            if core.drain() == 0:
-                core.poke()
-                if time.monotonic() - started < self.spin_s:
-                    os.sched_yield()
-                else:
-                    time.sleep(50e-6)
+            self._await_room(started)
+
+    def _await_room(self, started: float) -> None:
+        """One wait for room in a full submission ring: the daemon takes entries only while
+        their completions fit, so read those; if there were none, make sure it is awake, then
+        yield the CPU for the spin time after ``started``, sleep after."""
+        if self.drain() == 0:
+            self._poke_daemon()
+            if time.monotonic() - started < self.spin_s:
+                os.sched_yield()  # time.sleep(0) is a ~90 us system call here
+            else:
+                time.sleep(50e-6)
 
     def _check_owner(self) -> None:
         if self._forked:
@@ -315,6 +315,9 @@ class Rings:
 
     def _poke_daemon(self) -> None:
         """Wakes the daemon if it waits for completion-ring room (entries wait for it)."""
+        if self._core is not None:
+            self._core.poke()  # its doorbell add is atomic; this twin's is not
+            return
         if self._sq_head.value != self._sq_tail.value:
             self._ring_doorbell()
 

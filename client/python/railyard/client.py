@@ -134,7 +134,42 @@ def _sleep_until_done(work: Any, deadline: Optional[float]) -> bool:
     return event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
-class Work:
+class _OnRings:
+    """What a work submitted on the session rings (``_rings``, or None: over gRPC) does to wait
+    for its completion (``_done``) on the calling thread: shared by :class:`Work` and the lean
+    path's :class:`_HostOp`."""
+
+    __slots__ = ()
+    _rings: Optional[_ring.Rings]
+    _done: bool
+
+    def _drive(self, deadline: Optional[float]) -> None:
+        """Reads the session's completion ring on this thread until done or the deadline
+        (``time.monotonic()``)."""
+        rings = self._rings
+        if rings is not None and not self._done:
+            try:
+                rings.wait_until(lambda: self._done, deadline)
+            except _ring.ForkedError:
+                raise FailedPreconditionError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"this operation was submitted by the process that process {os.getpid()} "
+                    f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
+
+    def _poll(self) -> None:
+        rings = self._rings
+        if rings is not None and not rings._forked:
+            rings.drain(blocking=False)
+
+    def _wanted_in_background(self) -> None:
+        """Someone off the submitting thread waits for this work (a callback, a torch future):
+        the session's background reader reads its completion promptly."""
+        rings = self._rings
+        if rings is not None:
+            rings.background_wanted()
+
+
+class Work(_OnRings):
     """An operation in flight, returned by every collective called with ``async_op=True``.
 
     The outcome is final once :meth:`is_completed` is true; :meth:`wait` may be called any number
@@ -163,19 +198,6 @@ class Work:
         # Ordered on a stream (stream=): the stream waits for done, which a failure stores here
         # when the daemon may not have (refused before it, the session gone).
         self._stream_slot = stream_slot
-
-    def _drive(self, deadline: Optional[float]) -> None:
-        """Reads the session's completion ring on this thread until done or the deadline
-        (``time.monotonic()``)."""
-        rings = self._rings
-        if rings is not None and not self._done:
-            try:
-                rings.wait_until(lambda: self._done, deadline)
-            except _ring.ForkedError:
-                raise FailedPreconditionError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"this operation was submitted by the process that process {os.getpid()} "
-                    f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits until the operation completes and returns its result (the output array).
@@ -209,11 +231,6 @@ class Work:
             self._poll()
         return self._done
 
-    def _poll(self) -> None:
-        rings = self._rings
-        if rings is not None and not rings._forked:
-            rings.drain(blocking=False)
-
     def exception(self) -> Optional[RailyardError]:
         """The error of a completed, failed operation; ``None`` while running or on success."""
         return self._error if self._done else None
@@ -232,13 +249,6 @@ class Work:
         """
         if self._on_done(fn):
             self._wanted_in_background()  # nobody may wait: the reader must read it promptly
-
-    def _wanted_in_background(self) -> None:
-        """Someone off the submitting thread waits for this work (a callback, a torch future):
-        the session's background reader reads its completion promptly."""
-        rings = self._rings
-        if rings is not None:
-            rings.background_wanted()
 
     def _on_done(self, fn: Callable[["Work"], None]) -> bool:
         """``add_done_callback`` for a caller that waits for the work itself (no prompt read by
@@ -287,7 +297,7 @@ class Work:
         return f"<railyard.Work seq={self._seq} {state}>"
 
 
-class _HostOp:
+class _HostOp(_OnRings):
     """An operation whose send and receive are one host region (``nbytes`` at ``ptr``, kept alive
     by the caller), staged through a shared buffer and submitted as one ring entry: the lean path
     of :meth:`Comm._start_in_place` (the torch backend's small all_reduce), with none of the
@@ -314,24 +324,6 @@ class _HostOp:
         self._client._staging_release(self._mapping)
         self._done = True
         self._on_done(error)
-
-    def _drive(self, deadline: Optional[float]) -> None:
-        """Reads the session's completion ring on this thread until done or the deadline."""
-        if not self._done:
-            try:
-                self._rings.wait_until(lambda: self._done, deadline)
-            except _ring.ForkedError:
-                raise FailedPreconditionError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"this operation was submitted by the process that process {os.getpid()} "
-                    f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
-
-    def _wanted_in_background(self) -> None:
-        self._rings.background_wanted()
-
-    def _poll(self) -> None:
-        if not self._rings._forked:
-            self._rings.drain(blocking=False)
 
 
 class _Request:
