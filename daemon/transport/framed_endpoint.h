@@ -5,7 +5,7 @@
 //   offset 12  u32  magic | flags kFrameMagic (0x5259_01_00: "RY", version 1) | kFrameFlagCrc32c
 //                                 | kFrameFlagSplit
 //
-// all little-endian. Below Options::split_min_bytes (64 KiB) payload and trailer are one
+// all little-endian. Below Options::split_min_bytes (512 KiB) payload and trailer are one
 // transport message, sent as a 2-segment iov and received as one, payload straight into the
 // destination. From there they are two messages with the same tag on the same endpoint, the
 // payload (sent and received contiguous: zero-copy, as UCX 1.13's rendezvous is only for
@@ -56,6 +56,14 @@
 namespace railyard::transport {
 
 inline constexpr size_t kFrameTrailerSize = 16;
+// Options::split_min_bytes by default: UCX's rendezvous threshold on the tcp transport with the
+// 512 KiB segments railyardd sets (transport::SetUcxTcpDefaults; `ucx_info -u twe -e`:
+// tag_send 0..<egr/short>..524281..<egr/zcopy>..524288..<rndv>). Only from there does a
+// payload of its own travel zero-copy at both ends; below it UCX copies it out of its receive
+// buffer anyway, and the trailer's message of its own cost more than the copy next to the trailer
+// (docs/data-plane.md, "Frames below the rendezvous size": 64 KiB before, 12-20 % slower
+// AllReduce at 512 KiB-8 MiB across two daemons).
+inline constexpr size_t kDefaultSplitMinBytes = 512 * 1024;
 inline constexpr uint32_t kFrameMagic = 0x52590100;  // low byte: flags
 inline constexpr uint32_t kFrameMagicMask = 0xFFFFFF00;
 inline constexpr uint32_t kFrameFlagCrc32c = 0x01;
@@ -90,13 +98,14 @@ class FramedEndpoint : public Endpoint {
     // cannot zero-copy an iov send and packs it in small fragments, which measured 2x slower at
     // 1 MiB on tcp than a memcpy plus a contiguous send (docs/data-plane.md "Cost"). Receives are
     // always an iov (measured as fast as contiguous). 0: always iov. Payloads that are split
-    // (split_min_bytes) are never copied, so with the defaults this applies to none.
+    // (split_min_bytes) are never copied, so with the defaults this applies from 64 KiB to the
+    // split size.
     size_t contiguous_send_min_bytes = 64 * 1024;
     // Payloads of at least this many bytes (and more than kFrameTrailerSize) travel as two
     // messages with the tag, in order on this endpoint: the payload, straight from and into the
     // caller's buffer (zero-copy), then the trailer (flag kFrameFlagSplit). Part of the wire
     // format: both ends of a link must use the same value. 0: never.
-    size_t split_min_bytes = 64 * 1024;
+    size_t split_min_bytes = kDefaultSplitMinBytes;
   };
 
   FramedEndpoint(std::shared_ptr<Endpoint> inner, Options options);

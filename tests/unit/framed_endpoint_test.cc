@@ -86,6 +86,14 @@ struct Link {
     o.on_integrity_error = [this] { ++integrity_errors; };
     return o;
   }
+  // Options that split from 64 KiB rather than kDefaultSplitMinBytes: the split frame's
+  // mechanics at sizes that keep these tests quick.
+  FramedEndpoint::Options SplitOptions(Integrity integrity, const std::string& node,
+                                       const std::string& peer) {
+    FramedEndpoint::Options o = Options(integrity, node, peer);
+    o.split_min_bytes = 64 * 1024;
+    return o;
+  }
 };
 
 std::vector<uint8_t> Random(size_t size, uint64_t seed) {
@@ -152,12 +160,13 @@ TEST(FramedEndpointTest, WireFormatIsPayloadThenSecretCrcMagic) {
   EXPECT_EQ(wire[payload.size() + 13], 0x01);
 }
 
-// From split_min_bytes: the payload as a message of its own, then the trailer (flag split).
+// From split_min_bytes (kDefaultSplitMinBytes by default): the payload as a message of its own,
+// then the trailer (flag split).
 TEST(FramedEndpointTest, LargePayloadsTravelAsPayloadThenTrailer) {
   Link l;
   for (Integrity integrity : {Integrity::kNone, Integrity::kCrc32c}) {
     FramedEndpoint sender(l.ab_raw, l.Options(integrity, "a", "b"));
-    const size_t size = 100000;
+    const size_t size = kDefaultSplitMinBytes + 1000;
     const Tag tag = 17 + static_cast<int>(integrity);
     const std::vector<uint8_t> payload = Random(size, 2);
     std::vector<uint8_t> got(size), trailer(kFrameTrailerSize + 8);
@@ -192,7 +201,8 @@ TEST(FramedEndpointTest, RoundTripsEverySizeWithAndWithoutCrc) {
     FramedEndpoint receiver(l.ba_raw, l.Options(integrity, "b", "a"));
     Tag tag = 1;
     for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{65535}, size_t{65536},
-                        size_t{65537}, size_t{1} << 20, (size_t{3} << 20) + 7}) {
+                        size_t{65537}, kDefaultSplitMinBytes - 1, kDefaultSplitMinBytes,
+                        size_t{1} << 20, (size_t{3} << 20) + 7}) {
       const std::vector<uint8_t> payload = Random(size, size);
       std::vector<uint8_t> got(size, 0);
       Result r;
@@ -475,8 +485,8 @@ TEST(FramedEndpointTest, SplitFramesCatchEveryFlippedBit) {
   Link l;
   auto flipper =
       std::make_shared<BitFlipEndpoint>(l.ab_raw, /*every=*/2, /*seed=*/11, kFrameTrailerSize);
-  FramedEndpoint sender(flipper, l.Options(Integrity::kCrc32c, "a", "b"));
-  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kCrc32c, "b", "a"));
+  FramedEndpoint sender(flipper, l.SplitOptions(Integrity::kCrc32c, "a", "b"));
+  FramedEndpoint receiver(l.ba_raw, l.SplitOptions(Integrity::kCrc32c, "b", "a"));
   std::mt19937_64 rng(12);
   constexpr int kMessages = 400;
   int data_loss = 0, ok = 0;
@@ -542,7 +552,7 @@ TEST(FramedEndpointTest, AForeignMessageAmongASplitFramesTwoIsNeverAccepted) {
     for (const Case& c : cases) {
       SCOPED_TRACE(absl::StrCat(c.name, ", integrity ", IntegrityName(integrity)));
       Link l;
-      FramedEndpoint receiver(l.ba_raw, l.Options(integrity, "b", "a"));
+      FramedEndpoint receiver(l.ba_raw, l.SplitOptions(integrity, "b", "a"));
       static constexpr Tag tag = 77;
       std::vector<uint8_t> payload = Random(kSize, 1);
       unsigned char trailer[kFrameTrailerSize];
@@ -607,7 +617,7 @@ TEST(FramedEndpointTest, AOneMessageFrameWhereASplitOneBelongsFailsPromptly) {
   FramedEndpoint::Options whole = l.Options(Integrity::kNone, "a", "b");
   whole.split_min_bytes = 0;
   FramedEndpoint sender(l.ab_raw, std::move(whole));
-  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));
+  FramedEndpoint receiver(l.ba_raw, l.SplitOptions(Integrity::kNone, "b", "a"));
   const std::vector<uint8_t> payload = Random(200000, 5);
   std::vector<uint8_t> got(payload.size());
   Result r;
@@ -623,7 +633,7 @@ TEST(FramedEndpointTest, AOneMessageFrameWhereASplitOneBelongsFailsPromptly) {
 // one-message frame, even with the secret (flag split).
 TEST(FramedEndpointTest, SplitAndWholeTrailersAreNotInterchangeable) {
   Link l;
-  FramedEndpoint receiver(l.ba_raw, l.Options(Integrity::kNone, "b", "a"));
+  FramedEndpoint receiver(l.ba_raw, l.SplitOptions(Integrity::kNone, "b", "a"));
   // A 0-byte receive: a split frame's 16-byte trailer alone has its exact length.
   Result r;
   PostRecv(receiver, 6, nullptr, 0, &r);
