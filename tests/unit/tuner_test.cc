@@ -6,7 +6,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/scheduler/cost/calibration.h"
@@ -83,6 +86,77 @@ TEST(Tuner, AllReduceLogLatencySmallHierarchicalLarge) {
     if (c.name == "hier") hier = c.ir_time_s;
   }
   EXPECT_GT(ring, 1.2 * hier);
+}
+
+// Each candidate's chunk is its best prediction's, or the largest chunk predicted within
+// chunk_tie_tolerance of it; an unchunked schedule is taken only when it is the best itself.
+// Checked against every chunk size tuned on its own, on the default calibration's fabric and on
+// an RDMA-like one, where pipelining pays.
+TEST(Tuner, ChunkTiesGoToTheLargestChunk) {
+  const CommLayout two = CommLayout::Uniform(2, 1, 1);
+  const CommLayout eight = CommLayout::Uniform(8, 1, 1);
+  const Calibration d = Calibration::Defaults();
+  struct Case {
+    const CommLayout* layout;
+    FabricSpec fabric;
+  };
+  const Case cases[] = {
+      {&two, FabricForLayout(two, d.intra, d.inter, d.overhead_s)},
+      {&eight, FabricForLayout(eight, d.intra, d.inter, d.overhead_s)},
+      {&eight, FabricForLayout(eight, {0.5e-6, 450e9}, {3e-6, 50e9}, 1e-6)},
+  };
+  const std::vector<size_t> sizes = {0, 64 << 10, 256 << 10, 1 << 20};
+  bool any_tie_moved = false;
+  for (const Case& k : cases) {
+    for (uint64_t bytes : {512ull << 10, 8ull << 20, 32ull << 20}) {
+      SCOPED_TRACE(absl::StrCat(k.layout->nnodes, " nodes, ", bytes, " B, inter beta ",
+                                k.fabric.inter.beta_bytes_per_s));
+      const OpShape shape = Shape(OpKind::kAllReduce, bytes);
+      // Every chunk size on its own: candidate name -> (chunk, time).
+      std::map<std::string, std::vector<std::pair<size_t, double>>> alone;
+      for (size_t chunk : sizes) {
+        TunerOptions o;
+        o.chunk_sizes = {chunk};
+        absl::StatusOr<Choice> c = Tune(shape, *k.layout, k.fabric, o);
+        ASSERT_TRUE(c.ok()) << c.status();
+        for (const Candidate& cand : c->candidates) {
+          if (cand.has_ir) alone[cand.name].push_back({cand.chunk_bytes, cand.ir_time_s});
+        }
+      }
+      for (double tolerance : {0.0, 0.02, 0.10}) {
+        TunerOptions o;
+        o.chunk_sizes = sizes;
+        o.chunk_tie_tolerance = tolerance;
+        absl::StatusOr<Choice> c = Tune(shape, *k.layout, k.fabric, o);
+        ASSERT_TRUE(c.ok()) << c.status();
+        ExpectArgmin(*c);
+        for (const Candidate& cand : c->candidates) {
+          if (!cand.has_ir) continue;
+          const auto& tried = alone[cand.name];
+          ASSERT_FALSE(tried.empty()) << cand.name;
+          std::pair<size_t, double> best = tried.front();
+          for (const auto& t : tried) {
+            if (t.second < best.second) best = t;
+          }
+          std::pair<size_t, double> want = best;
+          for (const auto& t : tried) {
+            if (t.first == 0 || want.first == 0 || t.second > best.second * (1 + tolerance)) {
+              continue;
+            }
+            if (t.first > want.first) want = t;
+          }
+          EXPECT_EQ(cand.chunk_bytes, want.first) << cand.name << ", tolerance " << tolerance;
+          EXPECT_DOUBLE_EQ(cand.ir_time_s, want.second) << cand.name;
+          if (tolerance == 0) {
+            EXPECT_DOUBLE_EQ(cand.ir_time_s, best.second) << cand.name;
+          }
+          if (want.first != best.first) any_tie_moved = true;
+        }
+      }
+    }
+  }
+  // The rule did something on these fabrics (the default one's chunk sizes tie across daemons).
+  EXPECT_TRUE(any_tie_moved);
 }
 
 TEST(Tuner, SameInputsSameChoiceAndCached) {

@@ -104,6 +104,12 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
       bool any = false;
       std::string why;
       std::vector<size_t> tried;
+      struct ChunkTime {
+        size_t chunk;
+        double time_s;
+        uint64_t transfers;
+      };
+      std::vector<ChunkTime> tried_times;
       for (size_t requested : options.chunk_sizes) {
         // A chunk at least as large as the message is the unchunked schedule.
         const size_t chunk = requested >= msg_bytes ? 0 : requested;
@@ -125,12 +131,27 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
           why = std::string(r.status().message());
           break;
         }
-        if (!any || r->time_s < c.ir_time_s) {
-          c.ir_time_s = r->time_s;
-          c.ir_transfers = r->transfers;
-          c.chunk_bytes = chunk;
-          any = true;
+        tried_times.push_back({chunk, r->time_s, r->transfers});
+        any = true;
+      }
+      if (any) {
+        // The best prediction, or the largest chunk predicted within the tolerance of it
+        // (TunerOptions::chunk_tie_tolerance).
+        const ChunkTime* best = &tried_times.front();
+        for (const ChunkTime& t : tried_times) {
+          if (t.time_s < best->time_s) best = &t;
         }
+        // An unchunked best stays (it is the largest), but unchunked is never a tie's pick: the
+        // model does not price the copies and reductions a chunked schedule overlaps with its
+        // transfers, and an unchunked one runs after them.
+        const ChunkTime* pick = best;
+        for (const ChunkTime& t : tried_times) {
+          if (t.chunk == 0 || t.time_s > best->time_s * (1 + options.chunk_tie_tolerance)) continue;
+          if (pick->chunk != 0 && t.chunk > pick->chunk) pick = &t;
+        }
+        c.ir_time_s = pick->time_s;
+        c.ir_transfers = pick->transfers;
+        c.chunk_bytes = pick->chunk;
       }
       c.has_ir = any;
       if (!any) {

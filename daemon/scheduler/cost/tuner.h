@@ -53,6 +53,11 @@ struct TunerOptions {
   // Chunk sizes tried for each executable candidate (0: unchunked); a size at or above the
   // message means unchunked.
   std::vector<size_t> chunk_sizes = {0, 64 << 10, 256 << 10, 1 << 20, 4 << 20};
+  // A candidate's chunked schedules predicted within this fraction of its best count as ties,
+  // which go to the largest chunk (fewest messages): the model hides a message's alpha and
+  // overhead behind a pipeline's transfers, while each also costs both ends work it does not
+  // price (docs/data-plane.md, "Chunk size across daemons"). 0: the best prediction only.
+  double chunk_tie_tolerance = 0.02;
   // Largest schedule (transfers) simulated per candidate; beyond it the closed form is used.
   uint64_t max_ir_transfers = 50'000;
   // Also list what the daemons cannot execute (PRIMER's unsegmented "tree", "innetwork").
