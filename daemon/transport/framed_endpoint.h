@@ -58,11 +58,11 @@ namespace railyard::transport {
 inline constexpr size_t kFrameTrailerSize = 16;
 // Options::split_min_bytes by default: UCX's rendezvous threshold on the tcp transport with the
 // 512 KiB segments railyardd sets (transport::SetUcxTcpDefaults; `ucx_info -u twe -e`:
-// tag_send 0..<egr/short>..524281..<egr/zcopy>..524288..<rndv>). Only from there does a
-// payload of its own travel zero-copy at both ends; below it UCX copies it out of its receive
-// buffer anyway, and the trailer's message of its own cost more than the copy next to the trailer
-// (docs/data-plane.md, "Frames below the rendezvous size": 64 KiB before, 12-20 % slower
-// AllReduce at 512 KiB-8 MiB across two daemons).
+// tag_send 0..<egr/short>..524281..<egr/zcopy>..524288..<rndv>). Below it a contiguous message
+// goes eagerly, straight from the caller's buffer, and is copied out of UCX's receive buffer on
+// arrival (from it too, over tcp under peer error handling); a payload of its own saves only the
+// sender's copy next to the trailer, and the trailer's message of its own measured dearer than
+// that copy (docs/data-plane.md, "Frames below the rendezvous size").
 inline constexpr size_t kDefaultSplitMinBytes = 512 * 1024;
 inline constexpr uint32_t kFrameMagic = 0x52590100;  // low byte: flags
 inline constexpr uint32_t kFrameMagicMask = 0xFFFFFF00;

@@ -279,12 +279,12 @@ TEST(MultiNodeFailureTest, MismatchAcrossNodesFailsInBoundedTime) {
 }
 
 // A send and a receive on two daemons that disagree on the size. Only the receiving daemon
-// knows both sizes. A shorter message in one frame (up to 64 KiB) arrives whole with its trailer:
-// INVALID_ARGUMENT with both sizes, at once, as on one node. A split frame (larger) of another
-// size cannot be told from a foreign message: PERMISSION_DENIED at once, naming the mismatch as
-// a cause. A longer message in one frame is cut off with its trailer and, like a foreign one,
-// dropped while the receive waits for its own (docs/data-plane.md): it ends at the operation's
-// deadline. The send completes either way.
+// knows both sizes. A shorter message in one frame (below 512 KiB, kDefaultSplitMinBytes)
+// arrives whole with its trailer: INVALID_ARGUMENT with both sizes, at once, as on one node. A
+// split frame (larger) of another size cannot be told from a foreign message: PERMISSION_DENIED
+// at once, naming the mismatch as a cause. A longer message in one frame is cut off with its
+// trailer and, like a foreign one, dropped while the receive waits for its own
+// (docs/data-plane.md): it ends at the operation's deadline. The send completes either way.
 TEST(MultiNodeFailureTest, SendRecvOfDifferentSizesAcrossNodesFailTheReceive) {
   VirtualCluster cluster(2);
   ASSERT_TRUE(cluster.ready()) << cluster.Logs();
@@ -295,10 +295,12 @@ TEST(MultiNodeFailureTest, SendRecvOfDifferentSizesAcrossNodesFailTheReceive) {
   };
   const std::vector<Case> cases = {
       {100, 101, absl::StatusCode::kInvalidArgument, "send/recv size mismatch on communicator "},
-      {100000, 100001, absl::StatusCode::kPermissionDenied,
-       "a send from rank 0 of another size than the 400004 bytes expected by rank 1"},
-      {100001, 100000, absl::StatusCode::kPermissionDenied,
-       "a send from rank 0 of another size than the 400000 bytes expected by rank 1"},
+      {100000, 100001, absl::StatusCode::kInvalidArgument,
+       "send/recv size mismatch on communicator "},
+      {200000, 200001, absl::StatusCode::kPermissionDenied,
+       "a send from rank 0 of another size than the 800004 bytes expected by rank 1"},
+      {200001, 200000, absl::StatusCode::kPermissionDenied,
+       "a send from rank 0 of another size than the 800000 bytes expected by rank 1"},
       {101, 100, absl::StatusCode::kDeadlineExceeded, "did not complete within 3s"},
   };
   for (const Case& c : cases) {
