@@ -6,14 +6,14 @@
 //                                 | kFrameFlagSplit
 //
 // all little-endian. Below Options::split_min_bytes (512 KiB) payload and trailer are one
-// transport message, sent as a 2-segment iov and received as one, payload straight into the
-// destination. From there they are two messages with the same tag on the same endpoint, the
-// payload (sent and received contiguous: zero-copy, as UCX 1.13's rendezvous is only for
-// contiguous sends) and then the trailer (flag split), received by two receives posted in that
-// order; UCX matches one endpoint's messages with a tag in the order they were sent. (Options::
-// contiguous_send_min_bytes, the older way for large payloads, copies them next to the trailer
-// into one bounce buffer; it applies only where splitting is off.) docs/data-plane.md says what
-// the frame defends against, what it does not, and what it costs.
+// transport message, sent as a 2-segment iov (from Options::contiguous_send_min_bytes, 64 KiB,
+// copied next to the trailer into one pooled buffer and sent contiguous) and received as one,
+// payload straight into the destination. From there they are two messages with the same tag on
+// the same endpoint, the payload (sent and received contiguous, straight from and into the
+// caller's buffer, as UCX 1.13's rendezvous zero-copies only contiguous sends) and then the
+// trailer (flag split), received by two receives posted in that order; UCX matches one
+// endpoint's messages with a tag in the order they were sent. docs/data-plane.md says what the
+// frame defends against, what it does not, and what it costs.
 //
 // Receiving a one-message frame, FramedEndpoint accepts a message only when it is at most
 // payload + 16 bytes long (a shorter one, at least 16, fills the first bytes of the segments
