@@ -101,7 +101,6 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
       if (!c.has_closed_form) continue;
     } else if (executable) {
       // Best chunk size by IR prediction, within the transfer budget.
-      bool any = false;
       std::string why;
       std::vector<size_t> tried;
       struct ChunkTime {
@@ -132,8 +131,8 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
           break;
         }
         tried_times.push_back({chunk, r->time_s, r->transfers});
-        any = true;
       }
+      const bool any = !tried_times.empty();
       if (any) {
         // The best prediction, or the largest chunk predicted within the tolerance of it
         // (TunerOptions::chunk_tie_tolerance).
