@@ -151,9 +151,10 @@ bool NodeRun::Admitted(uint32_t i) {
   // The byte counts of codec and widening steps count the float32 side, the larger one: a
   // conservative range, which may wait for a few more bytes but never touches unfilled ones.
   const std::byte* reads = s.kind == NodeStep::Kind::kRecv ? nullptr : Resolve(s.src);
+  const std::byte* reads2 = s.kind == NodeStep::Kind::kCombine ? Resolve(s.src2) : nullptr;
   const std::byte* writes = s.kind == NodeStep::Kind::kSend ? nullptr : Resolve(s.dst);
   for (const std::shared_ptr<InputGate>& gate : *p_.gates) {
-    for (const std::byte* p : {reads, writes}) {
+    for (const std::byte* p : {reads, reads2, writes}) {
       if (p == nullptr) continue;
       std::function<void(absl::Status)> wake = [this, i](absl::Status st) {
         if (st.ok()) {
@@ -178,6 +179,7 @@ void NodeRun::Ready(uint32_t i) {
   switch (s.kind) {
     case NodeStep::Kind::kCopy:
     case NodeStep::Kind::kReduce:
+    case NodeStep::Kind::kCombine:
     case NodeStep::Kind::kEncode:
     case NodeStep::Kind::kDecode:
     case NodeStep::Kind::kDecodeAdd:
@@ -364,15 +366,16 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
       RunConvertStep(s.kind, p_.dtype, src, dst, s.bytes / sizeof(float), divide ? p_.nranks : 1);
       return absl::OkStatus();
     case NodeStep::Kind::kReduce:
+    case NodeStep::Kind::kCombine:
       break;
     case NodeStep::Kind::kSend:
     case NodeStep::Kind::kRecv:
       return absl::InternalError("a transfer step ran as a local step");
   }
-  // dst <- dst (op) src; avg accumulates sums until the finalizing step divides.
+  // dst <- dst (op) src, or src2 (op) src; avg accumulates sums until the finalizing step divides.
   kernels::RedOp op = p_.red_op;
   if (op == kernels::RedOp::kAvg && !divide) op = kernels::RedOp::kSum;
-  const void* srcs[2] = {dst, src};
+  const void* srcs[2] = {s.kind == NodeStep::Kind::kCombine ? Resolve(s.src2) : dst, src};
   kernels::Reduce(p_.dtype, op, dst, srcs, 2, count, p_.nranks);
   return absl::OkStatus();
 }

@@ -175,7 +175,85 @@ NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, con
     user = add(std::move(apply));
     step_of[i] = user;
   }
+  FuseCopiesIntoReduces(out);
   return out;
+}
+
+namespace {
+
+bool SameRef(const RankRef& a, const RankRef& b) {
+  return a.rank == b.rank && a.space == b.space && a.offset == b.offset;
+}
+
+// Whether [a, a + n) and [b, b + n) of one rank overlap without being the same range.
+bool PartlyOverlap(const RankRef& a, const RankRef& b, uint64_t n) {
+  return a.rank == b.rank && a.space == b.space && a.offset != b.offset &&
+         a.offset < b.offset + n && b.offset < a.offset + n;
+}
+
+}  // namespace
+
+size_t FuseCopiesIntoReduces(NodeSchedule& schedule) {
+  std::vector<NodeStep>& steps = schedule.steps;
+  const size_t n = steps.size();
+  std::vector<uint32_t> dependents(n, 0);
+  for (const NodeStep& s : steps) {
+    for (uint32_t d : s.deps) {
+      if (d < n) ++dependents[d];
+    }
+  }
+  std::vector<bool> removed(n, false);
+  size_t fused = 0;
+  for (size_t a = 0; a < n; ++a) {
+    NodeStep& reduce = steps[a];
+    if (reduce.kind != NodeStep::Kind::kReduce || reduce.bytes == 0) continue;
+    for (size_t k = 0; k < reduce.deps.size(); ++k) {
+      const uint32_t c = reduce.deps[k];
+      if (c >= n || removed[c] || dependents[c] != 1) continue;
+      const NodeStep& copy = steps[c];
+      if (copy.kind != NodeStep::Kind::kCopy || copy.finalize || copy.bytes != reduce.bytes ||
+          !SameRef(copy.dst, reduce.dst) || PartlyOverlap(copy.src, copy.dst, copy.bytes) ||
+          PartlyOverlap(reduce.src, reduce.dst, reduce.bytes) || SameRef(reduce.src, reduce.dst)) {
+        continue;
+      }
+      // The copy's deps take its place in the reduce's (which keep their order otherwise).
+      Deps deps;
+      const auto add = [&deps](uint32_t d) {
+        if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
+      };
+      for (uint32_t d : reduce.deps) {
+        if (d != c) {
+          add(d);
+          continue;
+        }
+        for (uint32_t e : copy.deps) add(e);
+      }
+      reduce.kind = NodeStep::Kind::kCombine;
+      reduce.src2 = copy.src;
+      reduce.deps = std::move(deps);
+      removed[c] = true;
+      ++fused;
+      break;
+    }
+  }
+  if (fused == 0) return 0;
+  // Renumber: the only dependent of a removed copy now depends on the copy's own deps instead.
+  std::vector<uint32_t> index(n, 0);
+  uint32_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    index[i] = next;
+    if (!removed[i]) ++next;
+  }
+  std::vector<NodeStep> kept;
+  kept.reserve(next);
+  for (size_t i = 0; i < n; ++i) {
+    if (removed[i]) continue;
+    NodeStep s = std::move(steps[i]);
+    for (uint32_t& d : s.deps) d = index[d];
+    kept.push_back(std::move(s));
+  }
+  steps = std::move(kept);
+  return fused;
 }
 
 // ---------------------------------------------------------------------------------------------

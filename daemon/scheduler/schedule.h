@@ -111,8 +111,11 @@ struct NodeStep {
   enum class Kind : uint8_t {
     kCopy,    // local: dst <- src
     kReduce,  // local: dst <- dst (op) src
-    kSend,    // src bytes to node `peer` on `rail`, matched by (this node, peer, tag)
-    kRecv,    // bytes from node `peer` on `rail` into dst
+    // local: dst <- src2 (op) src. A copy of src2 into dst fused with the reduce that followed
+    // it (FuseCopiesIntoReduces): dst is written once instead of twice.
+    kCombine,
+    kSend,  // src bytes to node `peer` on `rail`, matched by (this node, peer, tag)
+    kRecv,  // bytes from node `peer` on `rail` into dst
     // Compressed inter-node steps (compressed.h); `bytes` counts the float32 side, the wire side
     // is kernels::EncodedBytes(codec, bytes / 4).
     kEncode,     // local: dst (wire) <- C(src + residual), residual updated (error feedback)
@@ -125,8 +128,9 @@ struct NodeStep {
     kNarrow,    // local: dst (dtype) <- src (float32), divided by nranks when finalize and avg
   };
   Kind kind = Kind::kCopy;
-  RankRef src;  // kCopy, kReduce, kSend
-  RankRef dst;  // kCopy, kReduce, kRecv
+  RankRef src;   // kCopy, kReduce, kCombine, kSend
+  RankRef dst;   // kCopy, kReduce, kCombine, kRecv
+  RankRef src2;  // kCombine: the left operand
   uint64_t bytes = 0;
   bool finalize = false;
   int peer = -1;
@@ -157,9 +161,19 @@ struct NodeSchedule {
 // Cuts a rank schedule into node `node`'s steps. Inter-node reductions receive into scratch
 // staging slots placed after the rank schedule's scratch (NodeSchedule::scratch_bytes_per_rank
 // covers both) and then reduce. Tags count the transfers of each (sender node, receiver node)
-// pair in schedule order, so both sides derive the same tag without talking.
+// pair in schedule order, so both sides derive the same tag without talking. The result has
+// been through FuseCopiesIntoReduces.
 NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, const OpShape& shape,
                      int node);
+
+// Replaces each local copy `dst <- x` whose only dependent is a reduce `dst <- dst (op) y` of the
+// same bytes by one kCombine `dst <- x (op) y`, and drops the copy: a node's own contribution is
+// then read once, where the reduction reads it anyway, instead of first being copied into place
+// (half the data of a ring AllReduce across nodes). Safe because every step ordered after the
+// copy is ordered after the reduce (the copy has no other dependent), so no step can read dst,
+// or write x, in between; dst (op) y and x (op) y apply the operands in the same order, so
+// results are bit for bit the same. Returns the number of copies fused.
+size_t FuseCopiesIntoReduces(NodeSchedule& schedule);
 
 // Algorithms. Names are what RAILYARD_ALGO and --algo take.
 inline constexpr const char* kAlgoRing = "ring";

@@ -86,6 +86,8 @@ const char* KindName(NodeStep::Kind k) {
       return "copy";
     case NodeStep::Kind::kReduce:
       return "reduce";
+    case NodeStep::Kind::kCombine:
+      return "combine";
     case NodeStep::Kind::kSend:
       return "send";
     case NodeStep::Kind::kRecv:
@@ -203,7 +205,8 @@ class Run {
             (s.peer < 0 || s.peer >= k || s.peer == i)) {
           return absl::InternalError(absl::StrCat("bad peer in ", Describe(g)));
         }
-        if ((s.kind == NodeStep::Kind::kCopy || s.kind == NodeStep::Kind::kReduce) &&
+        if ((s.kind == NodeStep::Kind::kCopy || s.kind == NodeStep::Kind::kReduce ||
+             s.kind == NodeStep::Kind::kCombine) &&
             s.bytes % esize_ != 0) {
           return absl::InternalError(
               absl::StrCat(Describe(g), " is not a whole number of elements"));
@@ -269,14 +272,22 @@ class Run {
     const int node = node_of_step_[g];
     switch (s.kind) {
       case NodeStep::Kind::kCopy:
-      case NodeStep::Kind::kReduce: {
+      case NodeStep::Kind::kReduce:
+      case NodeStep::Kind::kCombine: {
+        const bool combine = s.kind == NodeStep::Kind::kCombine;
         auto src = Resolve(g, s.src, s.bytes, false);
         if (!src.ok()) return src.status();
         auto dst = Resolve(g, s.dst, s.bytes, true);
         if (!dst.ok()) return dst.status();
-        if (src->buffer == dst->buffer && src->offset != dst->offset && s.bytes > 0 &&
-            src->offset < dst->offset + s.bytes && dst->offset < src->offset + s.bytes) {
-          return absl::InternalError(absl::StrCat(Describe(g), " partially overlaps its source"));
+        // kCombine's left operand; for the others dst is.
+        absl::StatusOr<Region> left = dst;
+        if (combine) left = Resolve(g, s.src2, s.bytes, false);
+        if (!left.ok()) return left.status();
+        for (const Region* r : {&*src, &*left}) {
+          if (r->buffer == dst->buffer && r->offset != dst->offset && s.bytes > 0 &&
+              r->offset < dst->offset + s.bytes && dst->offset < r->offset + s.bytes) {
+            return absl::InternalError(absl::StrCat(Describe(g), " partially overlaps its source"));
+          }
         }
         const size_t count = s.bytes / esize_;
         const bool avg = shape_.red_op == kernels::RedOp::kAvg;
@@ -289,12 +300,13 @@ class Run {
             std::memmove(dst->ptr, src->ptr, s.bytes);
           }
         } else if (count > 0) {
-          const void* srcs[] = {dst->ptr, src->ptr};
+          const void* srcs[] = {left->ptr, src->ptr};
           const kernels::RedOp op = avg && !s.finalize ? kernels::RedOp::kSum : shape_.red_op;
           kernels::Reduce(shape_.dtype, op, dst->ptr, srcs, 2, count, divisor);
         }
         stats_.local_bytes += s.bytes;
         if (s.src.rank != s.dst.rank) stats_.rank_bytes_sent[s.src.rank] += s.bytes;
+        if (combine && s.src2.rank != s.dst.rank) stats_.rank_bytes_sent[s.src2.rank] += s.bytes;
         Finish(g);
         return absl::OkStatus();
       }

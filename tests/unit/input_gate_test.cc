@@ -179,6 +179,36 @@ TEST(NodeRunGateTest, StepsRunOnlyOnFilledBytesAndSeeWhatWasFilled) {
   }
 }
 
+// A combine (dst <- src2 (op) src) reads two sources: it waits for its left operand's bytes too,
+// here the only gated ones (its other source and its destination are in recv).
+TEST(NodeRunGateTest, ACombineWaitsForItsLeftOperand) {
+  constexpr uint64_t kHalf = 4096;
+  std::vector<float> send(2 * kHalf / 4, -1.0f), recv(2 * kHalf / 4, 0.0f);
+  for (uint64_t i = 0; i < kHalf / 4; ++i) recv[i] = 0.5f;  // the partial received earlier
+  NodeSchedule schedule;
+  schedule.node = 0;
+  NodeStep combine;
+  combine.kind = NodeStep::Kind::kCombine;
+  combine.src2 = {0, RankRef::Space::kSend, kHalf};
+  combine.src = {0, RankRef::Space::kRecv, 0};
+  combine.dst = {0, RankRef::Space::kRecv, kHalf};
+  combine.bytes = kHalf;
+  schedule.steps.push_back(combine);
+  GatedRun r(std::move(schedule), reinterpret_cast<std::byte*>(send.data()),
+             reinterpret_cast<std::byte*>(recv.data()),
+             reinterpret_cast<const std::byte*>(send.data()), 2 * kHalf);
+  r.gate->Advance(0, kHalf);  // only the first half of send: not what the combine reads
+  EXPECT_FALSE(r.done.HasBeenNotified());
+  EXPECT_EQ(recv[kHalf / 4], 0.0f);
+  for (uint64_t i = kHalf / 4; i < 2 * kHalf / 4; ++i) send[i] = 2.0f + static_cast<float>(i);
+  r.gate->Advance(0, 2 * kHalf);
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(r.result.ok()) << r.result;
+  for (uint64_t i = 0; i < kHalf / 4; ++i) {
+    ASSERT_EQ(recv[kHalf / 4 + i], 2.5f + static_cast<float>(kHalf / 4 + i)) << i;
+  }
+}
+
 TEST(NodeRunGateTest, AStepWaitingForBytesThatAreNeverFilledFailsTheRunSayingWhy) {
   std::vector<std::byte> send(64), recv(64);
   NodeSchedule schedule;

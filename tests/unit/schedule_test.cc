@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <ostream>
 #include <set>
@@ -787,10 +788,12 @@ TEST(Project, InterNodeTransfersBecomeSendRecvWithStaging) {
         sent_tags[{k, st.peer}].push_back(st.tag);
       } else if (st.kind == NodeStep::Kind::kRecv) {
         recv_tags[{st.peer, k}].push_back(st.tag);
-        // Ring reduce-scatter reductions land in scratch, then a local reduce applies them.
+        // Ring reduce-scatter reductions land in scratch, then a local reduce applies them (a
+        // combine with the node's own contribution, FuseCopiesIntoReduces).
         if (st.dst.space == RankRef::Space::kScratch) {
           ASSERT_LT(i + 1, ns.steps.size());
-          EXPECT_EQ(ns.steps[i + 1].kind, NodeStep::Kind::kReduce);
+          EXPECT_THAT(ns.steps[i + 1].kind,
+                      ::testing::AnyOf(NodeStep::Kind::kReduce, NodeStep::Kind::kCombine));
           EXPECT_THAT(ns.steps[i + 1].deps, ::testing::Contains(i));
         }
       } else {
@@ -823,7 +826,7 @@ TEST(Project, StagingSlotsArePerStream) {
       ASSERT_LE(st.deps.size(), 1u);
       for (uint32_t d : st.deps) {
         const NodeStep& user = ns.steps[d];
-        EXPECT_EQ(user.kind, NodeStep::Kind::kReduce);
+        EXPECT_THAT(user.kind, ::testing::AnyOf(NodeStep::Kind::kReduce, NodeStep::Kind::kCombine));
         EXPECT_EQ(user.src.offset, st.dst.offset);
         // The previous user of the slot consumed a message from the same peer.
         EXPECT_EQ(ns.steps[user.deps.back()].peer, st.peer);
@@ -845,6 +848,116 @@ NodeStep Step(NodeStep::Kind kind, int peer, uint64_t tag, std::vector<uint32_t>
   s.bytes = 4;
   s.deps.assign(deps.begin(), deps.end());
   return s;
+}
+
+// Across nodes, a node's own contribution to a reduction is read where the reduction reads its
+// peer's partial (one kCombine), not first copied into place: out of place, a ring AllReduce
+// over 2 nodes x 1 rank has no copy left at all, and the local bytes halve.
+TEST(Project, ANodesOwnContributionIsCombinedNotCopied) {
+  const CommLayout l = CommLayout::Uniform(2, 1, 1);
+  for (bool in_place : {false, true}) {
+    for (RedOp red : {RedOp::kSum, RedOp::kAvg}) {
+      Case c;
+      c.algo = kAlgoRing;
+      c.layout = l;
+      c.count = 1 << 12;
+      c.in_place = in_place;
+      c.red = red;
+      c.dtype = red == RedOp::kAvg ? DataType::kFloat32 : DataType::kInt32;
+      c.chunk_bytes = 2048;
+      const Outcome o = RunCase(c);  // checks every rank's result against the definition
+      ASSERT_FALSE(HasFailure());
+      // Each node reduces its half: count / 2 elements, 4 bytes each, once (no copy first).
+      EXPECT_EQ(o.stats.local_bytes, 2 * (c.count / 2) * 4);
+      for (int k = 0; k < l.nnodes; ++k) {
+        const NodeSchedule ns = Project(o.schedule, l, ShapeOf(c), k);
+        int combines = 0;
+        for (const NodeStep& st : ns.steps) {
+          EXPECT_NE(st.kind, NodeStep::Kind::kReduce);
+          if (st.kind == NodeStep::Kind::kCopy) {
+            EXPECT_EQ(st.src.offset, st.dst.offset);
+          }
+          if (st.kind != NodeStep::Kind::kCombine) continue;
+          ++combines;
+          EXPECT_EQ(st.src2.rank, k);
+          EXPECT_EQ(st.src2.space, RankRef::Space::kSend);
+          EXPECT_EQ(st.src2.offset, st.dst.offset);
+          EXPECT_EQ(st.src.space, RankRef::Space::kScratch);
+          EXPECT_TRUE(st.finalize);
+        }
+        EXPECT_EQ(combines, static_cast<int>(c.count / 2 * 4 / c.chunk_bytes)) << "node " << k;
+      }
+    }
+  }
+}
+
+// The fusion itself, on hand-made schedules: only a copy whose one dependent is a reduce of the
+// same bytes into the same place goes, and the indices of what follows are renumbered.
+TEST(FuseCopiesIntoReduces, OnlyACopyWhoseOnlyDependentIsTheReduceGoes) {
+  const auto make = [] {
+    NodeSchedule ns;
+    NodeStep recv = Step(NodeStep::Kind::kRecv, 1, 0);
+    recv.dst = {0, RankRef::Space::kScratch, 0};
+    NodeStep copy = Step(NodeStep::Kind::kCopy, -1, 0);
+    copy.src = {0, RankRef::Space::kSend, 8};
+    copy.dst = {0, RankRef::Space::kRecv, 8};
+    NodeStep reduce = Step(NodeStep::Kind::kReduce, -1, 0, {1, 0});
+    reduce.src = recv.dst;
+    reduce.dst = copy.dst;
+    NodeStep send = Step(NodeStep::Kind::kSend, 1, 0, {2});
+    send.src = copy.dst;
+    ns.steps = {recv, copy, reduce, send};
+    return ns;
+  };
+  NodeSchedule ns = make();
+  EXPECT_EQ(FuseCopiesIntoReduces(ns), 1u);
+  ASSERT_EQ(ns.steps.size(), 3u);
+  EXPECT_EQ(ns.steps[0].kind, NodeStep::Kind::kRecv);
+  EXPECT_EQ(ns.steps[1].kind, NodeStep::Kind::kCombine);
+  EXPECT_EQ(ns.steps[1].src2.space, RankRef::Space::kSend);
+  EXPECT_EQ(ns.steps[1].src2.offset, 8u);
+  EXPECT_EQ(ns.steps[1].src.space, RankRef::Space::kScratch);
+  EXPECT_THAT(ns.steps[1].deps, ::testing::ElementsAre(0u));
+  EXPECT_EQ(ns.steps[2].kind, NodeStep::Kind::kSend);
+  EXPECT_THAT(ns.steps[2].deps, ::testing::ElementsAre(1u));
+
+  // The copy's deps move to the combine, in the copy's place.
+  ns = make();
+  ns.steps.insert(ns.steps.begin(), Step(NodeStep::Kind::kRecv, 1, 1));
+  ns.steps[0].dst = {0, RankRef::Space::kScratch, 64};
+  for (size_t i = 1; i < ns.steps.size(); ++i) {
+    for (uint32_t& d : ns.steps[i].deps) ++d;
+  }
+  ns.steps[2].deps = {0};  // the copy waits for step 0
+  EXPECT_EQ(FuseCopiesIntoReduces(ns), 1u);
+  ASSERT_EQ(ns.steps.size(), 4u);
+  EXPECT_THAT(ns.steps[2].deps, ::testing::ElementsAre(0u, 1u));
+  EXPECT_THAT(ns.steps[3].deps, ::testing::ElementsAre(2u));
+
+  // Left alone: the copy has another dependent (it reads what the copy wrote before the
+  // reduce), the copy divides (avg), it moves other bytes, or writes elsewhere.
+  std::vector<std::function<void(NodeSchedule&)>> spoil = {
+      [](NodeSchedule& s) {
+        NodeStep peek = Step(NodeStep::Kind::kSend, 1, 1, {1});
+        peek.src = s.steps[1].dst;
+        s.steps.push_back(peek);
+      },
+      [](NodeSchedule& s) { s.steps[1].finalize = true; },
+      [](NodeSchedule& s) { s.steps[1].bytes = 8; },
+      [](NodeSchedule& s) { s.steps[1].dst.offset = 12; },
+      [](NodeSchedule& s) {
+        s.steps[1].src.offset = 6;
+        s.steps[1].src.space = RankRef::Space::kRecv;
+      },
+  };
+  for (size_t i = 0; i < spoil.size(); ++i) {
+    ns = make();
+    spoil[i](ns);
+    const size_t steps = ns.steps.size();
+    EXPECT_EQ(FuseCopiesIntoReduces(ns), 0u) << "case " << i;
+    EXPECT_EQ(ns.steps.size(), steps) << "case " << i;
+    EXPECT_EQ(ns.steps[2].kind, NodeStep::Kind::kReduce) << "case " << i;
+  }
 }
 
 TEST(SymbolicExecutor, DetectsDeadlockRacesAndStrays) {
