@@ -39,7 +39,9 @@ class UcxRail;
 // and 8 MiB ran ~1.7x faster (docs/data-plane.md). Sets them in the process environment, where
 // UCX reads its configuration (a variable already set wins), and returns what it set as
 // "NAME=VALUE". Call it once at start-up, before any other thread runs: setenv() is not
-// thread-safe.
+// thread-safe. The segment size is also where UCX's tcp rendezvous starts, and the frame's
+// split threshold (transport::kDefaultSplitMinBytes, part of the wire format) sits there on
+// purpose; it does not follow a segment size an operator sets, so change the two together.
 std::vector<std::string> SetUcxTcpDefaults();
 
 class UcxTransport : public Transport {
