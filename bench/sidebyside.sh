@@ -26,6 +26,11 @@
 # turns a 0.3 us 8 B AllReduce into milliseconds in some launches and not others (seen: 0.3 ->
 # 2200 us, 512 KiB 0.1 -> 8.8 ms); yielding while idle keeps its medians stable, at about 1-3 us
 # of 8 B latency. OMPI_YIELD=0 gives OpenMPI's own default. Other OMPI_MCA_* reach mpirun as usual.
+# VETH_TCP_CC (default unset: the host's default, net.ipv4.tcp_congestion_control): the TCP
+# congestion control of case 4's two namespaces, for both tools (one of
+# net.ipv4.tcp_allowed_congestion_control). On a host defaulting to bbr, BBR's bandwidth estimate
+# over the veth's microsecond RTT swings with scheduling noise (docs/data-plane.md, "BBR on a
+# microsecond path"); reno or cubic show what the transport does without it.
 # Not a test: numbers depend on the machine and its load (medians of interleaved launches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +42,7 @@ mpicc=${MPICC:-mpicc.openmpi}
 # OpenMPI's temporary reduction buffers stay faulted in: no mmap for large mallocs, no trimming.
 tunables="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 yield=${OMPI_YIELD:-}
+veth_cc=${VETH_TCP_CC:-}
 if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ] ||
   [ ! -x "$build/tools/ucx-pingpong/ucx-pingpong" ]; then scripts/build.sh; fi
 daemon_bin=$build/daemon/railyardd
@@ -90,6 +96,12 @@ setup_netns() {
   ip -n "$ns_a" addr add "$veth_net.1/24" dev "va$$"
   ip -n "$ns_b" addr add "$veth_net.2/24" dev "vb$$"
   for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+  if [ -n "$veth_cc" ]; then
+    for ns in "$ns_a" "$ns_b"; do
+      ip netns exec "$ns" sysctl -qw "net.ipv4.tcp_congestion_control=$veth_cc" 2>"$out/netns.err" ||
+        { skip4="VETH_TCP_CC=$veth_cc refused: $(head -1 "$out/netns.err")"; return; }
+    done
+  fi
   ip -n "$ns_a" link set "va$$" up
   ip -n "$ns_b" link set "vb$$" up
   # UCX offers only devices that are up with a carrier.
@@ -251,6 +263,7 @@ ry_env=$(env | grep '^RAILYARD_' | grep -v '^RAILYARD_BUILD_DIR=' | sort | tr '\
 echo "# railyard env (passed to railyard-perf's ranks): ${ry_env:-(none)}"
 echo "# OpenMPI: pml ob1, --bind-to none, mpi_yield_when_idle ${yield:-"OpenMPI's default (yields when oversubscribed)"}, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
 echo "# cases 3 and 4 also launch OpenMPI over UCX's tcp transport (pml ucx, UCX_TLS=tcp,self, 512K tcp segments), the transport railyardd's rails use"
+echo "# TCP congestion control: $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo unknown) (host default); case 4's namespaces: ${veth_cc:-the same}"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# sweeps per launch: 8 B -n 5000 -w 500; 128K, 512K -n 500 -w 50; 2M..32M -n 40 -w 5 (railyard-perf -c 0)"
 start=$(date +%s)
