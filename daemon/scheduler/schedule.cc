@@ -181,10 +181,6 @@ NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, con
 
 namespace {
 
-bool SameRef(const RankRef& a, const RankRef& b) {
-  return a.rank == b.rank && a.space == b.space && a.offset == b.offset;
-}
-
 // Whether [a, a + n) and [b, b + n) of one rank overlap without being the same range.
 bool PartlyOverlap(const RankRef& a, const RankRef& b, uint64_t n) {
   return a.rank == b.rank && a.space == b.space && a.offset != b.offset &&
@@ -212,8 +208,8 @@ size_t FuseCopiesIntoReduces(NodeSchedule& schedule) {
       if (c >= n || removed[c] || dependents[c] != 1) continue;
       const NodeStep& copy = steps[c];
       if (copy.kind != NodeStep::Kind::kCopy || copy.finalize || copy.bytes != reduce.bytes ||
-          !SameRef(copy.dst, reduce.dst) || PartlyOverlap(copy.src, copy.dst, copy.bytes) ||
-          PartlyOverlap(reduce.src, reduce.dst, reduce.bytes) || SameRef(reduce.src, reduce.dst)) {
+          copy.dst != reduce.dst || PartlyOverlap(copy.src, copy.dst, copy.bytes) ||
+          PartlyOverlap(reduce.src, reduce.dst, reduce.bytes) || reduce.src == reduce.dst) {
         continue;
       }
       // The copy's deps take its place in the reduce's (which keep their order otherwise).

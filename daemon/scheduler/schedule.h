@@ -68,6 +68,8 @@ struct RankRef {
   int rank = 0;
   Space space = Space::kSend;
   uint64_t offset = 0;  // bytes
+  // The same first byte of the same rank's memory.
+  friend bool operator==(const RankRef&, const RankRef&) = default;
 };
 
 // A step's dependencies. Most transfers have one to four (a chunk's previous step, the last

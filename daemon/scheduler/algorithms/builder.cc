@@ -58,8 +58,7 @@ RankRef ScheduleBuilder::Advance(RankRef ref, uint64_t elems) const {
 }
 
 void ScheduleBuilder::Copy(const RankRef& src, const RankRef& dst, uint64_t elems, bool finalize) {
-  const bool self = src.rank == dst.rank && src.space == dst.space && src.offset == dst.offset;
-  if (self && !finalize) return;
+  if (src == dst && !finalize) return;  // a copy onto itself
   Emit(Transfer::Kind::kCopy, src, dst, elems, finalize);
 }
 
