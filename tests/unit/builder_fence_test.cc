@@ -26,10 +26,7 @@ RankSchedule Hier(const OpShape& s, const CommLayout& l, size_t chunk, uint32_t 
   return std::move(b).Finish(kAlgoHier);
 }
 
-bool IsFence(const Transfer& t) {
-  return t.bytes == 0 && t.src.rank == t.dst.rank && t.src.space == t.dst.space &&
-         t.src.offset == t.dst.offset;
-}
+bool IsFence(const Transfer& t) { return t.bytes == 0 && t.src == t.dst; }
 
 // 40 nodes: each hier shard is assembled from 40 ring pieces (>= the default 32 writers).
 constexpr int kNodes = 40;
@@ -62,9 +59,7 @@ TEST(BuilderFence, SameTransfersAndHappensBeforeAsWithout) {
     ASSERT_LT(next, plain.transfers.size());
     const Transfer& p = plain.transfers[next];
     EXPECT_TRUE(p.kind == t.kind && p.bytes == t.bytes && p.finalize == t.finalize &&
-                p.src.rank == t.src.rank && p.src.space == t.src.space &&
-                p.src.offset == t.src.offset && p.dst.rank == t.dst.rank &&
-                p.dst.space == t.dst.space && p.dst.offset == t.dst.offset)
+                p.src == t.src && p.dst == t.dst)
         << "transfer " << next;
     map.push_back(static_cast<int64_t>(next++));
   }
