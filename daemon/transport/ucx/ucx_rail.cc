@@ -29,6 +29,10 @@ constexpr int kPendingPollMs = 100;
 // this often and progresses the worker itself: a poller that is busy elsewhere (planning the next
 // operation) delays other traffic on the rail by at most this much.
 constexpr int kPolledSleepMs = 1;
+// Progress calls (each followed by the commands their completions queued) between two looks at
+// the owner's other duties: a rail under steady traffic still expires grace periods and erases
+// released peers, and a polling thread returns to its own work (its session's submissions).
+constexpr int kProgressCallsPerPass = 64;
 
 absl::Status UcxError(absl::string_view what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
@@ -390,15 +394,15 @@ bool UcxRail::Poll() {
   // progress thread's to drain.
   for (int round = 0; round < 4 && worker_ != nullptr; ++round) {
     bool did = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stop_requested_) break;
-      batch_.swap(commands_);
+    if (!RunCommandsUnlessStopping(&did)) break;
+    bool stopping = false;
+    // As in Loop: what the completions queued starts after each progress call.
+    for (int calls = 0;
+         !stopping && calls < kProgressCallsPerPass && ucp_worker_progress(worker_) != 0; ++calls) {
+      did = true;
+      HandleFailedPeers();
+      stopping = !RunCommandsUnlessStopping(&did);
     }
-    did = !batch_.empty();
-    for (std::function<void()>& fn : batch_) fn();
-    batch_.clear();
-    while (ucp_worker_progress(worker_) != 0) did = true;
     HandleFailedPeers();
     if (!did) break;
     any = true;  // callbacks may have posted more: another round
@@ -511,13 +515,25 @@ void UcxRail::TeardownUcx() {
 
 void UcxRail::Loop() {
   while (true) {
-    const bool stop = RunCommands();
-    while (ucp_worker_progress(worker_) != 0) {
+    bool stop = RunCommands();
+    // Commands that the completions of one progress call queued (a receive's completion readies
+    // the send of what it reduced) start before the next call, not once the worker has nothing
+    // left to progress: under steady traffic that could be after every other receive of the
+    // operation, which serialised its sends behind its receives (docs/data-plane.md).
+    bool more = false;
+    for (int calls = 0; ucp_worker_progress(worker_) != 0;) {
+      HandleFailedPeers();
+      if (!stop) stop = RunCommands();
+      if (++calls == kProgressCallsPerPass) {  // the housekeeping below, then on at once
+        more = true;
+        break;
+      }
     }
     HandleFailedPeers();
     ExpireGracePeriods(/*all=*/false);
     Sweep();
     if (stop) return;
+    if (more) continue;
     BusyPoll();
     WaitForEvents();
   }
@@ -540,6 +556,18 @@ void UcxRail::BusyPoll() {
     sched_yield();
     Own();
   }
+}
+
+bool UcxRail::RunCommandsUnlessStopping(bool* ran) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_requested_) return false;
+    batch_.swap(commands_);
+  }
+  if (!batch_.empty()) *ran = true;
+  for (std::function<void()>& fn : batch_) fn();
+  batch_.clear();
+  return true;
 }
 
 bool UcxRail::RunCommands() {

@@ -97,6 +97,9 @@ class UcxRail {
   void TeardownUcx();
   void Loop();
   bool RunCommands();  // true once a stop was requested and every earlier command ran
+  // Runs the queued commands (setting *ran when there were any) unless a stop was requested:
+  // false then, and the progress thread runs them as it stops. For polling threads.
+  bool RunCommandsUnlessStopping(bool* ran);
   void WaitForEvents();
   void BusyPoll();  // polls up to config_.busy_poll, returning early on any activity
   // Waits up to timeout_ms (-1: forever) for the wake eventfd and, when `arm`, the worker's
