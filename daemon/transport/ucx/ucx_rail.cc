@@ -394,14 +394,14 @@ bool UcxRail::Poll() {
   // progress thread's to drain.
   for (int round = 0; round < 4 && worker_ != nullptr; ++round) {
     bool did = false;
-    if (!RunCommandsUnlessStopping(&did)) break;
+    if (RunCommands(/*when_stopping=*/false, &did)) break;
     bool stopping = false;
     // As in Loop: what the completions queued starts after each progress call.
     for (int calls = 0;
          !stopping && calls < kProgressCallsPerPass && ucp_worker_progress(worker_) != 0; ++calls) {
       did = true;
       HandleFailedPeers();
-      stopping = !RunCommandsUnlessStopping(&did);
+      stopping = RunCommands(/*when_stopping=*/false, &did);
     }
     HandleFailedPeers();
     if (!did) break;
@@ -515,7 +515,7 @@ void UcxRail::TeardownUcx() {
 
 void UcxRail::Loop() {
   while (true) {
-    bool stop = RunCommands();
+    bool stop = RunCommands(/*when_stopping=*/true);
     // Commands that the completions of one progress call queued (a receive's completion readies
     // the send of what it reduced) start before the next call, not once the worker has nothing
     // left to progress: under steady traffic that could be after every other receive of the
@@ -523,7 +523,7 @@ void UcxRail::Loop() {
     bool more = false;
     for (int calls = 0; ucp_worker_progress(worker_) != 0;) {
       HandleFailedPeers();
-      if (!stop) stop = RunCommands();
+      if (!stop) stop = RunCommands(/*when_stopping=*/true);
       if (++calls == kProgressCallsPerPass) {  // the housekeeping below, then on at once
         more = true;
         break;
@@ -558,25 +558,15 @@ void UcxRail::BusyPoll() {
   }
 }
 
-bool UcxRail::RunCommandsUnlessStopping(bool* ran) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_requested_) return false;
-    batch_.swap(commands_);
-  }
-  if (!batch_.empty()) *ran = true;
-  for (std::function<void()>& fn : batch_) fn();
-  batch_.clear();
-  return true;
-}
-
-bool UcxRail::RunCommands() {
+bool UcxRail::RunCommands(bool when_stopping, bool* ran) {
   bool stop;
   {
     absl::MutexLock lock(&mu_);
-    batch_.swap(commands_);
     stop = stop_requested_;
+    if (stop && !when_stopping) return true;
+    batch_.swap(commands_);
   }
+  if (ran != nullptr && !batch_.empty()) *ran = true;
   for (std::function<void()>& fn : batch_) fn();
   batch_.clear();
   return stop;

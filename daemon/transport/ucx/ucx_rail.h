@@ -96,10 +96,11 @@ class UcxRail {
   absl::Status InitUcx();
   void TeardownUcx();
   void Loop();
-  bool RunCommands();  // true once a stop was requested and every earlier command ran
-  // Runs the queued commands (setting *ran when there were any) unless a stop was requested:
-  // false then, and the progress thread runs them as it stops. For polling threads.
-  bool RunCommandsUnlessStopping(bool* ran);
+  // Runs the queued commands, setting *ran (when given) if there were any; true once a stop was
+  // requested. Then, with when_stopping (the progress thread), every command queued before the
+  // stop has run; without (a polling thread), none runs: the progress thread runs them as it
+  // stops.
+  bool RunCommands(bool when_stopping, bool* ran = nullptr);
   void WaitForEvents();
   void BusyPoll();  // polls up to config_.busy_poll, returning early on any activity
   // Waits up to timeout_ms (-1: forever) for the wake eventfd and, when `arm`, the worker's
