@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "daemon/session/quota.h"
@@ -56,6 +57,9 @@ struct DaemonConfig {
   QuotaLimits quotas = QuotaLimits::Defaults();
   // Threads executing collectives. 0: one per CPU.
   int worker_threads = 0;
+  // CPUs the whole daemon is pinned to at start-up (--cpus; main applies it before any thread
+  // starts, PinProcessToCpus). Empty: not pinned.
+  std::vector<int> cpus;
   // Default wait for the other ranks' matching submission of a collective.
   absl::Duration op_timeout = absl::Seconds(300);
   // Default wait for all ranks to join a communicator.

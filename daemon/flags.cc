@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/util/cpu_affinity.h"
 #include "daemon/util/log.h"
 
 ABSL_FLAG(std::string, socket, "/run/railyard/railyard.sock",
@@ -86,7 +87,12 @@ ABSL_FLAG(uint64_t, max_residual_bytes_per_session, uint64_t{16} << 30,
           "session's communicators may hold (0: no limit)");
 ABSL_FLAG(uint64_t, max_residual_bytes_per_job, uint64_t{32} << 30,
           "Bytes of error-feedback residuals a job may hold on this node (0: no limit)");
-ABSL_FLAG(int, worker_threads, 0, "Threads executing collectives (0: one per CPU)");
+ABSL_FLAG(int, worker_threads, 0,
+          "Threads executing collectives (0: one per CPU railyardd may run on, see --cpus)");
+ABSL_FLAG(std::string, cpus, "",
+          "CPUs railyardd runs on, as a list like 0-3,8 (taskset's): every thread of the daemon "
+          "is pinned to them at start-up, e.g. the NIC's local cores; empty: wherever the "
+          "scheduler puts it (within an inherited affinity or cgroup cpuset)");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(300),
           "Default wait for the other ranks' matching submission of an operation");
 ABSL_FLAG(absl::Duration, init_timeout, absl::Seconds(120),
@@ -213,6 +219,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "peer_insecure",
                                    "job_tokens",
                                    "worker_threads",
+                                   "cpus",
                                    "op_timeout",
                                    "init_timeout",
                                    "join_timeout",
@@ -343,6 +350,14 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.peer_timeout = absl::GetFlag(FLAGS_peer_timeout);
   if (c.peer_timeout <= absl::ZeroDuration() || c.peer_timeout > absl::Minutes(10)) {
     return absl::InvalidArgumentError("--peer_timeout must be in (0, 10m]");
+  }
+  if (const std::string cpus = absl::GetFlag(FLAGS_cpus); !cpus.empty()) {
+    absl::StatusOr<std::vector<int>> list = ParseCpuList(cpus);
+    if (!list.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cpus=", cpus, ": ", list.status().message()));
+    }
+    c.cpus = *std::move(list);
   }
   c.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   if (c.worker_threads < 0 || c.worker_threads > 1024) {

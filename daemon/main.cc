@@ -10,6 +10,7 @@
 #include "daemon/flags.h"
 #include "daemon/server.h"
 #include "daemon/transport/ucx/ucx_transport.h"
+#include "daemon/util/cpu_affinity.h"
 #include "daemon/util/log.h"
 
 int main(int argc, char** argv) {
@@ -43,6 +44,16 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     std::fprintf(stderr, "railyardd: %s\n", std::string(config.status().message()).c_str());
     return 2;
+  }
+  if (!config->cpus.empty()) {
+    // Before the server starts a thread: each one inherits the set.
+    if (absl::Status s = railyard::PinProcessToCpus(config->cpus); !s.ok()) {
+      std::fprintf(stderr, "railyardd: --cpus=%s: %s\n",
+                   railyard::FormatCpuList(config->cpus).c_str(), std::string(s.message()).c_str());
+      return 2;
+    }
+    railyard::Log(railyard::LogLevel::kInfo, "daemon", "pinned to CPUs",
+                  {railyard::F("cpus", railyard::FormatCpuList(config->cpus))});
   }
   if (config->test_flip_bit_every > 0) {
     railyard::Log(

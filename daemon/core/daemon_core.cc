@@ -14,6 +14,7 @@
 #include "daemon/transport/bit_flip_endpoint.h"
 #include "daemon/transport/framed_endpoint.h"
 #include "daemon/transport/paced_endpoint.h"
+#include "daemon/util/cpu_affinity.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
 #include "proto/railyard/v1/ring.h"
@@ -59,6 +60,10 @@ class LogLimiter {
 
 int WorkerThreads(int configured) {
   if (configured > 0) return configured;
+  // The CPUs this process may run on (--cpus, taskset, a cgroup's cpuset), not all of the host's.
+  if (absl::StatusOr<std::vector<int>> cpus = AllowedCpus(); cpus.ok() && !cpus->empty()) {
+    return static_cast<int>(cpus->size());
+  }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }

@@ -1,4 +1,5 @@
 // Processes that die, daemons that stop: nothing hangs, nothing leaks, survivors get a status.
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -166,6 +168,80 @@ TEST(LifecycleTest, SecondDaemonOnTheSameSocketIsRefused) {
   EXPECT_EQ(*code, 1);
   EXPECT_THAT(second.Output(), HasSubstr("another daemon is already serving"));
   EXPECT_TRUE(first.ready());
+}
+
+// "Cpus_allowed_list" of every thread of a process (/proc/<pid>/task/<tid>/status).
+std::map<std::string, std::string> ThreadCpus(pid_t pid) {
+  std::map<std::string, std::string> out;
+  std::error_code ec;
+  for (const auto& t :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream status(t.path() / "status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+        out[t.path().filename().string()] = line.substr(line.find_first_not_of(" \t", 18));
+      }
+    }
+  }
+  return out;
+}
+
+// --cpus pins the daemon before it starts a thread: every thread it has once serving (gRPC's,
+// the rings', the workers') runs on the list alone. A list that is not one, or that names a CPU
+// the daemon may not run on, stops it at start-up with exit code 2 and a message saying why.
+TEST(LifecycleTest, CpusPinsEveryThreadAndBadListsAreRefused) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  int last = -1, outside = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) {
+      last = cpu;
+    } else if (outside < 0) {
+      outside = cpu;
+    }
+  }
+  ASSERT_GE(last, 0);
+  DaemonProcess d({"--cpus=" + std::to_string(last)});
+  ASSERT_TRUE(d.ready()) << d.Log();
+  auto client = Client::Connect(d.Options());  // the session's ring thread starts too
+  ASSERT_TRUE(client.ok()) << client.status();
+  const auto threads = ThreadCpus(d.process().pid());
+  EXPECT_GE(threads.size(), 4u);
+  for (const auto& [tid, cpus] : threads) EXPECT_EQ(cpus, std::to_string(last)) << "thread " << tid;
+  EXPECT_THAT(d.Log(), HasSubstr("msg=\"pinned to CPUs\" cpus=" + std::to_string(last)));
+
+  const std::string dir = MakeTempDir();
+  struct Bad {
+    std::string flag;
+    std::string message;
+  };
+  std::vector<Bad> bad = {
+      {"--cpus=1-0", "--cpus=1-0: CPU range \"1-0\" ends below where it starts"},
+      {"--cpus=0,,1", "--cpus=0,,1: CPU list \"0,,1\" has an empty item"},
+      {"--cpus=all", "--cpus=all: CPU list item \"all\" is not a CPU number or a range N-M"},
+      {"--cpus=1024", "CPU 1024 in \"1024\" is beyond the largest CPU number, 1023"},
+  };
+  if (outside >= 0) {
+    bad.push_back(
+        {"--cpus=" + std::to_string(outside),
+         "CPU(s) " + std::to_string(outside) + " are not among those this process may run on"});
+  }
+  for (size_t i = 0; i < bad.size(); ++i) {
+    Process p(
+        {RAILYARDD_PATH, "--socket=" + dir + "/bad" + std::to_string(i) + ".sock", bad[i].flag},
+        dir + "/bad" + std::to_string(i) + ".log");
+    EXPECT_EQ(p.Wait(std::chrono::seconds(10)).value_or(-1), 2) << bad[i].flag;
+    EXPECT_THAT(p.Output(), HasSubstr(bad[i].message)) << bad[i].flag;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/bad" + std::to_string(i) + ".sock"));
+  }
+  ::setenv("RAILYARD_CPUS", "x", 1);
+  Process env({RAILYARDD_PATH, "--socket=" + dir + "/env.sock"}, dir + "/env.log");
+  ::unsetenv("RAILYARD_CPUS");
+  EXPECT_EQ(env.Wait(std::chrono::seconds(10)).value_or(-1), 2);
+  EXPECT_THAT(env.Output(), HasSubstr("--cpus=x: CPU list item \"x\" is not a CPU number"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LifecycleTest, FlagsComeFromTheEnvironmentAndBadValuesAreRefused) {

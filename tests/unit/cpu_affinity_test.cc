@@ -1,0 +1,129 @@
+// --cpus: the CPU list syntax, its errors, and pinning every thread of the process.
+#include "daemon/util/cpu_affinity.h"
+
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace railyard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(CpuListTest, ParsesSinglesRangesAndRepeats) {
+  EXPECT_THAT(*ParseCpuList("0"), ElementsAre(0));
+  EXPECT_THAT(*ParseCpuList("3,1"), ElementsAre(1, 3));
+  EXPECT_THAT(*ParseCpuList("0-3,8,10-11"), ElementsAre(0, 1, 2, 3, 8, 10, 11));
+  EXPECT_THAT(*ParseCpuList("2-2,1-3,2"), ElementsAre(1, 2, 3));
+  EXPECT_THAT(*ParseCpuList("1023"), ElementsAre(1023));
+}
+
+TEST(CpuListTest, RefusesWhatIsNotAList) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "the CPU list is empty"},
+           {"1,,2", "has an empty item"},
+           {"1,", "has an empty item"},
+           {",1", "has an empty item"},
+           {"a", "\"a\" is not a CPU number or a range N-M"},
+           {"-1", "\"-1\" is not a CPU number"},
+           {"1-", "\"1-\" is not a CPU number"},
+           {"1-2-3", "\"1-2-3\" is not a CPU number"},
+           {" 1", "is not a CPU number"},
+           {"+1", "is not a CPU number"},
+           {"0x1", "is not a CPU number"},
+           {"99999999999", "is not a CPU number"},
+           {"3-1", "CPU range \"3-1\" ends below where it starts"},
+           {"1024", "CPU 1024 in \"1024\" is beyond the largest CPU number, 1023"},
+           {"0-4096", "CPU 4096 in \"0-4096\" is beyond the largest CPU number"},
+       }) {
+    absl::StatusOr<std::vector<int>> got = ParseCpuList(c.text);
+    ASSERT_FALSE(got.ok()) << "\"" << c.text << "\"";
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(got.status().message(), HasSubstr(c.message)) << c.text;
+  }
+}
+
+TEST(CpuListTest, FormatsRuns) {
+  EXPECT_EQ(FormatCpuList({}), "");
+  EXPECT_EQ(FormatCpuList({5}), "5");
+  EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(FormatCpuList(*ParseCpuList("7,0-2,4")), "0-2,4,7");
+}
+
+std::vector<int> CpusOf(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(tid, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < kMaxCpus; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// Pins a thread that already runs and the ones started afterwards; a CPU the process may not run
+// on changes nothing and says which.
+TEST(PinProcessTest, PinsEveryThreadAndRefusesCpusOutsideTheAllowedSet) {
+  const absl::StatusOr<std::vector<int>> allowed = AllowedCpus();
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  ASSERT_FALSE(allowed->empty());
+
+  std::atomic<pid_t> before_tid{0};
+  std::atomic<bool> done{false};
+  std::thread before([&] {
+    before_tid = static_cast<pid_t>(syscall(SYS_gettid));
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (before_tid == 0) std::this_thread::yield();
+
+  // One CPU outside the allowed set (none is, on a host with every CPU allowed and 1024 of them).
+  int outside = -1;
+  for (int cpu = 0; cpu < kMaxCpus && outside < 0; ++cpu) {
+    if (!std::binary_search(allowed->begin(), allowed->end(), cpu)) outside = cpu;
+  }
+  if (outside >= 0) {
+    absl::Status s = PinProcessToCpus({allowed->front(), outside});
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("CPU(s) ", outside, " are not among")));
+    EXPECT_THAT(s.message(), HasSubstr("it runs on " + FormatCpuList(*allowed)));
+    EXPECT_EQ(CpusOf(0), *allowed) << "a refused list changed nothing";
+    EXPECT_EQ(CpusOf(before_tid), *allowed) << "a refused list changed nothing";
+    EXPECT_EQ(PinProcessToCpus({outside}).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(CpusOf(0), *allowed);
+  }
+  EXPECT_EQ(PinProcessToCpus({}).code(), absl::StatusCode::kInvalidArgument);
+
+  const int one = allowed->back();
+  ASSERT_TRUE(PinProcessToCpus({one}).ok());
+  EXPECT_THAT(CpusOf(0), ElementsAre(one));
+  EXPECT_THAT(CpusOf(before_tid), ElementsAre(one));
+  std::vector<int> after_cpus;
+  std::thread after([&] { after_cpus = CpusOf(0); });
+  after.join();
+  EXPECT_THAT(after_cpus, ElementsAre(one));
+  EXPECT_THAT(*AllowedCpus(), ElementsAre(one));
+
+  done = true;
+  before.join();
+  // Widening back to what the process may run on is allowed (as sched_setaffinity allows it).
+  ASSERT_TRUE(PinProcessToCpus(*allowed).ok());
+  EXPECT_EQ(CpusOf(0), *allowed);
+}
+
+}  // namespace
+}  // namespace railyard
