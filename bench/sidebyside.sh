@@ -31,6 +31,16 @@
 # net.ipv4.tcp_allowed_congestion_control). On a host defaulting to bbr, BBR's bandwidth estimate
 # over the veth's microsecond RTT swings with scheduling noise (docs/data-plane.md, "BBR on a
 # microsecond path"); reno or cubic show what the transport does without it.
+# PIN_DAEMONS=1 (default unset: the scheduler's choice): cases 3 and 4 pin each railyardd to a
+# CPU of its own (--cpus: daemon n on CPU n mod nproc), as two hosts would not share cores; the
+# ranks and OpenMPI stay unpinned. Over the veth under BBR, pinned daemons kept railyard's
+# 512 KiB out of BBR's slow mode in every launch measured (docs/data-plane.md, "BBR's slow
+# mode, and what is not its cause").
+# VETH_RPS (default unset: none): an RPS CPU mask (hex, e.g. 3) for both veth ends' receive
+# queue. Without RPS a veth delivers each packet on the CPU that sent it, so a connection whose
+# segments leave from two CPUs can arrive out of order; with it, each flow is received on one
+# CPU. Case 4 prints, per launch, what TCP did in namespace A (segments retransmitted,
+# reorderings seen, segments queued out of order) either way.
 # Not a test: numbers depend on the machine and its load (medians of interleaved launches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +53,12 @@ mpicc=${MPICC:-mpicc.openmpi}
 tunables="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 yield=${OMPI_YIELD:-}
 veth_cc=${VETH_TCP_CC:-}
+veth_rps=${VETH_RPS:-}
+pin_daemons=${PIN_DAEMONS:-}
+if [ -n "$veth_rps" ] && ! [[ $veth_rps =~ ^[0-9a-fA-F,]+$ ]]; then
+  echo "sidebyside: VETH_RPS must be a hex CPU mask such as 3, not '$veth_rps'" >&2
+  exit 2
+fi
 if [ ! -x "$build/daemon/railyardd" ] || [ ! -x "$build/tools/railyard-perf" ] ||
   [ ! -x "$build/tools/ucx-pingpong/ucx-pingpong" ]; then scripts/build.sh; fi
 daemon_bin=$build/daemon/railyardd
@@ -102,6 +118,13 @@ setup_netns() {
         { skip4="VETH_TCP_CC=$veth_cc refused: $(head -1 "$out/netns.err")"; return; }
     done
   fi
+  if [ -n "$veth_rps" ]; then
+    if ! { ip netns exec "$ns_a" sh -c "echo $veth_rps >/sys/class/net/va$$/queues/rx-0/rps_cpus" &&
+      ip netns exec "$ns_b" sh -c "echo $veth_rps >/sys/class/net/vb$$/queues/rx-0/rps_cpus"; } 2>"$out/netns.err"; then
+      skip4="VETH_RPS=$veth_rps refused: $(head -1 "$out/netns.err")"
+      return
+    fi
+  fi
   ip -n "$ns_a" link set "va$$" up
   ip -n "$ns_b" link set "vb$$" up
   # UCX offers only devices that are up with a carrier.
@@ -139,14 +162,15 @@ start_daemons() {
       ;;
     3 | 4)
       for n in 0 1; do
-        local ns=() node=vnode$n dev=lo listen=127.0.0.1:0
+        local ns=() pin=() node=vnode$n dev=lo listen=127.0.0.1:0
+        [ -n "$pin_daemons" ] && pin=(--cpus=$((n % $(nproc))))
         if [ "$c" = 4 ]; then
           node=nsnode$n listen=$veth_net.$((n + 1)):0
           if [ "$n" = 0 ]; then ns=(ip netns exec "$ns_a") dev=va$$; else ns=(ip netns exec "$ns_b") dev=vb$$; fi
         fi
         echo "{\"node\": \"$node\", \"rails\": [{\"name\": \"rail0\", \"device\": \"$dev\"}]}" >"$out/d$n.json"
         # shellcheck disable=SC2046 # tls prints a list of flags
-        "${ns[@]}" "$daemon_bin" --socket="$out/d$n.sock" --insecure_first_session_token \
+        "${ns[@]}" "$daemon_bin" "${pin[@]}" --socket="$out/d$n.sock" --insecure_first_session_token \
           --peer_listen="$listen" $(tls "$node") --topology="$out/d$n.json" >"$out/d$n.log" 2>&1 &
         pids+=($!)
         socks+=("$out/d$n.sock")
@@ -259,22 +283,49 @@ run_openmpi() {  # case file [pml: ob1 (default) or ucx]
   done
 }
 
+# TCP's counters in a namespace: segments retransmitted, reorderings detected by SACK, segments
+# queued out of order (/proc/net/snmp and /proc/net/netstat: a header line, then a values line).
+tcp_counters() {  # namespace
+  # shellcheck disable=SC2016 # awk's own $fields
+  ip netns exec "$1" awk '
+    $1 == "Tcp:" || $1 == "TcpExt:" {
+      if (!($1 in head)) { head[$1] = $0; next }
+      n = split(head[$1], h)
+      for (i = 2; i <= n; i++) v[$1 h[i]] = $i
+    }
+    END { print v["Tcp:RetransSegs"] + 0, v["TcpExt:TCPSACKReorder"] + 0, v["TcpExt:TCPOFOQueue"] + 0 }
+  ' /proc/net/snmp /proc/net/netstat
+}
+# counted LABEL COMMAND...: runs the command; in case 4 also prints what TCP did meanwhile.
+counted() {
+  local label=$1 b1 b2 b3 a1 a2 a3
+  shift
+  if [ "$c" != 4 ]; then "$@"; return; fi
+  read -r b1 b2 b3 <<<"$(tcp_counters "$ns_a")"
+  "$@"
+  read -r a1 a2 a3 <<<"$(tcp_counters "$ns_a")"
+  echo "# case 4 launch $r $label, TCP in namespace A: $((a1 - b1)) segments retransmitted, $((a2 - b2)) reorderings detected, $((a3 - b3)) segments queued out of order"
+}
+
 echo "# railyard vs OpenMPI $("$mpirun" --version 2>/dev/null | head -1 | awk '{print $NF}'): AllReduce float32 sum, out-of-place; $reps interleaved launches per tool and case, medians"
 echo "# host $(hostname), $(nproc) CPUs, $(uname -r); railyard $(git describe --always --dirty 2>/dev/null) ($build)"
 ry_env=$(env | grep '^RAILYARD_' | grep -v '^RAILYARD_BUILD_DIR=' | sort | tr '\n' ' ' || true)
 echo "# railyard env (passed to railyard-perf's ranks): ${ry_env:-(none)}"
 echo "# OpenMPI: pml ob1, --bind-to none, mpi_yield_when_idle ${yield:-"OpenMPI's default (yields when oversubscribed)"}, GLIBC_TUNABLES=$tunables (its temporary buffers stay faulted in)"
 echo "# cases 3 and 4 also launch OpenMPI over UCX's tcp transport (pml ucx, UCX_TLS=tcp,self, 512K tcp segments), the transport railyardd's rails use"
-echo "# TCP congestion control: $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo unknown) (host default); case 4's namespaces: ${veth_cc:-the same}"
+echo "# TCP congestion control: $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo unknown) (host default); case 4's namespaces: ${veth_cc:-the same}; case 4's veth RPS mask: ${veth_rps:-none}"
+pinned="the scheduler's choice"
+[ -n "$pin_daemons" ] && pinned="one each (--cpus: daemon n on CPU n mod $(nproc))"
+echo "# railyardd CPUs in cases 3 and 4: $pinned"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# sweeps per launch: 8 B -n 5000 -w 500; 128K, 512K -n 500 -w 50; 2M..32M -n 40 -w 5 (railyard-perf -c 0)"
 start=$(date +%s)
 for ((r = 1; r <= reps; r++)); do
   for c in $cases; do
     if [ "$c" = 4 ] && [ -n "$skip4" ]; then continue; fi
-    run_railyard "$c" "$out/c$c-ry-$r.txt"
-    run_openmpi "$c" "$out/c$c-om-$r.txt"
-    if [ "$c" = 3 ] || [ "$c" = 4 ]; then run_openmpi "$c" "$out/c$c-ux-$r.txt" ucx; fi
+    counted railyard run_railyard "$c" "$out/c$c-ry-$r.txt"
+    counted "OpenMPI btl tcp" run_openmpi "$c" "$out/c$c-om-$r.txt"
+    if [ "$c" = 3 ] || [ "$c" = 4 ]; then counted "OpenMPI pml ucx" run_openmpi "$c" "$out/c$c-ux-$r.txt" ucx; fi
     if [ "$c" = 3 ]; then run_floor "$out/c$c-fl-$r.txt"; fi
     echo "# launch $r case $c done ($(($(date +%s) - start)) s)"
   done
