@@ -170,6 +170,18 @@ TEST(LifecycleTest, SecondDaemonOnTheSameSocketIsRefused) {
   EXPECT_TRUE(first.ready());
 }
 
+// Starts railyardd with `name`=`value` in its environment and waits for it to exit (a bad value
+// stops it at start-up); -1 if it did not within 10 s. Its output goes to *output.
+int ExitCodeWithEnv(const std::string& dir, const char* name, const char* value,
+                    std::string* output) {
+  ::setenv(name, value, 1);
+  Process p({RAILYARDD_PATH, "--socket=" + dir + "/" + name + ".sock"}, dir + "/" + name + ".log");
+  ::unsetenv(name);
+  const int code = p.Wait(std::chrono::seconds(10)).value_or(-1);
+  *output = p.Output();
+  return code;
+}
+
 // "Cpus_allowed_list" of every thread of a process (/proc/<pid>/task/<tid>/status).
 std::map<std::string, std::string> ThreadCpus(pid_t pid) {
   std::map<std::string, std::string> out;
@@ -236,11 +248,9 @@ TEST(LifecycleTest, CpusPinsEveryThreadAndBadListsAreRefused) {
     EXPECT_THAT(p.Output(), HasSubstr(bad[i].message)) << bad[i].flag;
     EXPECT_FALSE(std::filesystem::exists(dir + "/bad" + std::to_string(i) + ".sock"));
   }
-  ::setenv("RAILYARD_CPUS", "x", 1);
-  Process env({RAILYARDD_PATH, "--socket=" + dir + "/env.sock"}, dir + "/env.log");
-  ::unsetenv("RAILYARD_CPUS");
-  EXPECT_EQ(env.Wait(std::chrono::seconds(10)).value_or(-1), 2);
-  EXPECT_THAT(env.Output(), HasSubstr("--cpus=x: CPU list item \"x\" is not a CPU number"));
+  std::string output;
+  EXPECT_EQ(ExitCodeWithEnv(dir, "RAILYARD_CPUS", "x", &output), 2);
+  EXPECT_THAT(output, HasSubstr("--cpus=x: CPU list item \"x\" is not a CPU number"));
   std::filesystem::remove_all(dir);
 }
 
@@ -265,11 +275,9 @@ TEST(LifecycleTest, FlagsComeFromTheEnvironmentAndBadValuesAreRefused) {
   d.Signal(SIGTERM);
   EXPECT_EQ(d.Wait(std::chrono::seconds(10)).value_or(-1), 0);
 
-  ::setenv("RAILYARD_OP_TIMEOUT", "soon", 1);
-  Process bad({RAILYARDD_PATH, "--socket=" + dir + "/bad.sock"}, dir + "/bad.log");
-  ::unsetenv("RAILYARD_OP_TIMEOUT");
-  EXPECT_EQ(bad.Wait(std::chrono::seconds(10)).value_or(-1), 2);
-  EXPECT_THAT(bad.Output(), HasSubstr("RAILYARD_OP_TIMEOUT=soon"));
+  std::string output;
+  EXPECT_EQ(ExitCodeWithEnv(dir, "RAILYARD_OP_TIMEOUT", "soon", &output), 2);
+  EXPECT_THAT(output, HasSubstr("RAILYARD_OP_TIMEOUT=soon"));
   std::filesystem::remove_all(dir);
 }
 
