@@ -55,7 +55,7 @@ struct DaemonConfig {
   std::string job_weights_file;
   // What one session, one job and the whole daemon may hold (--max_* flags).
   QuotaLimits quotas = QuotaLimits::Defaults();
-  // Threads executing collectives. 0: one per CPU.
+  // Threads executing collectives. 0: one per CPU the daemon may run on (its affinity mask).
   int worker_threads = 0;
   // CPUs the whole daemon is pinned to at start-up (--cpus; main applies it before any thread
   // starts, PinProcessToCpus). Empty: not pinned.
