@@ -352,7 +352,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--peer_timeout must be in (0, 10m]");
   }
   if (const std::string cpus = absl::GetFlag(FLAGS_cpus); !cpus.empty()) {
-    absl::StatusOr<std::vector<int>> list = ParseCpuList(cpus);
+    absl::StatusOr<std::vector<int>> list = ParseCpuMask(cpus);
     if (!list.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--cpus=", cpus, ": ", list.status().message()));

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/flags.h"
 #include "daemon/server.h"
+#include "daemon/topology/topology_graph.h"
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "daemon/util/cpu_affinity.h"
 #include "daemon/util/log.h"
@@ -49,11 +50,12 @@ int main(int argc, char** argv) {
     // Before the server starts a thread: each one inherits the set.
     if (absl::Status s = railyard::PinProcessToCpus(config->cpus); !s.ok()) {
       std::fprintf(stderr, "railyardd: --cpus=%s: %s\n",
-                   railyard::FormatCpuList(config->cpus).c_str(), std::string(s.message()).c_str());
+                   railyard::topology::FormatCpuList(config->cpus).c_str(),
+                   std::string(s.message()).c_str());
       return 2;
     }
     railyard::Log(railyard::LogLevel::kInfo, "daemon", "pinned to CPUs",
-                  {railyard::F("cpus", railyard::FormatCpuList(config->cpus))});
+                  {railyard::F("cpus", railyard::topology::FormatCpuList(config->cpus))});
   }
   if (config->test_flip_bit_every > 0) {
     railyard::Log(

@@ -10,67 +10,19 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "daemon/topology/topology_graph.h"
 
 namespace railyard {
-namespace {
 
-absl::StatusOr<int> ParseCpu(absl::string_view item, absl::string_view number) {
-  int cpu = -1;
-  // SimpleAtoi takes a sign and surrounding spaces; a CPU number is digits only.
-  if (number.empty() || number.size() > 9 ||
-      !std::all_of(number.begin(), number.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-      !absl::SimpleAtoi(number, &cpu)) {
+absl::StatusOr<std::vector<int>> ParseCpuMask(absl::string_view text) {
+  absl::StatusOr<std::vector<int>> cpus = topology::ParseCpuList(text);
+  if (!cpus.ok()) return cpus.status();
+  if (cpus->empty()) return absl::InvalidArgumentError("the CPU list names no CPU");
+  if (cpus->back() >= kMaxCpus) {
     return absl::InvalidArgumentError(
-        absl::StrCat("CPU list item \"", item, "\" is not a CPU number or a range N-M"));
+        absl::StrCat("CPU ", cpus->back(), " is beyond the largest CPU number, ", kMaxCpus - 1));
   }
-  if (cpu >= kMaxCpus) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CPU ", cpu, " in \"", item, "\" is beyond the largest CPU number, ", kMaxCpus - 1));
-  }
-  return cpu;
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view text) {
-  if (text.empty()) return absl::InvalidArgumentError("the CPU list is empty");
-  std::vector<int> cpus;
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
-    if (item.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CPU list \"", text, "\" has an empty item (two commas, or one at an end)"));
-    }
-    const size_t dash = item.find('-');
-    absl::StatusOr<int> first = ParseCpu(item, item.substr(0, dash));
-    if (!first.ok()) return first.status();
-    int last = *first;
-    if (dash != absl::string_view::npos) {
-      absl::StatusOr<int> end = ParseCpu(item, item.substr(dash + 1));
-      if (!end.ok()) return end.status();
-      if (*end < *first) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("CPU range \"", item, "\" ends below where it starts"));
-      }
-      last = *end;
-    }
-    for (int cpu = *first; cpu <= last; ++cpu) cpus.push_back(cpu);
-  }
-  std::sort(cpus.begin(), cpus.end());
-  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
   return cpus;
-}
-
-std::string FormatCpuList(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    absl::StrAppend(&out, out.empty() ? "" : ",", cpus[i]);
-    if (j > i) absl::StrAppend(&out, "-", cpus[j]);
-    i = j + 1;
-  }
-  return out;
 }
 
 absl::StatusOr<std::vector<int>> AllowedCpus() {
@@ -118,10 +70,10 @@ absl::Status PinProcessToCpus(const std::vector<int>& cpus) {
     const cpu_set_t old = set_of(*before);
     (void)sched_setaffinity(0, sizeof(old), &old);
     return absl::FailedPreconditionError(absl::StrCat(
-        "CPU(s) ", FormatCpuList(refused),
+        "CPU(s) ", topology::FormatCpuList(refused),
         " are not among those this process may run on (offline, or outside its cgroup's cpuset); "
         "it runs on ",
-        FormatCpuList(*before)));
+        topology::FormatCpuList(*before)));
   }
   // Every other thread that exists now (none, at start-up); the ones started later inherit the
   // set from their creator.

@@ -3,7 +3,8 @@
 // inherits the set.
 #pragma once
 
-#include <string>
+#include <sched.h>
+
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,14 +13,12 @@
 
 namespace railyard {
 
-// "0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11} (sorted, without repeats). INVALID_ARGUMENT, naming
-// the bad item, for an empty list or item, a non-number, a range whose end is below its start, or
-// a CPU at or above kMaxCpus.
-inline constexpr int kMaxCpus = 1024;  // CPU_SETSIZE
-absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view text);
-
-// {0, 1, 2, 3, 8} -> "0-3,8".
-std::string FormatCpuList(const std::vector<int>& cpus);
+// --cpus's value -> sorted CPU ids: the kernel cpulist syntax of topology::ParseCpuList
+// ("0-3,8,10-11", whose messages name the bad item), plus what a CPU mask needs: at least one
+// CPU, and none at or above kMaxCpus. INVALID_ARGUMENT otherwise. topology::FormatCpuList writes
+// a list back.
+inline constexpr int kMaxCpus = CPU_SETSIZE;
+absl::StatusOr<std::vector<int>> ParseCpuMask(absl::string_view text);
 
 // The CPUs the calling thread may run on now (sched_getaffinity).
 absl::StatusOr<std::vector<int>> AllowedCpus();

@@ -230,10 +230,10 @@ TEST(LifecycleTest, CpusPinsEveryThreadAndBadListsAreRefused) {
     std::string message;
   };
   std::vector<Bad> bad = {
-      {"--cpus=1-0", "--cpus=1-0: CPU range \"1-0\" ends below where it starts"},
-      {"--cpus=0,,1", "--cpus=0,,1: CPU list \"0,,1\" has an empty item"},
-      {"--cpus=all", "--cpus=all: CPU list item \"all\" is not a CPU number or a range N-M"},
-      {"--cpus=1024", "CPU 1024 in \"1024\" is beyond the largest CPU number, 1023"},
+      {"--cpus=1-0", "--cpus=1-0: bad cpulist '1-0': range '1-0' is empty or out of range"},
+      {"--cpus=0,,1", "--cpus=0,,1: bad cpulist '0,,1': '' is not N or N-M"},
+      {"--cpus=all", "--cpus=all: bad cpulist 'all': 'all' is not N or N-M"},
+      {"--cpus=1024", "--cpus=1024: CPU 1024 is beyond the largest CPU number, 1023"},
   };
   if (outside >= 0) {
     bad.push_back(
@@ -250,7 +250,7 @@ TEST(LifecycleTest, CpusPinsEveryThreadAndBadListsAreRefused) {
   }
   std::string output;
   EXPECT_EQ(ExitCodeWithEnv(dir, "RAILYARD_CPUS", "x", &output), 2);
-  EXPECT_THAT(output, HasSubstr("--cpus=x: CPU list item \"x\" is not a CPU number"));
+  EXPECT_THAT(output, HasSubstr("--cpus=x: bad cpulist 'x': 'x' is not N or N-M"));
   std::filesystem::remove_all(dir);
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/topology/topology_graph.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,48 +22,43 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-TEST(CpuListTest, ParsesSinglesRangesAndRepeats) {
-  EXPECT_THAT(*ParseCpuList("0"), ElementsAre(0));
-  EXPECT_THAT(*ParseCpuList("3,1"), ElementsAre(1, 3));
-  EXPECT_THAT(*ParseCpuList("0-3,8,10-11"), ElementsAre(0, 1, 2, 3, 8, 10, 11));
-  EXPECT_THAT(*ParseCpuList("2-2,1-3,2"), ElementsAre(1, 2, 3));
-  EXPECT_THAT(*ParseCpuList("1023"), ElementsAre(1023));
+// The syntax is topology::ParseCpuList's (tests/unit/topology_graph_test.cc); a mask adds that
+// it names at least one CPU and none beyond CPU_SETSIZE.
+TEST(CpuMaskTest, ParsesTheKernelSyntaxIntoSortedCpus) {
+  EXPECT_THAT(*ParseCpuMask("0"), ElementsAre(0));
+  EXPECT_THAT(*ParseCpuMask("3,1"), ElementsAre(1, 3));
+  EXPECT_THAT(*ParseCpuMask("0-3,8,10-11"), ElementsAre(0, 1, 2, 3, 8, 10, 11));
+  EXPECT_THAT(*ParseCpuMask("2-2,1-3,2"), ElementsAre(1, 2, 3));
+  EXPECT_THAT(*ParseCpuMask("1023"), ElementsAre(1023));
 }
 
-TEST(CpuListTest, RefusesWhatIsNotAList) {
+TEST(CpuMaskTest, RefusesWhatIsNotAMask) {
   struct Case {
     const char* text;
     const char* message;
   };
   for (const Case& c : std::vector<Case>{
-           {"", "the CPU list is empty"},
-           {"1,,2", "has an empty item"},
-           {"1,", "has an empty item"},
-           {",1", "has an empty item"},
-           {"a", "\"a\" is not a CPU number or a range N-M"},
-           {"-1", "\"-1\" is not a CPU number"},
-           {"1-", "\"1-\" is not a CPU number"},
-           {"1-2-3", "\"1-2-3\" is not a CPU number"},
-           {" 1", "is not a CPU number"},
-           {"+1", "is not a CPU number"},
-           {"0x1", "is not a CPU number"},
-           {"99999999999", "is not a CPU number"},
-           {"3-1", "CPU range \"3-1\" ends below where it starts"},
-           {"1024", "CPU 1024 in \"1024\" is beyond the largest CPU number, 1023"},
-           {"0-4096", "CPU 4096 in \"0-4096\" is beyond the largest CPU number"},
+           {"", "the CPU list names no CPU"},
+           {" \n", "the CPU list names no CPU"},
+           {"1,,2", "bad cpulist '1,,2': '' is not N or N-M"},
+           {"a", "bad cpulist 'a': 'a' is not N or N-M"},
+           {"-1", "'-1' is not N or N-M"},
+           {"1-", "'1-' is not N or N-M"},
+           {"1-2-3", "'1-2-3' is not N or N-M"},
+           {"+1", "'+1' is not N or N-M"},
+           {"0x1", "'0x1' is not N or N-M"},
+           {"1 2", "'1 2' is not N or N-M"},
+           {"99999999999", "'99999999999' is not N or N-M"},
+           {"3-1", "range '3-1' is empty or out of range"},
+           {"1024", "CPU 1024 is beyond the largest CPU number, 1023"},
+           {"0-4096", "CPU 4096 is beyond the largest CPU number, 1023"},
+           {"0-1048576", "range '0-1048576' is empty or out of range"},
        }) {
-    absl::StatusOr<std::vector<int>> got = ParseCpuList(c.text);
+    absl::StatusOr<std::vector<int>> got = ParseCpuMask(c.text);
     ASSERT_FALSE(got.ok()) << "\"" << c.text << "\"";
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
     EXPECT_THAT(got.status().message(), HasSubstr(c.message)) << c.text;
   }
-}
-
-TEST(CpuListTest, FormatsRuns) {
-  EXPECT_EQ(FormatCpuList({}), "");
-  EXPECT_EQ(FormatCpuList({5}), "5");
-  EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
-  EXPECT_EQ(FormatCpuList(*ParseCpuList("7,0-2,4")), "0-2,4,7");
 }
 
 std::vector<int> CpusOf(pid_t tid) {
@@ -100,7 +96,7 @@ TEST(PinProcessTest, PinsEveryThreadAndRefusesCpusOutsideTheAllowedSet) {
     absl::Status s = PinProcessToCpus({allowed->front(), outside});
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("CPU(s) ", outside, " are not among")));
-    EXPECT_THAT(s.message(), HasSubstr("it runs on " + FormatCpuList(*allowed)));
+    EXPECT_THAT(s.message(), HasSubstr("it runs on " + topology::FormatCpuList(*allowed)));
     EXPECT_EQ(CpusOf(0), *allowed) << "a refused list changed nothing";
     EXPECT_EQ(CpusOf(before_tid), *allowed) << "a refused list changed nothing";
     EXPECT_EQ(PinProcessToCpus({outside}).code(), absl::StatusCode::kFailedPrecondition);
