@@ -111,6 +111,62 @@ def test_calibrate_refuses_zero_sweeps(cluster):
     assert "INVALID_ARGUMENT: --sweeps must be an integer >= 1 (got '0')" in out.stderr
 
 
+def test_calibrate_one_rank_per_daemon_fits_the_overhead(cluster):
+    # One rank per daemon: no intra-node sweep measures the per-operation overhead, so it is
+    # fitted with the inter-node figures. Held at the built-in 300 us instead, it once left only
+    # the 1 MiB and 4 MiB points to fit, and the "fit" predicted 300 us at every size (rms error
+    # ~190 %), with a bandwidth of ~10^24 B/s, and was stored.
+    sockets = ",".join(d["socket"] for d in cluster["daemons"])
+    fit = None
+    for attempt in range(3):
+        out = run_railctl("calibrate", "--daemons", sockets, "--ranks-per-daemon", "1", "-b",
+                          "64K", "-e", "4M", "-f", "4", "-n", "16", "-w", "2", "--sweeps", "3",
+                          "--dry-run", "--json")
+        if out.returncode == 0:
+            fit = json.loads(out.stdout)
+            break
+        assert "FAILED_PRECONDITION" in out.stderr and " fit " in out.stderr, out.stderr
+        print(f"calibration attempt {attempt}: {out.stderr.strip()}, again")
+    assert fit is not None, "every one-rank calibration sweep failed to fit"
+    print(json.dumps(fit, indent=1))
+    assert fit["rms_error"] <= 0.5  # --max-error's default; over it nothing is printed as OK
+    assert math.isfinite(fit["op_overhead_s"]) and fit["op_overhead_s"] >= 0
+    assert 0 <= fit["inter"]["alpha_s"] < 0.01
+    # Between 100 MB/s and 1 TB/s: loopback TCP, not an artefact of a degenerate fit.
+    assert 1e8 < fit["inter"]["beta_bytes_per_s"] < 1e12, fit["inter"]
+    sizes = fit["sizes"]
+    assert [s["bytes"] for s in sizes] == [65536, 262144, 1048576, 4194304]
+    # The prediction follows the size: 64x the bytes costs well over 3x the time.
+    assert sizes[-1]["predicted_s"] > 3 * sizes[0]["predicted_s"], sizes
+    assert fit["stored"] == []  # --dry-run
+
+
+def test_calibrate_refuses_to_store_a_fit_over_max_error(cluster):
+    sockets = ",".join(d["socket"] for d in cluster["daemons"])
+    paths = [os.path.join(d["state"], "calibration.json") for d in cluster["daemons"]]
+    before = [open(p).read() if os.path.exists(p) else None for p in paths]
+    # No real sweep fits within 0 %: the fit is printed and refused.
+    out = run_railctl("calibrate", "--daemons", sockets, "--ranks-per-daemon", "1", "-b", "64K",
+                      "-e", "1M", "-f", "4", "-n", "4", "-w", "1", "--sweeps", "1",
+                      "--max-error", "0")
+    assert out.returncode == 1, out.stdout
+    assert "FAILED_PRECONDITION: the fit misses the measured times by" in out.stderr, out.stderr
+    assert "over --max-error 0: not stored" in out.stderr, out.stderr
+    assert "not stored (rms error over --max-error)" in out.stdout, out.stdout
+    assert re.search(r"^1\.049 MB\s", out.stdout, re.M), out.stdout  # the table is printed
+    # Neither daemon's calibration changed.
+    assert [open(p).read() if os.path.exists(p) else None for p in paths] == before
+
+
+@pytest.mark.parametrize("bad", ["-0.1", "x", "nan", "inf", "0.5x", ""])
+def test_calibrate_refuses_bad_max_error(cluster, bad):
+    sockets = ",".join(d["socket"] for d in cluster["daemons"])
+    out = run_railctl("calibrate", "--daemons", sockets, f"--max-error={bad}", "--dry-run")
+    assert out.returncode == 1
+    assert (f"INVALID_ARGUMENT: --max-error must be a fraction >= 0, such as 0.5 for 50 % "
+            f"(got '{bad}')") in out.stderr, out.stderr
+
+
 def metric_algorithms(addr, op, size):
     """Algorithms of the collective series for `op` whose power-of-4 size bucket holds size."""
     text = http_get(f"http://{addr}/metrics")[1]

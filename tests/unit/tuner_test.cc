@@ -231,6 +231,76 @@ TEST(Calibration, FitRejectsWhatCannotBeFitted) {
   EXPECT_FALSE(FitLinkClass({{1, 1e3, 1e-3}, {1, 1e6, 1e-3}}).ok());
 }
 
+TEST(Calibration, FitWithOverheadRecoversAllThree) {
+  // T = 25 us + 40 us * L + B / 2 GB/s, with L as a schedule in 256 KB chunks has it: the same
+  // up to one chunk, then one more per chunk (were L affine in B, no sweep could tell the
+  // constant from alpha).
+  std::vector<Sample> samples;
+  for (double bytes : {64e3, 256e3, 1e6, 4e6}) {
+    const double l = 1 + std::ceil(bytes / 256e3), b = bytes;
+    samples.push_back({l, b, 25e-6 + 40e-6 * l + b / 2e9});
+  }
+  absl::StatusOr<LinearFit> fit = FitLinkClassWithOverhead(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->overhead_s, 25e-6, 1e-9);
+  EXPECT_NEAR(fit->link.alpha_s, 40e-6, 1e-9);
+  EXPECT_NEAR(fit->link.beta_bytes_per_s, 2e9, 1e3);
+  EXPECT_LT(fit->rms_relative_error, 1e-9);
+  // Without the constant the same sweep fits worse: the constant goes into alpha and beta.
+  absl::StatusOr<LinearFit> two = FitLinkClass(samples);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->overhead_s, 0);
+  EXPECT_GT(two->rms_relative_error, 1e-3);
+  // +-10 % noise keeps every figure within ~30 %.
+  for (size_t i = 0; i < samples.size(); ++i) samples[i].measured_s *= (i % 2 ? 1.1 : 0.9);
+  fit = FitLinkClassWithOverhead(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_GE(fit->overhead_s, 0);
+  EXPECT_GE(fit->link.alpha_s, 0);
+  EXPECT_NEAR(fit->link.beta_bytes_per_s, 2e9, 0.6e9);
+  EXPECT_LT(fit->rms_relative_error, 0.15);
+}
+
+TEST(Calibration, FitWithOverheadKeepsEveryFigureNonNegative) {
+  // Time that falls from 64 KiB to 256 KiB (one rank per daemon, a fresh connection's first
+  // sweep) pulls an unconstrained constant or alpha below 0; the fit holds them at 0 instead and
+  // still finds the bandwidth of the large sizes.
+  std::vector<Sample> samples = {
+      {2.25, 64e3, 300e-6}, {3, 256e3, 110e-6}, {6, 1e6, 360e-6}, {18, 4e6, 2.3e-3}};
+  absl::StatusOr<LinearFit> fit = FitLinkClassWithOverhead(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_GE(fit->overhead_s, 0);
+  EXPECT_GE(fit->link.alpha_s, 0);
+  EXPECT_GT(fit->link.beta_bytes_per_s, 1e9);
+  EXPECT_LT(fit->link.beta_bytes_per_s, 1e10);
+}
+
+TEST(Calibration, FitWithOverheadRejectsWhatCannotBeFitted) {
+  // Two sizes cannot determine three figures.
+  absl::StatusOr<LinearFit> fit = FitLinkClassWithOverhead({{2, 1e3, 1e-4}, {3, 1e6, 1e-3}});
+  ASSERT_FALSE(fit.ok());
+  EXPECT_EQ(fit.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fit.status().message().find("at least 3 sizes"), std::string::npos);
+  // A constant time: all overhead, no bandwidth.
+  fit = FitLinkClassWithOverhead({{2, 1e3, 1e-3}, {3, 1e5, 1e-3}, {6, 1e7, 1e-3}});
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.status().message().find("does not determine a bandwidth"), std::string::npos);
+  // Not a measurement: zero, negative, NaN or infinite times and units.
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const Sample& bad : std::vector<Sample>{{1, 1e6, 0},
+                                               {1, 1e6, -1e-3},
+                                               {1, 1e6, nan},
+                                               {1, 1e6, inf},
+                                               {nan, 1e6, 1e-3},
+                                               {1, inf, 1e-3},
+                                               {-1, 1e6, 1e-3}}) {
+    fit = FitLinkClassWithOverhead({{2, 1e3, 1e-4}, {3, 1e5, 2e-4}, bad});
+    ASSERT_FALSE(fit.ok());
+    EXPECT_EQ(fit.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(Calibration, JsonAndFileRoundTrip) {
   Calibration c = Calibration::Defaults();
   c.source = "fit";

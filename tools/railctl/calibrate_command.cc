@@ -35,14 +35,18 @@ using topology::LinkClass;
 constexpr const char* kUsage =
     "usage: railctl calibrate --daemons S0,S1[,...] [--ranks-per-daemon G] [--op OP] [--algo A]\n"
     "                         [-b SIZE] [-e SIZE] [-f N] [-n ITERS] [-w WARMUP] [--perf PATH]\n"
-    "                         [--sweeps N] [--timeout SECONDS] [--dry-run] [--json]\n"
+    "                         [--sweeps N] [--timeout SECONDS] [--max-error F] [--dry-run]\n"
+    "                         [--json]\n"
     "Runs railyard-perf on the first daemon alone and then across all of them, fits the\n"
     "per-operation overhead, the intra-node bandwidth and the inter-node alpha and beta by least\n"
     "squares on the schedule IR's prediction, prints the fit against every measured size and\n"
-    "stores it on every daemon (--state_dir/calibration.json) unless --dry-run. Each sweep runs\n"
-    "--sweeps times and every size is fitted at its median, so one sweep disturbed by another\n"
-    "process does not bend the fit. Defaults: G = 2, allreduce, ring, -b 64K -e 4M -f 4 -n 10\n"
-    "-w 3 --sweeps 3.\n";
+    "stores it on every daemon (--state_dir/calibration.json) unless --dry-run. With G = 1 there\n"
+    "is no intra-node sweep: the per-operation overhead is fitted with the inter-node figures.\n"
+    "Each sweep runs --sweeps times and every size is fitted at its median, so one sweep\n"
+    "disturbed by another process does not bend the fit. A fit whose rms relative error over the\n"
+    "sizes exceeds --max-error is printed, not stored, and the command fails "
+    "(FAILED_PRECONDITION).\n"
+    "Defaults: G = 2, allreduce, ring, -b 64K -e 4M -f 4 -n 10 -w 3 --sweeps 3 --max-error 0.5.\n";
 
 // A huge bandwidth and zero latency: a link class that costs nothing.
 constexpr LinkClass kFree{0, 1e30};
@@ -127,10 +131,11 @@ std::string PerfSize(const std::string& flag, const ParsedFlags& f, const char* 
 }  // namespace
 
 absl::Status RunCalibrate(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedFlags> f = ParseFlags(args,
-                                             {"daemons", "ranks-per-daemon", "op", "algo", "b", "e",
-                                              "f", "n", "w", "perf", "timeout", "sweeps"},
-                                             {"dry-run", "json"});
+  absl::StatusOr<ParsedFlags> f =
+      ParseFlags(args,
+                 {"daemons", "ranks-per-daemon", "op", "algo", "b", "e", "f", "n", "w", "perf",
+                  "timeout", "sweeps", "max-error"},
+                 {"dry-run", "json"});
   if (!f.ok()) return f.status();
   if (f->Bool("help")) {
     std::fputs(kUsage, stdout);
@@ -148,6 +153,13 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
   if (!timeout.ok()) return timeout.status();
   absl::StatusOr<int> sweeps = IntFlag(*f, "sweeps", 3, 1);
   if (!sweeps.ok()) return sweeps.status();
+  double max_error = 0.5;
+  if (f->Has("max-error") && (!absl::SimpleAtod(f->Get("max-error"), &max_error) ||
+                              !(max_error >= 0) || !std::isfinite(max_error))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-error must be a fraction >= 0, such as 0.5 for 50 % (got '",
+                     f->Get("max-error"), "')"));
+  }
   const std::string op_name = f->Get("op", "allreduce");
   scheduler::OpKind op;
   if (!scheduler::ParseOpName(op_name, &op) || scheduler::IsPointToPoint(op) ||
@@ -257,6 +269,11 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
     if (!inter_rows.ok()) return inter_rows.status();
     absl::StatusOr<std::vector<Point>> pts = Schedules(*inter_rows, op, algo, layout, chunk);
     if (!pts.ok()) return pts.status();
+    // With one rank per daemon there was no intra-node sweep to measure the per-operation
+    // overhead: it is fitted here, with the inter-node alpha and beta. (Held at the built-in
+    // default instead, 300 us, it made every small size's time negative after subtraction, and
+    // the fit of what was left predicted 300 us at every size.)
+    const bool fit_overhead = intra_rows.empty();
     std::vector<cost::Sample> samples;
     for (const Point& p : *pts) {
       absl::StatusOr<double> intra_part = Predict(p.schedule, layout, fit.intra, kFree);
@@ -265,36 +282,47 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
       if (!intra_part.ok()) return intra_part.status();
       if (!lat.ok()) return lat.status();
       if (!bytes.ok()) return bytes.status();
-      const double y = p.m.seconds - fit.op_overhead_s - *intra_part;
+      const double y = p.m.seconds - (fit_overhead ? 0 : fit.op_overhead_s) - *intra_part;
       if (y > 0) samples.push_back({*lat, *bytes, y});
     }
-    absl::StatusOr<cost::LinearFit> lf = cost::FitLinkClass(samples);
+    absl::StatusOr<cost::LinearFit> lf =
+        fit_overhead ? cost::FitLinkClassWithOverhead(samples) : cost::FitLinkClass(samples);
     if (!lf.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("inter-node fit over ", k, " daemons: ", lf.status().message()));
     }
+    if (fit_overhead) fit.op_overhead_s = lf->overhead_s;
     // The linear fit adds the intra and inter parts; the simulator overlaps them along the
-    // critical path. Refine alpha and beta against the full prediction (what explain and the
-    // tuner use): a pattern search in log space minimising the squared relative error.
-    const auto objective = [&](const LinkClass& inter) {
+    // critical path. Refine alpha and beta (and the overhead it fitted) against the full
+    // prediction (what explain and the tuner use): a pattern search in log space minimising the
+    // squared relative error.
+    struct Figures {
+      LinkClass inter;
+      double op_overhead_s;
+    };
+    const auto objective = [&](const Figures& x) {
       double e = 0;
       for (const Point& p : *pts) {
-        absl::StatusOr<double> t = Predict(p.schedule, layout, fit.intra, inter);
+        absl::StatusOr<double> t = Predict(p.schedule, layout, fit.intra, x.inter);
         if (!t.ok()) return 1e300;
-        const double r = (*t + fit.op_overhead_s - p.m.seconds) / p.m.seconds;
+        const double r = (*t + x.op_overhead_s - p.m.seconds) / p.m.seconds;
         e += r * r;
       }
       return e;
     };
-    LinkClass best = lf->link;
-    best.alpha_s = std::max(best.alpha_s, 1e-7);
+    Figures best{lf->link, fit.op_overhead_s};
+    best.inter.alpha_s = std::max(best.inter.alpha_s, 1e-7);
+    if (fit_overhead) best.op_overhead_s = std::max(best.op_overhead_s, 1e-7);
     double best_e = objective(best);
+    const int dims = fit_overhead ? 3 : 2;
     for (double step = 1.0; step > 0.005;) {
       bool improved = false;
-      for (int dim = 0; dim < 2; ++dim) {
+      for (int dim = 0; dim < dims; ++dim) {
         for (double dir : {1.0, -1.0}) {
-          LinkClass trial = best;
-          double& v = dim == 0 ? trial.alpha_s : trial.beta_bytes_per_s;
+          Figures trial = best;
+          double& v = dim == 0   ? trial.inter.alpha_s
+                      : dim == 1 ? trial.inter.beta_bytes_per_s
+                                 : trial.op_overhead_s;
           v *= std::exp(dir * step);
           const double e = objective(trial);
           if (e < best_e) {
@@ -306,7 +334,8 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
       }
       if (!improved) step /= 2;
     }
-    fit.inter = best;
+    fit.inter = best.inter;
+    fit.op_overhead_s = best.op_overhead_s;
     rows = *inter_rows;
     check_layout = layout;
     check_algo = algo;
@@ -345,9 +374,24 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
   if (absl::Status s = cost::Validate(fit); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("the fit is not usable: ", s.message()));
   }
+  // A fit this far off would steer every daemon's tuner by figures no size measured: printed
+  // so that the operator sees where it misses, never stored.
+  absl::Status refused;
+  if (fit.rms_relative_error > max_error) {
+    const Check* w = &checks.front();
+    for (const Check& c : checks) {
+      if (std::fabs(c.error) > std::fabs(w->error)) w = &c;
+    }
+    refused = absl::FailedPreconditionError(absl::StrFormat(
+        "the fit misses the measured times by %.1f %% rms (worst %+.1f %% at %s), over "
+        "--max-error %g: not stored; measure again with more iterations (-n) or sweeps, on a "
+        "quieter host",
+        100 * fit.rms_relative_error, 100 * w->error,
+        topology::FormatBytes(static_cast<double>(w->bytes)), max_error));
+  }
   std::vector<std::string> stored;
   const v1::CostModel model = ToProto(fit);
-  if (!f->Bool("dry-run")) {
+  if (!f->Bool("dry-run") && refused.ok()) {
     for (const std::string& socket : daemons) {
       absl::StatusOr<std::string> path = AdminClient(socket).SetCalibration(model);
       if (!path.ok()) return path.status();
@@ -377,7 +421,7 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
         {"max_error", worst},
         {"stored", stored}};
     std::printf("%s\n", out.dump(2).c_str());
-    return absl::OkStatus();
+    return refused;
   }
   TextTable table({"SIZE", "MEASURED", "PREDICTED", "ERROR"});
   for (const Check& c : checks) {
@@ -388,12 +432,14 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
   std::printf("%s/%s on %s\n", fit.op.c_str(), fit.algorithm.c_str(), fit.placement.c_str());
   std::fputs(table.Render().c_str(), stdout);
   std::printf("fit: %s\nworst error %.1f%%\n", DescribeCostModel(model).c_str(), 100 * worst);
-  if (stored.empty()) {
+  if (!refused.ok()) {
+    std::printf("not stored (rms error over --max-error)\n");
+  } else if (stored.empty()) {
     std::printf("not stored (--dry-run)\n");
   } else {
     std::printf("stored: %s\n", absl::StrJoin(stored, ", ").c_str());
   }
-  return absl::OkStatus();
+  return refused;
 }
 
 }  // namespace railyard::railctl

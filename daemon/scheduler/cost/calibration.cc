@@ -1,5 +1,6 @@
 #include "daemon/scheduler/cost/calibration.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -154,67 +155,126 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& state_dir) {
   return c;
 }
 
-absl::StatusOr<LinearFit> FitLinkClass(const std::vector<Sample>& samples) {
-  if (samples.size() < 2) {
+namespace {
+
+// Weighted non-negative least squares for T = c * 1 (when with_constant) + x * L + y * B, on
+// relative error (row i weighted by 1/T_i). Every subset of the columns is solved on its own
+// (at most 7, each a system of at most 3 equations) and the best solution with no negative
+// coefficient wins: that is the constrained optimum, since it lies on the face of the feasible
+// set where its zero coefficients are held at zero.
+absl::StatusOr<LinearFit> FitNonNegative(const std::vector<Sample>& samples, bool with_constant) {
+  const size_t need = with_constant ? 3 : 2;
+  if (samples.size() < need) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a fit needs at least 2 sizes (got ", samples.size(), ")"));
+        absl::StrCat("a fit needs at least ", need, " sizes (got ", samples.size(), ")"));
   }
-  // Weighted least squares for T = x * L + y * B (x = alpha, y = 1/beta), weights 1/T^2.
-  double sll = 0, slb = 0, sbb = 0, slt = 0, sbt = 0;
   for (const Sample& s : samples) {
     if (!(s.measured_s > 0) || !std::isfinite(s.measured_s)) {
       return absl::InvalidArgumentError(
           absl::StrCat("measured time ", s.measured_s, " s is not positive"));
     }
-    const double w = 1 / (s.measured_s * s.measured_s);
-    sll += w * s.latency_units * s.latency_units;
-    slb += w * s.latency_units * s.bytes_units;
-    sbb += w * s.bytes_units * s.bytes_units;
-    slt += w * s.latency_units * s.measured_s;
-    sbt += w * s.bytes_units * s.measured_s;
-  }
-  double x = 0, y = 0;
-  const double det = sll * sbb - slb * slb;
-  if (det > 1e-12 * sll * sbb) {
-    x = (slt * sbb - sbt * slb) / det;
-    y = (sll * sbt - slb * slt) / det;
-  }
-  // Constrained to x, y >= 0: fall back to the best one-parameter fit.
-  if (!(det > 1e-12 * sll * sbb) || x < 0 || y < 0) {
-    const double x_only = sll > 0 ? slt / sll : 0;
-    const double y_only = sbb > 0 ? sbt / sbb : 0;
-    auto err = [&](double a, double b) {
-      double e = 0;
-      for (const Sample& s : samples) {
-        const double r = (a * s.latency_units + b * s.bytes_units - s.measured_s) / s.measured_s;
-        e += r * r;
-      }
-      return e;
-    };
-    if (x < 0 || y < 0 || !(det > 1e-12 * sll * sbb)) {
-      if (err(x_only, 0) <= err(0, y_only)) {
-        x = x_only;
-        y = 0;
-      } else {
-        x = 0;
-        y = y_only;
-      }
+    if (!std::isfinite(s.latency_units) || !std::isfinite(s.bytes_units) || s.latency_units < 0 ||
+        s.bytes_units < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("schedule units ", s.latency_units, " and ",
+                                                     s.bytes_units, " are not finite and >= 0"));
     }
   }
-  if (!(y > 0)) {
+  constexpr int kConst = 0, kLat = 1, kBytes = 2;
+  const auto column = [](const Sample& s, int c) {
+    return c == kConst ? 1.0 : c == kLat ? s.latency_units : s.bytes_units;
+  };
+  const auto relative_sq = [&](const double coef[3]) {
+    double e = 0;
+    for (const Sample& s : samples) {
+      double t = 0;
+      for (int c = 0; c < 3; ++c) t += coef[c] * column(s, c);
+      const double r = (t - s.measured_s) / s.measured_s;
+      e += r * r;
+    }
+    return e;
+  };
+  double best[3] = {0, 0, 0};
+  double best_e = -1;
+  for (int mask = 1; mask < 8; ++mask) {
+    if (!with_constant && (mask & (1 << kConst))) continue;
+    int cols[3], n = 0;
+    for (int c = 0; c < 3; ++c) {
+      if (mask & (1 << c)) cols[n++] = c;
+    }
+    // Normal equations of the weighted rows (a_i / T_i) . v = 1.
+    double m[3][4] = {};
+    for (const Sample& s : samples) {
+      const double w = 1 / s.measured_s;
+      for (int r = 0; r < n; ++r) {
+        for (int c = 0; c < n; ++c) m[r][c] += w * column(s, cols[r]) * w * column(s, cols[c]);
+        m[r][n] += w * column(s, cols[r]);
+      }
+    }
+    // Gauss-Jordan with partial pivoting; a pivot below 1e-12 of its column's diagonal (the
+    // columns are collinear over this sweep) leaves the subset out.
+    bool singular = false;
+    double diag[3];
+    for (int r = 0; r < n; ++r) diag[r] = m[r][r];
+    for (int p = 0; p < n && !singular; ++p) {
+      int piv = p;
+      for (int r = p + 1; r < n; ++r) {
+        if (std::fabs(m[r][p]) > std::fabs(m[piv][p])) piv = r;
+      }
+      if (!(std::fabs(m[piv][p]) > 1e-12 * diag[p])) {
+        singular = true;
+        break;
+      }
+      for (int c = 0; c <= n; ++c) std::swap(m[p][c], m[piv][c]);
+      for (int r = 0; r < n; ++r) {
+        if (r == p) continue;
+        const double f = m[r][p] / m[p][p];
+        for (int c = p; c <= n; ++c) m[r][c] -= f * m[p][c];
+      }
+    }
+    if (singular) continue;
+    double coef[3] = {0, 0, 0};
+    bool feasible = true;
+    for (int r = 0; r < n; ++r) {
+      coef[cols[r]] = m[r][n] / m[r][r];
+      if (!(coef[cols[r]] >= 0) || !std::isfinite(coef[cols[r]])) feasible = false;
+    }
+    if (!feasible) continue;
+    const double e = relative_sq(coef);
+    if (best_e < 0 || e < best_e) {
+      best_e = e;
+      std::copy(coef, coef + 3, best);
+    }
+  }
+  if (best_e < 0) {
+    return absl::InvalidArgumentError(
+        "the sweep's sizes cost the same schedule units (a degenerate sweep): sweep more sizes");
+  }
+  // A bandwidth term that explains almost nothing of any sample is rounding, not a measurement
+  // (its beta would be astronomical).
+  double bytes_share = 0;
+  for (const Sample& s : samples) {
+    bytes_share = std::max(bytes_share, best[kBytes] * s.bytes_units / s.measured_s);
+  }
+  if (!(bytes_share >= 1e-3)) {
     return absl::InvalidArgumentError(
         "the sweep does not determine a bandwidth (time does not grow with size): sweep larger "
         "sizes");
   }
   LinearFit fit;
-  fit.link = {x, 1 / y};
-  double e = 0;
-  for (const Sample& s : samples) {
-    const double r = (x * s.latency_units + y * s.bytes_units - s.measured_s) / s.measured_s;
-    e += r * r;
-  }
-  fit.rms_relative_error = std::sqrt(e / samples.size());
+  fit.link = {best[kLat], 1 / best[kBytes]};
+  fit.overhead_s = best[kConst];
+  fit.rms_relative_error = std::sqrt(best_e / samples.size());
   return fit;
+}
+
+}  // namespace
+
+absl::StatusOr<LinearFit> FitLinkClass(const std::vector<Sample>& samples) {
+  return FitNonNegative(samples, /*with_constant=*/false);
+}
+
+absl::StatusOr<LinearFit> FitLinkClassWithOverhead(const std::vector<Sample>& samples) {
+  return FitNonNegative(samples, /*with_constant=*/true);
 }
 
 }  // namespace railyard::scheduler::cost

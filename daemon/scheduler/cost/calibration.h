@@ -56,11 +56,19 @@ struct Sample {
 };
 struct LinearFit {
   topology::LinkClass link;
+  double overhead_s = 0;  // the constant term (FitLinkClassWithOverhead; 0 otherwise)
   double rms_relative_error = 0;
 };
 // Least squares on relative error (each sample weighted by 1/measured, so small and large sizes
 // count alike), alpha and 1/beta constrained to >= 0. INVALID_ARGUMENT with fewer than 2 samples,
-// non-positive measurements or a degenerate sweep (all samples proportional).
+// non-positive measurements, a degenerate sweep (all samples proportional) or one whose time
+// does not grow with its bytes (no bandwidth: the bytes term would explain under 0.1 % of every
+// sample).
 absl::StatusOr<LinearFit> FitLinkClass(const std::vector<Sample>& samples);
+// The same with a constant term, T = overhead + alpha * latency_units + bytes_units / beta, all
+// three >= 0: for a sweep that has no other measurement of the per-operation overhead (one rank
+// per daemon: no intra-node sweep to take it from). INVALID_ARGUMENT as FitLinkClass, and with
+// fewer than 3 samples.
+absl::StatusOr<LinearFit> FitLinkClassWithOverhead(const std::vector<Sample>& samples);
 
 }  // namespace railyard::scheduler::cost
