@@ -158,6 +158,30 @@ def test_calibrate_refuses_to_store_a_fit_over_max_error(cluster):
     assert [open(p).read() if os.path.exists(p) else None for p in paths] == before
 
 
+def test_calibrate_refuses_one_daemon_with_one_rank(cluster):
+    # Nothing to measure: it once "fitted" 0 sizes and stored the built-in defaults as a fit.
+    d = cluster["daemons"][0]
+    path = os.path.join(d["state"], "calibration.json")
+    before = open(path).read() if os.path.exists(path) else None
+    out = run_railctl("calibrate", "--daemons", d["socket"], "--ranks-per-daemon", "1")
+    assert out.returncode == 1
+    assert ("INVALID_ARGUMENT: one daemon with one rank has no link to measure" in out.stderr), \
+        out.stderr
+    assert (open(path).read() if os.path.exists(path) else None) == before
+
+
+@pytest.mark.parametrize("names, message", [
+    (",", "--daemons ',' names no daemon socket"),
+    ("", "--daemons '' names no daemon socket"),
+    ("{0},{0}", "--daemons names {0} twice: one socket per node"),
+])
+def test_calibrate_refuses_bad_daemon_lists(cluster, names, message):
+    sock = cluster["daemons"][0]["socket"]
+    out = run_railctl("calibrate", f"--daemons={names.format(sock)}", "--dry-run")
+    assert out.returncode == 1, out.stdout
+    assert f"INVALID_ARGUMENT: {message.format(sock)}" in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("bad", ["-0.1", "x", "nan", "inf", "0.5x", ""])
 def test_calibrate_refuses_bad_max_error(cluster, bad):
     sockets = ",".join(d["socket"] for d in cluster["daemons"])

@@ -147,8 +147,27 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
   if (!f->Has("daemons")) return absl::InvalidArgumentError("--daemons S0,S1,... is required");
   const std::vector<std::string> daemons =
       absl::StrSplit(f->Get("daemons"), ',', absl::SkipEmpty());
+  if (daemons.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--daemons '", f->Get("daemons"), "' names no daemon socket"));
+  }
+  for (size_t i = 0; i < daemons.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      // One daemon twice would be measured as two nodes whose "inter-node" link is its memory.
+      if (daemons[i] == daemons[j]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--daemons names ", daemons[i], " twice: one socket per node"));
+      }
+    }
+  }
   absl::StatusOr<int> g = IntFlag(*f, "ranks-per-daemon", 2, 1);
   if (!g.ok()) return g.status();
+  if (daemons.size() == 1 && *g == 1) {
+    // Nothing would be measured: no pair of ranks on the node, no pair of nodes.
+    return absl::InvalidArgumentError(
+        "one daemon with one rank has no link to measure: give --ranks-per-daemon 2 or more "
+        "(the intra-node fit), or two or more --daemons (the inter-node fit)");
+  }
   absl::StatusOr<int> timeout = IntFlag(*f, "timeout", 300, 10);
   if (!timeout.ok()) return timeout.status();
   absl::StatusOr<int> sweeps = IntFlag(*f, "sweeps", 3, 1);
