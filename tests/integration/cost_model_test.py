@@ -145,11 +145,17 @@ def test_calibrate_refuses_to_store_a_fit_over_max_error(cluster):
     sockets = ",".join(d["socket"] for d in cluster["daemons"])
     paths = [os.path.join(d["state"], "calibration.json") for d in cluster["daemons"]]
     before = [open(p).read() if os.path.exists(p) else None for p in paths]
-    # No real sweep fits within 0 %: the fit is printed and refused.
-    out = run_railctl("calibrate", "--daemons", sockets, "--ranks-per-daemon", "1", "-b", "64K",
-                      "-e", "1M", "-f", "4", "-n", "4", "-w", "1", "--sweeps", "1",
-                      "--max-error", "0")
-    assert out.returncode == 1, out.stdout
+    # No real sweep fits within 0 %: the fit is printed and refused. (A sweep so disturbed that
+    # no fit exists fails earlier, as in the tests above, and is measured again.)
+    for attempt in range(3):
+        out = run_railctl("calibrate", "--daemons", sockets, "--ranks-per-daemon", "1", "-b",
+                          "64K", "-e", "4M", "-f", "4", "-n", "8", "-w", "1", "--sweeps", "1",
+                          "--max-error", "0")
+        assert out.returncode == 1, out.stdout
+        if "the fit misses" in out.stderr:
+            break
+        assert "FAILED_PRECONDITION" in out.stderr and " fit " in out.stderr, out.stderr
+        print(f"calibration attempt {attempt}: {out.stderr.strip()}, again")
     assert "FAILED_PRECONDITION: the fit misses the measured times by" in out.stderr, out.stderr
     assert "over --max-error 0: not stored" in out.stderr, out.stderr
     assert "not stored (rms error over --max-error)" in out.stdout, out.stdout
