@@ -25,10 +25,10 @@ absl::StatusOr<std::vector<int>> ParseCpuMask(absl::string_view text) {
   return cpus;
 }
 
-absl::StatusOr<std::vector<int>> AllowedCpus() {
+absl::StatusOr<std::vector<int>> AllowedCpus(pid_t tid) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+  if (sched_getaffinity(tid, sizeof(set), &set) != 0) {
     return absl::InternalError(absl::StrCat("sched_getaffinity: ", std::strerror(errno)));
   }
   std::vector<int> cpus;

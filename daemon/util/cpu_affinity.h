@@ -20,8 +20,8 @@ namespace railyard {
 inline constexpr int kMaxCpus = CPU_SETSIZE;
 absl::StatusOr<std::vector<int>> ParseCpuMask(absl::string_view text);
 
-// The CPUs the calling thread may run on now (sched_getaffinity).
-absl::StatusOr<std::vector<int>> AllowedCpus();
+// The CPUs thread `tid` (0: the calling thread) may run on now (sched_getaffinity).
+absl::StatusOr<std::vector<int>> AllowedCpus(pid_t tid = 0);
 
 // Pins every thread of this process (/proc/self/task) to `cpus`. FAILED_PRECONDITION, leaving
 // the affinity as it was, when the kernel does not grant all of them (a CPU offline, or outside

@@ -62,14 +62,9 @@ TEST(CpuMaskTest, RefusesWhatIsNotAMask) {
 }
 
 std::vector<int> CpusOf(pid_t tid) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  EXPECT_EQ(sched_getaffinity(tid, sizeof(set), &set), 0);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < kMaxCpus; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
-  return cpus;
+  absl::StatusOr<std::vector<int>> cpus = AllowedCpus(tid);
+  EXPECT_TRUE(cpus.ok()) << cpus.status();
+  return cpus.ok() ? *cpus : std::vector<int>{};
 }
 
 // Pins a thread that already runs and the ones started afterwards; a CPU the process may not run
