@@ -371,14 +371,18 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
   };
   std::vector<Check> checks;
   double sq = 0, worst = 0;
+  size_t worst_at = 0;  // the check with the largest |error|
   for (const Point& p : *pts) {
     absl::StatusOr<double> t = Predict(p.schedule, check_layout, fit.intra, fit.inter);
     if (!t.ok()) return t.status();
     const double predicted = *t + fit.op_overhead_s;
     const double error = (predicted - p.m.seconds) / p.m.seconds;
+    if (std::fabs(error) > worst) {
+      worst = std::fabs(error);
+      worst_at = checks.size();
+    }
     checks.push_back({p.m.bytes, p.m.seconds, predicted, error});
     sq += error * error;
-    worst = std::max(worst, std::fabs(error));
   }
   fit.samples = static_cast<int>(checks.size());
   fit.rms_relative_error = checks.empty() ? 0 : std::sqrt(sq / checks.size());
@@ -397,10 +401,7 @@ absl::Status RunCalibrate(const std::vector<std::string>& args) {
   // so that the operator sees where it misses, never stored.
   absl::Status refused;
   if (fit.rms_relative_error > max_error) {
-    const Check* w = &checks.front();
-    for (const Check& c : checks) {
-      if (std::fabs(c.error) > std::fabs(w->error)) w = &c;
-    }
+    const Check* w = &checks[worst_at];
     refused = absl::FailedPreconditionError(absl::StrFormat(
         "the fit misses the measured times by %.1f %% rms (worst %+.1f %% at %s), over "
         "--max-error %g: not stored; measure again with more iterations (-n) or sweeps, on a "
