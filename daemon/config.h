@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "daemon/session/quota.h"
+#include "daemon/transport/tcp_congestion.h"
 
 namespace railyard {
 
@@ -107,6 +108,7 @@ struct DaemonConfig {
   // After each burst of inter-node traffic a UCX rail's progress thread keeps polling this long
   // before it sleeps (transport::UcxTransport::Options::busy_poll). 0: sleep at once.
   absl::Duration ucx_busy_poll = absl::ZeroDuration();
+  transport::TcpCongestionPolicy rail_tcp_congestion;  // --rail_tcp_congestion
   // How long shutdown waits for RPCs in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
   // Persistent state: calibration.json (the cost model's fitted link classes).

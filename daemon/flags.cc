@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/transport/tcp_congestion.h"
 #include "daemon/util/cpu_affinity.h"
 #include "daemon/util/log.h"
 
@@ -148,6 +149,11 @@ ABSL_FLAG(absl::Duration, ucx_busy_poll, absl::ZeroDuration(),
           "After each burst of inter-node traffic, how long a UCX rail's progress thread keeps "
           "polling before it sleeps on its event fd (CPU only right after traffic, none idle); "
           "0: sleep at once");
+ABSL_FLAG(std::string, rail_tcp_congestion, "auto",
+          "TCP congestion control of the rails' UCX tcp sockets: auto (a socket on bbr, whose "
+          "pacing collapses on microsecond paths, gets cubic, else reno; any other host choice "
+          "is kept), host (leave them as the host made them), or names tried in order "
+          "(e.g. cubic,reno); docs/data-plane.md");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
 ABSL_FLAG(std::string, integrity, "none",
@@ -235,6 +241,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "cuda_ipc",
                                    "inline_max_bytes",
                                    "ucx_busy_poll",
+                                   "rail_tcp_congestion",
                                    "shutdown_grace",
                                    "log_level",
                                    "topology",
@@ -428,6 +435,10 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   if (c.ucx_busy_poll < absl::ZeroDuration() || c.ucx_busy_poll > absl::Seconds(1)) {
     return absl::InvalidArgumentError("--ucx_busy_poll must be in [0, 1s]");
   }
+  absl::StatusOr<transport::TcpCongestionPolicy> congestion =
+      transport::ParseTcpCongestionPolicy(absl::GetFlag(FLAGS_rail_tcp_congestion));
+  if (!congestion.ok()) return congestion.status();
+  c.rail_tcp_congestion = *std::move(congestion);
   c.integrity = absl::GetFlag(FLAGS_integrity);
   if (c.integrity != "none" && c.integrity != "crc32c") {
     return absl::InvalidArgumentError(

@@ -279,6 +279,10 @@ absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
   transport::UcxTransport::Options opts;
   opts.node_name = config_.node_name;
   opts.busy_poll = config_.ucx_busy_poll;
+  opts.tcp_congestion = config_.rail_tcp_congestion;
+  opts.report = [](bool warning, const std::string& message) {
+    Log(warning ? LogLevel::kWarning : LogLevel::kInfo, "transport", message);
+  };
   for (const v1::Rail& rail : topology.rails()) {
     transport::UcxTransport::Rail r;
     r.device = rail.device();

@@ -281,6 +281,37 @@ TEST(LifecycleTest, FlagsComeFromTheEnvironmentAndBadValuesAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// --rail_tcp_congestion takes auto, host or a list of algorithm names; anything else stops the
+// daemon before it serves, saying what is wrong (daemon/transport/tcp_congestion.h).
+TEST(LifecycleTest, BadRailTcpCongestionIsRefused) {
+  const std::string dir = MakeTempDir();
+  struct Bad {
+    std::string value;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {"", "--rail_tcp_congestion '': want auto, host or a comma-separated list"},
+      {"cubic,,reno", "--rail_tcp_congestion 'cubic,,reno': want auto, host"},
+      {"CUBIC", "'CUBIC' is not a TCP congestion control name"},
+      {"reno;rm", "'reno;rm' is not a TCP congestion control name"},
+      {"auto,reno", "auto stands alone, not in a list of names"},
+      {"a_name_of_16_chr", "names of 1-15 characters"},
+  };
+  for (size_t i = 0; i < bad.size(); ++i) {
+    const std::string base = dir + "/cc" + std::to_string(i);
+    Process p(
+        {RAILYARDD_PATH, "--socket=" + base + ".sock", "--rail_tcp_congestion=" + bad[i].value},
+        base + ".log");
+    EXPECT_EQ(p.Wait(std::chrono::seconds(10)).value_or(-1), 2) << bad[i].value;
+    EXPECT_THAT(p.Output(), HasSubstr(bad[i].message)) << bad[i].value;
+    EXPECT_FALSE(std::filesystem::exists(base + ".sock"));
+  }
+  std::string output;
+  EXPECT_EQ(ExitCodeWithEnv(dir, "RAILYARD_RAIL_TCP_CONGESTION", "bbr!", &output), 2);
+  EXPECT_THAT(output, HasSubstr("'bbr!' is not a TCP congestion control name"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace railyard::testing
 

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon/transport/inproc/inproc_transport.h"
+#include "daemon/transport/tcp_congestion.h"
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "gtest/gtest.h"
 
@@ -652,6 +655,77 @@ TEST(UcxTransportTest, SharedMemoryInTlsListWorks) {
   ASSERT_TRUE(c.Wait());
   for (const absl::Status& s : c.statuses()) EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(in, out);
+}
+
+// The TCP sockets this process has open: fd -> congestion control algorithm.
+std::map<int, std::string> TcpSocketsByFd() {
+  std::map<int, std::string> out;
+  for (int fd = 0; fd < 4096; ++fd) {
+    std::string cc = TcpCongestionOf(fd);
+    if (!cc.empty()) out[fd] = std::move(cc);
+  }
+  return out;
+}
+
+// --rail_tcp_congestion reaches every socket UCX's tcp transport opens for a rail: each side's
+// listener, the connection it makes and the one it accepts (tcp_congestion.h).
+TEST(UcxTransportTest, RailSocketsUseTheConfiguredCongestionControl) {
+  for (const char* flag : {"reno", "host"}) {
+    SCOPED_TRACE(flag);
+    const std::map<int, std::string> before = TcpSocketsByFd();
+    std::vector<std::string> reports;
+    absl::Mutex mu;
+    UcxTransport::Options options;
+    options.rails.push_back({.device = "lo", .tls = "tcp"});
+    options.tcp_congestion = *ParseTcpCongestionPolicy(flag);
+    options.report = [&](bool warning, const std::string& message) {
+      absl::MutexLock lock(&mu);
+      reports.push_back(absl::StrCat(warning ? "warning: " : "", message));
+    };
+    options.node_name = "a";
+    auto a = UcxTransport::Create(options);
+    options.node_name = "b";
+    auto b = UcxTransport::Create(options);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+    auto ab = (*a)->Connect(*(*b)->LocalAddress(0), 0);
+    auto ba = (*b)->Connect(*(*a)->LocalAddress(0), 0);
+    ASSERT_TRUE(ab.ok() && ba.ok()) << ab.status() << " " << ba.status();
+    std::vector<uint8_t> out(1 << 20), in(1 << 20, 0), back(1 << 20, 0);
+    Fill(out, 11);
+    Completions c;
+    (*ba)->Recv(9, in.data(), in.size(), c.Add());
+    (*ab)->Recv(10, back.data(), back.size(), c.Add());
+    (*ab)->Send(9, out.data(), out.size(), c.Add());
+    (*ba)->Send(10, out.data(), out.size(), c.Add());
+    ASSERT_TRUE(c.Wait());
+    for (const absl::Status& st : c.statuses()) EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(in, out);
+    EXPECT_EQ(back, out);
+
+    std::map<int, std::string> opened;
+    for (const auto& [fd, cc] : TcpSocketsByFd()) {
+      if (before.count(fd) == 0) opened[fd] = cc;
+    }
+    // Two listeners and at least one connection, seen from both ends.
+    EXPECT_GE(opened.size(), 4u);
+    std::ifstream default_cc("/proc/sys/net/ipv4/tcp_congestion_control");
+    std::string host;
+    default_cc >> host;
+    for (const auto& [fd, cc] : opened) {
+      EXPECT_EQ(cc, std::string(flag) == "host" ? host : std::string(flag)) << "fd " << fd;
+    }
+    absl::MutexLock lock(&mu);
+    if (std::string(flag) == "host" || host == "reno") {
+      EXPECT_TRUE(reports.empty()) << reports[0];
+    } else {
+      // One line per rail for the change: each transport has one rail.
+      ASSERT_EQ(reports.size(), 2u);
+      for (const std::string& r : reports) {
+        EXPECT_NE(r.find("uses congestion control reno instead of " + host), std::string::npos)
+            << r;
+      }
+    }
+  }
 }
 
 // Two communicators between the same two daemons each connect their own endpoints, and UCX pairs

@@ -223,7 +223,14 @@ absl::StatusOr<uint64_t> UcxRail::Connect(const std::string& peer_address) {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &UcxRail::EndpointErrorCallback;
     params.err_handler.arg = peer.get();
-    const ucs_status_t status = ucp_ep_create(worker_, &params, &peer->ep);
+    TcpCongestionResult congestion;
+    ucs_status_t status;
+    {
+      // A tcp endpoint connects its socket inside ucp_ep_create.
+      const TcpCongestionScope scope(config_.tcp_congestion, &congestion);
+      status = ucp_ep_create(worker_, &params, &peer->ep);
+    }
+    ReportTcpCongestion(congestion, "connection");
     if (status != UCS_OK) {
       result->Set(status);
       return;
@@ -430,6 +437,32 @@ void UcxRail::Run() {
   exited_.Notify();
 }
 
+void UcxRail::ReportTcpCongestion(const TcpCongestionResult& result, const char* what) {
+  if (config_.tcp_congestion.mode == TcpCongestionPolicy::Mode::kHost || !config_.report) return;
+  const std::string policy = TcpCongestionPolicyText(config_.tcp_congestion);
+  if (!TcpCongestionHookActive() && !congestion_warned_) {
+    congestion_warned_ = true;
+    config_.report(true,
+                   absl::StrCat("UCX rail ", config_.index, ": --rail_tcp_congestion=", policy,
+                                " has no effect: this executable does not export socket() "
+                                "(link it with -Wl,--export-dynamic-symbol=socket)"));
+    return;
+  }
+  if (result.changed > 0 && !congestion_reported_) {
+    congestion_reported_ = true;
+    config_.report(false, absl::StrCat("UCX rail ", config_.index, ": its TCP ", what,
+                                       " uses congestion control ", result.to, " instead of ",
+                                       result.from, " (--rail_tcp_congestion=", policy, ")"));
+  }
+  if (!result.error.empty() && !congestion_warned_) {
+    congestion_warned_ = true;
+    config_.report(true, absl::StrCat("UCX rail ", config_.index, ": its TCP ", what,
+                                      " keeps congestion control ", result.from,
+                                      " (--rail_tcp_congestion=", policy,
+                                      "), the kernel refused: ", result.error));
+  }
+}
+
 absl::Status UcxRail::InitUcx() {
   const std::string where =
       absl::StrCat("UCX rail ", config_.index, " (device \"", config_.rail.device, "\", tls \"",
@@ -470,11 +503,17 @@ absl::Status UcxRail::InitUcx() {
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // One thread at a time, the rail's owner, touches the worker (see ucx_transport.h).
   worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-  status = ucp_worker_create(context_, &worker_params, &worker_);
+  TcpCongestionResult congestion;
+  {
+    // UCX's tcp listener opens here; the connections it accepts inherit its choice.
+    const TcpCongestionScope scope(config_.tcp_congestion, &congestion);
+    status = ucp_worker_create(context_, &worker_params, &worker_);
+  }
   if (status != UCS_OK) {
     worker_ = nullptr;
     return UcxError(absl::StrCat(where, ": ucp_worker_create"), status);
   }
+  ReportTcpCongestion(congestion, "listener");
 
   ucp_address_t* address = nullptr;
   size_t address_length = 0;

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "daemon/transport/tcp_congestion.h"
 #include "daemon/transport/transport.h"
 #include "daemon/transport/ucx/ucx_transport.h"
 
@@ -37,6 +38,8 @@ class UcxRail {
     absl::Duration cancel_grace;
     absl::Duration connect_timeout;
     absl::Duration busy_poll;
+    TcpCongestionPolicy tcp_congestion;
+    std::function<void(bool warning, const std::string& message)> report;
   };
 
   // Starts the progress thread, which creates the UCX context and worker. Errors: UNAVAILABLE
@@ -110,6 +113,9 @@ class UcxRail {
   void Complete(Op* op, ucs_status_t status, size_t length);
   absl::Status StatusFor(const Op& op, ucs_status_t status, size_t length) const;
   void FailPeer(Peer* peer, const absl::Status& status);
+  // Reports the first change config_.tcp_congestion made to UCX's sockets (its listener, or a
+  // connection) and the first refusal (tcp_congestion.h).
+  void ReportTcpCongestion(const TcpCongestionResult& result, const char* what);
   void CloseEndpoint(Peer* peer, bool force);
   bool HasUnreleasedSibling(const Peer* peer) const;
   // Closes every endpoint to the worker at `remote` once none of them has a handle any more.
@@ -169,7 +175,9 @@ class UcxRail {
   std::vector<uint64_t> sweep_;      // peers that may have become erasable
   std::unordered_set<Op*> orphans_;  // failed already; UCX still holds their request
   size_t active_ops_ = 0;
-  int grace_peers_ = 0;  // peers waiting for cancel_grace to expire
+  int grace_peers_ = 0;               // peers waiting for cancel_grace to expire
+  bool congestion_reported_ = false;  // a change was reported
+  bool congestion_warned_ = false;    // a refusal was reported
 };
 
 }  // namespace railyard::transport

@@ -76,6 +76,8 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Options optio
     config.cancel_grace = options.cancel_grace;
     config.connect_timeout = options.connect_timeout;
     config.busy_poll = options.busy_poll;
+    config.tcp_congestion = options.tcp_congestion;
+    config.report = options.report;
     absl::StatusOr<std::shared_ptr<UcxRail>> rail = UcxRail::Create(std::move(config));
     if (!rail.ok()) {
       for (auto& r : rails) r->StopAndWait();

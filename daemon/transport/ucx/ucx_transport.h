@@ -19,12 +19,14 @@
 // else on that rail makes progress. Posting more work from a callback is fine.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/transport/tcp_congestion.h"
 #include "daemon/transport/transport.h"
 
 namespace railyard::transport {
@@ -83,6 +85,13 @@ class UcxTransport : public Transport {
     // steals the peer thread's core and 50us gave ~115 us where sleeping gave ~12 us. Hence off
     // by default; turn it on where the daemon has a core to itself.
     absl::Duration busy_poll = absl::ZeroDuration();
+    // The TCP congestion control of the sockets UCX's tcp transport opens for the rails
+    // (tcp_congestion.h): by default a socket on bbr gets cubic, else reno.
+    TcpCongestionPolicy tcp_congestion;
+    // Receives what applying it did, once per rail and outcome (the daemon logs it): warning
+    // false for a change, true for sockets that kept an algorithm against the policy. Called
+    // on the rail's progress thread. Null: nothing is reported.
+    std::function<void(bool warning, const std::string& message)> report;
   };
 
   // Creates every rail's UCX context, worker and progress thread. Errors, naming the rail:
