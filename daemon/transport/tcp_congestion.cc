@@ -98,7 +98,7 @@ void ApplyTcpCongestion(int fd, const TcpCongestionPolicy& policy, TcpCongestion
   if (policy.mode == TcpCongestionPolicy::Mode::kAuto && current != "bbr") return;
   std::string why;
   for (const std::string& name : policy.names) {
-    if (name == current) return;  // already the first choice the kernel accepted elsewhere
+    if (name == current) return;  // already on the first of the names the kernel accepts
     if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
                    static_cast<socklen_t>(name.size())) == 0) {
       ++result->changed;
