@@ -6,11 +6,11 @@
 // microseconds, and a receiver that reads late (a daemon's progress thread that sleeps when idle
 // and is woken by the next message, or is descheduled) makes a delivery-rate sample far below the
 // link's; BBR then paces every send at it. Measured on the development VM (docs/data-plane.md,
-// "A rail's congestion control"): railyardd's UCX connection on lo was paced at 14-26 Gbit/s
-// while OpenMPI's polling ranks' connection was paced at 748, and 2 daemons x 1 rank ran 2-32 MiB
-// AllReduces 1.15-1.7x faster once the rail's sockets used cubic, the kernel's own default, which
-// does not pace; over a veth pair the connection's retransmissions went from 25,000-44,000 per
-// benchmark launch to 0.
+// "A rail's congestion control"): one end of railyardd's UCX connection on lo was paced at
+// 24-74 Gbit/s while OpenMPI's polling ranks' connection was paced at 499, and 2 daemons x 1 rank
+// ran 2-32 MiB AllReduces 1.15-1.7x faster once the rail's sockets used cubic, the kernel's own
+// default, which does not pace; over a veth pair the connection's retransmissions went from
+// 25,000-44,000 per benchmark launch to 0.
 //
 // UCX opens its sockets inside its own calls (its listener in ucp_worker_create, a connection in
 // ucp_ep_create) and offers no hook, and the algorithm must be chosen before a socket connects:
