@@ -4,7 +4,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -21,17 +20,6 @@ namespace {
 
 // TCP_CA_NAME_MAX is 16 with the terminating NUL.
 constexpr size_t kMaxNameLength = 15;
-
-bool IsTcpSocket(int fd) {
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
-  int protocol = 0;
-  socklen_t len = sizeof(protocol);
-  if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) != 0 || protocol != IPPROTO_TCP) {
-    return false;
-  }
-  return true;
-}
 
 thread_local const TcpCongestionPolicy* t_policy = nullptr;
 thread_local TcpCongestionResult* t_result = nullptr;
@@ -83,7 +71,7 @@ std::string TcpCongestionPolicyText(const TcpCongestionPolicy& policy) {
 }
 
 std::string TcpCongestionOf(int fd) {
-  if (!IsTcpSocket(fd)) return "";
+  // Fails (ENOTSOCK, ENOPROTOOPT, EOPNOTSUPP) for anything but a TCP socket.
   char name[kMaxNameLength + 1] = {};
   socklen_t len = sizeof(name) - 1;
   if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return "";
@@ -140,10 +128,7 @@ extern "C" int socket(int domain, int type, int protocol) {
   using railyard::transport::t_policy;
   if (fd >= 0 && t_policy != nullptr && (domain == AF_INET || domain == AF_INET6) &&
       (type & 0xf) == SOCK_STREAM) {
-    railyard::transport::TcpCongestionResult ignored;
-    railyard::transport::ApplyTcpCongestion(
-        fd, *t_policy,
-        railyard::transport::t_result != nullptr ? railyard::transport::t_result : &ignored);
+    railyard::transport::ApplyTcpCongestion(fd, *t_policy, railyard::transport::t_result);
   }
   return fd;
 }

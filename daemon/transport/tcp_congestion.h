@@ -60,7 +60,7 @@ struct TcpCongestionResult {
 };
 
 // While one is open, the calling thread's new TCP sockets get `policy`, and what that did is
-// added to *result. Scopes nest; the innermost applies.
+// added to *result (not null). Scopes nest; the innermost applies.
 class TcpCongestionScope {
  public:
   TcpCongestionScope(const TcpCongestionPolicy& policy, TcpCongestionResult* result);

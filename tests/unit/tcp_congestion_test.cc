@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/util/unique_fd.h"
+
 namespace railyard::transport {
 namespace {
 
@@ -70,26 +72,7 @@ bool Has(const std::vector<std::string>& names, const std::string& name) {
   return false;
 }
 
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      if (fd_ >= 0) close(fd_);
-      fd_ = o.fd_;
-      o.fd_ = -1;
-    }
-    return *this;
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using Fd = railyard::UniqueFd;
 
 Fd TcpSocket() { return Fd(socket(AF_INET, SOCK_STREAM, 0)); }
 
