@@ -103,7 +103,9 @@ ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
           "asks (they may ask for less); also caps --init_timeout for joins");
 ABSL_FLAG(uint64_t, max_pending_joins, 1024,
           "Communicator bootstraps this daemon coordinates that may wait for ranks at once");
-ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per step of a local plan");
+ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024,
+          "Bytes per step of a local plan; across daemons the largest chunk the tuner tries (it "
+          "also tries a half and a quarter of it), and the chunk of an algorithm --algo forces");
 ABSL_FLAG(int64_t, spin_us, 10,
           "Microseconds a session's ring thread spins after its last submission before it sleeps "
           "on the doorbell (0: sleep at once)");

@@ -10,6 +10,8 @@ v1::CostModel ToProto(const scheduler::cost::Calibration& c) {
   m.set_inter_beta_bytes_per_s(c.inter.beta_bytes_per_s);
   m.set_overhead_s(c.overhead_s);
   m.set_op_overhead_s(c.op_overhead_s);
+  m.set_message_cpu_s(c.message_cpu_s);
+  m.set_reduce_bytes_per_s(c.reduce_bytes_per_s);
   m.set_source(c.source);
   m.set_op(c.op);
   m.set_algorithm(c.algorithm);
@@ -29,6 +31,8 @@ scheduler::cost::Calibration FromProto(const v1::CostModel& m) {
   c.inter = {m.inter_alpha_s(), m.inter_beta_bytes_per_s()};
   c.overhead_s = m.overhead_s();
   c.op_overhead_s = m.op_overhead_s();
+  c.message_cpu_s = m.message_cpu_s();
+  c.reduce_bytes_per_s = m.reduce_bytes_per_s();
   c.source = m.source();
   c.op = m.op();
   c.algorithm = m.algorithm();

@@ -155,6 +155,51 @@ def test_bad_input_is_one_clear_line():
                              "1GB/s", "--op", "allreduce", "--size", "1GB", "--algo", "ring")
 
 
+def test_cpu_terms_and_chunk_sizes():
+    """--message-cpu and --reduce-bw price the busiest rank's CPU on top of the simulator (the
+    daemons take them from their calibration); --chunks sets the sizes tried. Two nodes,
+    512 KiB: each term moves the choice the way the daemon's measurements did
+    (docs/data-plane.md, "Chunk size across daemons")."""
+    base = ["model", "allreduce", "--nranks", "2", "--size", "512KiB", "--alpha", "10us",
+            "--beta", "3GB/s", "--overhead", "5us", "--chunks", "64KiB,128KiB,256KiB", "--json"]
+
+    def pick(*extra):
+        r = railctl(*base, *extra)
+        chosen = algos(r)[r["chosen"]]
+        return r["chosen"], chosen["chunk_bytes"], chosen["cpu_s"], algos(r)
+
+    # Unpriced: the tree pipelined in 128 KiB chunks, nothing added.
+    name, chunk, cpu, _ = pick()
+    assert (name, chunk, cpu) == ("dbtree", 128 << 10, 0), (name, chunk, cpu)
+    # 5 us per message at each end: fewer, larger chunks, and recursive doubling (one step).
+    name, chunk, cpu, a = pick("--message-cpu", "5us")
+    assert (name, chunk) == ("rd", 256 << 10), (name, chunk)
+    # dbtree's busiest rank on two nodes in 256 KiB chunks: 2 messages sent, 2 received.
+    _, _, _, a = pick("--message-cpu", "5us", "--chunks", "256KiB")
+    within(a["dbtree"]["cpu_s"], 4 * 5e-6)
+    # Reductions priced: recursive doubling reduces all 512 KiB on each rank, the tree half.
+    _, _, _, a = pick("--reduce-bw", "2GB/s")
+    within(a["rd"]["cpu_s"], (512 << 10) / 2e9)
+    within(a["dbtree"]["cpu_s"], (256 << 10) / 2e9)
+    # Both (the daemons' defaults): the tree in 256 KiB chunks, what measured fastest.
+    name, chunk, cpu, _ = pick("--message-cpu", "5us", "--reduce-bw", "8GB/s")
+    assert (name, chunk) == ("dbtree", 256 << 10), (name, chunk)
+    within(cpu, 4 * 5e-6 + (256 << 10) / 8e9)
+    # The same terms in railctl simulate's choice: unpriced rd, priced the tree.
+    sim = ["simulate", "--nranks", "2", "--alpha", "10us", "--beta", "3GB/s", "--overhead",
+           "5us", "--op", "allreduce", "--size", "512KiB", "--json"]
+    assert railctl(*sim)["algorithm"] == "rd"
+    priced = railctl(*sim, "--message-cpu", "5us", "--reduce-bw", "8GB/s")
+    assert priced["algorithm"] == "tree", priced["jobs"][0]["why"]
+    # Bad values: one clear line each.
+    assert "--message-cpu" in fails(*base[:-1], "--message-cpu", "fast")
+    assert "--reduce-bw" in fails(*base[:-1], "--reduce-bw", "-1GB/s")
+    assert "--chunks: bad size 'x'" in fails(*base[:-3], "--chunks", "64KiB,x")
+    assert "--message-cpu" in fails("simulate", "--nranks", "2", "--alpha", "1us", "--beta",
+                                    "1GB/s", "--op", "allreduce", "--size", "1MB",
+                                    "--message-cpu", "1parsec")
+
+
 @pytest.mark.skipif(not TOPOLOGIES, reason="EXAMPLE_TOPOLOGIES not set")
 def test_jobs_sharing_a_fabric(tmp_path):
     fabric = os.path.join(TOPOLOGIES, "three_tier_16x8.json")

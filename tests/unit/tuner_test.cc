@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/scheduler/cost/calibration.h"
+#include "daemon/scheduler/sim/simulator.h"
 #include "gtest/gtest.h"
 
 namespace railyard::scheduler::cost {
@@ -157,6 +159,80 @@ TEST(Tuner, ChunkTiesGoToTheLargestChunk) {
   }
   // The rule did something on these fabrics (the default one's chunk sizes tie across daemons).
   EXPECT_TRUE(any_tie_moved);
+}
+
+// The CPU of the busiest rank the tuner prices, counted here from the schedule itself: per
+// inter-node message at each end, and per byte reduced from another node or on the rank itself.
+double BusiestCpu(const RankSchedule& s, const CommLayout& l, double message, double rate) {
+  std::vector<double> cpu(l.nranks, 0);
+  for (const Transfer& t : s.transfers) {
+    const bool same_node = l.node_of_rank[t.src.rank] == l.node_of_rank[t.dst.rank];
+    if (!same_node) {
+      cpu[t.src.rank] += message;
+      cpu[t.dst.rank] += message;
+    }
+    const bool own = t.src.rank == t.dst.rank;
+    if (rate > 0 && t.kind == Transfer::Kind::kReduce && (!same_node || own)) {
+      cpu[t.dst.rank] += t.bytes / rate;
+    }
+  }
+  return *std::max_element(cpu.begin(), cpu.end());
+}
+
+// TunerOptions::message_cpu_s and reduce_bytes_per_s: every schedule's prediction is the
+// simulator's time plus the busiest rank's CPU (inter-node messages only: steps inside a node
+// are memory). Priced so, the messages a pipeline hides decide the chunk size (fewer, larger
+// chunks once a message costs more CPU than pipelining saves), and on two nodes recursive
+// doubling, which reduces the whole buffer on each rank, costs twice the tree's reduction.
+TEST(Tuner, CpuTermsPriceTheBusiestRank) {
+  const OpShape shape = Shape(OpKind::kAllReduce, 512 << 10);
+  for (const CommLayout& layout :
+       {CommLayout::Uniform(2, 1, 1), CommLayout::Uniform(2, 2, 1), CommLayout::Uniform(4, 1, 1)}) {
+    const FabricSpec f = FabricForLayout(layout, {5e-6, 4e9}, {10e-6, 3e9}, 5e-6);
+    struct Terms {
+      double message, rate;
+    };
+    std::map<std::pair<double, double>, std::map<std::string, Candidate>> seen;
+    const auto at = [&](double message, double rate, const std::string& name) {
+      return seen[std::make_pair(message, rate)][name];
+    };
+    for (const Terms& terms :
+         {Terms{0, 0}, Terms{2e-6, 0}, Terms{50e-6, 0}, Terms{0, 2e9}, Terms{5e-6, 4e9}}) {
+      SCOPED_TRACE(absl::StrCat(layout.nnodes, " x ", layout.ranks_per_node(), ", ", terms.message,
+                                " s, ", terms.rate, " B/s"));
+      TunerOptions o;
+      o.chunk_sizes = {64 << 10, 256 << 10};
+      o.message_cpu_s = terms.message;
+      o.reduce_bytes_per_s = terms.rate;
+      absl::StatusOr<Choice> c = Tune(shape, layout, f, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      ExpectArgmin(*c);
+      int checked = 0;
+      for (const Candidate& k : c->candidates) {
+        if (!k.has_ir || k.generator.empty()) continue;
+        absl::StatusOr<RankSchedule> s = Generate(k.generator, shape, layout, k.chunk_bytes);
+        ASSERT_TRUE(s.ok()) << k.name;
+        const double want = BusiestCpu(*s, layout, terms.message, terms.rate);
+        EXPECT_DOUBLE_EQ(k.cpu_s, want) << k.name;
+        if (terms.message > 0 || terms.rate > 0) {
+          EXPECT_GT(k.cpu_s, 0) << k.name;
+        }
+        absl::StatusOr<sim::JobResult> r = sim::SimulateSchedule(*s, layout, f);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_DOUBLE_EQ(k.ir_time_s, r->time_s + k.cpu_s) << k.name;
+        seen[std::make_pair(terms.message, terms.rate)][k.name] = k;
+        ++checked;
+      }
+      EXPECT_GE(checked, 3);
+    }
+    EXPECT_EQ(at(0, 0, "dbtree").chunk_bytes, size_t{64} << 10);
+    EXPECT_EQ(at(50e-6, 0, "dbtree").chunk_bytes, size_t{256} << 10);
+    if (layout.nnodes == 2 && layout.ranks_per_node() == 1) {
+      // 512 KiB over 2 GB/s: rd reduces all of it on each rank, the tree half.
+      EXPECT_DOUBLE_EQ(at(0, 2e9, "rd").cpu_s, (512 << 10) / 2e9);
+      EXPECT_DOUBLE_EQ(at(0, 2e9, "dbtree").cpu_s, (256 << 10) / 2e9);
+    }
+  }
 }
 
 TEST(Tuner, SameInputsSameChoiceAndCached) {
@@ -328,6 +404,45 @@ TEST(Calibration, JsonAndFileRoundTrip) {
   EXPECT_FALSE(SaveCalibration("/tmp", bad).ok());
   EXPECT_FALSE(FromJson("{not json").ok());
   EXPECT_FALSE(FromJson(R"({"intra": {"alpha_s": 1}})").ok());
+}
+
+// The two figures railctl calibrate does not fit travel in the file; a file without them (written
+// before they existed) gets the built-in ones, as a fit keeps them; bad values are refused.
+TEST(Calibration, MessageCpuAndReduceRateRoundTrip) {
+  Calibration c = Calibration::Defaults();
+  EXPECT_GT(c.message_cpu_s, 0);
+  EXPECT_GT(c.reduce_bytes_per_s, 0);
+  c.message_cpu_s = 7e-6;
+  c.reduce_bytes_per_s = 6e9;
+  absl::StatusOr<Calibration> back = FromJson(ToJson(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->message_cpu_s, 7e-6);
+  EXPECT_EQ(back->reduce_bytes_per_s, 6e9);
+  const std::string old = R"({"intra": {"alpha_s": 5e-6, "beta_bytes_per_s": 4e9},)"
+                          R"( "inter": {"alpha_s": 6e-5, "beta_bytes_per_s": 1e9}})";
+  absl::StatusOr<Calibration> before = FromJson(old);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->message_cpu_s, Calibration::Defaults().message_cpu_s);
+  EXPECT_EQ(before->reduce_bytes_per_s, Calibration::Defaults().reduce_bytes_per_s);
+  const std::map<std::string, double Calibration::*> fields = {
+      {"message_cpu_s", &Calibration::message_cpu_s},
+      {"reduce_bytes_per_s", &Calibration::reduce_bytes_per_s}};
+  for (const auto& [field, member] : fields) {
+    for (double bad : {-1.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
+      Calibration b = c;
+      b.*member = bad;
+      const absl::Status s = Validate(b);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << " " << bad;
+      EXPECT_NE(std::string(s.message()).find(absl::StrCat("calibration ", field, " = ")),
+                std::string::npos)
+          << s.message();
+    }
+    EXPECT_EQ(FromJson(absl::StrCat(old.substr(0, old.size() - 1), ", \"", field, "\": -2}"))
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << field;
+  }
 }
 
 // Found by tests/fuzz/calibration_fuzz: an integer field out of int's range was undefined

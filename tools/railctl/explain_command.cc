@@ -29,6 +29,8 @@ nlohmann::json CostModelJson(const v1::CostModel& m) {
           {"inter_alpha_s", m.inter_alpha_s()},
           {"inter_beta_bytes_per_s", m.inter_beta_bytes_per_s()},
           {"overhead_s", m.overhead_s()},
+          {"message_cpu_s", m.message_cpu_s()},
+          {"reduce_bytes_per_s", m.reduce_bytes_per_s()},
           {"source", m.source()},
           {"op", m.op()},
           {"algorithm", m.algorithm()},
@@ -49,6 +51,12 @@ std::string DescribeCostModel(const v1::CostModel& m) {
       topology::FormatDuration(m.inter_alpha_s()), " + n / ",
       topology::FormatBandwidth(m.inter_beta_bytes_per_s()), " per rail; overhead ",
       topology::FormatDuration(m.overhead_s()), " per message",
+      m.message_cpu_s() > 0 ? absl::StrCat("; ", topology::FormatDuration(m.message_cpu_s()),
+                                           " CPU per inter-node message at each end")
+                            : std::string(),
+      m.reduce_bytes_per_s() > 0 ? absl::StrCat("; received bytes reduced at ",
+                                                topology::FormatBandwidth(m.reduce_bytes_per_s()))
+                                 : std::string(),
       m.op_overhead_s() > 0 ? absl::StrCat("; ", topology::FormatDuration(m.op_overhead_s()),
                                            " per operation (submission)")
                             : std::string());

@@ -145,4 +145,17 @@ absl::StatusOr<topology::FabricSpec> FabricFromFlags(const ParsedFlags& f) {
   return spec;
 }
 
+absl::Status TunerCpuFromFlags(const ParsedFlags& f, scheduler::cost::TunerOptions* options) {
+  absl::StatusOr<double> message_cpu = DurationFlag(f, "message-cpu", 0);
+  if (!message_cpu.ok()) return message_cpu.status();
+  options->message_cpu_s = *message_cpu;
+  options->reduce_bytes_per_s = 0;
+  if (f.Has("reduce-bw")) {
+    absl::StatusOr<double> reduce = BandwidthFlag(f, "reduce-bw", 0);
+    if (!reduce.ok()) return reduce.status();
+    options->reduce_bytes_per_s = *reduce;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace railyard::railctl

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/scheduler/cost/tuner.h"
 #include "daemon/topology/fabric.h"
 #include "tools/railctl/flag_set.h"
 
@@ -22,5 +23,10 @@ const std::set<std::string>& FabricValueFlags();
 const std::set<std::string>& FabricBoolFlags();
 
 absl::StatusOr<topology::FabricSpec> FabricFromFlags(const ParsedFlags& flags);
+
+// --message-cpu T and --reduce-bw BW (the tuner's CPU terms, TunerOptions::message_cpu_s and
+// reduce_bytes_per_s) into *options; absent: 0, not priced.
+inline const char* const kTunerCpuFlags[] = {"message-cpu", "reduce-bw"};
+absl::Status TunerCpuFromFlags(const ParsedFlags& flags, scheduler::cost::TunerOptions* options);
 
 }  // namespace railyard::railctl

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "daemon/scheduler/cost/closed_form.h"
 #include "daemon/scheduler/cost/tuner.h"
 #include "daemon/scheduler/op.h"
@@ -26,14 +27,20 @@ constexpr const char* kUsage =
     "                     --alpha T --beta BW [--alpha-intra T] [--beta-intra BW] [--overhead T]\n"
     "                     [--topology FILE | --torus XxY[xZ]] [--nodes-per-rack P "
     "--oversubscription X]\n"
-    "                     [--in-network] [--algo A] [--ir-budget TRANSFERS] [--json]\n"
+    "                     [--in-network] [--algo A] [--ir-budget TRANSFERS] [--message-cpu T]\n"
+    "                     [--reduce-bw BW] [--chunks S1,S2,...] [--json]\n"
     "       railctl model crossover --nranks N --alpha T --beta BW [--json]\n"
     "       railctl model critical-size --alpha T --beta BW [--json]\n"
     "OP: allreduce reducescatter allgather broadcast reduce alltoall barrier. SIZE is M of\n"
     "PRIMER.md: the buffer (allreduce, broadcast, reduce), the full buffer (allgather,\n"
     "reducescatter), bytes each rank sends in total (alltoall). Units: B KB MB GB (10^3),\n"
     "KiB MiB GiB; ns us ms s; GB/s Gbit/s. --beta is per NIC; --rails defaults to one NIC per\n"
-    "local rank.\n";
+    "local rank. --message-cpu T and --reduce-bw BW: a daemon's CPU per inter-node message at\n"
+    "each end and the rate it reduces at, which a pipeline does not hide on a software\n"
+    "transport: each schedule's prediction adds them for its busiest rank (the daemons take\n"
+    "them from their calibration; docs/data-plane.md, \"Chunk size across daemons\"). Default:\n"
+    "not priced. --chunks: the chunk sizes tried (0: unchunked; default 0,64KiB,256KiB,1MiB,\n"
+    "4MiB; a daemon tries its --chunk_bytes / 4, / 2 and x 1).\n";
 
 absl::StatusOr<topology::LinkClass> LinkFromFlags(const ParsedFlags& f) {
   if (!f.Has("alpha") || !f.Has("beta")) {
@@ -137,6 +144,18 @@ absl::Status RunOp(const ParsedFlags& f) {
   }
   const int n = fabric->nranks();
   scheduler::cost::TunerOptions options;
+  if (absl::Status s = TunerCpuFromFlags(f, &options); !s.ok()) return s;
+  if (f.Has("chunks")) {
+    options.chunk_sizes.clear();
+    for (absl::string_view part : absl::StrSplit(f.Get("chunks"), ',')) {
+      absl::StatusOr<double> c = topology::ParseBytes(part);
+      if (!c.ok() || *c < 0 || *c > 1e12) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--chunks: bad size '", part, "' (sizes such as 0,64KiB,1MiB)"));
+      }
+      options.chunk_sizes.push_back(static_cast<size_t>(*c));
+    }
+  }
   options.include_modelled = true;
   options.max_ir_transfers = static_cast<uint64_t>(budget);
   const scheduler::OpShape shape = ShapeFor(op, m, n);
@@ -175,6 +194,8 @@ absl::Status RunOp(const ParsedFlags& f) {
       if (c.has_ir) {
         a["ir_time_s"] = c.ir_time_s;
         a["ir_transfers"] = c.ir_transfers;
+        a["chunk_bytes"] = c.chunk_bytes;
+        a["cpu_s"] = c.cpu_s;
       }
       if (!c.note.empty()) a["note"] = c.note;
       algos.push_back(a);
@@ -225,7 +246,8 @@ absl::Status RunOp(const ParsedFlags& f) {
 
 absl::Status RunModel(const std::vector<std::string>& args) {
   std::set<std::string> values = FabricValueFlags();
-  values.insert({"size", "algo", "ir-budget"});
+  values.insert({"size", "algo", "ir-budget", "chunks"});
+  values.insert(std::begin(kTunerCpuFlags), std::end(kTunerCpuFlags));
   std::set<std::string> bools = FabricBoolFlags();
   bools.insert("json");
   absl::StatusOr<ParsedFlags> f = ParseFlags(args, values, bools);

@@ -27,12 +27,14 @@ constexpr const char* kUsage =
     "                         [--overhead T] [--torus XxY[xZ]] [--in-network])\n"
     "                        [--nodes-per-rack P --oversubscription R]\n"
     "                        --op OP --size SIZE [--algo A] [--chunk SIZE] [--root R]\n"
-    "                        [--jobs FILE] [--links] [--ir-budget TRANSFERS] [--json]\n"
+    "                        [--jobs FILE] [--links] [--ir-budget TRANSFERS]\n"
+    "                        [--message-cpu T] [--reduce-bw BW] [--json]\n"
     "Runs the schedule IR the daemons would execute through the fabric simulator (alpha-beta\n"
     "links, bandwidth shared by the flows on a link, oversubscribed spines). --jobs FILE runs\n"
     "several jobs at once on the fabric (docs/simulation.md); --links lists every link used.\n"
     "Without --algo the tuner picks algorithm and chunk size, as the daemons would (schedule IR\n"
-    "predictions up to --ir-budget transfers per candidate, default 2000000, as railctl model).\n";
+    "predictions up to --ir-budget transfers per candidate, default 2000000, as railctl model;\n"
+    "--message-cpu and --reduce-bw as in railctl model).\n";
 
 nlohmann::json TiersJson(const std::vector<sim::TierStats>& tiers) {
   nlohmann::json out = nlohmann::json::array();
@@ -54,6 +56,7 @@ nlohmann::json LinkJson(const sim::LinkStats& l, double time_s) {
 // for the job's layout, with IR
 // predictions only where schedules are small (the simulation itself is the expensive part).
 absl::Status ResolveAlgorithms(const topology::FabricSpec& fabric, uint64_t ir_budget,
+                               const scheduler::cost::TunerOptions& cpu,
                                std::vector<sim::JobSpec>* jobs, std::vector<std::string>* reasons) {
   for (sim::JobSpec& job : *jobs) {
     if (!job.algorithm.empty()) {
@@ -64,6 +67,8 @@ absl::Status ResolveAlgorithms(const topology::FabricSpec& fabric, uint64_t ir_b
     // A chunk size the job gives is kept; otherwise the tuner picks one too.
     if (job.chunk_bytes != 0) options.chunk_sizes = {job.chunk_bytes};
     options.max_ir_transfers = ir_budget;
+    options.message_cpu_s = cpu.message_cpu_s;
+    options.reduce_bytes_per_s = cpu.reduce_bytes_per_s;
     options.include_modelled = false;
     const scheduler::CommLayout layout = sim::JobLayout(fabric, job);
     topology::FabricSpec job_fabric = fabric;
@@ -85,6 +90,7 @@ absl::Status ResolveAlgorithms(const topology::FabricSpec& fabric, uint64_t ir_b
 absl::Status RunSimulate(const std::vector<std::string>& args) {
   std::set<std::string> values = FabricValueFlags();
   values.insert({"op", "size", "algo", "chunk", "root", "jobs", "ir-budget"});
+  values.insert(std::begin(kTunerCpuFlags), std::end(kTunerCpuFlags));
   std::set<std::string> bools = FabricBoolFlags();
   bools.insert({"json", "links"});
   absl::StatusOr<ParsedFlags> f = ParseFlags(args, values, bools);
@@ -148,8 +154,11 @@ absl::Status RunSimulate(const std::vector<std::string>& args) {
   if (f->Has("ir-budget") && (!absl::SimpleAtod(f->Get("ir-budget"), &budget) || budget < 0)) {
     return absl::InvalidArgumentError("--ir-budget must be a number of transfers >= 0");
   }
+  scheduler::cost::TunerOptions cpu;
+  if (absl::Status s = TunerCpuFromFlags(*f, &cpu); !s.ok()) return s;
   std::vector<std::string> reasons;
-  if (absl::Status s = ResolveAlgorithms(*fabric, static_cast<uint64_t>(budget), &jobs, &reasons);
+  if (absl::Status s =
+          ResolveAlgorithms(*fabric, static_cast<uint64_t>(budget), cpu, &jobs, &reasons);
       !s.ok()) {
     return s;
   }

@@ -16,9 +16,16 @@ namespace railyard::scheduler::cost {
 Calibration Calibration::Defaults() {
   Calibration c;
   c.intra = {5e-6, 4e9};
-  c.inter = {60e-6, 1.0e9};
+  // Between daemons over lo with the rails on cubic (docs/data-plane.md, "Chunk size across
+  // daemons"): railctl calibrate fits 2.5-3.1 GB/s, and an 8 B AllReduce takes ~20 us. Until
+  // 2026-12 this was 60 us and 1 GB/s, measured with the rails on BBR.
+  c.inter = {10e-6, 3e9};
   c.overhead_s = 5e-6;
   c.op_overhead_s = 300e-6;
+  // What a message and a reduced byte cost a daemon there, unhidden: 64 KiB chunks against
+  // 256 KiB ones, recursive doubling against the tree (same doc).
+  c.message_cpu_s = 5e-6;
+  c.reduce_bytes_per_s = 8e9;
   c.source = "default";
   return c;
 }
@@ -59,6 +66,8 @@ absl::Status Validate(const Calibration& c) {
                 {"inter.beta_bytes_per_s", c.inter.beta_bytes_per_s, true},
                 {"overhead_s", c.overhead_s, false},
                 {"op_overhead_s", c.op_overhead_s, false},
+                {"message_cpu_s", c.message_cpu_s, false},
+                {"reduce_bytes_per_s", c.reduce_bytes_per_s, false},
                 // Stored with the rest: a non-finite one would be written as null and the file
                 // would no longer load.
                 {"rms_relative_error", c.rms_relative_error, false}};
@@ -78,6 +87,8 @@ std::string ToJson(const Calibration& c) {
       {"inter", {{"alpha_s", c.inter.alpha_s}, {"beta_bytes_per_s", c.inter.beta_bytes_per_s}}},
       {"overhead_s", c.overhead_s},
       {"op_overhead_s", c.op_overhead_s},
+      {"message_cpu_s", c.message_cpu_s},
+      {"reduce_bytes_per_s", c.reduce_bytes_per_s},
       {"source", c.source},
       {"op", c.op},
       {"algorithm", c.algorithm},
@@ -104,6 +115,10 @@ absl::StatusOr<Calibration> FromJson(const std::string& text) {
     c.inter.beta_bytes_per_s = j.at("inter").at("beta_bytes_per_s").get<double>();
     c.overhead_s = j.value("overhead_s", 0.0);
     c.op_overhead_s = j.value("op_overhead_s", 0.0);
+    // A file written before the field existed: the built-in figure, as a fit keeps it.
+    c.message_cpu_s = j.value("message_cpu_s", Calibration::Defaults().message_cpu_s);
+    c.reduce_bytes_per_s =
+        j.value("reduce_bytes_per_s", Calibration::Defaults().reduce_bytes_per_s);
     c.source = j.value("source", std::string("fit"));
     c.op = j.value("op", std::string());
     c.algorithm = j.value("algorithm", std::string());

@@ -25,6 +25,31 @@ constexpr ModelAlgo kModelAlgos[] = {
     {"direct", kAlgoDirect}, {"torus", "torus"},  {"innetwork", nullptr},
 };
 
+// TunerOptions::message_cpu_s and reduce_bytes_per_s: the CPU of the schedule's busiest rank.
+double BusiestRankCpu(const RankSchedule& schedule, const CommLayout& layout,
+                      const TunerOptions& options) {
+  if (options.message_cpu_s <= 0 && options.reduce_bytes_per_s <= 0) return 0;
+  const double per_byte = options.reduce_bytes_per_s > 0 ? 1 / options.reduce_bytes_per_s : 0;
+  std::vector<double> cpu(layout.node_of_rank.size(), 0);
+  for (const Transfer& t : schedule.transfers) {
+    const auto src = static_cast<size_t>(t.src.rank);
+    const auto dst = static_cast<size_t>(t.dst.rank);
+    if (src >= cpu.size() || dst >= cpu.size()) continue;
+    const bool inter = layout.node_of_rank[src] != layout.node_of_rank[dst];
+    if (inter) {
+      cpu[src] += options.message_cpu_s;
+      cpu[dst] += options.message_cpu_s;
+    }
+    // The reductions the simulator gives no time: of bytes from another node (their transfer is
+    // the link's) and a rank's own (a scratch slot a peer filled, reduced into place). One rank
+    // reducing another's bytes on the same node is a memory step, priced as such.
+    if (t.kind == Transfer::Kind::kReduce && (inter || src == dst)) {
+      cpu[dst] += static_cast<double>(t.bytes) * per_byte;
+    }
+  }
+  return cpu.empty() ? 0 : *std::max_element(cpu.begin(), cpu.end());
+}
+
 std::string ShapeKey(const OpShape& s) {
   return absl::StrCat(static_cast<int>(s.op), "|", static_cast<int>(s.dtype), "|",
                       static_cast<int>(s.red_op), "|", s.count, "|", s.root);
@@ -107,6 +132,7 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
         size_t chunk;
         double time_s;
         uint64_t transfers;
+        double cpu_s;
       };
       std::vector<ChunkTime> tried_times;
       for (size_t requested : options.chunk_sizes) {
@@ -130,7 +156,8 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
           why = std::string(r.status().message());
           break;
         }
-        tried_times.push_back({chunk, r->time_s, r->transfers});
+        const double cpu = BusiestRankCpu(*schedule, layout, options);
+        tried_times.push_back({chunk, r->time_s + cpu, r->transfers, cpu});
       }
       const bool any = !tried_times.empty();
       if (any) {
@@ -150,6 +177,7 @@ absl::StatusOr<Choice> Tune(const OpShape& shape, const CommLayout& layout,
         }
         c.ir_time_s = pick->time_s;
         c.ir_transfers = pick->transfers;
+        c.cpu_s = pick->cpu_s;
         c.chunk_bytes = pick->chunk;
       }
       c.has_ir = any;

@@ -31,8 +31,11 @@ struct Candidate {
   bool has_closed_form = false;
   Estimate closed_form;
   bool has_ir = false;
-  double ir_time_s = 0;
+  double ir_time_s = 0;  // the simulator's time plus cpu_s (below)
   uint64_t ir_transfers = 0;
+  // Of ir_time_s: the busiest rank's CPU the simulator overlaps with transfers
+  // (TunerOptions::message_cpu_s and reduce_bytes_per_s).
+  double cpu_s = 0;
   std::string note;  // why there is no IR prediction, or why it does not apply
   // The prediction the tuner compares: IR where available, else the closed form.
   double time_s() const { return has_ir ? ir_time_s : closed_form.time_s(); }
@@ -58,6 +61,17 @@ struct TunerOptions {
   // overhead behind a pipeline's transfers, while each also costs both ends work it does not
   // price (docs/data-plane.md, "Chunk size across daemons"). 0: the best prediction only.
   double chunk_tie_tolerance = 0.02;
+  // The CPU a daemon spends per message and per reduced byte, which the simulator overlaps with
+  // the transfers but a software transport (TCP, whose bytes the same cores move) does not
+  // (Calibration::message_cpu_s, reduce_bytes_per_s). Each schedule's prediction adds, for its
+  // busiest rank, message_cpu_s per inter-node message it sends or receives plus the bytes it
+  // reduces, over reduce_bytes_per_s (received from another node, or on its own memory: not
+  // those of another rank of its node, which the simulator prices as a memory step). The first
+  // makes fewer, larger chunks win where a message costs more CPU than pipelining saves; the second
+  // tells apart schedules that move the same bytes but reduce more of them (recursive doubling on
+  // two nodes reduces all of the buffer on each, a ring or the tree half). 0: not priced.
+  double message_cpu_s = 0;
+  double reduce_bytes_per_s = 0;
   // Largest schedule (transfers) simulated per candidate; beyond it the closed form is used.
   uint64_t max_ir_transfers = 50'000;
   // Also list what the daemons cannot execute (PRIMER's unsegmented "tree", "innetwork").
@@ -85,6 +99,7 @@ class Tuner {
   Tuner(CommLayout layout, topology::FabricSpec fabric, TunerOptions options = {});
   absl::StatusOr<std::shared_ptr<const Choice>> Choose(const OpShape& shape);
   const topology::FabricSpec& fabric() const { return fabric_; }
+  const TunerOptions& options() const { return options_; }
 
  private:
   const CommLayout layout_;
