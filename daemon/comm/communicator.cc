@@ -991,6 +991,14 @@ void Communicator::Deliver(Outcomes& out) {
     p.carried = peers == 0 ? nullptr : node_gates_.empty() ? &node_carried_ : &run_carried_;
     p.gates = &node_gates_;
     p.outputs = &node_outputs_;
+    // The first failed step aborts this communicator's transfers at once (the communicator fails
+    // with the run anyway, OnCollectiveDone): a peer that failed too stops sending, and a
+    // receive it would have unblocked held the run, and its ranks' error, until the deadline.
+    // The run keeps its first error (a corrupted message's DATA_LOSS, say), not the abort's.
+    std::weak_ptr<Communicator> weak = weak_from_this();
+    p.on_failing = [weak](const absl::Status& status) {
+      if (auto self = weak.lock()) self->AbortTransfers(status);
+    };
     {
       absl::MutexLock lock(&run_parts_mu_);
       run_status_ = absl::OkStatus();

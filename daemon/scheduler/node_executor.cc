@@ -404,6 +404,7 @@ void NodeRun::Finished(uint32_t i, const absl::Status& status) {
     }
   }
   bool call = false;
+  std::function<void(const absl::Status&)> on_failing;
   absl::Status result;
   {
     absl::MutexLock lock(&mu_);
@@ -413,6 +414,7 @@ void NodeRun::Finished(uint32_t i, const absl::Status& status) {
     } else if (!failed_) {
       failed_ = true;
       error_ = status;
+      if (in_flight_.load() > 0) on_failing = p_.on_failing;  // copied: done may restart the run
     }
     if (!done_called_ &&
         ((!failed_ && remaining_.load() == 0) || (failed_ && in_flight_.load() == 0))) {
@@ -420,6 +422,13 @@ void NodeRun::Finished(uint32_t i, const absl::Status& status) {
       call = true;
       result = error_;
     }
+  }
+  if (on_failing) {
+    // What is still in flight is aborted; its completions finish the run, possibly inside this
+    // call, after which this run may already be running its next schedule: nothing of it is
+    // touched after.
+    on_failing(status);
+    return;
   }
   // Transport callbacks run on a rail's progress thread, which must not block for long: with
   // complete_inline the completion (bounded work, whatever the size) runs here, else on the pool.

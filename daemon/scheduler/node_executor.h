@@ -109,6 +109,13 @@ class NodeRun {
     // Told of every final write to a recv region (input_gate.h: OutputWatcher), so that results
     // can leave before the run ends. Null or empty: none.
     const std::vector<std::shared_ptr<OutputWatcher>>* outputs = nullptr;
+    // Called once, on the run's first error, on the thread that saw it and outside the run's
+    // lock, when transport operations are still in flight: the run calls done only once they
+    // have completed, and a receive whose peer stopped sending (it failed too, at a step this
+    // node's later sends would have unblocked) completes only when aborted. The owner aborts
+    // them (Communicator: its endpoints). It may complete the run, and start the next, before
+    // it returns. Null: they are waited for.
+    std::function<void(const absl::Status&)> on_failing;
   };
   static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
 
