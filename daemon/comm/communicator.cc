@@ -960,10 +960,7 @@ void Communicator::Deliver(Outcomes& out) {
     if (out.abort_transfers_now) {
       AbortTransfers(out.abort_transfers);
     } else {
-      std::weak_ptr<Communicator> weak = weak_from_this();
-      env_.timer->Schedule(env_.timer->Now() + kTransferGrace, [weak, s = out.abort_transfers] {
-        if (auto self = weak.lock()) self->AbortTransfers(s);
-      });
+      AbortTransfersAfterGrace(out.abort_transfers);
     }
     if (out.notify_peers && net_.notify_peers) net_.notify_peers(out.abort_transfers);
   }
@@ -991,13 +988,15 @@ void Communicator::Deliver(Outcomes& out) {
     p.carried = peers == 0 ? nullptr : node_gates_.empty() ? &node_carried_ : &run_carried_;
     p.gates = &node_gates_;
     p.outputs = &node_outputs_;
-    // The first failed step aborts this communicator's transfers at once (the communicator fails
-    // with the run anyway, OnCollectiveDone): a peer that failed too stops sending, and a
-    // receive it would have unblocked held the run, and its ranks' error, until the deadline.
-    // The run keeps its first error (a corrupted message's DATA_LOSS, say), not the abort's.
+    // The first failed step aborts this communicator's transfers after the grace (the
+    // communicator fails with the run anyway, OnCollectiveDone): a peer that failed too stops
+    // sending, and a receive it would have unblocked held the run, and its ranks' error, until
+    // the deadline. The grace lets a better diagnosis arrive first (the operation digests'
+    // verdict that the nodes submitted different counts, which a receive of the wrong length
+    // precedes). The run keeps its first error (a corrupted message's DATA_LOSS, say).
     std::weak_ptr<Communicator> weak = weak_from_this();
     p.on_failing = [weak](const absl::Status& status) {
-      if (auto self = weak.lock()) self->AbortTransfers(status);
+      if (auto self = weak.lock()) self->AbortTransfersAfterGrace(status);
     };
     {
       absl::MutexLock lock(&run_parts_mu_);
@@ -1014,6 +1013,13 @@ void Communicator::Deliver(Outcomes& out) {
     env_.executor->RunInlineOrQueue(out.collective, env_.inline_max_bytes);
   }
   for (P2PRun* run : out.p2p) env_.executor->RunInlineOrQueue(&run->exec, env_.inline_max_bytes);
+}
+
+void Communicator::AbortTransfersAfterGrace(const absl::Status& status) {
+  std::weak_ptr<Communicator> weak = weak_from_this();
+  env_.timer->Schedule(env_.timer->Now() + kTransferGrace, [weak, status] {
+    if (auto self = weak.lock()) self->AbortTransfers(status);
+  });
 }
 
 void Communicator::AbortTransfers(const absl::Status& status) {
