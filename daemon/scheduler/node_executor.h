@@ -113,8 +113,8 @@ class NodeRun {
     // lock, when transport operations are still in flight: the run calls done only once they
     // have completed, and a receive whose peer stopped sending (it failed too, at a step this
     // node's later sends would have unblocked) completes only when aborted. The owner aborts
-    // them (Communicator: its endpoints). It may complete the run, and start the next, before
-    // it returns. Null: they are waited for.
+    // them (Communicator: its endpoints, after a grace). It may complete the run, and start the
+    // next, before it returns. Null: they are waited for.
     std::function<void(const absl::Status&)> on_failing;
   };
   static constexpr size_t kDefaultInlineLocalMaxBytes = 256 * 1024;
