@@ -54,9 +54,9 @@ std::string DescribeCostModel(const v1::CostModel& m) {
       m.message_cpu_s() > 0 ? absl::StrCat("; ", topology::FormatDuration(m.message_cpu_s()),
                                            " CPU per inter-node message at each end")
                             : std::string(),
-      m.reduce_bytes_per_s() > 0 ? absl::StrCat("; received bytes reduced at ",
-                                                topology::FormatBandwidth(m.reduce_bytes_per_s()))
-                                 : std::string(),
+      m.reduce_bytes_per_s() > 0
+          ? absl::StrCat("; reductions at ", topology::FormatBandwidth(m.reduce_bytes_per_s()))
+          : std::string(),
       m.op_overhead_s() > 0 ? absl::StrCat("; ", topology::FormatDuration(m.op_overhead_s()),
                                            " per operation (submission)")
                             : std::string());
