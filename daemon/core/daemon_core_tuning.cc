@@ -73,8 +73,8 @@ std::shared_ptr<cost::Tuner> DaemonCore::MakeTuner(const scheduler::CommLayout& 
   // Across daemons no larger: with the 512 KiB segments railyardd gives UCX's tcp transport, a
   // message of 512 KiB or more goes by rendezvous, which over tcp (under the rails' peer error
   // handling) falls back to active messages and a copy, and measured dearer than the pipeline it
-  // saves (docs/data-plane.md, "Chunk size across daemons"). A fabric with a zero-copy
-  // rendezvous raises --chunk_bytes.
+  // saves (docs/data-plane.md, "What a message and a reduction cost a daemon"). A fabric with a
+  // zero-copy rendezvous raises --chunk_bytes.
   const size_t chunk = config_.chunk_bytes;
   options.chunk_sizes = {std::max<size_t>(chunk / 4, 16 << 10),
                          std::max<size_t>(chunk / 2, 16 << 10), chunk};

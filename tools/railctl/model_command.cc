@@ -38,9 +38,9 @@ constexpr const char* kUsage =
     "local rank. --message-cpu T and --reduce-bw BW: a daemon's CPU per inter-node message at\n"
     "each end and the rate it reduces at, which a pipeline does not hide on a software\n"
     "transport: each schedule's prediction adds them for its busiest rank (the daemons take\n"
-    "them from their calibration; docs/data-plane.md, \"Chunk size across daemons\"). Default:\n"
-    "not priced. --chunks: the chunk sizes tried (0: unchunked; default 0,64KiB,256KiB,1MiB,\n"
-    "4MiB; a daemon tries its --chunk_bytes / 4, / 2 and x 1).\n";
+    "them from their calibration; docs/data-plane.md, \"What a message and a reduction cost a\n"
+    "daemon\"). Default: not priced. --chunks: the chunk sizes tried (0: unchunked; default\n"
+    "0,64KiB,256KiB,1MiB,4MiB; a daemon tries its --chunk_bytes / 4, / 2 and x 1).\n";
 
 absl::StatusOr<topology::LinkClass> LinkFromFlags(const ParsedFlags& f) {
   if (!f.Has("alpha") || !f.Has("beta")) {

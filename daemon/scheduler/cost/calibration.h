@@ -23,12 +23,12 @@ struct Calibration {
   // with what a rank measures.
   double op_overhead_s = 0;
   // Per inter-node message, at each end (sent or received): the CPU a transport operation and a
-  // schedule step cost there; and the rate a daemon reduces what it receives from another node
-  // at. The fabric simulator overlaps both with the transfers, as on a NIC that moves the bytes
-  // itself; on a software transport (TCP) the same cores move the bytes, so the tuner adds them,
-  // for the busiest rank, to every schedule prediction (TunerOptions). railctl calibrate does
-  // not fit them (its sweep runs one algorithm at one chunk size): a fit keeps the figures it
-  // had. 0: not priced.
+  // schedule step cost there; and the rate a daemon reduces at (what it receives from another
+  // node, and a rank's own staged bytes). The fabric simulator overlaps both with the transfers, as
+  // on a NIC that moves the bytes itself; on a software transport (TCP) the same cores move the
+  // bytes, so the tuner adds them, for the busiest rank, to every schedule prediction
+  // (TunerOptions). railctl calibrate does not fit them (its sweep runs one algorithm at one chunk
+  // size): a fit keeps the figures it had. 0: not priced.
   double message_cpu_s = 0;
   double reduce_bytes_per_s = 0;
   // "default" (built-in, uncalibrated) or "fit".
