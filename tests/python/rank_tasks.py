@@ -460,6 +460,67 @@ def torch_small_all_reduce(rank: int, n: int, store_path: str) -> Dict[str, Any]
     return out
 
 
+def torch_cyclic_garbage(rank: int, n: int, store_path: str) -> Dict[str, Dict[str, int]]:
+    """Per kind of operation, the objects that 20 of them leave in reference cycles (what only
+    Python's garbage collector frees), by type. Garbage per operation starts collections, and a
+    full one takes tens of milliseconds in a process that has torch loaded."""
+    import collections
+    import gc
+    import torch
+    import railyard.torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    small = torch.ones(3)
+    big = torch.ones(1 << 18)
+    shared = railyard.torch.empty(16)
+    shared.fill_(1.0)
+    gathered = [torch.empty(1 << 18) for _ in range(n)]
+    peer = (rank + 1) % n
+
+    def send_recv() -> None:
+        if rank % 2 == 0:
+            dist.send(small, peer)
+            dist.recv(small, peer)
+        else:
+            dist.recv(small, (rank - 1) % n)
+            dist.send(small, (rank - 1) % n)
+
+    kinds = {
+        "all_reduce small": lambda: dist.all_reduce(small),
+        "all_reduce small async": lambda: dist.all_reduce(small, async_op=True).wait(),
+        "all_reduce small future": lambda: dist.all_reduce(small, async_op=True)
+        .get_future().wait(),
+        "all_reduce 1 MiB": lambda: dist.all_reduce(big),
+        "all_reduce shared": lambda: dist.all_reduce(shared),
+        "broadcast": lambda: dist.broadcast(big, 0),
+        "all_gather": lambda: dist.all_gather(gathered, big),
+        "barrier": lambda: dist.barrier(),
+        "send_recv": send_recv,
+    }
+    out: Dict[str, Dict[str, int]] = {}
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for name, op in kinds.items():
+            for _ in range(3):
+                op()
+            gc.collect()  # frees what is garbage already (an earlier process group's cycles)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for _ in range(20):
+                    op()
+                gc.collect()
+                out[name] = dict(collections.Counter(type(o).__name__ for o in gc.garbage))
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.collect()  # what SAVEALL kept, freed now
+    finally:
+        if was_enabled:
+            gc.enable()
+        dist.destroy_process_group()
+    return out
+
+
 def torch_error(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     """Mismatched sizes: the error surfaces from the synchronous call and from Work.wait()."""
     import torch

@@ -102,6 +102,17 @@ def test_small_all_reduce_takes_the_lean_path_and_agrees_with_the_general_one(ra
         assert got["future"] == [float(n)] * 3 and got["completed"]
 
 
+def test_operations_leave_no_reference_cycles(ranks, store_path):
+    # A cycle per operation (the lean path's op held its torch Work's callback, which held the
+    # op) made Python's collector run every few hundred operations and a full collection, 35-50
+    # ms with torch loaded, every few thousand: a 4 B all_reduce's mean went from 20 to 40 us.
+    results = ranks.run(rank_tasks.torch_cyclic_garbage, [(r, 2, store_path) for r in range(2)],
+                        timeout=120)
+    for got in results:
+        assert len(got) == 9, got
+        assert got == {name: {} for name in got}, got
+
+
 def test_errors_surface_from_wait(ranks, store_path):
     results = ranks.run(rank_tasks.torch_error, [(r, 2, store_path) for r in range(2)])
     for got in results:

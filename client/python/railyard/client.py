@@ -314,7 +314,7 @@ class _HostOp(_OnRings):
         self._mapping = mapping
         self._ptr = ptr
         self._nbytes = nbytes
-        self._on_done = on_done
+        self._on_done: Optional[Callable[[Optional[RailyardError]], None]] = on_done
         self._done = False
 
     def _complete(self, error: Optional[RailyardError], seq: Optional[int] = None) -> None:
@@ -322,8 +322,13 @@ class _HostOp(_OnRings):
         if error is None:
             ctypes.memmove(self._ptr, self._mapping.address, self._nbytes)
         self._client._staging_release(self._mapping)
+        # Dropped once called: the caller's work usually holds this op (to drive it), so keeping
+        # its callback would make a reference cycle per operation, which only the garbage
+        # collector frees. Enough of them start full collections (35-45 ms with torch loaded).
+        on_done, self._on_done = self._on_done, None
         self._done = True
-        self._on_done(error)
+        if on_done is not None:
+            on_done(error)
 
 
 class _Request:
