@@ -26,7 +26,7 @@ import grpc
 import grpc.experimental
 import numpy as np
 
-from . import _fd_channel, _memfd, _ring, _streams
+from . import _fd_channel, _memfd, _ring, _staging, _streams
 from ._device import DeviceArray, _Registration
 from ._types import RedOpLike, ReduceOp, dtype_number, red_op_number
 from .errors import (
@@ -58,11 +58,7 @@ _RPC_TIMEOUT = 30.0
 # InitComm: its own timeout plus this margin, or this much when the daemon's default applies.
 _INIT_MARGIN = 5.0
 _INIT_DEFAULT_DEADLINE = 600.0
-# Staging buffers (for arrays not in shared memory) come in power-of-two sizes from this up.
 _DEFAULT_SPIN_US = 50  # RAILYARD_SPIN_US when unset (see Client.__init__)
-_STAGING_MIN = 1 << 16
-# Free staging buffers kept per size class.
-_STAGING_KEEP = 4
 
 _SINGLE_THREADED_UNARY_STREAM = getattr(getattr(grpc.experimental, "ChannelOptions", None),
                                         "SingleThreadedUnaryStream",
@@ -305,13 +301,13 @@ class _HostOp(_OnRings):
     result back, returns the staging buffer and calls ``on_done(error)``; the daemon is done
     with the buffer by then, whatever the outcome."""
 
-    __slots__ = ("_client", "_rings", "_mapping", "_ptr", "_nbytes", "_on_done", "_done")
+    __slots__ = ("_client", "_rings", "_slot", "_ptr", "_nbytes", "_on_done", "_done")
 
-    def __init__(self, client: "Client", rings: _ring.Rings, mapping: _memfd.Mapping, ptr: int,
+    def __init__(self, client: "Client", rings: _ring.Rings, slot: _staging.Slot, ptr: int,
                  nbytes: int, on_done: Callable[[Optional[RailyardError]], None]) -> None:
         self._client = client
         self._rings = rings
-        self._mapping = mapping
+        self._slot = slot
         self._ptr = ptr
         self._nbytes = nbytes
         self._on_done: Optional[Callable[[Optional[RailyardError]], None]] = on_done
@@ -320,8 +316,8 @@ class _HostOp(_OnRings):
     def _complete(self, error: Optional[RailyardError], seq: Optional[int] = None) -> None:
         # Called once: the client hands a completion to the work it pops from its table.
         if error is None:
-            ctypes.memmove(self._ptr, self._mapping.address, self._nbytes)
-        self._client._staging_release(self._mapping)
+            ctypes.memmove(self._ptr, self._slot.address, self._nbytes)
+        self._client._staging_release(self._slot)
         # Dropped once called: the caller's work usually holds this op (to drive it), so keeping
         # its callback would make a reference cycle per operation, which only the garbage
         # collector frees. Enough of them start full collections (35-45 ms with torch loaded).
@@ -481,7 +477,8 @@ class Client:
         self._regions: List[_Region] = []
         self._region_starts: List[int] = []
         self._to_release: collections.deque = collections.deque()
-        self._staging_free: dict = {}
+        # Staging slots for arrays not in shared memory (see _staging).
+        self._staging = _staging.Pool(self._allocate)
         self._stream = None
         self._stream_ops = stream_ops
         self._stream_words: Optional[_streams.StreamWords] = None
@@ -716,8 +713,8 @@ class Client:
         self._channel.close()
         self._fds.close()
         with self._lock:
-            self._staging_free.clear()
             self._to_release.clear()
+        self._staging.close()
         words = self._stream_words
         if words is not None:
             try:
@@ -900,21 +897,11 @@ class Client:
                 return region.buffer_id, addr - region.start
         return None
 
-    def _staging_acquire(self, nbytes: int) -> _memfd.Mapping:
-        size = max(_STAGING_MIN, 1 << max(0, (nbytes - 1).bit_length()))
-        with self._lock:
-            free = self._staging_free.get(size)
-            if free:
-                return free.pop()
-        return self._allocate(size)
+    def _staging_acquire(self, nbytes: int) -> _staging.Slot:
+        return self._staging.acquire(nbytes)
 
-    def _staging_release(self, mapping: _memfd.Mapping) -> None:
-        with self._lock:
-            if self._closing:
-                return
-            free = self._staging_free.setdefault(len(mapping), [])
-            if len(free) < _STAGING_KEEP:
-                free.append(mapping)
+    def _staging_release(self, slot: _staging.Slot) -> None:
+        self._staging.release(slot)
 
     def _stream_slot(self, stream: Any) -> _streams.Slot:
         """Enqueues on ``stream`` the ready store and done wait of an operation (stream=)."""
@@ -1035,27 +1022,30 @@ class Client:
             work._seq = response.seq
 
 
-def _copy_in(mapping: _memfd.Mapping, arr: np.ndarray) -> None:
-    """Copies ``arr`` to the start of a staging buffer."""
+def _copy_in(slot: _staging.Slot, arr: np.ndarray) -> None:
+    """Copies ``arr`` to the start of a staging slot."""
+    mapping, offset = slot.mapping, slot.offset
     if arr.flags.c_contiguous:
-        mapping[0:arr.nbytes] = arr  # one memcpy through the buffer protocol (~0.1 us)
+        mapping[offset:offset + arr.nbytes] = arr  # one memcpy through the buffer protocol
         return
-    staged = np.frombuffer(mapping, dtype=arr.dtype, count=arr.size).reshape(arr.shape)
+    staged = np.frombuffer(mapping, dtype=arr.dtype, count=arr.size,
+                           offset=offset).reshape(arr.shape)
     np.copyto(staged, arr, casting="no")
 
 
-def _copy_out(mapping: _memfd.Mapping, out: np.ndarray) -> None:
-    """Copies the start of a staging buffer into ``out``."""
+def _copy_out(slot: _staging.Slot, out: np.ndarray) -> None:
+    """Copies the start of a staging slot into ``out``."""
     if out.flags.c_contiguous:
         try:
             target = memoryview(out).cast("B")
         except (TypeError, ValueError):
             pass  # a buffer format memoryview cannot cast to bytes: numpy below
         else:
-            with target, memoryview(mapping) as source:
-                target[:] = source[:out.nbytes]
+            with target, slot.view(out.nbytes) as source:
+                target[:] = source
             return
-    staged = np.frombuffer(mapping, dtype=out.dtype, count=out.size).reshape(out.shape)
+    staged = np.frombuffer(slot.mapping, dtype=out.dtype, count=out.size,
+                           offset=slot.offset).reshape(out.shape)
     np.copyto(out, staged, casting="no")
 
 
@@ -1066,8 +1056,8 @@ class _Staged:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        # (mapping, array to copy the result into or None, the array staged)
-        self.entries: List[Tuple[_memfd.Mapping, Optional[np.ndarray], np.ndarray]] = []
+        # (slot, array to copy the result into or None, the array staged)
+        self.entries: List[Tuple[_staging.Slot, Optional[np.ndarray], np.ndarray]] = []
 
     def ref(self, arr: ArrayLike, *, copy_in: bool, copy_out: bool) -> Tuple[int, int]:
         if isinstance(arr, DeviceArray):
@@ -1077,11 +1067,11 @@ class _Staged:
         loc = self.client._locate(arr)
         if loc is not None:
             return loc
-        mapping = self.client._staging_acquire(max(arr.nbytes, 1))
+        slot = self.client._staging_acquire(max(arr.nbytes, 1))
         if copy_in and arr.nbytes:
-            _copy_in(mapping, arr)
-        self.entries.append((mapping, arr if copy_out else None, arr))
-        return mapping.buffer_id, 0
+            _copy_in(slot, arr)
+        self.entries.append((slot, arr if copy_out else None, arr))
+        return slot.buffer_id, slot.offset
 
     def ref_in_place(self, arr: ArrayLike, send: Tuple[int, int]) -> Tuple[int, int]:
         """``arr``, already referenced as the send array at ``send``, is the output too."""
@@ -1089,16 +1079,16 @@ class _Staged:
             return send
         if not arr.flags.writeable:
             raise _invalid("the output array is read-only")
-        for i, (mapping, out, arr_seen) in enumerate(self.entries):
+        for i, (slot, out, arr_seen) in enumerate(self.entries):
             if arr_seen is arr:
-                self.entries[i] = (mapping, arr, arr_seen)  # staged: copy the result back
+                self.entries[i] = (slot, arr, arr_seen)  # staged: copy the result back
         return send
 
     def finish(self, ok: bool) -> None:
-        for mapping, out, _ in self.entries:
+        for slot, out, _ in self.entries:
             if ok and out is not None and out.nbytes:
-                _copy_out(mapping, out)
-            self.client._staging_release(mapping)
+                _copy_out(slot, out)
+            self.client._staging_release(slot)
         self.entries = []
 
 
@@ -1230,17 +1220,18 @@ class Comm:
         if (rings is None or not self.handle or client._forked or client.default_algo or
                 client.default_compression or nbytes <= 0):
             return None
-        mapping = client._staging_acquire(nbytes)
+        slot = client._staging_acquire(nbytes)
         try:
-            ctypes.memmove(mapping.address, ptr, nbytes)
+            ctypes.memmove(slot.address, ptr, nbytes)
             request_id = next(client._request_ids)
-            buffer_id = mapping.buffer_id
-            entry = _ring.ENTRY.pack(request_id, self.handle, count, buffer_id, 0, buffer_id, 0,
-                                     op, dtype, red_op, root, timeout_ms, 0, 0, 0, b"", b"", 0)
+            buffer_id, offset = slot.buffer_id, slot.offset
+            entry = _ring.ENTRY.pack(request_id, self.handle, count, buffer_id, offset,
+                                     buffer_id, offset, op, dtype, red_op, root, timeout_ms, 0, 0,
+                                     0, b"", b"", 0)
         except BaseException:
-            client._staging_release(mapping)  # nothing was submitted: the buffer is free
+            client._staging_release(slot)  # nothing was submitted: the slot is free
             raise
-        op_ = _HostOp(client, rings, mapping, ptr, nbytes, on_done)
+        op_ = _HostOp(client, rings, slot, ptr, nbytes, on_done)
         client._publish(rings, request_id, entry, op_)
         return op_
 
