@@ -21,7 +21,12 @@ Calibration Calibration::Defaults() {
   // 2026-12 this was 60 us and 1 GB/s, measured with the rails on BBR.
   c.inter = {10e-6, 3e9};
   c.overhead_s = 5e-6;
-  c.op_overhead_s = 300e-6;
+  // A collective's cost over the session rings beyond its schedule: 2.4 us submission to
+  // completion for one rank on one node, 5 us for two. Between two daemons an 8 B AllReduce
+  // takes 22-35 us, which the link and CPU figures here already predict (25 us). It was 300
+  // us, the gRPC Submit and stream completion of before the rings, and put every prediction
+  // (railctl explain, the model metric) that much above what operations take.
+  c.op_overhead_s = 5e-6;
   // What a message and a reduced byte cost a daemon there, unhidden: 64 KiB chunks against
   // 256 KiB ones, recursive doubling against the tree (same doc).
   c.message_cpu_s = 5e-6;
