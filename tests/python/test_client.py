@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import railyard
+from conftest import Daemon
 
 
 def join_all(clients, comm_id=None, timeout=10.0):
@@ -277,6 +278,26 @@ def test_staged_operations_in_flight_share_a_few_buffers(daemon, pair):
     for w in ws:
         assert w.wait(20)[0] == 2.0
     assert [buffers(c) - b0 for c, b0 in zip(pair, before)] == [2, 2]
+
+
+def test_staging_under_a_tight_buffer_quota_still_runs():
+    # 512 KiB of buffers per session: no room for the 1 MiB slab of 64 KiB slots, so such a
+    # slot gets a buffer of its own; a 1 MiB staged array is refused, naming the quota.
+    d = Daemon("--max_buffer_bytes_per_session=524288")
+    try:
+        with railyard.connect(d.socket, job="tight") as c:
+            comm = c.comm(c.new_comm_id(), 0, 1)
+            x = np.arange(15000, dtype=np.float32)  # 60000 B: a 64 KiB slot
+            for _ in range(3):
+                np.testing.assert_array_equal(comm.all_reduce(x), x)
+            assert comm.all_reduce(np.full(3, 7, np.int32)).tolist() == [7, 7, 7]
+            with pytest.raises(railyard.ResourceExhaustedError,
+                               match="max_buffer_bytes_per_session"):
+                comm.all_reduce(np.ones(1 << 18, np.float32))
+            assert comm.all_reduce(np.full(3, 2, np.int32)).tolist() == [2, 2, 2]
+            comm.close()
+    finally:
+        d.stop()
 
 
 def test_integrity_option(daemon, monkeypatch):

@@ -18,12 +18,15 @@ class FakeRegistry:
 
     def __init__(self) -> None:
         self.sizes = []
-        self.fail_next = False
+        self.refused = []
+        self.max_bytes = None  # refuse registrations larger than this (a tight quota)
+        self.fail = 0  # refuse the next this many registrations
 
     def allocate(self, size: int) -> _memfd.Mapping:
-        if self.fail_next:
-            self.fail_next = False
-            raise OSError("RESOURCE_EXHAUSTED: --max_buffer_bytes_per_session")
+        if self.fail or (self.max_bytes is not None and size > self.max_bytes):
+            self.fail = max(0, self.fail - 1)
+            self.refused.append(size)
+            raise OSError(f"RESOURCE_EXHAUSTED: {size} bytes: --max_buffer_bytes_per_session")
         mapping, fd = _memfd.create("staging-test", size)
         os.close(fd)
         self.sizes.append(size)
@@ -96,11 +99,24 @@ def test_view_refuses_more_than_the_slot(reg):
 
 def test_a_failed_registration_is_the_callers_error_and_costs_nothing(reg):
     pool = _staging.Pool(reg.allocate)
-    reg.fail_next = True
-    with pytest.raises(OSError, match="RESOURCE_EXHAUSTED"):
+    reg.fail = 2  # the slab, then the single slot
+    with pytest.raises(OSError, match="RESOURCE_EXHAUSTED: 256 bytes"):
         pool.acquire(8)
-    assert pool.free_slots(256) == 0
+    assert reg.refused == [64 << 10, 256] and pool.free_slots(256) == 0
     assert pool.acquire(8).buffer_id == 1  # the next registration works
+
+
+def test_without_room_for_a_slab_a_slot_gets_a_buffer_of_its_own(reg):
+    pool = _staging.Pool(reg.allocate)
+    reg.max_bytes = 100 << 10  # room for a 64 KiB slot, not for its 1 MiB slab
+    a = pool.acquire(60000)
+    assert reg.refused == [1 << 20] and reg.sizes == [64 << 10]
+    assert (a.offset, a.size, len(a.mapping)) == (0, 64 << 10, 64 << 10)
+    pool.release(a)
+    assert pool.acquire(65536) is a and reg.sizes == [64 << 10]
+    small = pool.acquire(4)  # a 64 KiB slab of 256 B slots fits
+    assert reg.sizes == [64 << 10, 64 << 10] and small.size == 256
+    assert pool.free_slots(256) == 255
 
 
 def test_close_drops_free_slots_and_later_releases(reg):

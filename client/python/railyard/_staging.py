@@ -87,8 +87,15 @@ class Pool:
                 return free.pop()
         if size > SLAB_SLOT_MAX:
             return Slot(self._allocate(size), 0, size)
-        mapping = self._allocate(slab_bytes(size))
-        slots = [Slot(mapping, offset, size) for offset in range(0, slab_bytes(size), size)]
+        try:
+            mapping = self._allocate(slab_bytes(size))
+        except Exception:
+            if slab_bytes(size) == size:
+                raise
+            # No room for a slab (a tight --max_buffer_bytes_per_session): a buffer of just the
+            # slot, as every staged operation had before slabs; its error is the one to raise.
+            mapping = self._allocate(size)
+        slots = [Slot(mapping, offset, size) for offset in range(0, len(mapping), size)]
         with self._lock:
             if not self._closed:
                 self._free.setdefault(size, []).extend(slots[1:])
