@@ -56,7 +56,7 @@ done
 # Live figures from each daemon's Prometheus endpoint (railyard_link_bytes_total per peer/rail,
 # collectives counted, p50 latency of the largest AllReduce bucket from the histogram).
 for n in 0 1; do
-  addr=$(grep -o 'metrics_address=[^ ]*' "$dir/node$n.log" | head -1 | cut -d= -f2)
+  addr=$(grep -m1 -o 'metrics_address=[^ ]*' "$dir/node$n.log" | cut -d= -f2)
   [ -n "$addr" ] || continue
   echo "demo: demo-node-$n metrics at http://$addr/metrics"
   curl -sf --max-time 5 "http://$addr/metrics" | awk '
@@ -84,4 +84,6 @@ for pid in "${pids[@]}"; do kill -TERM "$pid"; done
 for pid in "${pids[@]}"; do wait "$pid"; done
 pids=()
 echo "demo: daemon logs:"
-sed 's/^/  /' "$dir"/node*.log | grep -v 'comp=session' | head -20
+# awk, not `grep | head`: head exits after 20 lines, and under pipefail the SIGPIPE that a grep
+# still writing then gets made the whole demo exit 141 once the logs were long enough.
+awk '!/comp=session/ && shown++ < 20 { print "  " $0 }' "$dir"/node*.log
