@@ -6,8 +6,10 @@ Every piece is a :class:`Slot`, an offset into a registered buffer. Pieces of up
 one power-of-two size: registering a buffer costs a memfd, a descriptor passed to the daemon and
 an RPC (~0.3-0.8 ms), so a slot per operation in flight, all from one registration, is what
 keeps many small operations in flight (a loop of ``async_op=True`` calls) at the cost of one.
-Their slots are kept until the client closes: as many as were in flight at once, at most. Larger
-pieces are buffers of their own, kept for reuse up to :func:`keep_count` of each size.
+Their slots are kept until the client closes: as many as were in flight at once, rounded up to
+whole slabs. Larger pieces are buffers of their own, kept for reuse up to :func:`keep_count` of
+each size (64 ``async_op=True`` all_reduces of 256 KiB in one process: 63-73 us each, against
+1.1-2.7 ms with 4 kept, when all but 4 were registered for their operation).
 """
 
 from __future__ import annotations
