@@ -18,6 +18,12 @@ import railyard
 from conftest import Daemon
 
 
+def session_buffers(daemon, client):
+    """The buffers the daemon has registered for ``client``'s session (Admin status)."""
+    return [s.buffers for s in daemon.status().sessions
+            if s.session_id_prefix == client.session_id[:8]][0]
+
+
 def join_all(clients, comm_id=None, timeout=10.0):
     """Joins one comm with every client (rank i = clients[i]) concurrently."""
     comm_id = comm_id or clients[0].new_comm_id()
@@ -79,8 +85,7 @@ def test_init_from_env(daemon, monkeypatch):
 
 def test_empty_is_shared_and_zero_copy(daemon):
     with railyard.connect(daemon.socket, job="shared") as c:
-        before = sum(s.buffers for s in daemon.status().sessions
-                     if s.session_id_prefix == c.session_id[:8])
+        before = session_buffers(daemon, c)
         x = c.empty((4, 5), np.float64)
         assert x.shape == (4, 5) and x.dtype == np.float64
         assert c.is_shared(x) and c.is_shared(x[1:3]) and c.is_shared(x[2])
@@ -88,8 +93,7 @@ def test_empty_is_shared_and_zero_copy(daemon):
         assert not c.is_shared(np.zeros(3))
         z = c.zeros(7, np.uint8)
         assert z.sum() == 0
-        after = [s for s in daemon.status().sessions if s.session_id_prefix == c.session_id[:8]]
-        assert after[0].buffers == before + 2
+        assert session_buffers(daemon, c) == before + 2
         # Collectives on views of a shared array are zero copy and write through.
         comm = c.comm(c.new_comm_id(), 0, 1)
         x[:] = 1.5
@@ -101,8 +105,7 @@ def test_empty_is_shared_and_zero_copy(daemon):
 def test_buffers_are_released_and_unlinked(daemon):
     with railyard.connect(daemon.socket, job="release") as c:
         def buffers():
-            return [s.buffers for s in daemon.status().sessions
-                    if s.session_id_prefix == c.session_id[:8]][0]
+            return session_buffers(daemon, c)
 
         arrays = [c.empty(1000, np.float32) for _ in range(5)]
         assert buffers() == 5
@@ -125,9 +128,7 @@ def test_staging_buffers_are_reused(daemon):
         comm = c.comm(c.new_comm_id(), 0, 1)
         for _ in range(20):
             comm.all_reduce(np.ones(1000, np.float32))
-        sessions = [s for s in daemon.status().sessions
-                    if s.session_id_prefix == c.session_id[:8]]
-        assert sessions[0].buffers <= 2
+        assert session_buffers(daemon, c) <= 2
         comm.close()
 
 
@@ -257,8 +258,7 @@ def test_staged_operations_in_flight_share_a_few_buffers(daemon, pair):
     a, b = join_all(pair)
 
     def buffers(c):
-        return [s.buffers for s in daemon.status().sessions
-                if s.session_id_prefix == c.session_id[:8]][0]
+        return session_buffers(daemon, c)
 
     before = [buffers(c) for c in pair]
     n = 300
