@@ -9,11 +9,7 @@
 #                                      and the floor of that transport: build/tools/ucx-pingpong's
 #                                      --exchange (two processes send each other the size at once
 #                                      over railyardd's UcxTransport, nothing else: the traffic any
-#                                      two-node AllReduce needs), best of 1, 2, 4 and 8 messages;
-#                                      and the kernel's own floor, bench/tcp_exchange.c: the same
-#                                      exchange over a plain TCP socket pair, no user-space copy,
-#                                      no protocol (on one host it shares the CPUs with its peer,
-#                                      as both tools' processes do)
+#                                      two-node AllReduce needs), best of 1, 2, 4 and 8 messages
 #   4  2 railyardd x 1 rank in two network namespaces joined by an unshaped veth pair (one
 #      daemon and one OpenMPI rank per namespace, data over the veth; peer plane mutual TLS on
 #      the veth addresses) vs OpenMPI --mca btl tcp,self on the veth subnet, np 2 across the
@@ -87,7 +83,6 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 "$mpicc" -O2 -o "$out/ar_openmpi" bench/mpi_allreduce.c
-"${CC:-cc}" -O2 -o "$out/tcp_exchange" bench/tcp_exchange.c
 
 # Sweeps: name, then railyard-perf and mpi_allreduce arguments (min max factor iters warmup).
 sweeps=(lat mid big)
@@ -231,15 +226,6 @@ run_floor() {  # file
        END { for (b in best) print b, best[b] }' "$f.raw" | sort -n >"$f"
 }
 
-# The kernel's floor (case 3): the same exchange over a plain TCP socket pair on lo, medians over
-# 100 exchanges per size ("tcp-exchange BYTES B each way: median US us, ..." -> BYTES US).
-run_tcp_floor() {  # file
-  local f=$1
-  timeout 300 "$out/tcp_exchange" -n 100 8 128K 512K 2M 8M 32M >"$f.raw" 2>"$out/tcp.err" ||
-    { cat "$out/tcp.err" >&2; echo "sidebyside: tcp_exchange failed" >&2; exit 1; }
-  awk '$1 == "tcp-exchange" { print $2, $7 }' "$f.raw" >"$f"
-}
-
 ompi_common=(--allow-run-as-root --oversubscribe --bind-to none -x "GLIBC_TUNABLES=$tunables"
   ${yield:+--mca mpi_yield_when_idle "$yield"})
 # OpenMPI over UCX's tcp transport, the one railyardd's rails use, with the segment sizes
@@ -340,10 +326,7 @@ for ((r = 1; r <= reps; r++)); do
     counted railyard run_railyard "$c" "$out/c$c-ry-$r.txt"
     counted "OpenMPI btl tcp" run_openmpi "$c" "$out/c$c-om-$r.txt"
     if [ "$c" = 3 ] || [ "$c" = 4 ]; then counted "OpenMPI pml ucx" run_openmpi "$c" "$out/c$c-ux-$r.txt" ucx; fi
-    if [ "$c" = 3 ]; then
-      run_floor "$out/c$c-fl-$r.txt"
-      run_tcp_floor "$out/c$c-tc-$r.txt"
-    fi
+    if [ "$c" = 3 ]; then run_floor "$out/c$c-fl-$r.txt"; fi
     echo "# launch $r case $c done ($(($(date +%s) - start)) s)"
   done
 done
@@ -379,13 +362,11 @@ for c in cases:
         continue
     ux = samples(c, "ux") if c in ("3", "4") else [None] * reps
     fl = samples(c, "fl") if c == "3" else [None] * reps
-    tc = samples(c, "tc") if c == "3" else [None] * reps
-    for r, (ry, om, u, x, k) in enumerate(zip(samples(c, "ry"), samples(c, "om"), ux, fl, tc), 1):
+    for r, (ry, om, u, x) in enumerate(zip(samples(c, "ry"), samples(c, "om"), ux, fl), 1):
         print(f"#   case {c} launch {r}: " + " ".join(us(ry[s]) for s in sizes) + " | "
               + " ".join(us(om[s]) for s in sizes)
               + ("" if u is None else " | over UCX: " + " ".join(us(u[s]) for s in sizes))
-              + ("" if x is None else " | floor: " + " ".join(us(x[s]) for s in sizes))
-              + ("" if k is None else " | kernel TCP: " + " ".join(us(k[s]) for s in sizes)))
+              + ("" if x is None else " | floor: " + " ".join(us(x[s]) for s in sizes)))
 print()
 print("| case | 8 B railyard / OpenMPI (µs) | 128 KiB busbw ratio | 512 KiB | 2 MiB | 8 MiB | 32 MiB |")
 print("|---|---|---|---|---|---|---|")
@@ -418,14 +399,6 @@ for c in cases:
         cells = [f"{us(med(ry, 8))} / {us(med(fl, 8))}"]
         cells += [f"{med(fl, s) / med(ry, s):.2f}" for s in sizes[1:]]
         print("| railyard vs that floor (1.0: all of the transport's speed) | " + " | ".join(cells) + " |")
-        # The same exchange over a bare TCP socket pair: what the kernel alone costs.
-        tc = samples(c, "tc")
-        cells = [f"{us(med(tc, 8))} / {us(med(om, 8))}"]
-        cells += [f"{med(om, s) / med(tc, s):.2f}" for s in sizes[1:]]
-        print("| kernel floor: TCP exchange alone (tcp_exchange) vs btl tcp np2 | " + " | ".join(cells) + " |")
-        cells = [f"{us(med(ry, 8))} / {us(med(tc, 8))}"]
-        cells += [f"{med(tc, s) / med(ry, s):.2f}" for s in sizes[1:]]
-        print("| railyard vs the kernel floor | " + " | ".join(cells) + " |")
 print()
 print("busbw ratio = railyard / OpenMPI (>1: railyard faster), from the median times of the launches.")
 print("The pml ucx rows compare with OpenMPI on the transport railyardd's rails use (UCX tcp); the last")
@@ -433,9 +406,5 @@ print("row of a case is what that transport itself reaches against OpenMPI's own
 if "3" in cases:
     print("floor (case 3): the size sent both ways at once over railyardd's UcxTransport and nothing")
     print("else (no client, no reduction); its ratio is OpenMPI's whole AllReduce time / the exchange's.")
-    print("kernel floor (case 3): the same exchange between two processes over a plain TCP socket on lo")
-    print("(bench/tcp_exchange.c: one connection, send and receive at once, straight from and into the")
-    print("buffers, sleeping in poll): what the kernel's TCP alone costs for the bytes. A ratio near 1")
-    print("in the last row means the size's time is mostly the kernel's TCP work, which every tool pays.")
 PY
 echo "# total $(($(date +%s) - start)) s; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

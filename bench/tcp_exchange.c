@@ -1,22 +1,24 @@
-// tcp_exchange: the kernel's own floor for a two-node AllReduce over TCP on this host.
+// tcp_exchange: what the kernel's TCP costs for the traffic of a two-node AllReduce on this host,
+// and how that cost depends on the bytes a sender keeps in flight.
 //
-//   tcp_exchange [-n ITERS] SIZE...     (SIZE in bytes, or with a K or M suffix)
+//   tcp_exchange [-n ITERS] [-w WINDOW] SIZE...   (sizes: bytes, or a K or M suffix)
 //
 // Forks a second process; the two connect over loopback TCP (TCP_NODELAY) and, for each size,
-// exchange SIZE bytes each way ITERS times (-n, default 100, after ITERS/10 of warm-up): each side
-// sends its buffer and receives the peer's at once (poll, non-blocking send/recv straight from
-// and into the two buffers), and the next exchange starts when both of its own transfers are
+// exchange SIZE bytes each way ITERS times (-n, default 100, after ITERS/10 of warm-up): each
+// side sends its buffer and receives the peer's at once (poll, non-blocking send/recv straight
+// from and into the two buffers), and the next exchange starts when both of its own transfers are
 // done. That is the traffic any AllReduce between two nodes must move (each sends and receives
-// SIZE: reduce-scatter and all-gather halves, or a whole exchange), with no user-space copy, no
-// reduction and no protocol: only the system calls and the kernel's TCP. On one host both
-// processes, their TCP and whatever else runs share the CPUs, so on a small VM this is a CPU
-// bound as much as a network one. Prints per size the median exchange time and the CPU both
-// processes spent per exchange (user + system, warm-up included in the count):
+// SIZE), with no user-space copy, no reduction and no protocol.
+//   -w WINDOW  never sends more than WINDOW bytes ahead of what it has received from the peer
+//              (a credit window, as a pipelined schedule has); default: no limit.
+// Prints per size the median exchange time and the CPU both processes spent per exchange (user +
+// system of the timed exchanges):
 //
 //   tcp-exchange SIZE B each way: median T us, C us CPU per exchange (both processes)
 //
-// and checks that the last exchange delivered the peer's bytes. Every wait is bounded (10 s);
-// any failure exits non-zero. Used by bench/sidebyside.sh (case 3's kernel floor row).
+// and checks that each size's last exchange delivered the peer's bytes. Every wait is bounded
+// (10 s); any failure exits non-zero. docs/data-plane.md ("The kernel's TCP on loopback") has
+// what it measured.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -72,11 +74,13 @@ static size_t parse_size(const char* text) {
   return (size_t)v;
 }
 
-// One exchange: send n bytes of s and receive n into r at once.
-static void exchange(int fd, const char* s, char* r, size_t n) {
+// One exchange: send n bytes of s and receive n into r at once, at most window bytes ahead.
+static void exchange(int fd, const char* s, char* r, size_t n, size_t window) {
   size_t sent = 0, got = 0;
   while (sent < n || got < n) {
-    struct pollfd p = {fd, (short)((sent < n ? POLLOUT : 0) | (got < n ? POLLIN : 0)), 0};
+    const size_t limit = window < n - got ? got + window : n;  // no overflow: window may be ~0
+    const int may_send = sent < limit;
+    struct pollfd p = {fd, (short)((may_send ? POLLOUT : 0) | (got < n ? POLLIN : 0)), 0};
     int k = poll(&p, 1, 10000);
     if (k == 0) {
       errno = ETIMEDOUT;
@@ -87,8 +91,8 @@ static void exchange(int fd, const char* s, char* r, size_t n) {
       die("poll");
     }
     if (p.revents & (POLLERR | POLLNVAL)) die("socket error");
-    if (sent < n && (p.revents & POLLOUT)) {
-      ssize_t m = send(fd, s + sent, n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (may_send && (p.revents & POLLOUT)) {
+      ssize_t m = send(fd, s + sent, limit - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (m < 0 && errno != EAGAIN && errno != EINTR) die("send");
       if (m > 0) sent += (size_t)m;
     }
@@ -111,12 +115,18 @@ static int cmp_double(const void* a, const void* b) {
 
 int main(int argc, char** argv) {
   int first = 1, iters = 100;
-  if (argc > 2 && strcmp(argv[1], "-n") == 0) {
-    iters = atoi(argv[2]);
-    first = 3;
+  size_t window = (size_t)-1;
+  for (; first + 1 < argc && argv[first][0] == '-'; first += 2) {
+    if (strcmp(argv[first], "-n") == 0) {
+      iters = atoi(argv[first + 1]);
+    } else if (strcmp(argv[first], "-w") == 0) {
+      window = parse_size(argv[first + 1]);
+    } else {
+      break;
+    }
   }
-  if (argc <= first || iters < 1 || iters > 1000000) {
-    fprintf(stderr, "usage: tcp_exchange [-n ITERS 1..1000000] SIZE...\n");
+  if (argc <= first || argv[first][0] == '-' || iters < 1 || iters > 1000000) {
+    fprintf(stderr, "usage: tcp_exchange [-n ITERS 1..1000000] [-w WINDOW] SIZE...\n");
     return 2;
   }
   size_t nsizes = (size_t)(argc - first), max = 0;
@@ -164,12 +174,12 @@ int main(int argc, char** argv) {
   int status = 0;
   for (size_t i = 0; i < nsizes; ++i) {
     size_t n = sizes[i];
-    for (int w = 0; w < iters / 10; ++w) exchange(fd, s, r, n);
+    for (int w = 0; w < iters / 10; ++w) exchange(fd, s, r, n, window);
     memset(r, 0, n);
     double cpu0 = cpu_s(RUSAGE_SELF);
     for (int k = 0; k < iters; ++k) {
       double t0 = now_s();
-      exchange(fd, s, r, n);
+      exchange(fd, s, r, n, window);
       t[k] = now_s() - t0;
     }
     for (size_t b = 0; b < n; ++b) {
