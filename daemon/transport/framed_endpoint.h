@@ -6,9 +6,9 @@
 //                                 | kFrameFlagSplit
 //
 // all little-endian. Below Options::split_min_bytes (512 KiB) payload and trailer are one
-// transport message, sent as a 2-segment iov (from Options::contiguous_send_min_bytes, 64 KiB,
-// copied next to the trailer into one pooled buffer and sent contiguous) and received as one,
-// payload straight into the destination. From there they are two messages with the same tag on
+// transport message, sent as an iov of the payload's segments and the trailer (on a tcp rail
+// zero-copy from 64 KiB: ucx/ucx_transport.h) and received as one, payload straight into the
+// destination. From there they are two messages with the same tag on
 // the same endpoint, the payload (sent and received contiguous, straight from and into the
 // caller's buffer, as UCX 1.13's rendezvous zero-copies only contiguous sends) and then the
 // trailer (flag split), received by two receives posted in that order; UCX matches one
@@ -94,13 +94,14 @@ class FramedEndpoint : public Endpoint {
     std::function<void(std::function<void()>)> offload;
     size_t offload_min_bytes = 64 * 1024;
     // Payloads of at least this many bytes are sent as one contiguous buffer (payload copied next
-    // to the trailer in a pooled bounce buffer) instead of a 2-entry iov: UCX 1.13's rendezvous
-    // cannot zero-copy an iov send and packs it in small fragments, which measured 2x slower at
-    // 1 MiB on tcp than a memcpy plus a contiguous send (docs/data-plane.md "Cost"). Receives are
-    // always an iov (measured as fast as contiguous). 0: always iov. Payloads that are split
-    // (split_min_bytes) are never copied, so with the defaults this applies from 64 KiB to the
-    // split size.
-    size_t contiguous_send_min_bytes = 64 * 1024;
+    // to the trailer in a pooled bounce buffer) instead of an iov. 0 (the default): always an
+    // iov. The copy was the default from 64 KiB while UCX packed every eager iov on tcp anyway
+    // (and its rendezvous packs an iov in small fragments, 2x slower at 1 MiB than a memcpy plus
+    // a contiguous send; split payloads, split_min_bytes, never come here). Since tcp rails
+    // send eager messages zero-copy from 64 KiB (kUcxTcpZcopyThresh in ucx/ucx_transport.h) the iov
+    // is what goes out, and the copy only cost CPU (docs/data-plane.md, "Frames as an iov, sent
+    // zero-copy"). Receives are always an iov (measured as fast as contiguous).
+    size_t contiguous_send_min_bytes = 0;
     // Payloads of at least this many bytes (and more than kFrameTrailerSize) travel as two
     // messages with the tag, in order on this endpoint: the payload, straight from and into the
     // caller's buffer (zero-copy), then the trailer (flag kFrameFlagSplit). Part of the wire

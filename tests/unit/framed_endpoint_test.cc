@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -121,30 +122,36 @@ void PostRecv(Endpoint& ep, Tag tag, void* data, size_t size, Result* r) {
 
 TEST(FramedEndpointTest, WireFormatIsPayloadThenSecretCrcMagic) {
   Link l;
-  FramedEndpoint::Options copy = l.Options(Integrity::kCrc32c, "a", "b");
-  copy.split_min_bytes = 0;
-  FramedEndpoint sender(l.ab_raw, std::move(copy));
-  // 1000 B go out as a 2-entry iov, 100000 B (without splitting) as one contiguous bounce
-  // buffer: the same bytes.
-  for (size_t size : {size_t{1000}, size_t{100000}}) {
-    const std::vector<uint8_t> payload = Random(size, size);
-    std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);
-    Result r;
-    PostRecv(*l.ba_raw, 7 + size, wire.data(), wire.size(), &r);
-    ASSERT_TRUE(SendAndWait(sender, 7 + size, payload.data(), payload.size()));
-    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    EXPECT_TRUE(std::equal(payload.begin(), payload.end(), wire.begin()));
-    const uint8_t* t = wire.data() + payload.size();
-    uint64_t secret = 0;
-    uint32_t crc = 0, magic = 0;
-    for (int i = 0; i < 8; ++i) secret |= uint64_t{t[i]} << (8 * i);
-    for (int i = 0; i < 4; ++i) crc |= uint32_t{t[8 + i]} << (8 * i);
-    for (int i = 0; i < 4; ++i) magic |= uint32_t{t[12 + i]} << (8 * i);
-    EXPECT_EQ(secret, kSecret);
-    EXPECT_EQ(crc, kernels::Crc32c(payload.data(), payload.size()));
-    EXPECT_EQ(magic, 0x52590101u);
-  }
+  // By default every unsplit frame goes out as an iov (payload, trailer); with
+  // contiguous_send_min_bytes 64 KiB, 100000 B go out as one contiguous bounce buffer instead:
+  // the same bytes either way.
+  Tag tag = 100;
+  for (size_t contiguous_min : {size_t{0}, size_t{64} << 10})
+    for (size_t size : {size_t{1000}, size_t{100000}}) {
+      SCOPED_TRACE(absl::StrCat("contiguous from ", contiguous_min, ", ", size, " B"));
+      FramedEndpoint::Options options = l.Options(Integrity::kCrc32c, "a", "b");
+      options.split_min_bytes = 0;
+      options.contiguous_send_min_bytes = contiguous_min;
+      FramedEndpoint sender(l.ab_raw, std::move(options));
+      const std::vector<uint8_t> payload = Random(size, size);
+      std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);
+      Result r;
+      ++tag;
+      PostRecv(*l.ba_raw, tag, wire.data(), wire.size(), &r);
+      ASSERT_TRUE(SendAndWait(sender, tag, payload.data(), payload.size()));
+      ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(kWait));
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_TRUE(std::equal(payload.begin(), payload.end(), wire.begin()));
+      const uint8_t* t = wire.data() + payload.size();
+      uint64_t secret = 0;
+      uint32_t crc = 0, magic = 0;
+      for (int i = 0; i < 8; ++i) secret |= uint64_t{t[i]} << (8 * i);
+      for (int i = 0; i < 4; ++i) crc |= uint32_t{t[8 + i]} << (8 * i);
+      for (int i = 0; i < 4; ++i) magic |= uint32_t{t[12 + i]} << (8 * i);
+      EXPECT_EQ(secret, kSecret);
+      EXPECT_EQ(crc, kernels::Crc32c(payload.data(), payload.size()));
+      EXPECT_EQ(magic, 0x52590101u);
+    }
 
   const std::vector<uint8_t> payload = Random(1000, 1);
   std::vector<uint8_t> wire(payload.size() + kFrameTrailerSize);

@@ -75,6 +75,20 @@ TEST(UcxTcpDefaultsTest, SegmentsOf512KiBUnlessTheOperatorSetEither) {
   EXPECT_EQ(std::getenv("UCX_TCP_TX_SEG_SIZE"), tx);
 }
 
+TEST(UcxTcpDefaultsTest, ZeroCopyThresholdOnlyForRailsOfTcpAlone) {
+  EXPECT_TRUE(RailTlsIsTcpOnly("tcp"));
+  EXPECT_TRUE(RailTlsIsTcpOnly("tcp,self"));
+  EXPECT_TRUE(RailTlsIsTcpOnly("tcp, sm"));
+  EXPECT_TRUE(RailTlsIsTcpOnly("sysv,posix,cma,tcp"));
+  EXPECT_FALSE(RailTlsIsTcpOnly(""));
+  EXPECT_FALSE(RailTlsIsTcpOnly("sm"));
+  EXPECT_FALSE(RailTlsIsTcpOnly("rc,tcp"));
+  EXPECT_FALSE(RailTlsIsTcpOnly("tcp,ud_x"));
+  EXPECT_FALSE(RailTlsIsTcpOnly("all"));
+  EXPECT_FALSE(RailTlsIsTcpOnly("^rc"));
+  EXPECT_FALSE(RailTlsIsTcpOnly("tcpx"));
+}
+
 // ---- Implementations under test ----
 
 class InProcEnv {
@@ -253,7 +267,16 @@ TYPED_TEST(TransportTest, VectoredSizesArriveByteExact) {
   Pair p = this->Connect(1);
   ASSERT_TRUE(p.a && p.b);
   const size_t sizes[] = {
-      8, 4096, 8192, 65536, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20};
+      8,
+      4096,
+      8192,
+      65535,
+      65536,
+      200003,
+      524271,
+      size_t{1} << 20,
+      size_t{16} << 20,
+      size_t{64} << 20};  // 64 KiB-512 KiB: eager and zero-copy on tcp (kUcxTcpZcopyThresh)
   constexpr size_t kTrailer = 16;
   Tag tag = 5000;
   for (size_t size : sizes) {

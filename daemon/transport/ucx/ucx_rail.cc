@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -481,6 +482,12 @@ absl::Status UcxRail::InitUcx() {
     status = ucp_config_modify(ucp_config, "NET_DEVICES", config_.rail.device.c_str());
   }
   if (status == UCS_OK) status = ucp_config_modify(ucp_config, "TLS", config_.rail.tls.c_str());
+  bool zcopy_set = false;
+  if (status == UCS_OK && RailTlsIsTcpOnly(config_.rail.tls) &&
+      std::getenv("UCX_ZCOPY_THRESH") == nullptr) {
+    status = ucp_config_modify(ucp_config, "ZCOPY_THRESH", kUcxTcpZcopyThresh);
+    zcopy_set = status == UCS_OK;
+  }
   if (status != UCS_OK) {
     ucp_config_release(ucp_config);
     return absl::InvalidArgumentError(
@@ -497,6 +504,11 @@ absl::Status UcxRail::InitUcx() {
   if (status != UCS_OK) {
     context_ = nullptr;
     return UcxError(absl::StrCat(where, ": ucp_init"), status);
+  }
+  if (zcopy_set && config_.report) {
+    config_.report(false,
+                   absl::StrCat("UCX rail ", config_.index, ": zero-copy sends from ",
+                                kUcxTcpZcopyThresh, " (tcp alone; UCX_ZCOPY_THRESH overrides)"));
   }
 
   ucp_worker_params_t worker_params{};

@@ -5,7 +5,10 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "daemon/transport/ucx/ucx_address.h"
 #include "daemon/transport/ucx/ucx_rail.h"
 
@@ -58,6 +61,20 @@ std::vector<std::string> SetUcxTcpDefaults() {
     if (setenv(name, kValue, /*overwrite=*/0) == 0) set.push_back(absl::StrCat(name, "=", kValue));
   }
   return set;
+}
+
+bool RailTlsIsTcpOnly(const std::string& tls) {
+  bool tcp = false;
+  for (absl::string_view name : absl::StrSplit(tls, ',')) {
+    name = absl::StripAsciiWhitespace(name);
+    if (name == "tcp") {
+      tcp = true;
+    } else if (name != "self" && name != "sm" && name != "shm" && name != "posix" &&
+               name != "sysv" && name != "cma" && name != "knem" && name != "xpmem") {
+      return false;
+    }
+  }
+  return tcp;
 }
 
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Options options) {
