@@ -136,8 +136,14 @@ def test_calibrate_one_rank_per_daemon_fits_the_overhead(cluster):
     assert 1e8 < fit["inter"]["beta_bytes_per_s"] < 1e12, fit["inter"]
     sizes = fit["sizes"]
     assert [s["bytes"] for s in sizes] == [65536, 262144, 1048576, 4194304]
-    # The prediction follows the size: 64x the bytes costs well over 3x the time.
-    assert sizes[-1]["predicted_s"] > 3 * sizes[0]["predicted_s"], sizes
+    # The prediction follows the size (the degenerate fit predicted one time for every size):
+    # it grows with every step, and 64x the bytes costs over 2x the time. Not 3x: with gRPC
+    # submission (RAILYARD_FASTPATH=0 above) a 64 KiB operation here costs 530-910 us, mostly
+    # the fixed overhead, and 4 MiB 2.2-3.1 ms, so the measured ratio itself was 2.7-4.9 over
+    # 12 runs, and a fit that followed it fell under 3x in 3 of them.
+    predicted = [s["predicted_s"] for s in sizes]
+    assert all(a < b for a, b in zip(predicted, predicted[1:])), sizes
+    assert predicted[-1] > 2 * predicted[0], sizes
     assert fit["stored"] == []  # --dry-run
 
 
