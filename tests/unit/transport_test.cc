@@ -740,8 +740,9 @@ TEST(UcxTransportTest, RailSocketsUseTheConfiguredCongestionControl) {
     absl::MutexLock lock(&mu);
     // Each rail also says that it sends zero-copy from kUcxTcpZcopyThresh (tcp alone), unless
     // the environment sets UCX_ZCOPY_THRESH; the rest is about congestion control.
-    const auto zcopy = std::stable_partition(reports.begin(), reports.end(), [](auto& r) {
-      return r.find("zero-copy sends from 64K") != std::string::npos;
+    const std::string zcopy_line = absl::StrCat("zero-copy sends from ", kUcxTcpZcopyThresh);
+    const auto zcopy = std::stable_partition(reports.begin(), reports.end(), [&](auto& r) {
+      return r.find(zcopy_line) != std::string::npos;
     });
     EXPECT_EQ(zcopy - reports.begin(), std::getenv("UCX_ZCOPY_THRESH") == nullptr ? 2 : 0);
     reports.erase(reports.begin(), zcopy);
