@@ -29,9 +29,9 @@ os.environ["RAILYARD_FASTPATH"] = "0"
 SMALL, LARGE = 2, 2 << 20  # float32 elements: 8 B and 8 MiB
 
 
-def run_railctl(*args, timeout=300):
+def run_railctl(*args, timeout=300, env=None):
     return subprocess.run([os.environ["RAILCTL"], *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def railctl(*args, timeout=300):
@@ -117,11 +117,17 @@ def test_calibrate_one_rank_per_daemon_fits_the_overhead(cluster):
     # the 1 MiB and 4 MiB points to fit, and the "fit" predicted 300 us at every size (rms error
     # ~190 %), with a bandwidth of ~10^24 B/s, and was stored.
     sockets = ",".join(d["socket"] for d in cluster["daemons"])
+    # Over the session rings, not the module's gRPC fallback: through gRPC a 64 KiB operation
+    # here costs 530-910 us, mostly the fixed cost of Submit, so the measured 4 MiB / 64 KiB
+    # ratio itself was 2.7-4.9 over 12 runs and the check below failed on true fits. Over the
+    # rings (one rank per daemon, unlike the 4-rank sweeps the module comment is about) 64 KiB
+    # measured 84-236 us, the ratio 6.6-21 and the fit's rms error 0.12-0.19 in 4 runs.
+    rings = dict(os.environ, RAILYARD_FASTPATH="1")
     fit = None
     for attempt in range(3):
         out = run_railctl("calibrate", "--daemons", sockets, "--ranks-per-daemon", "1", "-b",
                           "64K", "-e", "4M", "-f", "4", "-n", "16", "-w", "2", "--sweeps", "3",
-                          "--dry-run", "--json")
+                          "--dry-run", "--json", env=rings)
         if out.returncode == 0:
             fit = json.loads(out.stdout)
             break
@@ -137,13 +143,10 @@ def test_calibrate_one_rank_per_daemon_fits_the_overhead(cluster):
     sizes = fit["sizes"]
     assert [s["bytes"] for s in sizes] == [65536, 262144, 1048576, 4194304]
     # The prediction follows the size (the degenerate fit predicted one time for every size):
-    # it grows with every step, and 64x the bytes costs over 2x the time. Not 3x: with gRPC
-    # submission (RAILYARD_FASTPATH=0 above) a 64 KiB operation here costs 530-910 us, mostly
-    # the fixed overhead, and 4 MiB 2.2-3.1 ms, so the measured ratio itself was 2.7-4.9 over
-    # 12 runs, and a fit that followed it fell under 3x in 3 of them.
+    # it grows with every step, and 64x the bytes costs over 3x the time.
     predicted = [s["predicted_s"] for s in sizes]
     assert all(a < b for a, b in zip(predicted, predicted[1:])), sizes
-    assert predicted[-1] > 2 * predicted[0], sizes
+    assert predicted[-1] > 3 * predicted[0], sizes
     assert fit["stored"] == []  # --dry-run
 
 
