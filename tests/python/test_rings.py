@@ -4,7 +4,9 @@ operations in flight, a forked child, and torch's destroy_process_group."""
 
 from __future__ import annotations
 
+import collections
 import os
+import random
 import signal
 import struct
 import subprocess
@@ -204,6 +206,146 @@ def test_garbage_in_a_clients_own_ring_gets_errors_and_nobody_else_notices(fresh
         assert list(x) == [3.0] * 4
         assert fresh_daemon.proc.poll() is None
     finally:
+        vandal.close()
+        bystander.close()
+
+
+def test_mutated_entries_get_errors_naming_the_field_and_never_reach_another_jobs_buffer(
+        fresh_daemon, monkeypatch):
+    # Valid entries with one to three fields changed (what a buggy or hostile client writes,
+    # past the first checks that random bytes stop at), a few raw random ones, and entries that
+    # name another job's buffer id: each gets one completion, and an error says what is wrong.
+    # A bystander job's operations and its memory stay exact.
+    base = 20_000_000
+    seen = []
+    deliver = railyard.client.Client._on_ring_completion
+
+    def spy(self, request_id, code, message, seq):
+        if request_id >= base:
+            seen.append((request_id, code, message))
+        return deliver(self, request_id, code, message, seq)
+
+    monkeypatch.setattr(railyard.client.Client, "_on_ring_completion", spy)
+    vandal = railyard.connect(fresh_daemon.socket, job="mutant")
+    bystander = railyard.connect(fresh_daemon.socket, job="bystander")
+    stop = threading.Event()
+    outcome = []
+    try:
+        bcomm = bystander.comm(bystander.new_comm_id(), 0, 1)
+        secret = bystander.zeros(4096, np.uint8)
+        secret[:] = 0xAB
+        other_job_buffer, _ = bystander._locate(secret)
+        vcomm = vandal.comm(vandal.new_comm_id(), 0, 1)
+        src, dst = vandal.zeros(4096, np.float32), vandal.zeros(4096, np.float32)
+        src_id, src_off = vandal._locate(src)
+        dst_id, dst_off = vandal._locate(dst)
+        rings = vandal._rings
+        rng = random.Random(13)
+
+        # An AllReduce of 1024 float32s, sum (common.proto's numbers), src to dst.
+        def entry(comm=vcomm.handle, count=1024, sb=src_id, so=src_off, rb=dst_id, ro=dst_off,
+                  op=1, dtype=1, red=1, root=0, tmo=5000, flags=0, ext=0, vlen=0,
+                  algo=b"", comp=b"", key=0):
+            e = bytearray(_ring.ENTRY.pack(0, comm, count, sb, so, rb, ro, op, dtype, red, root,
+                                           tmo, flags, ext, vlen, algo[:16], comp[:16], key))
+            return e + bytes(_ring.SQ_ENTRY - len(e))
+
+        fields = {
+            "comm": lambda: rng.choice([vcomm.handle + 1, 0, 2 ** 64 - 1]),
+            "count": lambda: rng.choice([0, 4097, 8192, 2 ** 62, 2 ** 64 - 1]),
+            "sb": lambda: rng.choice([other_job_buffer, dst_id + 100, 0, 2 ** 63]),
+            "rb": lambda: rng.choice([other_job_buffer, src_id + 100, 0, 2 ** 63]),
+            "so": lambda: rng.choice([2, 16380, 16384, 2 ** 64 - 4]),
+            "ro": lambda: rng.choice([2, 16380, 16384, 2 ** 64 - 4]),
+            "op": lambda: rng.choice([0, 11, 99, 2 ** 32 - 1]),
+            "dtype": lambda: rng.choice([0, 50, 2 ** 32 - 1]),
+            "red": lambda: rng.choice([0, 9, 2 ** 31]),
+            "root": lambda: rng.choice([1, -1, 2 ** 31 - 1]),
+            "flags": lambda: rng.choice([8, 2 ** 32 - 1, _ring.FLAG_ERROR_FEEDBACK]),
+            "ext": lambda: rng.choice([1, 5, 2 ** 32 - 1]),
+            "vlen": lambda: rng.choice([1, 2 ** 32 - 1]),
+            "algo": lambda: rng.choice([b"nccl", b"ring\0x", b"\x01", b"a" * 16]),
+            "comp": lambda: rng.choice([b"zstd", b"topk:-1", b"topk:nan", b"c" * 16]),
+            "key": lambda: rng.choice([1, 2 ** 64 - 1]),
+        }
+        batch = [(entry(sb=other_job_buffer), "send buffer"),  # named first, checked below
+                 (entry(rb=other_job_buffer), "recv buffer")]
+        for i in range(3000):
+            if i % 50 == 49:
+                raw = bytearray(rng.getrandbits(8) for _ in range(_ring.SQ_ENTRY))
+                struct.pack_into("<I", raw, 80, 0)  # one slot
+                batch.append((raw, None))
+                continue
+            changed = rng.sample(sorted(fields), rng.choice([0, 1, 1, 2, 3]))
+            batch.append((entry(**{k: fields[k]() for k in changed}), ",".join(changed)))
+        # Valid entries end any group a mutated one opened; an entry that claims extension
+        # slots takes the ones after it (up to 5 here) as such, so only the last is sure to be
+        # an entry of its own.
+        batch += [(entry(), "") for _ in range(8)]
+
+        def bystander_loop():
+            i = 0
+            x = bystander.zeros(64, np.float32)
+            while not stop.is_set():
+                x[:] = i
+                bcomm.all_reduce(x)
+                assert np.all(x == i), (i, x[:4])
+                i += 1
+            outcome.append(i)
+
+        worker = threading.Thread(target=bystander_loop)
+        worker.start()
+        for n, (e, _) in enumerate(batch):
+            struct.pack_into("<Q", e, 0, base + n)
+            tail = rings._sq_tail.value
+            deadline = time.monotonic() + 10
+            while tail + 1 - rings._sq_head.value > rings.sq_entries:
+                assert time.monotonic() < deadline, "the daemon stopped taking entries"
+                rings.drain(blocking=False)
+                time.sleep(0.001)
+            at = _ring.HEADER_BYTES + (tail & (rings.sq_entries - 1)) * _ring.SQ_ENTRY
+            rings.mapping[at:at + _ring.SQ_ENTRY] = bytes(e)
+            rings._sq_tail.value = tail + 1
+            rings._wake(rings._sq_doorbell_addr, 1)
+        last = base + len(batch) - 1
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (not seen or seen[-1][0] != last):
+            rings.drain(blocking=False)
+            time.sleep(0.01)
+        stop.set()
+        worker.join(30)
+        assert outcome and outcome[0] > 0, "the bystander's loop failed"
+        assert rings._sq_head.value == rings._sq_tail.value  # every slot taken
+        s = _session(fresh_daemon, vandal)
+        assert s.ring_submitted == s.ring_completed == len(seen), s
+        ids = [r for r, _, _ in seen]
+        assert len(set(ids)) == len(ids) and set(ids) <= set(range(base, last + 1))
+        by_id = {r - base: (code, message) for r, code, message in seen}
+        assert by_id[len(batch) - 1] == (0, ""), by_id[len(batch) - 1]
+        for n, what in enumerate(("send", "recv")):
+            assert by_id[n] == (5, f"{what} buffer {other_job_buffer} is not registered in "
+                                   "this session"), by_id[n]
+        codes = collections.Counter(code for code, _ in by_id.values())
+        print(f"{len(batch)} slots, {len(seen)} entries, status codes {dict(codes)}; the "
+              f"bystander ran {outcome[0]} operations meanwhile")
+        assert codes[0] >= 300 and codes[3] >= 1000, codes  # valid ones ran; most were refused
+        for n, (code, message) in by_id.items():
+            assert code not in (2, 13), (batch[n][1], code, message)  # UNKNOWN, INTERNAL
+            assert code == 0 or message, (batch[n][1], code)
+            if code == 0:
+                assert batch[n][1] is not None, "a raw random entry ran"
+        assert np.all(secret == 0xAB)
+        assert fresh_daemon.proc.poll() is None
+        fresh = railyard.connect(fresh_daemon.socket, job="mutant")  # the job is not poisoned
+        try:
+            y = fresh.zeros(8, np.float32)
+            y[:] = 5
+            fresh.comm(fresh.new_comm_id(), 0, 1).all_reduce(y)
+            assert list(y) == [5.0] * 8
+        finally:
+            fresh.close()
+    finally:
+        stop.set()
         vandal.close()
         bystander.close()
 
