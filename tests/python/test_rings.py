@@ -167,6 +167,21 @@ def test_is_completed_reads_the_ring_itself(daemon, monkeypatch):
         assert w.exception() is None and list(x) == [5, 6, 7, 8]
 
 
+def _write_behind_the_library(rings, entry):
+    """Publishes one submission slot as a client that writes its ring itself would: into the
+    slot at the tail, then the tail, then the doorbell. Waits (10 s at most) for room."""
+    tail = rings._sq_tail.value
+    deadline = time.monotonic() + 10
+    while tail + 1 - rings._sq_head.value > rings.sq_entries:
+        assert time.monotonic() < deadline, "the daemon stopped taking entries"
+        rings.drain(blocking=False)
+        time.sleep(0.001)
+    at = _ring.HEADER_BYTES + (tail & (rings.sq_entries - 1)) * _ring.SQ_ENTRY
+    rings.mapping[at:at + _ring.SQ_ENTRY] = bytes(entry)
+    rings._sq_tail.value = tail + 1
+    rings._wake(rings._sq_doorbell_addr, 1)
+
+
 def test_garbage_in_a_clients_own_ring_gets_errors_and_nobody_else_notices(fresh_daemon):
     vandal = railyard.connect(fresh_daemon.socket, job="vandal")
     bystander = railyard.connect(fresh_daemon.socket, job="bystander")
@@ -174,7 +189,6 @@ def test_garbage_in_a_clients_own_ring_gets_errors_and_nobody_else_notices(fresh
         comm = bystander.comm(bystander.new_comm_id(), 0, 1)
         x = bystander.zeros(4, np.float32)
         rings = vandal._rings
-        m = rings.mapping
         rng = np.random.default_rng(7)
         # Random entries, then a tail far beyond the ring, written behind the client library's
         # back.
@@ -182,13 +196,7 @@ def test_garbage_in_a_clients_own_ring_gets_errors_and_nobody_else_notices(fresh
             slot = bytearray(rng.integers(0, 256, _ring.SQ_ENTRY, dtype=np.uint8).tobytes())
             struct.pack_into("<Q", slot, 0, 10_000_000 + i)
             struct.pack_into("<I", slot, 80, 0)  # no extension slots: one entry each
-            tail = rings._sq_tail.value
-            while tail - rings._sq_head.value >= rings.sq_entries:
-                rings.drain()
-            base = _ring.HEADER_BYTES + (tail & (rings.sq_entries - 1)) * _ring.SQ_ENTRY
-            m[base:base + _ring.SQ_ENTRY] = bytes(slot)
-            rings._sq_tail.value = tail + 1
-            rings._wake(rings._sq_doorbell_addr, 1)
+            _write_behind_the_library(rings, slot)
             x[:] = i
             comm.all_reduce(x)  # the bystander's work goes on, exact
             assert list(x) == [float(i)] * 4
@@ -297,16 +305,7 @@ def test_mutated_entries_get_errors_naming_the_field_and_never_reach_another_job
         worker.start()
         for n, (e, _) in enumerate(batch):
             struct.pack_into("<Q", e, 0, base + n)
-            tail = rings._sq_tail.value
-            deadline = time.monotonic() + 10
-            while tail + 1 - rings._sq_head.value > rings.sq_entries:
-                assert time.monotonic() < deadline, "the daemon stopped taking entries"
-                rings.drain(blocking=False)
-                time.sleep(0.001)
-            at = _ring.HEADER_BYTES + (tail & (rings.sq_entries - 1)) * _ring.SQ_ENTRY
-            rings.mapping[at:at + _ring.SQ_ENTRY] = bytes(e)
-            rings._sq_tail.value = tail + 1
-            rings._wake(rings._sq_doorbell_addr, 1)
+            _write_behind_the_library(rings, e)
         last = base + len(batch) - 1
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and (not seen or seen[-1][0] != last):
