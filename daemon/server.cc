@@ -31,6 +31,12 @@ namespace railyard {
 namespace {
 
 // True when something accepts connections on the Unix socket at path.
+// Clients send an HTTP/2 keepalive ping on their session's channel every few seconds (both
+// clients: 5 s) so that a daemon that stops answering (stopped, wedged) ends their waits. gRPC
+// refuses, with GOAWAY "too_many_pings", pings more often than this without data in between; a
+// client pinging faster than once a second still gets that.
+constexpr int kMinClientPingIntervalMs = 1000;
+
 bool SomeoneListens(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
@@ -173,6 +179,9 @@ absl::Status Server::Start() {
   int bound = 0;
   builder.AddListeningPort(absl::StrCat("unix:", config_.socket), grpc::InsecureServerCredentials(),
                            &bound);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kMinClientPingIntervalMs);
   builder.RegisterService(local_.get());
   admin_refusal_ = std::make_unique<AdminRefusal>(config_.admin_socket);
   builder.RegisterService(admin_refusal_.get());

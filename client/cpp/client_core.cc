@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "memfd_buffer.h"
 #include "proto/railyard/v1/ring.h"
@@ -36,6 +37,40 @@ std::string EnvOr(const char* name, const std::string& fallback) {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): read at Connect only; this library never sets env.
   const char* value = std::getenv(name);
   return (value != nullptr && *value != '\0') ? std::string(value) : fallback;
+}
+
+// HTTP/2 keepalive on the session's channel ($RAILYARD_KEEPALIVE_MS, default 5000; 0: off): a
+// daemon that answers no ping for that long (stopped, wedged) ends the session, and with it every
+// wait, with UNAVAILABLE, as a daemon that exits does. The daemon refuses pings more often than
+// once a second.
+constexpr long kDefaultKeepaliveMs = 5000;
+constexpr long kMinKeepaliveMs = 1000;
+
+absl::StatusOr<grpc::ChannelArguments> SessionChannelArgs(long* keepalive_ms) {
+  grpc::ChannelArguments args;
+  const std::string value = EnvOr("RAILYARD_KEEPALIVE_MS", "");
+  long ms = kDefaultKeepaliveMs;
+  if (!value.empty()) {
+    char* end = nullptr;
+    errno = 0;
+    ms = std::strtol(value.c_str(), &end, 10);
+    if (end == value.c_str() || *end != '\0' || errno != 0 ||
+        (ms != 0 && (ms < kMinKeepaliveMs || ms > std::numeric_limits<int>::max()))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RAILYARD_KEEPALIVE_MS=", value, ": expected 0 (off) or milliseconds in [",
+                       kMinKeepaliveMs, ", ", std::numeric_limits<int>::max(),
+                       "] (the daemon refuses pings more often than once a second)"));
+    }
+  }
+  *keepalive_ms = ms;
+  if (ms == 0) return args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(ms));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(ms));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // The session's stream is quiet while operations go over the rings; gRPC would otherwise stop
+  // pinging after two pings without data.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return args;
 }
 
 absl::StatusCode CodeFromInt(int code) {
@@ -158,6 +193,9 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
                      "\" (option or $RAILYARD_INTEGRITY): expected none or crc32c"));
   }
   if (absl::Status st = internal::CheckSocketPath(core->socket_); !st.ok()) return st;
+  absl::StatusOr<grpc::ChannelArguments> channel_args =
+      internal::SessionChannelArgs(&core->keepalive_ms_);
+  if (!channel_args.ok()) return channel_args.status();
 
   // The side channel first: its ticket names, in Connect, the connection whose peer credentials
   // the daemon records and over which this session's buffers travel.
@@ -175,7 +213,8 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
   }
   core->fd_channel_ = *std::move(side);
 
-  core->channel_ = grpc::CreateChannel("unix:" + core->socket_, grpc::InsecureChannelCredentials());
+  core->channel_ = grpc::CreateCustomChannel("unix:" + core->socket_,
+                                             grpc::InsecureChannelCredentials(), *channel_args);
   core->stub_ = v1::Local::NewStub(core->channel_);
 
   v1::ConnectRequest request;
@@ -336,7 +375,14 @@ void ClientCore::ReadEvents() {
     } else {
       end = absl::Status(internal::CodeFromInt(static_cast<int>(finish.error_code())),
                          absl::StrCat("daemon closed the session: ", finish.error_message()));
-      if (!connected_) end = internal::FromGrpc(finish);  // refused: keep the daemon's words
+      if (!connected_) {
+        end = internal::FromGrpc(finish);  // refused: keep the daemon's words
+      } else if (absl::StrContains(finish.error_message(), "keepalive")) {
+        end = absl::UnavailableError(absl::StrCat(
+            "railyardd at ", socket_, " stopped answering: no reply to a keepalive ping within ",
+            keepalive_ms_, " ms (is it stopped or wedged?); the session is over (",
+            finish.error_message(), "; $RAILYARD_KEEPALIVE_MS sets it)"));
+      }
     }
     end_status_ = end;
     stream_ended_ = true;

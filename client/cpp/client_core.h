@@ -145,6 +145,7 @@ class ClientCore {
   bool forked() const { return internal::ForkGeneration() != fork_generation_; }
 
   std::string socket_;
+  long keepalive_ms_ = 0;  // HTTP/2 keepalive of the session channel ($RAILYARD_KEEPALIVE_MS)
   std::string job_;
   std::string default_algo_;
   std::string default_compression_;  // RAILYARD_COMPRESSION

@@ -343,6 +343,23 @@ std::map<std::string, ThreadRun> ThreadRuns(pid_t pid) {
   return out;
 }
 
+// True when every thread of the process is stopped (state T in /proc/<pid>/task/<tid>/stat).
+bool ProcessStopped(pid_t pid) {
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  int threads = 0;
+  for (const auto& t : std::filesystem::directory_iterator(task, ec)) {
+    std::ifstream in(t.path() / "stat");
+    std::string line;
+    std::getline(in, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+    if (line[paren + 2] != 'T' && line[paren + 2] != 't') return false;
+    ++threads;
+  }
+  return threads > 0;
+}
+
 // The rings' threads spin only for --spin_us after their last entry, then sleep on a futex: a
 // daemon whose sessions are connected but idle, right after a burst of work, uses no CPU beyond
 // timer wake-ups (the 1 s backstop of each futex sleep, gRPC's own pollers and timers).
@@ -388,6 +405,103 @@ TEST(LifecycleTest, AnIdleDaemonWithRingSessionsUsesNoCpu) {
   // with other tests, where each wake-up runs cold and costs more, and nothing more.
   EXPECT_LE(ns, 200'000'000u) << "ns on CPU in " << kSeconds << " s idle\n" << report;
   EXPECT_LE(slices, 40u * kSeconds) << "runs in " << kSeconds << " s idle\n" << report;
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+// A daemon that stops answering (SIGSTOP here; a wedged process looks the same to a client):
+// the session channel's HTTP/2 keepalive ends the session, so a wait without a timeout gets
+// UNAVAILABLE naming the daemon after about two keepalive periods instead of waiting forever.
+// Once the daemon runs again it drops that session and serves new ones.
+TEST(LifecycleTest, AStoppedDaemonEndsItsClientsWaitsAfterTheKeepalive) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  ASSERT_EQ(::setenv("RAILYARD_KEEPALIVE_MS", "1000", 1), 0);
+  auto client = Client::Connect(daemon.Options("stopped"));
+  ::unsetenv("RAILYARD_KEEPALIVE_MS");
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto buf = (*client)->Allocate(4 * sizeof(float));
+  ASSERT_TRUE(buf.ok());
+  auto id = (*client)->CreateCommId();
+  ASSERT_TRUE(id.ok());
+  auto comm = (*client)->InitComm(*id, 0, 1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  ASSERT_TRUE(comm->AllReduce(*buf, *buf, 4, DataType::kFloat32, RedOp::kSum).wait().ok());
+  ASSERT_TRUE(daemon.Status().sessions(0).rings());
+
+  const pid_t pid = daemon.process().pid();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  // Signals reach a process's threads asynchronously: wait until all of it is stopped.
+  for (int i = 0; i < 1000 && !ProcessStopped(pid); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(ProcessStopped(pid));
+  const auto start = std::chrono::steady_clock::now();
+  Work pending = comm->AllReduce(*buf, *buf, 4, DataType::kFloat32, RedOp::kSum);
+  const absl::Status waited = pending.wait();  // no timeout: the keepalive must end it
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(pid, SIGCONT);
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("stopped answering"));
+  EXPECT_THAT(waited.message(), HasSubstr(daemon.socket()));
+  // One period without a reply starts the ping, one more ends it: about 2 s, less if the
+  // last ping was recent. The bound leaves room for a loaded machine.
+  EXPECT_GE(seconds, 0.9);
+  EXPECT_LE(seconds, 10.0);
+  std::printf("a stopped daemon ended the wait after %.2f s: %s\n", seconds,
+              std::string(waited.message()).c_str());
+  // The session is over on this side: later calls fail at once, the same way.
+  EXPECT_EQ(comm->AllReduce(*buf, *buf, 4, DataType::kFloat32, RedOp::kSum)
+                .wait(std::chrono::seconds(5))
+                .code(),
+            absl::StatusCode::kUnavailable);
+
+  // Running again, the daemon drops the broken session and serves a new one.
+  v1::StatusResponse st;
+  for (int i = 0; i < 500; ++i) {
+    st = daemon.Status();
+    if (st.sessions_size() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(st.sessions_size(), 0);
+  EXPECT_EQ(st.buffers(), 0u);
+  auto next = Client::Connect(daemon.Options("after"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  auto next_buf = (*next)->Allocate(4 * sizeof(float));
+  ASSERT_TRUE(next_buf.ok());
+  std::span<float> x = next_buf->span<float>();
+  std::fill(x.begin(), x.end(), 3.0f);
+  auto next_id = (*next)->CreateCommId();
+  ASSERT_TRUE(next_id.ok());
+  auto next_comm = (*next)->InitComm(*next_id, 0, 1);
+  ASSERT_TRUE(next_comm.ok()) << next_comm.status();
+  EXPECT_TRUE(next_comm->AllReduce(*next_buf, *next_buf, 4, DataType::kFloat32, RedOp::kSum)
+                  .wait(std::chrono::seconds(10))
+                  .ok());
+  EXPECT_EQ(x[0], 3.0f);
+  next->reset();
+  client->reset();
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+// RAILYARD_KEEPALIVE_MS: 0 turns it off; a value the daemon would answer with GOAWAY
+// (pings more often than once a second) or that is not a number is refused at Connect.
+TEST(LifecycleTest, BadKeepaliveValuesAreRefusedAtConnect) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.Log();
+  for (const char* bad : {"999", "-1", "5s", "99999999999", "1e4"}) {
+    ASSERT_EQ(::setenv("RAILYARD_KEEPALIVE_MS", bad, 1), 0);
+    auto client = Client::Connect(daemon.Options());
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(client.status().message(), HasSubstr("RAILYARD_KEEPALIVE_MS")) << bad;
+  }
+  for (const char* good : {"0", "1000", "60000"}) {
+    ASSERT_EQ(::setenv("RAILYARD_KEEPALIVE_MS", good, 1), 0);
+    auto client = Client::Connect(daemon.Options());
+    EXPECT_TRUE(client.ok()) << good << ": " << client.status();
+  }
+  ::unsetenv("RAILYARD_KEEPALIVE_MS");
+  EXPECT_EQ(daemon.Status().sessions_size(), 0);
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 

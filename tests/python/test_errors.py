@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket as socketlib
 import tempfile
 import threading
@@ -195,6 +196,84 @@ def test_daemon_dies_mid_operation(fresh_daemon):
         a.new_comm_id()
     a.close()
     b.close()
+
+
+def _stopped(pid: int) -> bool:
+    """True when every thread of process pid is stopped (SIGSTOP reaches them one by one)."""
+    task = f"/proc/{pid}/task"
+    states = []
+    for tid in os.listdir(task):
+        try:
+            with open(f"{task}/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass
+    return bool(states) and all(s in ("T", "t") for s in states)
+
+
+def test_daemon_that_stops_answering_ends_waits_after_the_keepalive(fresh_daemon, monkeypatch):
+    # A stopped (or wedged) daemon answers nothing, not even by closing the socket: the session
+    # channel's HTTP/2 keepalive ends the session, so waits end with UNAVAILABLE, not never.
+    monkeypatch.setenv("RAILYARD_KEEPALIVE_MS", "1000")
+    a = railyard.connect(fresh_daemon.socket, job="stops")
+    b = railyard.connect(fresh_daemon.socket, job="stops")
+    monkeypatch.delenv("RAILYARD_KEEPALIVE_MS")
+    solo = a.comm(a.new_comm_id(), 0, 1)
+    x = a.zeros(4, np.float32)
+    solo.all_reduce(x)
+    comm_id = a.new_comm_id()
+    t = threading.Thread(target=lambda: b.comm(comm_id, 1, 2, timeout=10))
+    t.start()
+    pair = a.comm(comm_id, 0, 2, timeout=10)
+    t.join(15)
+    waiting = pair.all_reduce(np.ones(4, np.float32), async_op=True)  # rank 1 never joins in
+    pid = fresh_daemon.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for _ in range(1000):
+            if _stopped(pid):
+                break
+            time.sleep(0.001)
+        assert _stopped(pid)
+        start = time.monotonic()
+        with pytest.raises(railyard.UnavailableError) as info:
+            solo.all_reduce(x, timeout=2)  # the daemon would bound it at 2 s; it cannot now
+        took = time.monotonic() - start
+        assert 0.9 <= took <= 10.0, took
+        assert "stopped answering" in info.value.message, info.value.message
+        assert fresh_daemon.socket in info.value.message
+        with pytest.raises(railyard.UnavailableError, match="stopped answering"):
+            waiting.wait()  # in flight when it stopped, no timeout of its own
+        with pytest.raises(railyard.UnavailableError, match="stopped answering"):
+            solo.all_reduce(x)  # and the session is over: at once
+        assert a.closed
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # b (default keepalive, 5 s) is still waiting for its 5 s to pass, or has seen it too; the
+    # daemon, running again, serves new sessions.
+    a.close()
+    b.close()
+    c = railyard.connect(fresh_daemon.socket, job="after")
+    y = c.zeros(4, np.float32)
+    y[:] = 3
+    c.comm(c.new_comm_id(), 0, 1).all_reduce(y, timeout=10)
+    assert y.tolist() == [3, 3, 3, 3]
+    c.close()
+
+
+@pytest.mark.parametrize("value", ["999", "-1", "5s", "2147483648", "1e4"])
+def test_bad_keepalive_values_are_refused_at_connect(daemon, monkeypatch, value):
+    monkeypatch.setenv("RAILYARD_KEEPALIVE_MS", value)
+    with pytest.raises(railyard.InvalidArgumentError, match="RAILYARD_KEEPALIVE_MS"):
+        railyard.connect(daemon.socket, job="ka")
+
+
+@pytest.mark.parametrize("value", ["0", "1000", "60000"])
+def test_keepalive_values_in_range_connect(daemon, monkeypatch, value):
+    monkeypatch.setenv("RAILYARD_KEEPALIVE_MS", value)
+    c = railyard.connect(daemon.socket, job="ka")
+    c.comm(c.new_comm_id(), 0, 1).all_reduce(np.ones(4, np.float32), timeout=10)
+    c.close()
 
 
 def test_submit_error_comes_from_the_daemon(client):

@@ -59,6 +59,8 @@ _RPC_TIMEOUT = 30.0
 _INIT_MARGIN = 5.0
 _INIT_DEFAULT_DEADLINE = 600.0
 _DEFAULT_SPIN_US = 50  # RAILYARD_SPIN_US when unset (see Client.__init__)
+_DEFAULT_KEEPALIVE_MS = 5000  # RAILYARD_KEEPALIVE_MS when unset (see _keepalive_options)
+_MIN_KEEPALIVE_MS = 1000
 
 _SINGLE_THREADED_UNARY_STREAM = getattr(getattr(grpc.experimental, "ChannelOptions", None),
                                         "SingleThreadedUnaryStream",
@@ -89,6 +91,27 @@ def _check_socket(path: str) -> None:
     if not stat.S_ISSOCK(st.st_mode):
         raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
                                f"railyardd not reachable at {path}: not a Unix socket")
+
+
+def _keepalive_options() -> List[Tuple[str, int]]:
+    """HTTP/2 keepalive on the session's channel (``RAILYARD_KEEPALIVE_MS``, default 5000; 0:
+    off): a daemon that answers no ping for that long (stopped, wedged) ends the session, and
+    with it every wait, with UNAVAILABLE, as a daemon that exits does."""
+    value = _env("RAILYARD_KEEPALIVE_MS", "") or str(_DEFAULT_KEEPALIVE_MS)
+    try:
+        ms = int(value)
+        if ms != 0 and not _MIN_KEEPALIVE_MS <= ms <= 0x7FFFFFFF:
+            raise ValueError
+    except ValueError:
+        raise _invalid(f"RAILYARD_KEEPALIVE_MS={value}: expected 0 (off) or milliseconds in "
+                       f"[{_MIN_KEEPALIVE_MS}, 2147483647] (the daemon refuses pings more "
+                       "often than once a second)") from None
+    if ms == 0:
+        return []
+    # max_pings_without_data 0: the session's stream is quiet while operations go over the
+    # rings, and gRPC would otherwise stop pinging after two pings without data.
+    return [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms),
+            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
 
 
 def _check_integrity(integrity: str) -> str:
@@ -199,8 +222,10 @@ class Work(_OnRings):
         """Waits until the operation completes and returns its result (the output array).
 
         Args:
-            timeout: seconds to wait; ``None`` waits until the daemon answers (which it always
-                does: the daemon's own ``--op_timeout`` bounds every operation).
+            timeout: seconds to wait; ``None`` waits until the daemon answers (its own
+                ``--op_timeout`` bounds every operation; a daemon that stops answering ends the
+                session, and this wait, with UNAVAILABLE after two keepalive periods,
+                ``RAILYARD_KEEPALIVE_MS``, default 5000).
 
         Raises:
             DeadlineExceededError: not complete within ``timeout``; the operation keeps running in
@@ -488,6 +513,8 @@ class Client:
 
         _check_forked_grpc()
         _check_socket(self.socket)
+        keepalive = _keepalive_options()
+        self._keepalive_ms = dict(keepalive).get("grpc.keepalive_time_ms", 0)
         # The side channel first: its ticket names, in Connect, the connection whose peer
         # credentials the daemon records and over which this session's buffers travel.
         try:
@@ -504,7 +531,8 @@ class Client:
         # call itself instead of waiting for gRPC's channel thread (one thread hop less for
         # every completion).
         self._channel = grpc.insecure_channel(
-            "unix:" + self.socket, options=[(_SINGLE_THREADED_UNARY_STREAM, 1)])
+            "unix:" + self.socket,
+            options=[(_SINGLE_THREADED_UNARY_STREAM, 1)] + keepalive)
         self._stub = local_pb2_grpc.LocalStub(self._channel)
         request = local_pb2.ConnectRequest(job_id=self.job, token=token or "", pid=os.getpid(),
                                            client=f"railyard-python/{_VERSION}",
@@ -628,6 +656,12 @@ class Client:
                                            f"{final.details()}")
                 else:  # the daemon refused the session (token, job id): its words say why
                     end = error_from_rpc(final)
+            elif "keepalive" in (final.details() or ""):
+                end = UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                       f"railyardd at {self.socket} stopped answering: no reply "
+                                       f"to a keepalive ping within {self._keepalive_ms} ms "
+                                       f"(is it stopped or wedged?); the session is over "
+                                       f"({final.details()}; RAILYARD_KEEPALIVE_MS sets it)")
             else:
                 end = error_from_code(final.code(),
                                       f"railyardd at {self.socket} closed the session: "
