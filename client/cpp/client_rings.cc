@@ -150,6 +150,15 @@ absl::Status ClientRings::Publish(const std::vector<std::byte>& entries) {
   for (uint32_t spins = 0;; ++spins) {
     if (closed()) return absl::FailedPreconditionError("the session has ended");
     const uint64_t head = __atomic_load_n(Word64(rp::kOffSqHead), __ATOMIC_ACQUIRE);
+    if (head > sq_tail_ || sq_tail_ - head > sq_entries_) {
+      // No entry of ours put the daemon's head there: something else wrote the tail word, and
+      // the ring would never have room again (or take our entries).
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the submission ring is out of step: the daemon's head is at ", head,
+          ", this client published up to ", sq_tail_,
+          "; something other than this client library wrote the ring's tail. Reconnect for new "
+          "rings"));
+    }
     if (sq_tail_ + need - head <= sq_entries_) break;
     // Full: the daemon takes entries only while their completions fit, so read them meanwhile.
     lock.unlock();

@@ -213,6 +213,14 @@ def test_garbage_in_a_clients_own_ring_gets_errors_and_nobody_else_notices(fresh
         comm.all_reduce(x)
         assert list(x) == [3.0] * 4
         assert fresh_daemon.proc.poll() is None
+        # The vandal's own library finds its ring out of step (the daemon's head past the tail
+        # it published) and says so at once, instead of waiting for room forever.
+        mine = vandal.comm(vandal.new_comm_id(), 0, 1)
+        start = time.monotonic()
+        with pytest.raises(railyard.FailedPreconditionError, match="out of step") as info:
+            mine.all_reduce(vandal.zeros(4, np.float32), timeout=5)
+        assert time.monotonic() - start < 2.0
+        assert "something other than this client library wrote the ring" in info.value.message
     finally:
         vandal.close()
         bystander.close()

@@ -337,6 +337,45 @@ TEST(SessionRingsTest, ATailBeyondTheRingIsReportedOnceAndNothingIsTakenUntilItI
   EXPECT_EQ(fake->seen(), 1u);
 }
 
+// A client whose process wrote entries into its ring behind the library's back: the daemon
+// takes them, its head passes the tail the library published, and the library's next
+// submission fails at once saying so (it used to wait for room that never came).
+TEST(SessionRingsTest, ARingWrittenBehindTheLibraryFailsItsNextSubmissionNamingWhy) {
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  RingPair rings(8, 8, fake);
+  ASSERT_TRUE(rings.Submit(1).ok());
+  ASSERT_TRUE(rings.WaitFor(1));
+  std::vector<std::byte> slots(3 * rp::kSqEntryBytes);
+  {
+    std::vector<std::byte> one;
+    v1::SubmitRequest r;
+    r.set_comm_handle(7);
+    r.set_op(v1::COLLECTIVE_OP_ALL_REDUCE);
+    r.set_dtype(v1::DATA_TYPE_FLOAT32);
+    r.set_red_op(v1::RED_OP_SUM);
+    r.set_count(4);
+    for (uint64_t id = 100; id < 103; ++id) {
+      r.set_request_id(id);
+      one.clear();
+      ASSERT_TRUE(internal::ClientRings::Encode(r, false, &one).ok());
+      std::memcpy(slots.data() + (id - 100) * rp::kSqEntryBytes, one.data(), rp::kSqEntryBytes);
+    }
+  }
+  rings.PublishRaw(slots, 8);
+  ASSERT_TRUE(Eventually([&] {
+    rings.client_->Drain();
+    return rings.Has(102);
+  }));
+  EXPECT_EQ(fake->seen(), 4u);  // the daemon took and ran them: they were well formed
+  const auto start = Clock::now();
+  const absl::Status s = rings.Submit(2);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the daemon's head is at 4"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("this client published up to 1"));
+  EXPECT_EQ(fake->seen(), 4u);  // nothing of the refused submission reached the daemon
+}
+
 TEST(SessionRingsTest, ExtensionSlotsThatWereNeverPublishedAreRefusedNamingThem) {
   auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
   RingPair rings(16, 16, fake);

@@ -252,6 +252,7 @@ class Rings:
             return
         started = time.monotonic()
         with self._sq_lock:
+            self._check_in_step(self._tail)
             while self._tail + need - self._sq_head.value > self.sq_entries:
                 if self._closed:
                     raise RingError("the session has ended")
@@ -280,7 +281,18 @@ class Rings:
         while not core.publish(entries):
             if core.closed:
                 raise RingError("the session has ended")
+            self._check_in_step(core.sq_tail)
             self._await_room(started)
+
+    def _check_in_step(self, tail: int) -> None:
+        """Raises :class:`RingError` when the daemon's head is where no entry this client
+        published can have put it: something else wrote the ring's tail word, and the ring
+        would never have room again (or take our entries)."""
+        head = self._sq_head.value
+        if head > tail or tail - head > self.sq_entries:
+            raise RingError(f"the submission ring is out of step: the daemon's head is at {head}, "
+                            f"this client published up to {tail}; something other than this "
+                            "client library wrote the ring's tail. Reconnect for new rings")
 
     def _await_room(self, started: float) -> None:
         """One wait for room in a full submission ring: the daemon takes entries only while
