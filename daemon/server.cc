@@ -30,13 +30,14 @@
 namespace railyard {
 namespace {
 
-// True when something accepts connections on the Unix socket at path.
 // Clients send an HTTP/2 keepalive ping on their session's channel every few seconds (both
-// clients: 5 s) so that a daemon that stops answering (stopped, wedged) ends their waits. gRPC
-// refuses, with GOAWAY "too_many_pings", pings more often than this without data in between; a
-// client pinging faster than once a second still gets that.
-constexpr int kMinClientPingIntervalMs = 1000;
+// clients: 5 s by default, 1 s at least) so that a daemon that stops answering (stopped, wedged)
+// ends their waits. gRPC's own default (5 minutes between pings without data) would answer their
+// third ping with GOAWAY "too_many_pings"; half the clients' shortest period leaves room for
+// timer jitter, and a client pinging more often than this still gets that GOAWAY.
+constexpr int kMinClientPingIntervalMs = 500;
 
+// True when something accepts connections on the Unix socket at path.
 bool SomeoneListens(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;

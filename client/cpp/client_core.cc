@@ -41,8 +41,8 @@ std::string EnvOr(const char* name, const std::string& fallback) {
 
 // HTTP/2 keepalive on the session's channel ($RAILYARD_KEEPALIVE_MS, default 5000; 0: off): a
 // daemon that answers no ping for that long (stopped, wedged) ends the session, and with it every
-// wait, with UNAVAILABLE, as a daemon that exits does. The daemon refuses pings more often than
-// once a second.
+// wait, with UNAVAILABLE, as a daemon that exits does. gRPC pings at most once a second; the
+// daemon permits one every 500 ms.
 constexpr long kDefaultKeepaliveMs = 5000;
 constexpr long kMinKeepaliveMs = 1000;
 
@@ -59,7 +59,7 @@ absl::StatusOr<grpc::ChannelArguments> SessionChannelArgs(long* keepalive_ms) {
       return absl::InvalidArgumentError(
           absl::StrCat("RAILYARD_KEEPALIVE_MS=", value, ": expected 0 (off) or milliseconds in [",
                        kMinKeepaliveMs, ", ", std::numeric_limits<int>::max(),
-                       "] (the daemon refuses pings more often than once a second)"));
+                       "] (gRPC pings at most once a second)"));
     }
   }
   *keepalive_ms = ms;

@@ -484,8 +484,8 @@ TEST(LifecycleTest, AStoppedDaemonEndsItsClientsWaitsAfterTheKeepalive) {
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
-// RAILYARD_KEEPALIVE_MS: 0 turns it off; a value the daemon would answer with GOAWAY
-// (pings more often than once a second) or that is not a number is refused at Connect.
+// RAILYARD_KEEPALIVE_MS: 0 turns it off; a period under gRPC's 1 s floor, or what is not a
+// number, is refused at Connect.
 TEST(LifecycleTest, BadKeepaliveValuesAreRefusedAtConnect) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.ready()) << daemon.Log();

@@ -261,6 +261,24 @@ def test_daemon_that_stops_answering_ends_waits_after_the_keepalive(fresh_daemon
     c.close()
 
 
+def test_an_idle_session_outlives_many_keepalive_pings(fresh_daemon, monkeypatch):
+    # The daemon must permit the clients' pings: with gRPC's server default (5 minutes between
+    # pings without data) the third ping of a quiet session got GOAWAY "too_many_pings".
+    monkeypatch.setenv("RAILYARD_KEEPALIVE_MS", "1000")
+    c = railyard.connect(fresh_daemon.socket, job="idle")
+    comm = c.comm(c.new_comm_id(), 0, 1)
+    x = c.zeros(4, np.float32)
+    x[:] = 1
+    comm.all_reduce(x, timeout=10)
+    time.sleep(6.5)  # six pings or more, and nothing else on the session's channel
+    assert not c.closed
+    x[:] = 2
+    comm.all_reduce(x, timeout=10)
+    assert x.tolist() == [2, 2, 2, 2]
+    assert len(fresh_daemon.status().sessions) == 1
+    c.close()
+
+
 @pytest.mark.parametrize("value", ["999", "-1", "5s", "2147483648", "1e4"])
 def test_bad_keepalive_values_are_refused_at_connect(daemon, monkeypatch, value):
     monkeypatch.setenv("RAILYARD_KEEPALIVE_MS", value)

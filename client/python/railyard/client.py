@@ -104,8 +104,8 @@ def _keepalive_options() -> List[Tuple[str, int]]:
             raise ValueError
     except ValueError:
         raise _invalid(f"RAILYARD_KEEPALIVE_MS={value}: expected 0 (off) or milliseconds in "
-                       f"[{_MIN_KEEPALIVE_MS}, 2147483647] (the daemon refuses pings more "
-                       "often than once a second)") from None
+                       f"[{_MIN_KEEPALIVE_MS}, 2147483647] (gRPC pings at most once a "
+                       "second)") from None
     if ms == 0:
         return []
     # max_pings_without_data 0: the session's stream is quiet while operations go over the
