@@ -444,9 +444,10 @@ TEST(LifecycleTest, AStoppedDaemonEndsItsClientsWaitsAfterTheKeepalive) {
   EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
   EXPECT_THAT(waited.message(), HasSubstr("stopped answering"));
   EXPECT_THAT(waited.message(), HasSubstr(daemon.socket()));
-  // One period without a reply starts the ping, one more ends it: about 2 s, less if the
-  // last ping was recent. The bound leaves room for a loaded machine.
-  EXPECT_GE(seconds, 0.9);
+  // A ping goes out at most one period after the last one, and one period without its reply
+  // ends the session: 1-2 s (a ping sent just before the stop, unanswered, ends it in about
+  // 1 s). The bounds leave room for timer jitter and a loaded machine.
+  EXPECT_GE(seconds, 0.5);
   EXPECT_LE(seconds, 10.0);
   std::printf("a stopped daemon ended the wait after %.2f s: %s\n", seconds,
               std::string(waited.message()).c_str());

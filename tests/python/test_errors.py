@@ -239,7 +239,7 @@ def test_daemon_that_stops_answering_ends_waits_after_the_keepalive(fresh_daemon
         with pytest.raises(railyard.UnavailableError) as info:
             solo.all_reduce(x, timeout=2)  # the daemon would bound it at 2 s; it cannot now
         took = time.monotonic() - start
-        assert 0.9 <= took <= 10.0, took
+        assert 0.5 <= took <= 10.0, took
         assert "stopped answering" in info.value.message, info.value.message
         assert fresh_daemon.socket in info.value.message
         with pytest.raises(railyard.UnavailableError, match="stopped answering"):
