@@ -224,7 +224,7 @@ class Work(_OnRings):
         Args:
             timeout: seconds to wait; ``None`` waits until the daemon answers (its own
                 ``--op_timeout`` bounds every operation; a daemon that stops answering ends the
-                session, and this wait, with UNAVAILABLE after two keepalive periods,
+                session, and this wait, with UNAVAILABLE within two keepalive periods,
                 ``RAILYARD_KEEPALIVE_MS``, default 5000).
 
         Raises:

@@ -97,7 +97,7 @@ class Work {
   // Waits up to timeout for completion. DEADLINE_EXCEEDED (from the client side) if it did not
   // complete in time; the operation keeps running in the daemon and can be waited on again.
   // Without a timeout the daemon's deadlines bound it, and a daemon that stops answering ends
-  // it with UNAVAILABLE after two keepalive periods ($RAILYARD_KEEPALIVE_MS, default 5000).
+  // it with UNAVAILABLE within two keepalive periods ($RAILYARD_KEEPALIVE_MS, default 5000).
   absl::Status wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
   // True once the operation has completed (successfully or not).
   bool test() const;
