@@ -252,8 +252,10 @@ class Rings:
             return
         started = time.monotonic()
         with self._sq_lock:
-            self._check_in_step(self._tail)
-            while self._tail + need - self._sq_head.value > self.sq_entries:
+            while True:
+                head = self._check_in_step(self._tail)
+                if self._tail + need - head <= self.sq_entries:
+                    break
                 if self._closed:
                     raise RingError("the session has ended")
                 # Full: the daemon takes entries only while their completions fit.
@@ -284,8 +286,8 @@ class Rings:
             self._check_in_step(core.sq_tail)
             self._await_room(started)
 
-    def _check_in_step(self, tail: int) -> None:
-        """Raises :class:`RingError` when the daemon's head is where no entry this client
+    def _check_in_step(self, tail: int) -> int:
+        """The daemon's head; raises :class:`RingError` when it is where no entry this client
         published can have put it: something else wrote the ring's tail word, and the ring
         would never have room again (or take our entries)."""
         head = self._sq_head.value
@@ -293,6 +295,7 @@ class Rings:
             raise RingError(f"the submission ring is out of step: the daemon's head is at {head}, "
                             f"this client published up to {tail}; something other than this "
                             "client library wrote the ring's tail. Reconnect for new rings")
+        return head
 
     def _await_room(self, started: float) -> None:
         """One wait for room in a full submission ring: the daemon takes entries only while
