@@ -157,9 +157,8 @@ class RingPair {
     client_->Close();
   }
 
-  // Publishes one AllReduce entry with request_id id.
-  absl::Status Submit(uint64_t id, bool group_next = false) {
-    std::vector<std::byte> bytes;
+  // Appends the ring entry of an AllReduce with request_id id (and count id) to *bytes.
+  static absl::Status EncodeAllReduce(uint64_t id, bool group_next, std::vector<std::byte>* bytes) {
     v1::SubmitRequest r;
     r.set_request_id(id);
     r.set_comm_handle(7);
@@ -167,7 +166,12 @@ class RingPair {
     r.set_dtype(v1::DATA_TYPE_FLOAT32);
     r.set_red_op(v1::RED_OP_SUM);
     r.set_count(id);
-    if (absl::Status s = internal::ClientRings::Encode(r, group_next, &bytes); !s.ok()) return s;
+    return internal::ClientRings::Encode(r, group_next, bytes);
+  }
+  // Publishes one AllReduce entry with request_id id.
+  absl::Status Submit(uint64_t id, bool group_next = false) {
+    std::vector<std::byte> bytes;
+    if (absl::Status s = EncodeAllReduce(id, group_next, &bytes); !s.ok()) return s;
     return client_->Publish(bytes);
   }
   bool WaitFor(uint64_t id, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
@@ -345,22 +349,11 @@ TEST(SessionRingsTest, ARingWrittenBehindTheLibraryFailsItsNextSubmissionNamingW
   RingPair rings(8, 8, fake);
   ASSERT_TRUE(rings.Submit(1).ok());
   ASSERT_TRUE(rings.WaitFor(1));
-  std::vector<std::byte> slots(3 * rp::kSqEntryBytes);
-  {
-    std::vector<std::byte> one;
-    v1::SubmitRequest r;
-    r.set_comm_handle(7);
-    r.set_op(v1::COLLECTIVE_OP_ALL_REDUCE);
-    r.set_dtype(v1::DATA_TYPE_FLOAT32);
-    r.set_red_op(v1::RED_OP_SUM);
-    r.set_count(4);
-    for (uint64_t id = 100; id < 103; ++id) {
-      r.set_request_id(id);
-      one.clear();
-      ASSERT_TRUE(internal::ClientRings::Encode(r, false, &one).ok());
-      std::memcpy(slots.data() + (id - 100) * rp::kSqEntryBytes, one.data(), rp::kSqEntryBytes);
-    }
+  std::vector<std::byte> slots;
+  for (uint64_t id = 100; id < 103; ++id) {
+    ASSERT_TRUE(RingPair::EncodeAllReduce(id, false, &slots).ok());
   }
+  ASSERT_EQ(slots.size(), 3 * rp::kSqEntryBytes);
   rings.PublishRaw(slots, 8);
   ASSERT_TRUE(Eventually([&] {
     rings.client_->Drain();
