@@ -83,6 +83,9 @@ struct DaemonConfig {
   // past `spin` to twice the time the session's client takes to submit again after a
   // completion (SessionRings). CPU only while operations are in flight or just after.
   absl::Duration poll = absl::Microseconds(200);
+  // Which sessions share a ring thread (--ring_threads; RingPollers): those of one job (false),
+  // or none (true).
+  bool ring_thread_per_session = false;
   // The longest sleep between looks at the ready words of operations held for their streams
   // (--stream_poll_us; StreamGates): the most such an operation starts late.
   absl::Duration stream_poll = absl::Microseconds(100);

@@ -114,6 +114,10 @@ ABSL_FLAG(int64_t, poll_us, 200,
           "while operations are in flight (on a multi-node daemon it polls the UCX rails "
           "meanwhile, running inter-node transfers on its own thread), and the most its idle spin "
           "grows to for a client that submits again that soon (0: spin_us only)");
+ABSL_FLAG(std::string, ring_threads, "job",
+          "Which sessions' rings share a ring thread: \"job\" (the sessions of one job on this "
+          "node: its ranks wait for each other anyway, and one thread spinning for them leaves "
+          "the cores to the ranks) or \"session\" (a thread per session)");
 ABSL_FLAG(int64_t, stream_poll_us, 100,
           "The longest the daemon sleeps between looks at the ready words of operations held for "
           "their clients' streams (stream ordering, docs/gpu.md): the most an operation may start "
@@ -235,6 +239,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "chunk_bytes",
                                    "spin_us",
                                    "poll_us",
+                                   "ring_threads",
                                    "stream_poll_us",
                                    "staging_cache_bytes",
                                    "staging_inline_bytes",
@@ -407,6 +412,12 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--poll_us must be in [0, 1000000]");
   }
   c.poll = absl::Microseconds(poll_us);
+  const std::string ring_threads = absl::GetFlag(FLAGS_ring_threads);
+  if (ring_threads != "job" && ring_threads != "session") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ring_threads must be \"job\" or \"session\", not \"", ring_threads, "\""));
+  }
+  c.ring_thread_per_session = ring_threads == "session";
   const int64_t stream_poll_us = absl::GetFlag(FLAGS_stream_poll_us);
   if (stream_poll_us < 1 || stream_poll_us > 1000000) {
     return absl::InvalidArgumentError("--stream_poll_us must be in [1, 1000000]");

@@ -1060,7 +1060,7 @@ absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint
         for (const RingSubmission& e : entries) reqs.push_back(&e.request);
         return SubmitBatch(s, reqs, sink);
       },
-      session->id().substr(0, 8), transport_.get());
+      ring_pollers_, session->job(), transport_.get());
   Log(LogLevel::kInfo, "session", "rings open",
       {F("session", session->id().substr(0, 8)), F("job", session->job()),
        F("sq_entries", sq_entries), F("cq_entries", cq_entries)});
@@ -1216,6 +1216,7 @@ void DaemonCore::Shutdown() {
     CloseSession(s, "railyardd is shutting down",
                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "railyardd is shutting down"));
   }
+  ring_pollers_.StopAll();
   // Sends still queued on a paced rail go out now (and fail: their communicators are aborted).
   for (auto& q : rail_queues_) {
     if (q != nullptr) q->Shutdown();

@@ -333,6 +333,9 @@ class DaemonCore {
   // the executor and timer their communicators use, so destroyed before them.
   SessionRegistry sessions_;
   CommRegistry comms_;
+  // The sessions' ring threads: destroyed (joined) before the sessions and the transport.
+  RingPollers ring_pollers_{config_.ring_thread_per_session ? RingPollers::Mode::kPerSession
+                                                            : RingPollers::Mode::kPerJob};
   // Last time each peer daemon (by address) answered a heartbeat.
   std::map<std::string, absl::Time> peer_last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_last_error_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,5 @@
 #include "daemon/session/session_rings.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,16 +20,7 @@ namespace rp = ringproto;
 
 namespace {
 
-// The longest the thread sleeps without looking (a lost wake-up, or a client that rewrote a
-// doorbell, costs at most this).
-constexpr absl::Duration kMaxSleep = absl::Seconds(1);
-
-using ringproto::CpuRelax;
 using ringproto::FutexWake;
-
-void FutexWait(uint32_t* word, uint32_t expected, absl::Duration limit) {
-  ringproto::FutexWait(word, expected, absl::ToInt64Nanoseconds(limit));
-}
 
 template <typename T>
 T LoadRelaxed(const T* p) {
@@ -93,32 +83,40 @@ SessionRings::SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_e
       cq_entries_(cq_entries),
       spin_(spin),
       poll_(std::max(spin, poll)),
+      last_ns_(absl::GetCurrentTimeNanos()),
+      last_entry_ns_(last_ns_),
       entry_copy_(rp::kSqEntryBytes) {
   __atomic_store_n(Word64(rp::kOffSqHead), 0, __ATOMIC_RELEASE);
   __atomic_store_n(Word64(rp::kOffCqTail), 0, __ATOMIC_RELEASE);
   __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELEASE);
 }
 
-SessionRings::~SessionRings() {
-  Stop();
-  if (thread_.joinable()) thread_.detach();  // only when the thread itself let go last
-}
+SessionRings::~SessionRings() { Stop(); }
 
 void SessionRings::Start(SubmitFn submit, std::string name, transport::Transport* poller) {
   submit_ = std::move(submit);
-  poller_ = poller;
-  // The thread keeps the rings (and their mapping) alive until it has stopped.
-  thread_ = std::thread([self = shared_from_this(), name = std::move(name)] {
-    self->ring_tid_.store(std::this_thread::get_id());
-    NameThisThread("ry-rings");
-    Log(LogLevel::kDebug, "rings", "serving", {F("session", name)});
-    self->Loop();
-  });
+  poller_ = std::make_shared<RingPoller>("session " + name, poller);
+  own_poller_ = true;
+  poller_->Add(shared_from_this());
 }
+
+void SessionRings::Start(SubmitFn submit, RingPollers& pollers, const std::string& job,
+                         transport::Transport* poller) {
+  submit_ = std::move(submit);
+  poller_ = pollers.Serve(job, shared_from_this(), poller);
+  own_poller_ = pollers.mode() == RingPollers::Mode::kPerSession;
+}
+
+uint32_t* SessionRings::SqDoorbell() const { return Word32(rp::kOffSqDoorbell); }
 
 void SessionRings::WakeRingThread() {
   __atomic_fetch_add(Word32(rp::kOffSqDoorbell), 1, __ATOMIC_SEQ_CST);
   FutexWake(Word32(rp::kOffSqDoorbell), INT_MAX);
+}
+
+void SessionRings::WaitOutRingThread() {
+  // The ring thread takes entries holding serve_mu_ and looks at stop_ first.
+  std::lock_guard<std::mutex> lock(serve_mu_);
 }
 
 void SessionRings::Stop() {
@@ -127,121 +125,72 @@ void SessionRings::Stop() {
     stopped_ = true;
   }
   if (!stop_.exchange(true)) WakeRingThread();
-  if (OnRingThread()) return;                  // it ends when this call returns to its loop
-  std::lock_guard<std::mutex> lock(join_mu_);  // after a Quiesce() sweeping now, too
-  if (thread_.joinable()) thread_.join();
+  if (poller_ == nullptr || OnRingThread()) return;  // it lets go when this call returns to it
+  WaitOutRingThread();
+  if (own_poller_) poller_->Stop();
 }
 
 void SessionRings::Quiesce() {
   if (stop_.exchange(true)) return;  // stopped (or quiesced) already
   WakeRingThread();
-  if (OnRingThread()) return;
-  std::lock_guard<std::mutex> lock(join_mu_);
-  if (!thread_.joinable()) return;
-  thread_.join();
-  // The ring thread has ended: head_ and batch_ are this thread's now. Bounded, so a client that
+  if (poller_ == nullptr || OnRingThread()) return;
+  // Once the ring thread is out, head_ and batch_ are this thread's. Bounded, so a client that
   // keeps publishing cannot hold the caller.
+  std::lock_guard<std::mutex> lock(serve_mu_);
   sweeping_ = true;
   bool blocked = false;
   Drain(&blocked, sq_entries_);
   sweeping_ = false;
 }
 
+size_t SessionRings::ServeOnce(size_t limit, bool learn) {
+  // How soon this client submits again once its operations have completed: an average of the
+  // gaps shorter than kLearnGapNs. With nothing in flight its ring thread spins up to twice
+  // that (at least spin_, at most poll_) after the last completion, so a client that comes back
+  // within tens of microseconds (a Python loop spends 30-60 us between operations) finds it
+  // awake, and one that computes for milliseconds in between costs only spin_.
+  constexpr int64_t kLearnGapNs = 1000000;
+  const bool idle_before = !InFlight();
+  // Both before Drain, which may complete what it takes.
+  const int64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
+  const int64_t drain_ns = absl::GetCurrentTimeNanos();
+  blocked_ = false;
+  const size_t taken = Drain(&blocked_, limit);
+  if (taken == 0) return 0;
+  if (learn && idle_before && completed > last_entry_ns_ && drain_ns - completed < kLearnGapNs) {
+    const int64_t gap = std::max<int64_t>(0, drain_ns - completed);
+    gap_ns_ = gap_ns_ == 0 ? gap : (7 * gap_ns_ + gap) / 8;
+  }
+  last_entry_ns_ = drain_ns;
+  last_ns_ = absl::GetCurrentTimeNanos();
+  return taken;
+}
+
+int64_t SessionRings::AwakeUntil(bool has_transport) const {
+  const int64_t spin_ns = absl::ToInt64Nanoseconds(spin_);
+  const int64_t poll_ns = absl::ToInt64Nanoseconds(poll_);
+  const int64_t since = std::max(last_ns_, last_completion_ns_.load(std::memory_order_relaxed));
+  if (InFlight()) return since + (has_transport ? poll_ns : spin_ns);
+  if (blocked_) return since;
+  return since + std::clamp(2 * gap_ns_, spin_ns, std::max(spin_ns, poll_ns));
+}
+
+uint32_t SessionRings::PrepareToSleep() {
+  __atomic_store_n(Word32(rp::kOffDaemonSleeping), 1, __ATOMIC_SEQ_CST);
+  return __atomic_load_n(Word32(rp::kOffSqDoorbell), __ATOMIC_SEQ_CST);
+}
+
+void SessionRings::Woken(bool slept) {
+  __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
+  if (!slept) return;
+  last_ns_ = absl::GetCurrentTimeNanos();
+  absl::MutexLock lock(&cq_mu_);
+  ++stats_.wakeups;
+}
+
 RingStats SessionRings::stats() const {
   absl::MutexLock lock(&cq_mu_);
   return stats_;
-}
-
-void SessionRings::Loop() {
-  // Last entry taken (or wake-up); completions count too, through last_completion_ns_.
-  int64_t last_ns = absl::GetCurrentTimeNanos();
-  uint32_t spins = 0;
-  // Registered with the transport as a poller: from every wake-up to the next sleep, so that the
-  // transfers this thread starts are not handed to a progress thread that must be woken.
-  bool polling = false;
-  auto begin_polling = [&] {
-    if (poller_ != nullptr && !polling) {
-      poller_->BeginPolling();
-      polling = true;
-    }
-  };
-  auto end_polling = [&] {
-    if (polling) {
-      poller_->EndPolling();
-      polling = false;
-    }
-  };
-  const int64_t spin_ns = absl::ToInt64Nanoseconds(spin_);
-  const int64_t poll_ns = poller_ != nullptr ? absl::ToInt64Nanoseconds(poll_) : spin_ns;
-  // How soon this client submits again once its operations have completed: an average of the
-  // gaps shorter than kLearnGapNs. With nothing in flight the thread spins up to twice that (at
-  // least spin_, at most poll_) after the last completion, so a client that comes back within
-  // tens of microseconds (a Python loop spends 30-60 us between operations) finds it awake,
-  // and one that computes for milliseconds in between costs only spin_.
-  constexpr int64_t kLearnGapNs = 1000000;
-  const int64_t idle_cap_ns = std::max(spin_ns, absl::ToInt64Nanoseconds(poll_));
-  int64_t gap_ns = 0;
-  int64_t last_entry_ns = last_ns;
-  begin_polling();
-  while (!stop_.load(std::memory_order_acquire)) {
-    bool blocked = false;
-    const bool idle_before = outstanding_.load(std::memory_order_relaxed) == 0;
-    // Both before Drain, which may complete what it takes.
-    const int64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
-    const int64_t drain_ns = absl::GetCurrentTimeNanos();
-    if (Drain(&blocked) > 0) {
-      if (idle_before && completed > last_entry_ns && drain_ns - completed < kLearnGapNs) {
-        const int64_t gap = std::max<int64_t>(0, drain_ns - completed);
-        gap_ns = gap_ns == 0 ? gap : (7 * gap_ns + gap) / 8;
-      }
-      last_entry_ns = drain_ns;
-      last_ns = absl::GetCurrentTimeNanos();
-      spins = 0;
-      continue;
-    }
-    // Nothing to take (or no room for its completion: the client reads completions, and its
-    // operations in flight make more). With operations in flight, make their progress here
-    // (a client that queues many keeps both daemons' ring threads polling, so no message waits
-    // for a progress thread to wake); either way spin a while, yielding the CPU to the threads
-    // we wait for (on a small host they share our core), then sleep.
-    const bool in_flight = outstanding_.load(std::memory_order_relaxed) > 0;
-    const bool poll = polling && in_flight;
-    if (poll && poller_->Poll()) spins = 0;
-    if (!poll && (++spins & 63) != 0) {
-      CpuRelax();
-      continue;
-    }
-    const int64_t since = absl::GetCurrentTimeNanos() -
-                          std::max(last_ns, last_completion_ns_.load(std::memory_order_relaxed));
-    const int64_t idle_ns = std::clamp(2 * gap_ns, spin_ns, idle_cap_ns);
-    if (since < (in_flight ? poll_ns : (blocked ? 0 : idle_ns))) {
-      // Polling is a system call already (the transport's epoll); yielding after each would
-      // double what a poll costs where system calls are dear (a paravirtualised guest).
-      if (!poll || (++spins & 7) == 0) sched_yield();
-      continue;
-    }
-    uint32_t* doorbell = Word32(rp::kOffSqDoorbell);
-    __atomic_store_n(Word32(rp::kOffDaemonSleeping), 1, __ATOMIC_SEQ_CST);
-    const uint32_t ring = __atomic_load_n(doorbell, __ATOMIC_SEQ_CST);
-    blocked = false;
-    if (stop_.load(std::memory_order_acquire)) break;
-    if (Drain(&blocked) > 0) {
-      __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
-      last_ns = absl::GetCurrentTimeNanos();
-      continue;
-    }
-    end_polling();
-    FutexWait(doorbell, ring, kMaxSleep);
-    __atomic_store_n(Word32(rp::kOffDaemonSleeping), 0, __ATOMIC_RELAXED);
-    {
-      absl::MutexLock lock(&cq_mu_);
-      ++stats_.wakeups;
-    }
-    spins = 0;
-    last_ns = absl::GetCurrentTimeNanos();
-    begin_polling();
-  }
-  end_polling();
 }
 
 bool SessionRings::HasCqRoom() {

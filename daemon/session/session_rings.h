@@ -1,10 +1,11 @@
-// The daemon's end of a session's rings (proto/railyard/v1/ring.h): one thread per session takes
+// The daemon's end of a session's rings (proto/railyard/v1/ring.h): a ring thread (ring_poller.h:
+// one per job on this node by default, one per session with --ring_threads=session) takes
 // entries off the submission ring, validates each exactly as a gRPC Submit (it calls the same
 // DaemonCore::Submit) and writes every outcome to the completion ring, from whichever thread
 // completes the operation.
 //
-// The thread spins for `spin` after its last entry or completion (longer, up to `poll`, for a
-// client that comes back soon: twice the average time it takes to submit again after a
+// The thread spins for `spin` after a session's last entry or completion (longer, up to `poll`,
+// for a client that comes back soon: twice the average time it takes to submit again after a
 // completion), then sleeps on the submission doorbell (a futex): an idle session costs no CPU.
 // Given a transport to poll (a multi-node daemon), it also keeps going while the session has
 // operations in flight, until `poll` has passed since its last entry or completion, and makes
@@ -33,6 +34,7 @@
 #include "absl/time/time.h"
 #include "daemon/comm/completion_sink.h"
 #include "daemon/session/ring_entry.h"
+#include "daemon/session/ring_poller.h"
 #include "daemon/session/shm_segment.h"
 #include "daemon/transport/transport.h"
 
@@ -64,16 +66,22 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   SessionRings(const SessionRings&) = delete;
   SessionRings& operator=(const SessionRings&) = delete;
 
-  // Starts the thread. `name` is for logs. `poller`, when not null, is the transport the thread
-  // polls while operations are in flight; it must outlive the thread (Stop() or Quiesce()).
+  // Starts a ring thread of its own. `name` is for logs. `poller`, when not null, is the
+  // transport the thread polls while operations are in flight; it must outlive the thread
+  // (Stop() or Quiesce()).
   void Start(SubmitFn submit, std::string name, transport::Transport* poller = nullptr);
-  // Stops and joins the thread (from any thread but its own, where it only stops it); later
-  // completions are dropped. Idempotent.
+  // Serves the rings on a thread of `pollers` shared with the other sessions of `job` (or one of
+  // their own, as `pollers` decides).
+  void Start(SubmitFn submit, RingPollers& pollers, const std::string& job,
+             transport::Transport* poller);
+  // Stops taking entries and waits until its ring thread is out of them, joining a thread of its
+  // own (from any thread but the ring thread, where it only stops them); later completions are
+  // dropped. Idempotent.
   void Stop();
-  // Stops taking entries: joins the thread, then takes once more what the client had published
-  // (at most one ring's worth), so every entry published before the call is accepted or refused
-  // with a completion. Completions are still written until Stop(). Not from the ring thread; a
-  // no-op after Stop() or a first Quiesce().
+  // Stops taking entries: waits until the ring thread is out of them, then takes once more what
+  // the client had published (at most one ring's worth), so every entry published before the
+  // call is accepted or refused with a completion. Completions are still written until Stop().
+  // Not from the ring thread; a no-op after Stop() or a first Quiesce().
   void Quiesce();
 
   // CompletionSink: writes the completion to the completion ring and wakes waiting client
@@ -85,11 +93,29 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   RingStats stats() const;
 
  private:
+  friend class RingPoller;
   SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_entries, uint32_t cq_entries,
                absl::Duration spin, absl::Duration poll);
-  void Loop();
   // Rings the submission doorbell, so that a sleeping ring thread sees stop_.
   void WakeRingThread();
+  // Waits until the ring thread is out of these rings (it checks stop_ before it goes in again).
+  void WaitOutRingThread();
+
+  // For the ring thread (RingPoller), holding serve_mu_: takes up to `limit` entries; `learn`:
+  // counts towards how soon the client submits again after a completion.
+  size_t ServeOnce(size_t limit, bool learn);
+  // Without serve_mu_ (the ring thread's own state, and atomics):
+  bool InFlight() const { return outstanding_.load(std::memory_order_relaxed) > 0; }
+  // Until when (absl::GetCurrentTimeNanos) this session wants its ring thread awake: `poll` after
+  // its last entry or completion while operations are in flight (given a transport; else
+  // `spin`), up to twice the client's usual gap between a completion and its next entry
+  // otherwise, not at all while the completion ring is full.
+  int64_t AwakeUntil(bool has_transport) const;
+  // Says the ring thread sleeps (the client rings the doorbell from now on) and returns the
+  // doorbell as read after that; Woken() says it no longer sleeps (`slept`: it did).
+  uint32_t PrepareToSleep();
+  void Woken(bool slept);
+  uint32_t* SqDoorbell() const;
   // Takes what the client published, while the completion ring has room; returns the entries
   // taken. Sets *blocked when entries wait but completions would not fit.
   // Takes at most `limit` entries.
@@ -115,15 +141,20 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   const absl::Duration spin_;
   const absl::Duration poll_;
   SubmitFn submit_;
-  transport::Transport* poller_ = nullptr;
-  std::thread thread_;
-  std::atomic<std::thread::id> ring_tid_{};  // set by the ring thread as it starts
-  bool OnRingThread() const { return ring_tid_.load() == std::this_thread::get_id(); }
-  std::mutex join_mu_;  // one joiner at a time; held through Quiesce()'s sweep
+  // The thread serving these rings; own_poller_: started for these alone.
+  std::shared_ptr<RingPoller> poller_;
+  bool own_poller_ = false;
+  bool OnRingThread() const { return poller_ != nullptr && poller_->OnThread(); }
+  // Held by the ring thread while it takes entries, and through Quiesce()'s sweep.
+  std::mutex serve_mu_;
   std::atomic<bool> stop_{false};
 
-  // Ring thread only.
-  uint64_t head_ = 0;  // next submission slot to take
+  // Ring thread only (or Quiesce()'s sweep, holding serve_mu_).
+  int64_t last_ns_ = 0;        // last entry taken, or wake-up
+  int64_t last_entry_ns_ = 0;  // last entry taken
+  int64_t gap_ns_ = 0;         // average time from a completion to the client's next entry
+  bool blocked_ = false;       // entries wait, but their completions would not fit
+  uint64_t head_ = 0;          // next submission slot to take
   bool bad_tail_reported_ = false;
   bool sweeping_ = false;  // Quiesce()'s last sweep, on its caller's thread once ours has ended
   std::vector<std::byte> entry_copy_;

@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -406,6 +409,99 @@ TEST(LifecycleTest, AnIdleDaemonWithRingSessionsUsesNoCpu) {
   EXPECT_LE(ns, 200'000'000u) << "ns on CPU in " << kSeconds << " s idle\n" << report;
   EXPECT_LE(slices, 40u * kSeconds) << "runs in " << kSeconds << " s idle\n" << report;
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+// Whether pred holds within 5 s.
+bool Within5s(const std::function<bool()>& pred) {
+  for (int i = 0; i < 500 && !pred(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+size_t RingThreads(pid_t pid) {
+  size_t n = 0;
+  for (const auto& [tid, r] : ThreadRuns(pid)) n += r.name == "ry-rings" ? 1 : 0;
+  return n;
+}
+
+// Which sessions share a ring thread (--ring_threads): by default those of one job, so two ranks
+// of a job take one thread and another job gets its own; "session" gives each session one. A
+// 2-rank AllReduce across the shared thread's sessions is exact, and a session's end leaves the
+// other served.
+TEST(LifecycleTest, TheSessionsOfAJobShareARingThreadAndEveryJobHasItsOwn) {
+  for (const std::string mode : {"job", "session"}) {
+    SCOPED_TRACE("--ring_threads=" + mode);
+    DaemonProcess daemon({"--ring_threads=" + mode});
+    ASSERT_TRUE(daemon.ready()) << daemon.Log();
+    std::vector<std::unique_ptr<Client>> a;
+    for (int r = 0; r < 2; ++r) {
+      auto c = Client::Connect(daemon.Options("shared-a"));
+      ASSERT_TRUE(c.ok()) << c.status();
+      a.push_back(*std::move(c));
+    }
+    auto b = Client::Connect(daemon.Options("shared-b"));
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(RingThreads(daemon.process().pid()), mode == "job" ? 2u : 3u);
+    auto id = a[0]->CreateCommId();
+    ASSERT_TRUE(id.ok());
+    std::vector<Comm> comms(2);
+    std::vector<Buffer> bufs;
+    for (int r = 0; r < 2; ++r) {
+      auto buf = a[r]->Allocate(64 * sizeof(float));
+      ASSERT_TRUE(buf.ok());
+      bufs.push_back(*std::move(buf));
+    }
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        auto comm = a[r]->InitComm(*id, r, 2);
+        if (!comm.ok()) return void(errors[r] = comm.status().ToString());
+        std::span<float> x = bufs[r].span<float>();
+        for (int it = 1; it <= 200; ++it) {
+          for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((r + 1) * it + i);
+          absl::Status st = comm->AllReduce(BufferRef(bufs[r]), BufferRef(bufs[r]), x.size(),
+                                            DataType::kFloat32, RedOp::kSum)
+                                .wait(std::chrono::seconds(10));
+          if (!st.ok()) return void(errors[r] = st.ToString());
+          for (size_t i = 0; i < x.size(); ++i) {
+            if (x[i] != static_cast<float>(3 * it + 2 * i)) {
+              return void(errors[r] = absl::StrCat("op ", it, " element ", i, " is ", x[i]));
+            }
+          }
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    EXPECT_EQ(errors, std::vector<std::string>(2)) << daemon.Log();
+    // One rank of job a leaves; the other rank's thread (shared or not) still serves job b and
+    // the rank left.
+    a[1].reset();
+    ASSERT_TRUE(Within5s([&] { return daemon.Status().sessions_size() == 2; }));
+    auto id_b = (*b)->CreateCommId();
+    ASSERT_TRUE(id_b.ok());
+    auto comm_b = (*b)->InitComm(*id_b, 0, 1);
+    ASSERT_TRUE(comm_b.ok()) << comm_b.status();
+    auto buf_b = (*b)->Allocate(sizeof(float));
+    ASSERT_TRUE(buf_b.ok());
+    buf_b->span<float>()[0] = 7;
+    ASSERT_TRUE(
+        comm_b->AllReduce(BufferRef(*buf_b), BufferRef(*buf_b), 1, DataType::kFloat32, RedOp::kSum)
+            .wait(std::chrono::seconds(10))
+            .ok());
+    EXPECT_EQ(buf_b->span<float>()[0], 7.0f);
+    EXPECT_TRUE(Within5s([&] { return RingThreads(daemon.process().pid()) == 2u; }));
+    EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+  }
+}
+
+TEST(LifecycleTest, AnUnknownRingThreadsValueIsRefusedAtStart) {
+  DaemonProcess d({"--ring_threads=thread"});
+  auto code = d.process().Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(code.has_value()) << "the daemon started:\n" << d.Log();
+  EXPECT_NE(*code, 0);
+  EXPECT_THAT(d.Log(), HasSubstr("--ring_threads must be \"job\" or \"session\", not \"thread\""));
 }
 
 // A daemon that stops answering (SIGSTOP here; a wedged process looks the same to a client):
