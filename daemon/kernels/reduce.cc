@@ -40,7 +40,9 @@
 
 #include "daemon/kernels/half.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+// Not under ThreadSanitizer: an ifunc's resolver runs before its runtime is up, and crashes.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
+    !defined(__SANITIZE_THREAD__)
 #define RAILYARD_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define RAILYARD_KERNEL_CLONES

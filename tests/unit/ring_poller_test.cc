@@ -4,6 +4,7 @@
 // sleeps on all its doorbells at once and wakes for any, and that stopping sessions ends it.
 #include "daemon/session/ring_poller.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -178,6 +179,35 @@ TEST_F(RingPollerTest, StopAllEndsEveryThreadAndTheSessionsStopAfterwards) {
   ASSERT_TRUE(y.Submit(2).ok());  // published, never taken: no thread serves it
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(fake->seen(), 1u);
+}
+
+// Sessions of one job come and go from several threads at once while others run: each gets
+// exactly its completions, whichever thread (new, shared, or one that just ended for want of
+// sessions) ends up serving it, and no thread outlives the last session.
+TEST_F(RingPollerTest, SessionsComingAndGoingConcurrentlyAreEachServedExactly) {
+  RingPollers pollers(RingPollers::Mode::kPerJob);
+  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+  constexpr int kThreads = 6, kSessions = 40, kOps = 20;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int s = 0; s < kSessions; ++s) {
+        RingPair r(8, 8, fake, pollers, t % 2 == 0 ? "even" : "odd");
+        for (uint64_t i = 1; i <= kOps; ++i) {
+          if (!r.Submit(i).ok() || !r.WaitFor(i, std::chrono::seconds(5))) ++failures;
+        }
+        if (r.CompletionCount() != kOps) ++failures;
+        for (uint64_t i = 1; i <= kOps; ++i) {
+          if (r.Get(i).times != 1 || !r.Get(i).status.ok()) ++failures;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(fake->seen(), static_cast<size_t>(kThreads * kSessions * kOps));
+  EXPECT_TRUE(Eventually([&] { return pollers.threads() == 0; }, std::chrono::seconds(2)));
 }
 
 }  // namespace
