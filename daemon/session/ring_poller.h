@@ -73,8 +73,8 @@ class RingPoller : public std::enable_shared_from_this<RingPoller> {
   std::atomic<bool> stop_{false};
   std::atomic<bool> added_pending_{false};
   alignas(4) uint32_t wake_word_ = 0;  // futex word, private to this process
-  std::mutex join_mu_;  // one joiner at a time
-  std::thread thread_;  // set under mu_ (started_)
+  std::mutex join_mu_;                 // one joiner at a time
+  std::thread thread_;                 // set under mu_ (started_)
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<SessionRings>> added_ ABSL_GUARDED_BY(mu_);

@@ -227,7 +227,7 @@ class RingPair {
 };
 
 inline bool Eventually(const std::function<bool()>& pred,
-                std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+                       std::chrono::milliseconds limit = std::chrono::seconds(5)) {
   const auto end = Clock::now() + limit;
   while (Clock::now() < end) {
     if (pred()) return true;
