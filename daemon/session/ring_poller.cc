@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <iterator>
 #include <mutex>
 
 #include "absl/time/clock.h"
@@ -248,15 +249,21 @@ std::shared_ptr<RingPoller> RingPollers::Serve(const std::string& job,
                                                std::shared_ptr<SessionRings> rings,
                                                transport::Transport* transport) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::shared_ptr<RingPoller>>& pollers = by_job_[job];
-  for (auto it = pollers.begin(); it != pollers.end();) {
-    if ((*it)->ended()) {
-      (*it)->Stop();  // joins a thread that has left its loop
-      it = pollers.erase(it);
-    } else {
-      ++it;
+  // Threads whose sessions have all gone, of every job (most jobs never come back): joined (they
+  // have left their loops) and forgotten, so a daemon that sees many jobs holds only live ones.
+  for (auto j = by_job_.begin(); j != by_job_.end();) {
+    std::vector<std::shared_ptr<RingPoller>>& ps = j->second;
+    for (auto it = ps.begin(); it != ps.end();) {
+      if ((*it)->ended()) {
+        (*it)->Stop();
+        it = ps.erase(it);
+      } else {
+        ++it;
+      }
     }
+    j = ps.empty() ? by_job_.erase(j) : std::next(j);
   }
+  std::vector<std::shared_ptr<RingPoller>>& pollers = by_job_[job];
   if (mode_ == Mode::kPerJob) {
     for (const auto& p : pollers) {
       if (p->Add(rings)) return p;
@@ -277,6 +284,13 @@ void RingPollers::StopAll() {
   for (auto& [job, pollers] : all) {
     for (auto& p : pollers) p->Stop();
   }
+}
+
+size_t RingPollers::held() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [job, pollers] : by_job_) n += pollers.size();
+  return n;
 }
 
 size_t RingPollers::threads() const {

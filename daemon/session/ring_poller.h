@@ -102,6 +102,8 @@ class RingPollers {
   void StopAll();
   // Threads running now.
   size_t threads() const;
+  // Pollers held: the running ones, and ended ones not yet joined (until the next Serve()).
+  size_t held() const;
   Mode mode() const { return mode_; }
 
  private:

@@ -152,6 +152,26 @@ TEST_F(RingPollerTest, AJobWithMoreSessionsThanAThreadServesGetsAnotherThread) {
   EXPECT_EQ(fake->seen(), pairs.size());
 }
 
+// A daemon sees job after job; a thread whose sessions have all gone is joined and forgotten
+// when the next session opens, whichever job it belonged to.
+TEST_F(RingPollerTest, TheThreadsOfJobsThatHaveGoneAreNotKept) {
+  for (const auto mode : {RingPollers::Mode::kPerJob, RingPollers::Mode::kPerSession}) {
+    RingPollers pollers(mode);
+    auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+    for (int j = 0; j < 50; ++j) {
+      RingPair r(8, 8, fake, pollers, "job-" + std::to_string(j));
+      ASSERT_TRUE(r.Submit(j + 1).ok());
+      ASSERT_TRUE(r.WaitFor(j + 1));
+      // The threads of the last few jobs may not have noticed yet that their sessions went.
+      EXPECT_LE(pollers.held(), 10u) << "job " << j;
+    }
+    ASSERT_TRUE(Eventually([&] { return pollers.threads() == 0; }, std::chrono::seconds(2)));
+    RingPair last(8, 8, fake, pollers, "last");
+    EXPECT_EQ(pollers.held(), 1u);
+    EXPECT_EQ(pollers.threads(), 1u);
+  }
+}
+
 TEST_F(RingPollerTest, PerSessionModeGivesEverySessionAThreadOfItsOwn) {
   RingPollers pollers(RingPollers::Mode::kPerSession);
   auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
