@@ -240,14 +240,9 @@ bool ClientRings::WaitUntil(const std::function<bool()>& done,
                             std::chrono::steady_clock::time_point deadline) {
   if (forked()) return done();
   const auto spin_end = std::chrono::steady_clock::now() + spin_;
-  // Spin: read completions as they come, yielding to the other threads on this CPU; while
-  // spinning pays (ring_futex.h, SpinPolicy).
-  rp::SpinPolicy& policy = rp::ProcessSpinPolicy();
-  for (uint32_t spins = 0; spin_.count() > 0 && policy.Allowed(rp::MonotonicNs()); ++spins) {
-    if (done()) {
-      policy.Report(true, 0);
-      return true;
-    }
+  // Spin: read completions as they come, yielding to the other threads on this CPU.
+  for (uint32_t spins = 0;; ++spins) {
+    if (done()) return true;
     bool drained = false;
     if (cq_mu_.try_lock()) {
       drained = DrainLocked() > 0;
@@ -262,10 +257,7 @@ bool ClientRings::WaitUntil(const std::function<bool()>& done,
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return done();
-    if (now >= spin_end) {
-      policy.Report(false, rp::MonotonicNs());
-      break;
-    }
+    if (now >= spin_end) break;
     sched_yield();
   }
   // Sleep on the doorbell.

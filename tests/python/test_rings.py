@@ -21,11 +21,6 @@ import pytest
 import railyard
 from railyard import _ring
 
-try:
-    from railyard import _ringcore
-except ImportError:  # pure-Python rings only
-    _ringcore = None
-
 
 def _session(daemon, client):
     for s in daemon.status().sessions:
@@ -114,9 +109,6 @@ def test_a_loop_that_waits_for_its_own_operations_costs_the_daemon_no_wake_ups(d
         x[:] = 3.0
         for _ in range(20):
             comm.all_reduce(x)
-        if _ringcore is not None:
-            # Earlier tests' long operations may have paused this process's spinning (SpinPolicy).
-            _ringcore.reset_spin_policy()
         before = _session(daemon, c)
         n = 400
         for _ in range(n):

@@ -25,7 +25,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/railyard/v1/ring.h"
-#include "proto/railyard/v1/ring_futex.h"
 #include "tests/unit/ring_pair.h"
 
 namespace railyard {
@@ -498,39 +497,6 @@ TEST(SessionRingsTest, TheIdleSpinAdaptsToHowSoonTheClientSubmitsAgain) {
   EXPECT_TRUE(Eventually(
       [&] { return __atomic_load_n(&rings.Word32(rp::kOffDaemonSleeping), __ATOMIC_ACQUIRE) == 1; },
       std::chrono::seconds(2)));
-}
-
-// A client whose operations keep completing after its spin has run out (long operations, or a
-// host whose cores other processes keep busy) stops spinning for a while (SpinPolicy), and
-// still gets every completion, sleeping on its doorbell.
-TEST(SessionRingsTest, AClientWhoseWaitsKeepOutlastingItsSpinPausesSpinning) {
-  auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kHold);
-  RingPair rings(8, 8, fake, std::chrono::microseconds(50));
-  rp::SpinPolicy& policy = rp::ProcessSpinPolicy();
-  policy.Reset();  // whatever this process's earlier waits left
-  const uint64_t pauses = policy.pauses();
-  for (uint64_t id = 1; id <= rp::SpinPolicy::kFailures; ++id) {
-    ASSERT_TRUE(rings.Submit(id).ok());
-    std::thread later([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      fake->CompleteHeld();
-    });
-    EXPECT_TRUE(rings.WaitFor(id));
-    later.join();
-    EXPECT_TRUE(rings.Get(id).status.ok());
-  }
-  EXPECT_GT(policy.pauses(), pauses);
-  EXPECT_FALSE(policy.Allowed(rp::MonotonicNs()));
-  // Paused: the next wait sleeps at once, and wakes for its completion.
-  ASSERT_TRUE(rings.Submit(100).ok());
-  std::thread later([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    fake->CompleteHeld();
-  });
-  EXPECT_TRUE(rings.WaitFor(100));
-  later.join();
-  EXPECT_TRUE(rings.Get(100).status.ok());
-  policy.Reset();
 }
 
 TEST(SessionRingsTest, StoppingWithOperationsInFlightIsPromptAndLaterCompletionsAreDropped) {

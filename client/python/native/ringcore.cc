@@ -273,13 +273,10 @@ PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
   ++self->foreground;
   int result = -1;
   const double spin_end = Monotonic() + self->spin_s;
-  // While spinning pays (ring_futex.h, SpinPolicy).
-  rp::SpinPolicy& policy = rp::ProcessSpinPolicy();
-  bool spinning = self->spin_s > 0 && policy.Allowed(rp::MonotonicNs());
+  bool spinning = true;
   for (uint32_t spins = 0;; ++spins) {
     const int d = Done(done);
     if (d != 0) {
-      if (spinning && d > 0) policy.Report(true, 0);
       result = d;
       break;
     }
@@ -304,7 +301,6 @@ PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
       Py_BEGIN_ALLOW_THREADS sched_yield();
       Py_END_ALLOW_THREADS continue;
     }
-    if (spinning) policy.Report(false, rp::MonotonicNs());
     spinning = false;
     uint32_t* doorbell = Word32(self, rp::kOffCqDoorbell);
     __atomic_fetch_add(Word32(self, rp::kOffClientWaiters), 1, __ATOMIC_SEQ_CST);
@@ -423,28 +419,11 @@ PyType_Slot kSlots[] = {
 PyType_Spec kSpec = {"railyard._ringcore.RingCore", sizeof(RingCore), 0, Py_TPFLAGS_DEFAULT,
                      kSlots};
 
-// spin_pauses() -> int: how often this process's waiters stopped spinning for a while because
-// spins kept running out (ring_futex.h, SpinPolicy).
-PyObject* SpinPauses(PyObject*, PyObject*) {
-  return PyLong_FromUnsignedLongLong(rp::ProcessSpinPolicy().pauses());
-}
-
-// reset_spin_policy(): back to spinning, as a fresh process (tests that count wake-ups).
-PyObject* ResetSpinPolicy(PyObject*, PyObject*) {
-  rp::ProcessSpinPolicy().Reset();
-  Py_RETURN_NONE;
-}
-
-PyMethodDef kModuleMethods[] = {
-    {"reset_spin_policy", ResetSpinPolicy, METH_NOARGS, "reset_spin_policy()"},
-    {"spin_pauses", SpinPauses, METH_NOARGS, "spin_pauses() -> int"},
-    {nullptr, nullptr, 0, nullptr}};
-
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT,
                        "_ringcore",
                        "The session rings' hot path in C++ (railyard/_ring.py).",
                        -1,
-                       kModuleMethods,
+                       nullptr,
                        nullptr,
                        nullptr,
                        nullptr,
