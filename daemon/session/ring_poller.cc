@@ -97,16 +97,12 @@ bool RingPoller::ended() const {
   return ended_;
 }
 
-size_t RingPoller::size() const {
-  absl::MutexLock lock(&mu_);
-  return serving_ + added_.size();
-}
-
 void RingPoller::Sleep(const std::vector<std::shared_ptr<SessionRings>>& rings,
                        const std::vector<uint32_t>& seen, uint32_t wake_seen, int64_t limit_ns) {
   if (rings.size() == 1 && !CanWaitOnMany()) {
-    // One session (--ring_threads=session, or no futex_waitv): its doorbell alone; Stop() and
-    // SessionRings::Stop() ring it too.
+    // One session (no futex_waitv: --ring_threads=session is forced): its doorbell alone.
+    // SessionRings::Stop() rings it; the wake word is not watched here, so a RingPoller::Stop()
+    // of a thread whose session still runs waits out this sleep (kMaxSleepNs at most).
     ringproto::FutexWait(rings[0]->SqDoorbell(), seen[0], limit_ns);
     return;
   }
@@ -232,9 +228,8 @@ void RingPoller::Loop() {
   added_.clear();
 }
 
-RingPollers::RingPollers(Mode mode, std::string what_for)
-    : mode_(mode == Mode::kPerJob && !RingPoller::CanWaitOnMany() ? Mode::kPerSession : mode),
-      what_for_(std::move(what_for)) {
+RingPollers::RingPollers(Mode mode)
+    : mode_(mode == Mode::kPerJob && !RingPoller::CanWaitOnMany() ? Mode::kPerSession : mode) {
   if (mode != mode_) {
     Log(LogLevel::kWarning, "rings",
         "futex_waitv is refused here (Linux before 5.16, or a seccomp profile without it): each "
@@ -269,7 +264,7 @@ std::shared_ptr<RingPoller> RingPollers::Serve(const std::string& job,
       if (p->Add(rings)) return p;
     }
   }
-  auto p = std::make_shared<RingPoller>(what_for_ + " of job " + job, transport);
+  auto p = std::make_shared<RingPoller>("rings of job " + job, transport);
   p->Add(std::move(rings));
   pollers.push_back(p);
   return p;

@@ -52,15 +52,13 @@ class RingPoller : public std::enable_shared_from_this<RingPoller> {
   bool OnThread() const { return tid_.load() == std::this_thread::get_id(); }
   // Whether the thread has ended (Stop(), or its last session stopped).
   bool ended() const;
-  // Sessions it serves or was given to serve (stopped ones until the thread lets go of them).
-  size_t size() const;
-  // Wakes the thread if it sleeps (a session added or stopping).
-  void Wake();
 
   // Whether this kernel (and its seccomp profile) lets a thread wait on several futexes.
   static bool CanWaitOnMany();
 
  private:
+  // Wakes the thread if it sleeps on its wake word (a session added, or Stop()).
+  void Wake();
   void Loop();
   // Sleeps until a doorbell of `rings`, or the wake word, moves from the value read, or
   // `limit_ns` passes.
@@ -88,7 +86,7 @@ class RingPollers {
  public:
   enum class Mode { kPerJob, kPerSession };
   // kPerJob falls back to kPerSession where CanWaitOnMany() is false.
-  RingPollers(Mode mode, std::string what_for = "rings");
+  explicit RingPollers(Mode mode);
   ~RingPollers();
   RingPollers(const RingPollers&) = delete;
   RingPollers& operator=(const RingPollers&) = delete;
@@ -108,7 +106,6 @@ class RingPollers {
 
  private:
   const Mode mode_;
-  const std::string what_for_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::vector<std::shared_ptr<RingPoller>>> by_job_ ABSL_GUARDED_BY(mu_);
 };
