@@ -222,10 +222,15 @@ void RingPoller::Loop() {
     begin_polling();
   }
   end_polling();
-  absl::MutexLock lock(&mu_);
-  ended_ = true;
-  serving_ = 0;
-  added_.clear();
+  std::vector<std::shared_ptr<SessionRings>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+    serving_ = 0;
+    dropped.swap(added_);
+  }
+  // Let go of sessions outside mu_: a last reference runs ~SessionRings, whose Stop() takes the
+  // session's start_mu_, and SessionRings::Start() holds that lock while it calls Add().
 }
 
 RingPollers::RingPollers(Mode mode)

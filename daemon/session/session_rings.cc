@@ -93,7 +93,12 @@ SessionRings::SessionRings(std::shared_ptr<MappedSegment> segment, uint32_t sq_e
 
 SessionRings::~SessionRings() { Stop(); }
 
+// Start() checks stop_ under start_mu_, and Stop() and Quiesce() set it before they read
+// poller_ under start_mu_: either the rings start and the stopper waits the thread out, or they
+// never start.
 void SessionRings::Start(SubmitFn submit, std::string name, transport::Transport* poller) {
+  std::lock_guard<std::mutex> lock(start_mu_);
+  if (stop_.load(std::memory_order_acquire)) return;
   submit_ = std::move(submit);
   poller_ = std::make_shared<RingPoller>("session " + name, poller);
   own_poller_ = true;
@@ -102,9 +107,17 @@ void SessionRings::Start(SubmitFn submit, std::string name, transport::Transport
 
 void SessionRings::Start(SubmitFn submit, RingPollers& pollers, const std::string& job,
                          transport::Transport* poller) {
+  std::lock_guard<std::mutex> lock(start_mu_);
+  if (stop_.load(std::memory_order_acquire)) return;
   submit_ = std::move(submit);
-  poller_ = pollers.Serve(job, shared_from_this(), poller);
   own_poller_ = pollers.mode() == RingPollers::Mode::kPerSession;
+  poller_ = pollers.Serve(job, shared_from_this(), poller);
+}
+
+std::shared_ptr<RingPoller> SessionRings::Poller(bool* own) {
+  std::lock_guard<std::mutex> lock(start_mu_);
+  if (own != nullptr) *own = own_poller_;
+  return poller_;
 }
 
 uint32_t* SessionRings::SqDoorbell() const { return Word32(rp::kOffSqDoorbell); }
@@ -125,15 +138,18 @@ void SessionRings::Stop() {
     stopped_ = true;
   }
   if (!stop_.exchange(true)) WakeRingThread();
-  if (poller_ == nullptr || OnRingThread()) return;  // it lets go when this call returns to it
+  bool own = false;
+  const std::shared_ptr<RingPoller> poller = Poller(&own);
+  if (poller == nullptr || poller->OnThread()) return;  // it lets go when this call returns to it
   WaitOutRingThread();
-  if (own_poller_) poller_->Stop();
+  if (own) poller->Stop();
 }
 
 void SessionRings::Quiesce() {
   if (stop_.exchange(true)) return;  // stopped (or quiesced) already
   WakeRingThread();
-  if (poller_ == nullptr || OnRingThread()) return;
+  const std::shared_ptr<RingPoller> poller = Poller(nullptr);
+  if (poller == nullptr || poller->OnThread()) return;
   // Once the ring thread is out, head_ and batch_ are this thread's. Bounded, so a client that
   // keeps publishing cannot hold the caller.
   std::lock_guard<std::mutex> lock(serve_mu_);

@@ -68,7 +68,8 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
 
   // Starts a ring thread of its own. `name` is for logs. `poller`, when not null, is the
   // transport the thread polls while operations are in flight; it must outlive the thread
-  // (Stop() or Quiesce()).
+  // (Stop() or Quiesce()). Either Start() does nothing once Stop() or Quiesce() has begun: rings
+  // stopped before they started are never served.
   void Start(SubmitFn submit, std::string name, transport::Transport* poller = nullptr);
   // Serves the rings on a thread of `pollers` shared with the other sessions of `job` (or one of
   // their own, as `pollers` decides).
@@ -141,10 +142,14 @@ class SessionRings : public CompletionSink, public std::enable_shared_from_this<
   const absl::Duration spin_;
   const absl::Duration poll_;
   SubmitFn submit_;
-  // The thread serving these rings; own_poller_: started for these alone.
+  // The thread serving these rings (null until Start(), and for good when Stop() or Quiesce()
+  // came first); own_poller_: started for these alone. Under start_mu_, which orders Start()
+  // against a Stop() or Quiesce() on another thread (a session closing while its rings open).
+  std::mutex start_mu_;
   std::shared_ptr<RingPoller> poller_;
   bool own_poller_ = false;
-  bool OnRingThread() const { return poller_ != nullptr && poller_->OnThread(); }
+  // poller_ and own_poller_ as they are now.
+  std::shared_ptr<RingPoller> Poller(bool* own);
   // Held by the ring thread while it takes entries, and through Quiesce()'s sweep.
   std::mutex serve_mu_;
   std::atomic<bool> stop_{false};

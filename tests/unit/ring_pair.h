@@ -144,6 +144,12 @@ class RingPair {
     Open(sq, cq, std::chrono::microseconds(50), absl::ZeroDuration());
     daemon_->Start(SubmitTo(fake_), pollers, job, nullptr);
   }
+  // Not served yet: the test calls daemon_->Start() (SubmitTo(fake_)) itself.
+  struct NotStarted {};
+  RingPair(uint32_t sq, uint32_t cq, std::shared_ptr<FakeSubmit> fake, NotStarted)
+      : fake_(std::move(fake)) {
+    Open(sq, cq, std::chrono::microseconds(50), absl::ZeroDuration());
+  }
   void Open(uint32_t sq, uint32_t cq, std::chrono::microseconds spin, absl::Duration poll) {
     int fd = -1;
     auto client = internal::ClientRings::Create("unit", sq, cq, spin, &fd);

@@ -201,6 +201,63 @@ TEST_F(RingPollerTest, StopAllEndsEveryThreadAndTheSessionsStopAfterwards) {
   EXPECT_EQ(fake->seen(), 1u);
 }
 
+// A session that closes while its rings are being opened (DaemonCore::CloseSession beside
+// OpenRings) stops them before they start: they are never served, and no thread starts for them.
+TEST_F(RingPollerTest, RingsStoppedBeforeTheyStartAreNeverServedAndStartNoThread) {
+  for (auto mode : {RingPollers::Mode::kPerJob, RingPollers::Mode::kPerSession}) {
+    for (bool quiesce : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "per-session " << (mode == RingPollers::Mode::kPerSession)
+                                      << ", quiesce " << quiesce);
+      RingPollers pollers(mode);
+      auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+      RingPair r(8, 8, fake, RingPair::NotStarted{});
+      if (quiesce) {
+        r.daemon_->Quiesce();
+      } else {
+        r.daemon_->Stop();
+      }
+      r.daemon_->Start(ring_testing::SubmitTo(fake), pollers, "j", nullptr);
+      EXPECT_EQ(pollers.held(), 0u);
+      EXPECT_EQ(pollers.threads(), 0u);
+      ASSERT_TRUE(r.Submit(1).ok());  // published, never taken
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_EQ(fake->seen(), 0u);
+      EXPECT_EQ(r.CompletionCount(), 0u);
+    }
+  }
+}
+
+// The same two calls racing: whichever wins, the rings end up unserved, Stop() returns, and no
+// thread is left behind. (Run under ThreadSanitizer this is the check that poller_ is not read
+// and written at once.)
+TEST_F(RingPollerTest, StartRacingStopNeverLeavesAThreadServingStoppedRings) {
+  for (auto mode : {RingPollers::Mode::kPerJob, RingPollers::Mode::kPerSession}) {
+    SCOPED_TRACE(testing::Message() << "per-session " << (mode == RingPollers::Mode::kPerSession));
+    RingPollers pollers(mode);
+    auto fake = std::make_shared<FakeSubmit>(FakeSubmit::Mode::kCompleteNow);
+    for (int i = 0; i < 100; ++i) {
+      RingPair r(8, 8, fake, RingPair::NotStarted{});
+      std::atomic<bool> go{false};
+      std::thread starter([&] {
+        while (!go.load()) {
+        }
+        r.daemon_->Start(ring_testing::SubmitTo(fake), pollers, "j", nullptr);
+      });
+      std::thread stopper([&] {
+        while (!go.load()) {
+        }
+        r.daemon_->Stop();
+      });
+      go = true;
+      starter.join();
+      stopper.join();
+      ASSERT_TRUE(r.Submit(1).ok());
+    }
+    EXPECT_TRUE(Eventually([&] { return pollers.threads() == 0; }, std::chrono::seconds(2)));
+    EXPECT_EQ(fake->seen(), 0u);  // entries published after Stop() are never taken
+  }
+}
+
 // Sessions of one job come and go from several threads at once while others run: each gets
 // exactly its completions, whichever thread (new, shared, or one that just ended for want of
 // sessions) ends up serving it, and no thread outlives the last session.
