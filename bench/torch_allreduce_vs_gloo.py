@@ -21,7 +21,8 @@ Time per op is the slowest rank's mean, and the median of that over the repeats;
 bytes / time and busbw = algbw * 2(n-1)/n (the nccl-tests convention: the traffic of a ring
 all-reduce). A daemon is needed: --socket (or $RAILYARD_SOCKET), or --railyardd PATH to start
 one for the run (default: $RAILYARD_BUILD_DIR/daemon/railyardd, build/ when unset, when no
-socket is given). RAILYARD_* variables reach the backend's clients unchanged. Not a test:
+socket is given). RAILYARD_* variables reach the backend's clients unchanged. --busy N runs N
+busy loops beside the ranks (a host whose cores other work keeps busy). Not a test:
 numbers depend on the machine and its load.
 """
 
@@ -216,6 +217,9 @@ def main() -> int:
                         help="interleaved measurements of every variant; the median is shown")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--busy", type=int, default=0,
+                        help="busy loops (processes that only spin) to run beside the ranks "
+                             "for the whole run: a host whose cores other work keeps busy")
     parser.add_argument("--socket", default=os.environ.get("RAILYARD_SOCKET", ""))
     parser.add_argument("--railyardd", default=os.environ.get(
         "RAILYARDD", os.path.join(REPO, os.environ.get("RAILYARD_BUILD_DIR", "build"), "daemon",
@@ -227,17 +231,24 @@ def main() -> int:
         if v not in VARIANTS:
             parser.error(f"unknown variant {v}; choose from {', '.join(VARIANTS)}")
 
+    if args.busy < 0:
+        parser.error("--busy must be at least 0")
     with tempfile.TemporaryDirectory(prefix="rybench-", dir="/tmp") as tmp:
         daemon = None
-        if not args.socket:
-            daemon, args.socket = start_daemon(args.railyardd, tmp)
+        busy = [subprocess.Popen(["/bin/sh", "-c", "while :; do :; done"])
+                for _ in range(args.busy)]
         try:
+            if not args.socket:
+                daemon, args.socket = start_daemon(args.railyardd, tmp)
             ctx = mp.get_context("spawn")
             queue = ctx.Queue()
             mp.start_processes(worker, args=(args.nproc, args, tmp, queue), nprocs=args.nproc,
                                start_method="spawn")
             results = queue.get(timeout=600)
         finally:
+            for p in busy:
+                p.kill()
+                p.wait()
             if daemon is not None:
                 daemon.send_signal(signal.SIGTERM)
                 daemon.wait(15)
@@ -246,7 +257,8 @@ def main() -> int:
     factor = 2 * (n - 1) / n if n > 1 else 1.0
     print(f"all_reduce float32 sum, {n} processes on one machine "
           f"(torch {torch.__version__}); time = slowest rank's mean, median of "
-          f"{args.repeats} interleaved repeats")
+          f"{args.repeats} interleaved repeats"
+          + (f", beside {args.busy} busy loops" if args.busy else ""))
     env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                    if k.startswith("RAILYARD_")
                    and k not in ("RAILYARD_SOCKET", "RAILYARD_JOB", "RAILYARD_BUILD_DIR"))

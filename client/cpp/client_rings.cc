@@ -1,7 +1,6 @@
 #include "client_rings.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <climits>
@@ -12,6 +11,7 @@
 #include "memfd_buffer.h"
 #include "proto/railyard/v1/ring.h"
 #include "proto/railyard/v1/ring_futex.h"
+#include "proto/railyard/v1/spin_yield.h"
 
 namespace railyard::internal {
 
@@ -167,7 +167,7 @@ absl::Status ClientRings::Publish(const std::vector<std::byte>& entries) {
       if (std::chrono::steady_clock::now() - started > spin_) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       } else {
-        sched_yield();
+        rp::SpinYield();
       }
     }
     lock.lock();
@@ -258,7 +258,7 @@ bool ClientRings::WaitUntil(const std::function<bool()>& done,
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return done();
     if (now >= spin_end) break;
-    sched_yield();
+    rp::SpinYield();
   }
   // Sleep on the doorbell.
   uint32_t* doorbell = Word32(rp::kOffCqDoorbell);

@@ -1,7 +1,5 @@
 #include "daemon/comm/stream_gates.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -9,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/util/thread_name.h"
+#include "proto/railyard/v1/spin_yield.h"
 
 namespace railyard {
 
@@ -176,7 +175,7 @@ void StreamGates::Loop() {
     if (due.empty()) {
       if (now - last_progress < spin_) {
         mu_.Unlock();
-        sched_yield();
+        ringproto::SpinYield();
         mu_.Lock();
       } else {
         mu_.AwaitWithTimeout(absl::Condition(&wake_), sleep);

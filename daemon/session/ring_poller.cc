@@ -1,7 +1,6 @@
 #include "daemon/session/ring_poller.h"
 
 #include <linux/futex.h>
-#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include "daemon/util/log.h"
 #include "daemon/util/thread_name.h"
 #include "proto/railyard/v1/ring_futex.h"
+#include "proto/railyard/v1/spin_yield.h"
 
 namespace railyard {
 
@@ -200,7 +200,7 @@ void RingPoller::Loop() {
     if (awake) {
       // Polling is a system call already (the transport's epoll); yielding after each would
       // double what a poll costs where system calls are dear (a paravirtualised guest).
-      if (!poll || (++spins & 7) == 0) sched_yield();
+      if (!poll || (++spins & 7) == 0) ringproto::SpinYield();
       continue;
     }
     // Tell every client we sleep, read the doorbells, then look once more: an entry published

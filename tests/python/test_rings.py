@@ -514,3 +514,30 @@ def test_destroy_process_group_releases_the_daemon_side_communicators(fresh_daem
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_yields_that_keep_losing_the_core_stop_for_a_while_and_short_ones_never_do():
+    # The pure-Python rings' twin of spin_yield.h's YieldPacer (spin_yield_test.cc has the C++).
+    p = _ring._YieldPacer()
+    t = 5.0
+    for i in range(5000):  # yields of up to 240 us: another rank, the daemon's ring thread
+        assert p.should_yield(t)
+        took = 240e-6 if i % 2 == 0 else 3e-6
+        assert not p.yielded(t, t + took)
+        t += took + 10e-6
+    for i in range(100):  # a 3 ms yield every 20 ms (the host taking the vCPU away)
+        assert p.should_yield(t)
+        assert not p.yielded(t, t + 3e-3), i
+        t += 20e-3
+    t += 1.0
+    for _ in range(4):  # busy neighbours: each yield hands the core over for a 3 ms slice
+        assert not p.yielded(t, t + 3e-3)
+        t += 3e-3
+    assert p.yielded(t, t + 3e-3)  # 15 ms of the last 50: quiet from here
+    t += 3e-3
+    assert not p.should_yield(t)
+    assert not p.should_yield(t + _ring._YIELD_QUIET_S - 1e-6)
+    t += _ring._YIELD_QUIET_S
+    assert p.should_yield(t)
+    assert not p.yielded(t, t + 3e-3)  # counted afresh
+    assert p.should_yield(t + 3e-3)

@@ -11,7 +11,6 @@
 // (client/cpp/client_rings.cc).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <sched.h>
 #include <time.h>
 
 #include <climits>
@@ -22,6 +21,7 @@
 
 #include "railyard/v1/ring.h"
 #include "railyard/v1/ring_futex.h"
+#include "railyard/v1/spin_yield.h"
 
 namespace rp = railyard::ringproto;
 
@@ -298,7 +298,7 @@ PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
     }
     if (spinning && now < spin_end) {
       // The daemon's thread we wait for may share our CPU; so may a Python thread.
-      Py_BEGIN_ALLOW_THREADS sched_yield();
+      Py_BEGIN_ALLOW_THREADS rp::SpinYield();
       Py_END_ALLOW_THREADS continue;
     }
     spinning = false;

@@ -67,6 +67,49 @@ _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 
+# A spinning waiter's yield, paced by what yields cost (proto/railyard/v1/spin_yield.h has the
+# reasons and the measurements): a thread whose yields of over _YIELD_LONG_S lost more than a
+# quarter of the last _YIELD_WINDOW_S stops yielding for _YIELD_QUIET_S.
+_YIELD_LONG_S = 250e-6
+_YIELD_WINDOW_S = 0.05
+_YIELD_QUIET_S = 0.2
+
+
+class _YieldPacer(threading.local):
+    """YieldPacer of spin_yield.h, one per thread."""
+
+    def __init__(self) -> None:
+        self.window_start = 0.0
+        self.lost = 0.0
+        self.quiet_until = 0.0
+
+    def should_yield(self, now: float) -> bool:
+        return now >= self.quiet_until
+
+    def yielded(self, before: float, after: float) -> bool:
+        """Records a yield from ``before`` to ``after``; True when it starts a quiet period."""
+        if after - self.window_start > _YIELD_WINDOW_S:
+            self.window_start = after
+            self.lost = 0.0
+        if after - before > _YIELD_LONG_S:
+            self.lost += after - before
+        if self.lost <= _YIELD_WINDOW_S / 4:
+            return False
+        self.quiet_until = after + _YIELD_QUIET_S
+        self.window_start = self.quiet_until
+        self.lost = 0.0
+        return True
+
+
+_yield_pacer = _YieldPacer()
+
+
+def _spin_yield() -> None:
+    before = time.monotonic()
+    if _yield_pacer.should_yield(before):
+        os.sched_yield()
+        _yield_pacer.yielded(before, time.monotonic())
+
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
@@ -304,7 +347,7 @@ class Rings:
         if self.drain() == 0:
             self._poke_daemon()
             if time.monotonic() - started < self.spin_s:
-                os.sched_yield()  # time.sleep(0) is a ~90 us system call here
+                _spin_yield()  # time.sleep(0) is a ~90 us system call here
             else:
                 time.sleep(50e-6)
 
@@ -394,7 +437,7 @@ class Rings:
                     spins += 1
                     if spins % 8 == 0:
                         # The daemon's thread we wait for may share our core (~1 us).
-                        os.sched_yield()
+                        _spin_yield()
                     continue
                 self._add_waiter(1)
                 try:

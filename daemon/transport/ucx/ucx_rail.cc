@@ -1,7 +1,6 @@
 #include "daemon/transport/ucx/ucx_rail.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "daemon/transport/ucx/ucx_address.h"
 #include "daemon/util/thread_name.h"
+#include "proto/railyard/v1/spin_yield.h"
 
 namespace railyard::transport {
 namespace {
@@ -604,7 +604,7 @@ void UcxRail::BusyPoll() {
     // Let the threads we wait for run (on a small host they share our core), and a polling
     // thread own the rail meanwhile.
     Disown();
-    sched_yield();
+    ringproto::SpinYield();
     Own();
   }
 }
