@@ -164,10 +164,8 @@ absl::Status ClientRings::Publish(const std::vector<std::byte>& entries) {
     lock.unlock();
     if (Drain() == 0) {
       WakeDaemonIfWaiting();
-      if (std::chrono::steady_clock::now() - started > spin_) {
+      if (std::chrono::steady_clock::now() - started > spin_ || !rp::SpinYield()) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
-      } else {
-        rp::SpinYield();
       }
     }
     lock.lock();
@@ -257,8 +255,7 @@ bool ClientRings::WaitUntil(const std::function<bool()>& done,
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return done();
-    if (now >= spin_end) break;
-    rp::SpinYield();
+    if (now >= spin_end || !rp::SpinYield()) break;
   }
   // Sleep on the doorbell.
   uint32_t* doorbell = Word32(rp::kOffCqDoorbell);

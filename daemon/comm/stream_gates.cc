@@ -175,12 +175,12 @@ void StreamGates::Loop() {
     if (due.empty()) {
       if (now - last_progress < spin_) {
         mu_.Unlock();
-        ringproto::SpinYield();
+        const bool yielded = ringproto::SpinYield();
         mu_.Lock();
-      } else {
-        mu_.AwaitWithTimeout(absl::Condition(&wake_), sleep);
-        sleep = std::min(sleep * 2, longest_sleep_);
+        if (yielded) continue;  // else the core is contended: sleep as after the spin
       }
+      mu_.AwaitWithTimeout(absl::Condition(&wake_), sleep);
+      sleep = std::min(sleep * 2, longest_sleep_);
       continue;
     }
     for (const Due& d : due) releasing_ += d.failed.ok() ? 1 : 0;

@@ -200,7 +200,10 @@ void RingPoller::Loop() {
     if (awake) {
       // Polling is a system call already (the transport's epoll); yielding after each would
       // double what a poll costs where system calls are dear (a paravirtualised guest).
-      if (!poll || (++spins & 7) == 0) ringproto::SpinYield();
+      // Where yields lose the core (spin_yield.h), this thread spins on with pauses rather than
+      // sleep: the thread that keeps its core may be the client it serves, computing between
+      // operations, and the spin is what spares that client a futex wake per submission.
+      if ((!poll || (++spins & 7) == 0) && !ringproto::SpinYield()) ringproto::CpuRelax();
       continue;
     }
     // Tell every client we sleep, read the doorbells, then look once more: an entry published

@@ -298,8 +298,9 @@ PyObject* RingCore_wait_until(RingCore* self, PyObject* args) {
     }
     if (spinning && now < spin_end) {
       // The daemon's thread we wait for may share our CPU; so may a Python thread.
-      Py_BEGIN_ALLOW_THREADS rp::SpinYield();
-      Py_END_ALLOW_THREADS continue;
+      bool yielded;
+      Py_BEGIN_ALLOW_THREADS yielded = rp::SpinYield();
+      Py_END_ALLOW_THREADS if (yielded) continue;
     }
     spinning = false;
     uint32_t* doorbell = Word32(self, rp::kOffCqDoorbell);

@@ -104,11 +104,14 @@ class _YieldPacer(threading.local):
 _yield_pacer = _YieldPacer()
 
 
-def _spin_yield() -> None:
+def _spin_yield() -> bool:
+    """False, without yielding, while this thread's yields are paused: stop spinning, sleep."""
     before = time.monotonic()
-    if _yield_pacer.should_yield(before):
-        os.sched_yield()
-        _yield_pacer.yielded(before, time.monotonic())
+    if not _yield_pacer.should_yield(before):
+        return False
+    os.sched_yield()
+    _yield_pacer.yielded(before, time.monotonic())
+    return True
 
 
 class _Timespec(ctypes.Structure):
@@ -346,9 +349,8 @@ class Rings:
         yield the CPU for the spin time after ``started``, sleep after."""
         if self.drain() == 0:
             self._poke_daemon()
-            if time.monotonic() - started < self.spin_s:
-                _spin_yield()  # time.sleep(0) is a ~90 us system call here
-            else:
+            # time.sleep(0) is a ~90 us system call here: spin by yielding, then sleep
+            if time.monotonic() - started >= self.spin_s or not _spin_yield():
                 time.sleep(50e-6)
 
     def _check_owner(self) -> None:
@@ -435,10 +437,10 @@ class Rings:
                     return done()
                 if now < spin_end:
                     spins += 1
-                    if spins % 8 == 0:
-                        # The daemon's thread we wait for may share our core (~1 us).
-                        _spin_yield()
-                    continue
+                    # The daemon's thread we wait for may share our core (~1 us). Where
+                    # yields lose the core to busy neighbours, sleep instead.
+                    if spins % 8 != 0 or _spin_yield():
+                        continue
                 self._add_waiter(1)
                 try:
                     ring = self._cq_doorbell.value

@@ -604,8 +604,9 @@ void UcxRail::BusyPoll() {
     // Let the threads we wait for run (on a small host they share our core), and a polling
     // thread own the rail meanwhile.
     Disown();
-    ringproto::SpinYield();
+    const bool yielded = ringproto::SpinYield();
     Own();
+    if (!yielded) return;  // the core is contended: wait on the worker's events instead
   }
 }
 

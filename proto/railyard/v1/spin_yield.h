@@ -12,8 +12,10 @@
 // what keep a daemon thread and two ranks going on two cores.
 //
 // So yields are paced by what they cost: a thread whose yields of over kLongNs lost more than a
-// quarter of the last kWindowNs stops yielding for kQuietNs (it pauses instead, then spins and
-// sleeps as it would have), then tries again.
+// quarter of the last kWindowNs stops yielding for kQuietNs (SpinYield() returns false), then
+// tries again. A client then sleeps on its doorbell at once; the daemon's ring thread spins on
+// with pauses (the core it keeps losing may be its own client's, computing between operations).
+// Beside the two busy loops that took the 4 B all_reduce to 0.27-0.47 ms (gloo 0.8-1.0).
 #pragma once
 
 #include <sched.h>
@@ -58,18 +60,16 @@ inline int64_t MonotonicNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// A spinning waiter's sched_yield(), paced per thread by YieldPacer.
-inline void SpinYield() {
+// A spinning waiter's sched_yield(), paced per thread by YieldPacer. Returns false, without
+// yielding, while this thread's yields are paused: its core is contended, and the caller should
+// stop spinning and sleep (a sleeper is woken and run at once; a spinner waits for its turn).
+inline bool SpinYield() {
   thread_local YieldPacer pacer;
   const int64_t before = MonotonicNs();
-  if (!pacer.ShouldYield(before)) {
-#if defined(__x86_64__) || defined(__i386__)
-    for (int i = 0; i < 16; ++i) __builtin_ia32_pause();
-#endif
-    return;
-  }
+  if (!pacer.ShouldYield(before)) return false;
   sched_yield();
   pacer.Yielded(before, MonotonicNs());
+  return true;
 }
 
 }  // namespace railyard::ringproto
