@@ -31,7 +31,7 @@ class YieldPacer {
   static constexpr int64_t kWindowNs = 50'000'000;  // lost time counted over this long
   static constexpr int64_t kQuietNs = 200'000'000;  // no yields for this long after
 
-  // Whether a waiter should yield at now_ns (else it pauses).
+  // Whether a waiter should yield at now_ns (else SpinYield() returns false at once).
   bool ShouldYield(int64_t now_ns) const { return now_ns >= quiet_until_ns_; }
   // Records a yield from before_ns to after_ns; true when it starts a quiet period.
   bool Yielded(int64_t before_ns, int64_t after_ns) {
