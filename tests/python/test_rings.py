@@ -525,6 +525,10 @@ def test_yields_that_keep_losing_the_core_stop_for_a_while_and_short_ones_never_
         took = 240e-6 if i % 2 == 0 else 3e-6
         assert not p.yielded(t, t + took)
         t += took + 10e-6
+    for i in range(2000):  # up to 1.85 ms: daemon threads running this rank's operations
+        assert p.should_yield(t), i
+        assert not p.yielded(t, t + 500e-6 + (i % 4) * 450e-6)
+        t += 500e-6 + (i % 4) * 450e-6 + 5e-6
     for i in range(100):  # a 3 ms yield every 20 ms (the host taking the vCPU away)
         assert p.should_yield(t)
         assert not p.yielded(t, t + 3e-3), i

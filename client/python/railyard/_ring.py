@@ -70,7 +70,7 @@ _FUTEX_WAKE = 1
 # A spinning waiter's yield, paced by what yields cost (proto/railyard/v1/spin_yield.h has the
 # reasons and the measurements): a thread whose yields of over _YIELD_LONG_S lost more than a
 # quarter of the last _YIELD_WINDOW_S stops yielding for _YIELD_QUIET_S.
-_YIELD_LONG_S = 250e-6
+_YIELD_LONG_S = 2e-3
 _YIELD_WINDOW_S = 0.05
 _YIELD_QUIET_S = 0.2
 
