@@ -17,13 +17,14 @@
 // with pauses (the core it keeps losing may be its own client's, computing between operations).
 // Beside the two busy loops that took the 4 B all_reduce to 0.27-0.47 ms (gloo 0.8-1.0).
 //
-// Only yields of at least kLongNs (2 ms, more than a scheduler slice on two cores) count. A yield
-// that long handed the core to something that ran out its slice: a neighbour's compute loop
-// (there, 80-90 % of the clients' long yields took 2-8 ms). Shorter ones usually went to this
-// node's own threads doing the waiter's work: between two daemons with a rank each, on two cores,
-// a rank's yields of 0.25-2 ms made up half its wait, and counting them from 250 us (as first
-// written) put it to sleep on its doorbell, which made 8 B AllReduces across the daemons ~25 %
-// slower (a futex wake per operation).
+// Only yields of at least kLongNs (2 ms; Linux's default slice on two CPUs is 1.5 ms) count. A
+// yield that long handed the core to something that ran out its slice: a neighbour's compute loop
+// (there ~95 % of the time clients lost in yields over 250 us was in yields of 2-8 ms, 674-759 of
+// ~2,000-2,500 yields per run). Shorter ones usually went to this node's own threads doing the
+// waiter's work: between two daemons with a rank each, on two cores, a rank's yields of 0.25-2 ms
+// made up half its wait, and counting them from 250 us (as first written) put it to sleep on its
+// doorbell, which made 8 B AllReduces across the daemons ~25 % slower (a futex wake per
+// operation).
 #pragma once
 
 #include <sched.h>
