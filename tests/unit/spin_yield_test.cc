@@ -30,7 +30,7 @@ TEST(YieldPacerTest, YieldsToThreadsThatDoTheWaitersWorkNeverStopYielding) {
   YieldPacer p;
   int64_t t = 5 * kMs;
   // Two daemons and their ranks on two cores: a rank's yields go to the daemon threads that run
-  // its operations, 0.25-2 ms at a time, and make up most of its waiting. Sleeping instead would
+  // its operations, 0.25-2 ms at a time, and make up about half its wait. Sleeping instead would
   // add a futex wake per operation, so these never count (a quiet period at 250 us measured 8 B
   // AllReduces across the daemons 25 % slower).
   for (int i = 0; i < 2000; ++i) {
