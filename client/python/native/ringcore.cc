@@ -11,7 +11,6 @@
 // (client/cpp/client_rings.cc).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <time.h>
 
 #include <climits>
 #include <cstdint>
@@ -30,11 +29,8 @@ namespace {
 // The longest one futex sleep (a closed session or a deadline is noticed at least this often).
 constexpr double kMaxSleepS = 0.1;
 
-double Monotonic() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // time.monotonic()'s clock
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
+// Seconds on time.monotonic()'s clock (CLOCK_MONOTONIC, which spin_yield.h reads).
+double Monotonic() { return static_cast<double>(rp::MonotonicNs()) * 1e-9; }
 
 struct Completion {
   uint64_t request_id;
