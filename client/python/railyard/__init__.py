@@ -13,10 +13,13 @@ collectives on them copy nothing; other arrays are copied in and out (slower). E
 ``import railyard.torch`` registers the ``"railyard"`` backend with ``torch.distributed``.
 """
 
-from ._types import DTYPE_BFLOAT16, SUPPORTED_DTYPES, ReduceOp
+from . import _generated
 from ._device import DeviceArray
 from ._streams import CudaStreamOps, StreamOps
-from .client import DEFAULT_SOCKET, Client, Comm, Work, connect, init_from_env
+from .client import DEFAULT_SOCKET, Client, connect, init_from_env
+from .comm import Comm
+from .wire import DTYPE_BFLOAT16, SUPPORTED_DTYPES, ReduceOp
+from .work import Work
 from .errors import (
     AbortedError,
     AlreadyExistsError,
@@ -37,7 +40,8 @@ from .errors import (
     UnknownError,
 )
 
-__version__ = "0.1.0"
+#: project(VERSION) of the top CMakeLists.txt (generated into railyard._version by the build).
+__version__ = _generated.VERSION
 
 __all__ = [
     "connect", "init_from_env", "Client", "Comm", "Work", "DeviceArray", "ReduceOp",

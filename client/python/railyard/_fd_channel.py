@@ -1,6 +1,7 @@
 """The client's end of the buffer side channel (proto/railyard/v1/fd_channel.h in the source
 tree): a SOCK_SEQPACKET connection to ``<socket>.fd``, opened before ``Local.Connect``, whose HELLO
 ticket Connect names, and over which each buffer's memfd goes (SCM_RIGHTS) for a one-time handle.
+The constants are the header's own (gen_stubs.py generates railyard._layouts from it).
 """
 
 from __future__ import annotations
@@ -10,12 +11,18 @@ import struct
 import threading
 from typing import Tuple
 
-MAGIC = 0x44465952  # "RYFD"
-VERSION = 1
-HELLO, PUT, PUT_OK, ERROR = 1, 2, 3, 4
+from ._generated import layouts as _h
+
+MAGIC = _h.FD_MAGIC  # "RYFD"
+VERSION = _h.FD_VERSION
+HELLO, PUT, PUT_OK, ERROR = _h.FD_TYPE_HELLO, _h.FD_TYPE_PUT, _h.FD_TYPE_PUT_OK, _h.FD_TYPE_ERROR
 HEADER = struct.Struct("<IHHQQII")  # magic, version, type, cookie, handle, code, length
-MAX_MESSAGE = HEADER.size + 224
-TICKET_CHARS = 32
+MAX_MESSAGE = _h.FD_MAX_MESSAGE
+TICKET_CHARS = _h.FD_TICKET_CHARS
+if HEADER.size != _h.FD_HEADER_BYTES or MAX_MESSAGE != HEADER.size + _h.FD_MAX_PAYLOAD:
+    raise ImportError(f"railyard._fd_channel: a {HEADER.size}-byte header, where "
+                      f"proto/railyard/v1/fd_channel.h has {_h.FD_HEADER_BYTES} (and messages "
+                      f"of at most {_h.FD_MAX_MESSAGE} bytes)")
 
 
 def encode(kind: int, cookie: int = 0, handle: int = 0, code: int = 0,

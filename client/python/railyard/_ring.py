@@ -11,48 +11,53 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import struct
 import threading
 import time
 import weakref
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from . import _memfd
+from ._generated import common_pb2
+from ._generated import layouts as _h
 
 try:  # the hot path in C++ (client/python/native/ringcore.cc), where it was built
     from . import _ringcore as _native
 except ImportError:  # pragma: no cover - a build without it: the Python twin below
     _native = None
 
-MAGIC = 0x47525952
-VERSION = 2
-HEADER_BYTES = 4096
-SQ_ENTRY = 128
-CQ_ENTRY = 512
-CQ_MESSAGE_OFFSET = 32
-CQ_MESSAGE_BYTES = CQ_ENTRY - CQ_MESSAGE_OFFSET
-ALGO_BYTES = 16
-COMPRESSION_BYTES = 16
-FLAG_GROUP_NEXT = 1
-FLAG_ERROR_FEEDBACK = 2
-FLAG_STREAM_SYNC = 4
-DEFAULT_ENTRIES = 1024
+# The layout of ring.h, from the header itself (gen_stubs.py generates railyard._layouts).
+MAGIC = _h.RING_MAGIC
+VERSION = _h.RING_VERSION
+HEADER_BYTES = _h.RING_HEADER_BYTES
+SQ_ENTRY = _h.RING_SQ_ENTRY_BYTES
+CQ_ENTRY = _h.RING_CQ_ENTRY_BYTES
+CQ_MESSAGE_OFFSET = _h.RING_CQ_MESSAGE_OFFSET
+CQ_MESSAGE_BYTES = _h.RING_CQ_MESSAGE_BYTES
+ALGO_BYTES = _h.RING_ALGO_BYTES
+COMPRESSION_BYTES = _h.RING_COMPRESSION_BYTES
+FLAG_GROUP_NEXT = _h.RING_FLAG_GROUP_NEXT
+FLAG_ERROR_FEEDBACK = _h.RING_FLAG_ERROR_FEEDBACK
+FLAG_STREAM_SYNC = _h.RING_FLAG_STREAM_SYNC
+DEFAULT_SQ_ENTRIES = _h.RING_DEFAULT_SQ_ENTRIES
+DEFAULT_CQ_ENTRIES = _h.RING_DEFAULT_CQ_ENTRIES
 #: How long after a submission or a foreground wait the background reader leaves the completion
 #: ring to the submitting thread; meanwhile it reads the ring only every READER_DOZE_S (a
 #: completion nobody declared interest in, see Rings.background_wanted, may wait that long).
 READER_GRACE_S = 0.002
 READER_DOZE_S = 0.05
 
-OFF_SQ_TAIL = 64
-OFF_SQ_HEAD = 128
-OFF_SQ_DOORBELL = 192
-OFF_DAEMON_SLEEPING = 196
-OFF_CQ_TAIL = 256
-OFF_CQ_HEAD = 320
-OFF_CQ_DOORBELL = 384
-OFF_CLIENT_WAITERS = 388
+OFF_SQ_TAIL = _h.RING_OFF_SQ_TAIL
+OFF_SQ_HEAD = _h.RING_OFF_SQ_HEAD
+OFF_SQ_DOORBELL = _h.RING_OFF_SQ_DOORBELL
+OFF_DAEMON_SLEEPING = _h.RING_OFF_DAEMON_SLEEPING
+OFF_CQ_TAIL = _h.RING_OFF_CQ_TAIL
+OFF_CQ_HEAD = _h.RING_OFF_CQ_HEAD
+OFF_CQ_DOORBELL = _h.RING_OFF_CQ_DOORBELL
+OFF_CLIENT_WAITERS = _h.RING_OFF_CLIENT_WAITERS
 
-ALL_TO_ALL_V = 7
+ALL_TO_ALL_V = common_pb2.COLLECTIVE_OP_ALL_TO_ALL_V
 
 # request_id, comm_handle, count, send buffer, send offset, recv buffer, recv offset, op, dtype,
 # red_op, root, timeout_ms, flags, ext_slots, vec_len, algo (16 bytes), compression (16 bytes),
@@ -61,7 +66,52 @@ ENTRY = struct.Struct("<QQQQQQQIIIiIIII16s16sQ")
 _CQ_HEAD = struct.Struct("<QQiI")
 # The stream-sync extension slot: words.buffer_id, words.offset, value (the rest zero).
 _SYNC = struct.Struct("<QQI")
-assert ENTRY.size == SQ_ENTRY
+# The header's first words: magic, version, sq_entries, cq_entries.
+_GEOMETRY = struct.Struct("<IIII")
+
+
+_FIELD = re.compile(r"(\d*)([a-zA-Z?])")
+
+
+def field_offsets(fmt: str) -> List[int]:
+    """Where each field of a little-endian struct format (no padding) starts; ``16s`` is one."""
+    out, at = [], 0
+    for count, code in _FIELD.findall(fmt.lstrip("<")):
+        n = int(count or 1)
+        for _ in range(1 if code == "s" else n):
+            out.append(at)
+            at += n if code == "s" else struct.calcsize("<" + code)
+    return out
+
+
+def _check_layout() -> None:
+    """The struct formats above against ring.h's offsets (a format cannot come from the header):
+    an error at import, not corrupt entries, where the header moved a field."""
+    want = {
+        ENTRY: [_h.RING_SQ_REQUEST_ID, _h.RING_SQ_COMM_HANDLE, _h.RING_SQ_COUNT,
+                _h.RING_SQ_SEND_BUFFER, _h.RING_SQ_SEND_OFFSET, _h.RING_SQ_RECV_BUFFER,
+                _h.RING_SQ_RECV_OFFSET, _h.RING_SQ_OP, _h.RING_SQ_DTYPE, _h.RING_SQ_RED_OP,
+                _h.RING_SQ_ROOT, _h.RING_SQ_TIMEOUT_MS, _h.RING_SQ_FLAGS, _h.RING_SQ_EXT_SLOTS,
+                _h.RING_SQ_VEC_LEN, _h.RING_SQ_ALGO, _h.RING_SQ_COMPRESSION,
+                _h.RING_SQ_COMPRESSION_KEY],
+        _CQ_HEAD: [_h.RING_CQ_REQUEST_ID, _h.RING_CQ_SEQ, _h.RING_CQ_CODE,
+                   _h.RING_CQ_MESSAGE_LEN],
+        _SYNC: [_h.RING_SYNC_BUFFER, _h.RING_SYNC_OFFSET, _h.RING_SYNC_VALUE],
+        _GEOMETRY: [_h.RING_OFF_MAGIC, _h.RING_OFF_VERSION, _h.RING_OFF_SQ_ENTRIES,
+                    _h.RING_OFF_CQ_ENTRIES],
+    }
+    for s, offsets in want.items():
+        got = field_offsets(s.format)
+        if got != offsets:
+            raise ImportError(f"railyard._ring: struct {s.format!r} lays its fields at {got}, "
+                              f"proto/railyard/v1/ring.h at {offsets}")
+    if ENTRY.size != SQ_ENTRY or _CQ_HEAD.size > CQ_MESSAGE_OFFSET or _SYNC.size > SQ_ENTRY:
+        raise ImportError(f"railyard._ring: entry structs of {ENTRY.size}, {_CQ_HEAD.size} and "
+                          f"{_SYNC.size} bytes do not fit ring.h's {SQ_ENTRY}-byte submission "
+                          f"entry and {CQ_MESSAGE_OFFSET}-byte completion header")
+
+
+_check_layout()
 
 _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT = 0
@@ -70,9 +120,9 @@ _FUTEX_WAKE = 1
 # A spinning waiter's yield, paced by what yields cost (proto/railyard/v1/spin_yield.h has the
 # reasons and the measurements): a thread whose yields of over _YIELD_LONG_S lost more than a
 # quarter of the last _YIELD_WINDOW_S stops yielding for _YIELD_QUIET_S.
-_YIELD_LONG_S = 2e-3
-_YIELD_WINDOW_S = 0.05
-_YIELD_QUIET_S = 0.2
+_YIELD_LONG_S = _h.YIELD_LONG_NS / 1e9
+_YIELD_WINDOW_S = _h.YIELD_WINDOW_NS / 1e9
+_YIELD_QUIET_S = _h.YIELD_QUIET_NS / 1e9
 
 
 class _YieldPacer(threading.local):
@@ -176,14 +226,14 @@ class Rings:
     """
 
     def __init__(self, job: str, on_completion: Callable[[int, int, str, int], None],
-                 spin_us: int, sq_entries: int = DEFAULT_ENTRIES,
-                 cq_entries: int = DEFAULT_ENTRIES) -> None:
+                 spin_us: int, sq_entries: int = DEFAULT_SQ_ENTRIES,
+                 cq_entries: int = DEFAULT_CQ_ENTRIES) -> None:
         self.sq_entries = sq_entries
         self.cq_entries = cq_entries
         self.spin_s = spin_us / 1e6
         self._on_completion = on_completion
         self.mapping, self.fd = _memfd.create(job, ring_bytes(sq_entries, cq_entries))
-        struct.pack_into("<IIII", self.mapping, 0, MAGIC, VERSION, sq_entries, cq_entries)
+        _GEOMETRY.pack_into(self.mapping, 0, MAGIC, VERSION, sq_entries, cq_entries)
         m = self.mapping
         self._sq_tail = ctypes.c_uint64.from_buffer(m, OFF_SQ_TAIL)
         self._sq_head = ctypes.c_uint64.from_buffer(m, OFF_SQ_HEAD)

@@ -1,29 +1,41 @@
-"""Element types and reduction operators, and their wire numbers (proto/railyard/v1/common.proto)."""
+"""Python values as the numbers on the wire: element types, reduction operators and timeouts.
+
+The numbers are those of proto/railyard/v1/common.proto (``DataType``, ``RedOp``), read from its
+generated stubs. Shared by the client and the torch backend (:mod:`railyard.torch`).
+"""
 
 from __future__ import annotations
 
 import enum
-from typing import Dict, Union
+import math
+from typing import Dict, Optional, Union
 
+import grpc
 import numpy as np
+
+from ._generated import common_pb2
+from .errors import InvalidArgumentError
+
+__all__ = ["ReduceOp", "RedOpLike", "DTYPE_BFLOAT16", "SUPPORTED_DTYPES", "dtype_number",
+           "red_op_number", "timeout_ms"]
 
 # DataType wire numbers by numpy dtype.
 _DTYPE_NUMBERS: Dict[np.dtype, int] = {
-    np.dtype(np.float32): 1,
-    np.dtype(np.float64): 2,
-    np.dtype(np.float16): 3,
-    # 4 is bfloat16: numpy has no such type; see DTYPE_BFLOAT16 below.
-    np.dtype(np.int8): 5,
-    np.dtype(np.uint8): 6,
-    np.dtype(np.int32): 7,
-    np.dtype(np.uint32): 8,
-    np.dtype(np.int64): 9,
-    np.dtype(np.uint64): 10,
+    np.dtype(np.float32): common_pb2.DATA_TYPE_FLOAT32,
+    np.dtype(np.float64): common_pb2.DATA_TYPE_FLOAT64,
+    np.dtype(np.float16): common_pb2.DATA_TYPE_FLOAT16,
+    # numpy has no bfloat16: see DTYPE_BFLOAT16 below.
+    np.dtype(np.int8): common_pb2.DATA_TYPE_INT8,
+    np.dtype(np.uint8): common_pb2.DATA_TYPE_UINT8,
+    np.dtype(np.int32): common_pb2.DATA_TYPE_INT32,
+    np.dtype(np.uint32): common_pb2.DATA_TYPE_UINT32,
+    np.dtype(np.int64): common_pb2.DATA_TYPE_INT64,
+    np.dtype(np.uint64): common_pb2.DATA_TYPE_UINT64,
 }
 
 #: Wire number of bfloat16. Arrays holding bfloat16 bits are passed as uint16/int16 with
 #: ``dtype="bfloat16"`` (the PyTorch backend does this for ``torch.bfloat16`` tensors).
-DTYPE_BFLOAT16 = 4
+DTYPE_BFLOAT16: int = common_pb2.DATA_TYPE_BFLOAT16
 
 #: numpy dtypes the daemon reduces natively.
 SUPPORTED_DTYPES = tuple(_DTYPE_NUMBERS)
@@ -33,11 +45,11 @@ class ReduceOp(enum.IntEnum):
     """Reduction operators. ``AVG`` is ``SUM`` divided by the number of ranks (integer ``AVG``
     truncates toward zero). Operations also accept the lowercase names ("sum", "prod", ...)."""
 
-    SUM = 1
-    PROD = 2
-    MIN = 3
-    MAX = 4
-    AVG = 5
+    SUM = common_pb2.RED_OP_SUM
+    PROD = common_pb2.RED_OP_PROD
+    MIN = common_pb2.RED_OP_MIN
+    MAX = common_pb2.RED_OP_MAX
+    AVG = common_pb2.RED_OP_AVG
 
 
 RedOpLike = Union[ReduceOp, str]
@@ -79,3 +91,15 @@ def dtype_number(dtype: np.dtype, override: object = None) -> int:
         raise ValueError(f"dtype {dtype} is not supported; supported: "
                          f"{', '.join(str(d) for d in SUPPORTED_DTYPES)} (and bfloat16 via torch)")
     return number
+
+
+def timeout_ms(timeout: Optional[float]) -> int:
+    """An operation's ``timeout`` (seconds; ``None``: the daemon's default) as the request's
+    ``timeout_ms`` (0: the default). :class:`InvalidArgumentError` outside (0, 2**32) ms."""
+    if timeout is None:
+        return 0
+    ms = int(math.ceil(float(timeout) * 1000.0))
+    if ms <= 0 or ms > 0xFFFFFFFF:
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"timeout {timeout} s out of range")
+    return ms
