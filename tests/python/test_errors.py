@@ -290,8 +290,12 @@ def test_bad_keepalive_values_are_refused_at_connect(daemon, monkeypatch, value)
 def test_keepalive_values_in_range_connect(daemon, monkeypatch, value):
     monkeypatch.setenv("RAILYARD_KEEPALIVE_MS", value)
     c = railyard.connect(daemon.socket, job="ka")
-    c.comm(c.new_comm_id(), 0, 1).all_reduce(np.ones(4, np.float32), timeout=10)
+    x = np.arange(4, dtype=np.float32) + 1
+    c.comm(c.new_comm_id(), 0, 1).all_reduce(x, timeout=10)
+    assert x.tolist() == [1, 2, 3, 4]  # one rank's sum is its own values, copied back
+    assert not c.closed
     c.close()
+    assert c.closed
 
 
 def test_submit_error_comes_from_the_daemon(client):

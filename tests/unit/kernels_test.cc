@@ -377,6 +377,8 @@ INSTANTIATE_TEST_SUITE_P(AllTypesAllOps, ReduceSweepTest,
                                   std::string(Name(std::get<1>(info.param)));
                          });
 
+// A count of zero touches nothing: with null pointers it must not crash, and with real buffers
+// every byte of them stays as it was.
 TEST(ReduceTest, CountZeroIsANoOpEvenWithNullPointers) {
   for (DataType dtype : kAllTypes) {
     for (RedOp op : kAllOps) {
@@ -386,6 +388,24 @@ TEST(ReduceTest, CountZeroIsANoOpEvenWithNullPointers) {
   }
   Copy(nullptr, nullptr, 0);
   Swap(nullptr, nullptr, 0);
+
+  std::vector<uint8_t> dst(64, 0xA5), dst2(64, 0x3C), src1(64, 0x11), src2(64, 0x22);
+  const std::vector<uint8_t> dst_before = dst, dst2_before = dst2, src1_before = src1,
+                             src2_before = src2;
+  for (DataType dtype : kAllTypes) {
+    for (RedOp op : kAllOps) {
+      const void* srcs[] = {src1.data(), src2.data()};
+      Reduce(dtype, op, dst.data(), srcs, 2, 0, 2);
+      void* dsts[] = {dst.data(), dst2.data()};
+      ReduceToMany(dtype, op, dsts, 2, srcs, 2, 0, 2);
+    }
+  }
+  Copy(dst.data(), src1.data(), 0);
+  Swap(dst.data(), dst2.data(), 0);
+  EXPECT_EQ(dst, dst_before);
+  EXPECT_EQ(dst2, dst2_before);
+  EXPECT_EQ(src1, src1_before);
+  EXPECT_EQ(src2, src2_before);
 }
 
 TEST(ReduceTest, SingleSourceToManyDsts) {

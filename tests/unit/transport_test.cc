@@ -34,6 +34,7 @@
 #include "daemon/transport/tcp_congestion.h"
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "gtest/gtest.h"
+#include "tests/unit/ucx_peer.h"
 
 namespace railyard::transport {
 namespace {
@@ -169,15 +170,7 @@ class Completions {
   std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
 };
 
-void Fill(std::vector<uint8_t>& buf, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (uint8_t& b : buf) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<uint8_t>(x);
-  }
-}
+void Fill(std::vector<uint8_t>& buf, uint64_t seed) { testing::FillPattern(buf, seed); }
 
 // Two transports connected both ways on every rail.
 struct Pair {
@@ -969,11 +962,7 @@ TEST(UcxTransportTest, IdleUsesNoCpu) {
   EXPECT_LT(used, 0.05) << "idle transports used " << used << " s of CPU in 0.7 s";
 }
 
-// The peer of the two-process test: runs only when the parent spawns this binary with the pipe
-// descriptors in the environment.
-constexpr char kPeerInEnv[] = "RAILYARD_TRANSPORT_TEST_PEER_IN";
-constexpr char kPeerOutEnv[] = "RAILYARD_TRANSPORT_TEST_PEER_OUT";
-
+// The two-process test talks to its peer program (ucx_peer_main.cc) a line at a time.
 std::string ReadLine(int fd) {
   std::string line;
   char ch;
@@ -986,56 +975,27 @@ void WriteLine(int fd, const std::string& line) {
   ASSERT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
 }
 
-TEST(UcxPeerProcess, DISABLED_Serve) {
-  // NOLINTBEGIN(concurrency-mt-unsafe): nothing sets the environment in this process.
-  const char* in_env = std::getenv(kPeerInEnv);
-  const char* out_env = std::getenv(kPeerOutEnv);
-  // NOLINTEND(concurrency-mt-unsafe)
-  int in_fd, out_fd;
-  if (in_env == nullptr || out_env == nullptr || !absl::SimpleAtoi(in_env, &in_fd) ||
-      !absl::SimpleAtoi(out_env, &out_fd)) {
-    GTEST_SKIP() << "helper for UcxTwoProcessTest; runs only when spawned by it";
-  }
-  alarm(30);  // never outlive a crashed parent by much
-  UcxTransport::Options options;
-  options.node_name = "child";
-  options.rails.push_back({.device = "lo", .tls = "tcp"});
-  auto t = UcxTransport::Create(options);
-  ASSERT_TRUE(t.ok()) << t.status();
-  WriteLine(out_fd, *(*t)->LocalAddress(0));
-  auto ep = (*t)->Connect(ReadLine(in_fd), 0);
-  ASSERT_TRUE(ep.ok()) << ep.status();
-  // Send 1 MiB tagged 1, then wait for the parent to kill us.
-  std::vector<uint8_t> data(1 << 20);
-  Fill(data, 1);
-  Completions c;
-  (*ep)->Send(1, data.data(), data.size(), c.Add());
-  ASSERT_TRUE(c.Wait());
-  WriteLine(out_fd, "sent");
-  ReadLine(in_fd);  // blocks until killed
-}
-
 TEST(UcxTwoProcessTest, BytesCrossAndSigkilledPeerFailsPendingOps) {
   int to_child[2], from_child[2];
   ASSERT_EQ(pipe(to_child), 0);
   ASSERT_EQ(pipe(from_child), 0);
-  std::vector<std::string> env_strings = {absl::StrCat(kPeerInEnv, "=", to_child[0]),
-                                          absl::StrCat(kPeerOutEnv, "=", from_child[1])};
+  std::vector<std::string> env_strings = {
+      absl::StrCat(testing::kUcxPeerInEnv, "=", to_child[0]),
+      absl::StrCat(testing::kUcxPeerOutEnv, "=", from_child[1])};
   for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
   std::vector<char*> envp;
   envp.reserve(env_strings.size() + 1);
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
-  std::string self = "/proc/self/exe", filter = "--gtest_filter=UcxPeerProcess.DISABLED_Serve",
-              disabled = "--gtest_also_run_disabled_tests";
-  char* argv[] = {self.data(), filter.data(), disabled.data(), nullptr};
+  std::string peer = RAILYARD_UCX_PEER_BIN;
+  char* argv[] = {peer.data(), nullptr};
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addclose(&actions, to_child[1]);
   posix_spawn_file_actions_addclose(&actions, from_child[0]);
   pid_t child;
-  ASSERT_EQ(posix_spawn(&child, self.c_str(), &actions, nullptr, argv, envp.data()), 0);
+  ASSERT_EQ(posix_spawn(&child, peer.c_str(), &actions, nullptr, argv, envp.data()), 0);
   posix_spawn_file_actions_destroy(&actions);
   close(to_child[0]);
   close(from_child[1]);
@@ -1056,8 +1016,8 @@ TEST(UcxTwoProcessTest, BytesCrossAndSigkilledPeerFailsPendingOps) {
   auto ep = (*t)->Connect(child_address, 0);
   ASSERT_TRUE(ep.ok()) << ep.status();
 
-  std::vector<uint8_t> got(1 << 20, 0), want(1 << 20);
-  Fill(want, 1);
+  std::vector<uint8_t> got(testing::kUcxPeerBytes, 0), want(testing::kUcxPeerBytes);
+  testing::FillPattern(want, 1);
   Completions first;
   (*ep)->Recv(1, got.data(), got.size(), first.Add());
   ASSERT_TRUE(first.Wait());
