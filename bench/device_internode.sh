@@ -19,7 +19,14 @@ cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu} launches=${2:-3} rpd=${3:-1} max=${4:-128M}
 # shellcheck source=scripts/lib/device-bins.sh
 . scripts/lib/device-bins.sh
-railyard_binaries "$build" railyardd railyard-perf || exit 1
+if [ "${FAKE:-0}" = 1 ]; then
+  # Fake devices are served by the test builds only (railyardd-testing, railyard-perf-testing).
+  railyard_binaries "$build" railyardd-testing railyard-perf-testing || exit 1
+  daemon_bin=$build/tests/support/railyardd-testing
+  perf_bin=$build/tests/support/railyard-perf-testing
+else
+  railyard_binaries "$build" railyardd railyard-perf || exit 1
+fi
 out=$(mktemp -d /tmp/ry-devnode-XXXXXX)
 pids=()
 cleanup() {

@@ -13,6 +13,9 @@
 #   PERF_FLAGS, PERF_FLAGS_B: extra railyard-perf flags for ry and ry_b (setting PERF_FLAGS_B
 #     also turns ry_b on). E.g. device buffers without a GPU, staged across nodes:
 #     RY_FLAGS=--fake_gpus=1 RY_FLAGS_B=--fake_gpus=1 PERF_FLAGS_B="--device 0 --fake_device"
+#     TESTING=1 (the test builds, which alone serve those flags)
+#   TESTING=1: run railyardd-testing and railyard-perf-testing (build/tests/support/) instead of
+#     the installed binaries.
 #   MPI=0: leave OpenMPI out.
 # Needs root for the namespaces (ip netns); they, the veth pair and every process started here are
 # removed on exit. OpenMPI across namespaces: mpirun runs in the first namespace and the second
@@ -32,6 +35,10 @@ warmup=${WARMUP:-5}
 mpi=${MPI:-1}
 build=${RAILYARD_BUILD_DIR:-build}
 [ -x "$build/tools/railyard-perf" ] || scripts/build.sh
+daemon_bin=$build/daemon/railyardd perf_bin=$build/tools/railyard-perf
+if [ "${TESTING:-0}" = 1 ]; then
+  daemon_bin=$build/tests/support/railyardd-testing perf_bin=$build/tests/support/railyard-perf-testing
+fi
 read -r -a ry_flags <<<"${RY_FLAGS:-}"
 read -r -a ry_flags_b <<<"${RY_FLAGS_B:-}"
 # shellcheck disable=SC2034  # read through the nameref in run_railyard
@@ -96,14 +103,14 @@ run_railyard() {
     echo "{\"node\": \"vnode$n\", \"rails\": [{\"name\": \"rail0\", \"device\": \"$device\"}]}" \
       >"$out/n$n.json"
     rm -f "$out/n$n.sock"
-    "${prefix[@]}" env "${envs[@]}" "$build/daemon/railyardd" --socket="$out/n$n.sock" \
+    "${prefix[@]}" env "${envs[@]}" "$daemon_bin" --socket="$out/n$n.sock" \
       --insecure_first_session_token --peer_insecure --node_name="vnode$n" \
       --peer_listen="$listen" --topology="$out/n$n.json" "${flags[@]}" >"$out/n$n.log" 2>&1 &
     pids+=($!)
     socks+=("$out/n$n.sock")
   done
   for s in "${socks[@]}"; do for _ in $(seq 200); do [ -S "$s" ] && break; sleep 0.05; done; done
-  "$build/tools/railyard-perf" --op allreduce -b "$minb" -e "$maxb" -f "$factor" -n "$iters" \
+  "$perf_bin" --op allreduce -b "$minb" -e "$maxb" -f "$factor" -n "$iters" \
     -w "$warmup" -c 0 --daemons "${socks[0]},${socks[1]}" --ranks-per-daemon 1 "${pflags[@]}" \
     >"$out/$label-$w-$t.txt"
   stop_daemons

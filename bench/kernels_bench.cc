@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "daemon/kernels/codec.h"
-#include "daemon/kernels/crc32c.h"
 #include "daemon/kernels/reduce.h"
 #include "daemon/kernels/types.h"
+#include "daemon/transport/crc32c.h"
 
 namespace railyard::kernels {
 namespace {
@@ -134,22 +134,22 @@ void BM_Swap(benchmark::State& state) {
   SetRates(state, bytes, 4);  // both regions read and written
 }
 
-// CRC-32C of one buffer (the data plane's per-chunk check, daemon/kernels/crc32c.h):
+// CRC-32C of one buffer (the data plane's per-chunk check, daemon/transport/crc32c.h):
 // bytes_per_second is the bytes checksummed. impl: 0 portable table, 1 one crc32 stream,
 // 2 three interleaved streams (what Crc32c uses with SSE4.2).
 void BM_Crc32c(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0)) * 1024;
   const int impl = static_cast<int>(state.range(1));
-  if (impl > 0 && !Crc32cHardwareAvailable()) {
+  if (impl > 0 && !transport::Crc32cHardwareAvailable()) {
     state.SkipWithError("no SSE4.2 crc32 on this CPU");
     return;
   }
   std::vector<uint8_t> buf = MakeBuffer(DataType::kUint8, bytes);
   uint32_t crc = 0;
   for (auto _ : state) {
-    crc = impl == 0   ? Crc32cPortable(buf.data(), bytes, crc)
-          : impl == 1 ? Crc32cHardwareSimple(buf.data(), bytes, crc)
-                      : Crc32cHardware(buf.data(), bytes, crc);
+    crc = impl == 0   ? transport::Crc32cPortable(buf.data(), bytes, crc)
+          : impl == 1 ? transport::Crc32cHardwareSimple(buf.data(), bytes, crc)
+                      : transport::Crc32cHardware(buf.data(), bytes, crc);
     benchmark::DoNotOptimize(crc);
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));

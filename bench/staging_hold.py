@@ -190,7 +190,9 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--iters", type=int, default=9)
     ap.add_argument("--launches", type=int, default=3)
-    ap.add_argument("--railyardd", default=os.path.join(BUILD, "daemon", "railyardd"))
+    # --fake_gpus: the test build of the daemon.
+    ap.add_argument("--railyardd",
+                    default=os.path.join(BUILD, "tests", "support", "railyardd-testing"))
     ap.add_argument("--tables", default="1,2", help="which tables to print (1, 2 or both)")
     args = ap.parse_args()
     tables = {int(t) for t in args.tables.split(",")}

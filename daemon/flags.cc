@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/topology/cpu_affinity.h"
 #include "daemon/transport/tcp_congestion.h"
-#include "daemon/util/cpu_affinity.h"
 #include "daemon/util/log.h"
 
 ABSL_FLAG(std::string, socket, "/run/railyard/railyard.sock",
@@ -145,9 +145,9 @@ ABSL_FLAG(bool, cuda_ipc, false,
           "bound to the process that made it, and opening it needs the daemon to see the "
           "client's processes (hostIPC pods; docs/gpu.md)");
 ABSL_FLAG(int64_t, fake_gpus, 0,
-          "Testing only: serve this many fake GPUs, whose device memory is memfds named "
-          "railyard-fake-device-<N> (daemon/device/fake_device_runtime.h), instead of CUDA's "
-          "devices; exercises the device-memory path on hosts without a GPU");
+          "TEST BUILD ONLY (railyardd-testing; the installed railyardd refuses it): serve this "
+          "many fake GPUs, whose device memory is memfds named railyard-fake-device-<N> "
+          "(daemon/device/fake_device_runtime.h), instead of CUDA's devices");
 ABSL_FLAG(int64_t, inline_max_bytes, 64 * 1024,
           "One-node collectives moving at most this many bytes run on the thread of the last "
           "submission, without waking the worker pool (0: always the pool)");
@@ -168,9 +168,9 @@ ABSL_FLAG(std::string, integrity, "none",
           "operation with DATA_LOSS). A job may ask for it too (RAILYARD_INTEGRITY); the "
           "strongest asked wins");
 ABSL_FLAG(uint64_t, test_flip_bit_every, 0,
-          "TEST ONLY, never in production: flip one random bit in the payload of every Nth "
-          "message this daemon sends to another daemon (fault injection for the integrity "
-          "tests); 0: off");
+          "TEST BUILD ONLY (railyardd-testing; the installed railyardd refuses it): flip one "
+          "random bit in the payload of every Nth message this daemon sends to another daemon "
+          "(fault injection for the integrity tests); 0: off");
 ABSL_FLAG(int64_t, test_frame_split_min_bytes, -1,
           "BENCHMARKS ONLY: payloads of at least this many bytes travel as two messages (payload, "
           "then the frame trailer) instead of one; 0: never, -1: the built-in threshold. Part of "

@@ -14,7 +14,6 @@
 #include "absl/time/clock.h"
 #include "daemon/auth/signed_token.h"
 #include "daemon/comm/peer_input.h"
-#include "daemon/device/fake_device_runtime.h"
 #include "daemon/session/job_policy.h"
 #include "daemon/session/job_tokens.h"
 #include "daemon/topology/discovery.h"
@@ -150,9 +149,14 @@ absl::Status Server::Start() {
   for (const std::string& path : {config_.socket, fd_socket, config_.admin_socket}) {
     if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
   }
-  core_ = std::make_unique<DaemonCore>(config_, *std::move(auth));
-  if (config_.fake_gpus > 0) {
-    core_->SetDeviceRuntime(std::make_unique<device::FakeDeviceRuntime>(config_.fake_gpus));
+  // Test builds only (RunDaemon refuses the flags without the hooks): bit flips on every link.
+  transport::LinkStack::WireLayer wire_layer;
+  if (config_.test_flip_bit_every > 0 && hooks_.flip_bits != nullptr) {
+    wire_layer = hooks_.flip_bits(config_.test_flip_bit_every);
+  }
+  core_ = std::make_unique<DaemonCore>(config_, *std::move(auth), std::move(wire_layer));
+  if (config_.fake_gpus > 0 && hooks_.fake_devices != nullptr) {
+    core_->SetDeviceRuntime(hooks_.fake_devices(config_.fake_gpus));
   } else {
     core_->SetDeviceRuntime(device::OpenDeviceRuntime());
   }

@@ -13,13 +13,16 @@
 #include "daemon/services/admin_service.h"
 #include "daemon/services/local_service.h"
 #include "daemon/services/peer_service.h"
+#include "daemon/test_hooks.h"
 #include "grpcpp/server.h"
 
 namespace railyard {
 
 class Server {
  public:
-  explicit Server(DaemonConfig config) : config_(std::move(config)) {}
+  // hooks: the test build's fakes (daemon/test_hooks.h); none in the installed daemon.
+  explicit Server(DaemonConfig config, TestHooks hooks = {})
+      : config_(std::move(config)), hooks_(std::move(hooks)) {}
   ~Server();
 
   // Loads the authentication (token keys, job tokens, job policy) and topology files, checks the
@@ -42,6 +45,7 @@ class Server {
 
  private:
   DaemonConfig config_;
+  const TestHooks hooks_;
   std::unique_ptr<DaemonCore> core_;
   std::unique_ptr<LocalService> local_;
   std::unique_ptr<AdminService> admin_;

@@ -7,7 +7,7 @@
 #if RAILYARD_CLIENT_CUDA
 #include <cuda_runtime_api.h>
 
-#include "client/cpp/cuda_vmm.h"
+#include "common/cuda_vmm.h"
 #endif
 
 namespace railyard {

@@ -9,7 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
-#include "client/cpp/cuda_vmm.h"
+#include "common/cuda_vmm.h"
 #endif
 
 namespace railyard {

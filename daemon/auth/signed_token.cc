@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/auth/job_id.h"
 #include "daemon/util/config_lines.h"
 
 namespace railyard::auth {
@@ -22,7 +23,6 @@ namespace {
 constexpr size_t kMacBytes = 32;
 constexpr size_t kMacHexDigits = 2 * kMacBytes;
 constexpr size_t kMaxExpiryDigits = 19;  // int64 seconds
-constexpr size_t kMaxJobLength = 128;
 // A key file is a few lines; anything this large is not one.
 constexpr size_t kMaxKeyFileBytes = 1 << 20;
 constexpr absl::string_view kFormat = "expected ryt1.<expiry>.<job>.<64 hex digits>";
@@ -31,18 +31,6 @@ constexpr absl::string_view kFormat = "expected ryt1.<expiry>.<job>.<64 hex digi
 std::string ErrnoText(int err) {
   char buffer[256];
   return strerror_r(err, buffer, sizeof(buffer));  // the GNU variant returns the text
-}
-
-// The job id rule of daemon/session/job_tokens.h ValidJobId, repeated here so that railctl links
-// this library without the daemon's.
-bool ValidJob(absl::string_view job) {
-  if (job.empty() || job.size() > kMaxJobLength) return false;
-  for (char c : job) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
 }
 
 int HexValue(char c) {
@@ -128,7 +116,7 @@ absl::StatusOr<Parts> Split(absl::string_view token) {
   if (!absl::SimpleAtoi(parts.expiry_text, &parts.expiry_s)) {
     return Malformed("the expiry is out of range");
   }
-  if (!ValidJob(parts.job)) {
+  if (!ValidJobId(parts.job)) {
     return Malformed(parts.job.empty()
                          ? absl::string_view("the job id is empty")
                          : absl::string_view("the job id is not [A-Za-z0-9._-]{1,128}"));
@@ -272,9 +260,10 @@ absl::Status VerifyToken(const std::vector<std::string>& keys, absl::string_view
   }
   if (parts->job != job) {
     return absl::PermissionDeniedError(
-        ValidJob(job) ? absl::StrCat("job token was issued for job ", parts->job, ", not job ", job)
-                      : absl::StrCat("job token was issued for job ", parts->job,
-                                     ", not for the job asked for (which is not a valid job id)"));
+        ValidJobId(job)
+            ? absl::StrCat("job token was issued for job ", parts->job, ", not job ", job)
+            : absl::StrCat("job token was issued for job ", parts->job,
+                           ", not for the job asked for (which is not a valid job id)"));
   }
   const absl::Time expiry = absl::FromUnixSeconds(parts->expiry_s);
   if (now >= expiry) {

@@ -1,7 +1,5 @@
 #include "daemon/comm/comm_id.h"
 
-#include <random>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,19 +66,6 @@ absl::Status CheckRankOf(int rank, int nranks) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " not in [0, ", nranks, ")"));
   }
   return absl::OkStatus();
-}
-
-std::string RandomHex128() {
-  // Session ids are capabilities: draw every bit from the OS (getrandom / /dev/urandom).
-  static thread_local std::random_device rd;
-  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-}
-
-uint64_t RandomNonZero64() {
-  static thread_local std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) v = (uint64_t{rd()} << 32) | rd();
-  return v;
 }
 
 }  // namespace railyard

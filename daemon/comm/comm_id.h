@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/util/random_id.h"  // RandomHex128 (nonces), RandomNonZero64 (data secrets)
 
 namespace railyard {
 
@@ -22,10 +23,6 @@ bool IsLocalCoordinator(absl::string_view coordinator);
 // (daemon/comm/host_port.h: a DNS name, IPv4 or [IPv6], port 1..65535; no gRPC target schemes
 // such as unix:, dns:, xds:) or local:<node>.
 absl::StatusOr<CommId> ParseCommId(absl::string_view text);
-// 128 random bits as 32 lowercase hex digits (session ids, comm id nonces).
-std::string RandomHex128();
-// 64 random bits from the OS, never 0 (a communicator's data secret).
-uint64_t RandomNonZero64();
 // INVALID_ARGUMENT unless 1 <= nranks <= the ranks a communicator may have (the tag layout's
 // limit, daemon/scheduler/tags.h) and 0 <= rank < nranks.
 absl::Status CheckRankOf(int rank, int nranks);

@@ -8,10 +8,10 @@
 #include <optional>
 
 #include "absl/time/time.h"
-#include "daemon/comm/completion_sink.h"
 #include "daemon/comm/stream_sync.h"
 #include "daemon/scheduler/input_gate.h"
 #include "daemon/scheduler/op.h"
+#include "daemon/session/completion_sink.h"
 #include "daemon/session/quota.h"
 #include "daemon/session/shm_segment.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "daemon/comm/completion_sink.h"
+#include "daemon/session/completion_sink.h"
 #include "daemon/session/shm_segment.h"
 
 namespace railyard {

@@ -7,56 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/comm/comm_id.h"
-#include "daemon/comm/device_staging.h"
 #include "daemon/comm/peer_input.h"
-#include "daemon/metrics/counting_endpoint.h"
-#include "daemon/services/request_decode.h"
-#include "daemon/transport/bit_flip_endpoint.h"
-#include "daemon/transport/framed_endpoint.h"
-#include "daemon/transport/paced_endpoint.h"
-#include "daemon/util/cpu_affinity.h"
+#include "daemon/topology/cpu_affinity.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
 #include "proto/railyard/v1/ring.h"
 
 namespace railyard {
 namespace {
-
-// The stronger of the daemon's --integrity and a rank's request ("" leaves the daemon's).
-absl::StatusOr<transport::Integrity> AskedIntegrity(const std::string& daemon,
-                                                    const std::string& rank) {
-  absl::StatusOr<transport::Integrity> d = transport::ParseIntegrity(daemon);
-  if (!d.ok()) return d.status();
-  absl::StatusOr<transport::Integrity> asked = transport::ParseIntegrity(rank);
-  if (!asked.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("InitComm integrity: ", asked.status().message()));
-  }
-  return transport::Stronger(*d, *asked);
-}
-
-// At most one log line per second per link for dropped foreign messages (a flood must not
-// flood the log); the next line says how many were not logged.
-class LogLimiter {
- public:
-  bool Allow(int* suppressed) {
-    absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    if (now - last_ < absl::Seconds(1)) {
-      ++suppressed_;
-      return false;
-    }
-    last_ = now;
-    *suppressed = suppressed_;
-    suppressed_ = 0;
-    return true;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time last_ = absl::InfinitePast();
-  int suppressed_ = 0;
-};
 
 int WorkerThreads(int configured) {
   if (configured > 0) return configured;
@@ -68,15 +26,30 @@ int WorkerThreads(int configured) {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
+SubmitPath::Options SubmitOptions(const DaemonConfig& config) {
+  SubmitPath::Options o;
+  o.op_timeout = config.op_timeout;
+  o.staging_chunk_bytes = config.staging_chunk_bytes;
+  o.staging_inline_bytes = config.staging_inline_bytes;
+  o.staging_pipeline = config.staging_pipeline;
+  o.gate_spin = config.spin;
+  o.gate_poll = config.stream_poll;
+  return o;
+}
+
 }  // namespace
 
-DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth)
+DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth,
+                       transport::LinkStack::WireLayer wire_layer)
     : config_(std::move(config)),
       started_at_(absl::Now()),
       metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion,
                                                         config_.quotas.max_metric_jobs)),
       executor_(WorkerThreads(config_.worker_threads)),
-      sessions_(std::move(auth), &config_.quotas) {
+      sessions_(std::move(auth), &config_.quotas),
+      comm_factory_(config_, {&executor_, &timer_, metrics_.get(), &peers_},
+                    transport::LinkStack(std::move(wire_layer))),
+      submit_path_(SubmitOptions(config_), &executor_) {
   coordinator_ =
       config_.peer_listen.empty() ? absl::StrCat("local:", config_.node_name) : config_.peer_listen;
   metrics_->SetSampler([this] { return SampleMetrics(); });
@@ -85,6 +58,9 @@ DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth)
 
 DaemonCore::~DaemonCore() {
   Shutdown();
+  // The submit path's thread submits into communicators and stages on the executor and devices:
+  // it stops before any of them goes (what it still holds fails UNAVAILABLE).
+  submit_path_.Stop();
   // A callback running now (a bootstrap's deadline, a heartbeat) finishes before the members it
   // uses are destroyed; none runs after.
   timer_.Stop();
@@ -125,7 +101,7 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session, const std
                               const grpc::Status& stream_status) {
   if (!sessions_.Remove(session)) return;
   session->Close(stream_status);
-  gates_.Drop(session.get(), absl::CancelledError("the session has ended"));
+  submit_path_.DropHeld(*session, absl::CancelledError("the session has ended"));
   if (std::shared_ptr<SessionRings> rings = session->rings()) rings->Stop();
   if (std::shared_ptr<FdChannel> channel = session->fd_channel()) channel->Close();
   const auto buffers = session->TakeBuffers();  // unmapped when the last operation lets go
@@ -145,6 +121,7 @@ void DaemonCore::SetDeviceRuntime(absl::StatusOr<std::unique_ptr<device::DeviceR
     devices_ = *std::move(devices);
     staging_pool_ =
         std::make_unique<device::StagingPool>(devices_.get(), config_.staging_cache_bytes);
+    submit_path_.SetDevices(devices_.get(), staging_pool_.get());
     no_devices_ = absl::OkStatus();
     executor_.SetDeviceRuntime(devices_.get());
   } else {
@@ -257,14 +234,6 @@ absl::Status DaemonCore::ReleaseBuffer(Session& session, uint64_t buffer_id) {
 
 std::string DaemonCore::NewCommId() { return FormatCommId({RandomHex128(), coordinator_}); }
 
-CommEnv DaemonCore::MakeCommEnv() {
-  CommEnv env{&executor_,           &timer_,     config_.chunk_bytes, config_.op_timeout,
-              config_.init_timeout, config_.algo};
-  env.metrics = metrics_.get();
-  env.inline_max_bytes = config_.inline_max_bytes;
-  return env;
-}
-
 absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
   // Whoever asks (a client, or a peer daemon relaying one) may ask for less than --join_timeout,
   // never more: a join's state must not be held for 49 days.
@@ -289,6 +258,7 @@ void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
   peer_address_ = std::move(peer_address);
   coordinator_ = peer_address_;
   StartRailQueues();
+  comm_factory_.SetFabric(transport_.get(), rail_names_, rail_queues_);
   absl::MutexLock lock(&mu_);
   heartbeat_timer_ =
       timer_.Schedule(absl::Now() + config_.heartbeat_interval, [this] { HeartbeatTick(); });
@@ -520,16 +490,14 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
   // registered (they built theirs first): answered while it is being built.
   std::vector<std::string> others;
   if (nnodes == 1) {
-    made = std::make_shared<Communicator>(
-        req.comm_id(), session->job(), req.nranks(), MakeCommEnv(),
-        MakeTuner(scheduler::CommLayout::Uniform(1, req.nranks(), 1), CostModel()));
+    made = comm_factory_.MakeLocal(session->job(), req.comm_id(), req.nranks(), CostModel());
   } else {
     for (int n = 0; n < nnodes; ++n) {
       if (n != my_node) others.push_back(layout->nodes(n).node_name());
     }
     CountBuilding(others, +1);
-    made = MakeMultiNodeComm(session->job(), req.comm_id(), *layout, my_node, std::move(slot),
-                             req.integrity());
+    made = comm_factory_.MakeMultiNode(session->job(), req.comm_id(), *layout, my_node,
+                                       std::move(slot), req.integrity());
   }
   std::vector<CommRegistry::BuiltFn> waiters = comms_.Built(key, made);
   CountBuilding(others, -1);  // registered (or failed) from here on
@@ -589,134 +557,6 @@ void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
        F("nodes", nnodes)});
 }
 
-absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::MakeMultiNodeComm(
-    const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
-    int my_node, std::shared_ptr<const scheduler::tags::Slot> slot,
-    const std::string& asked_integrity) {
-  if (transport_ == nullptr || slot == nullptr) {
-    return absl::FailedPreconditionError("this daemon has no transport (--peer_listen unset)");
-  }
-  // OnLayout checked the layout (CheckLayoutFromCoordinator) before calling this.
-  MultiNodeEnv net;
-  for (const v1::NodeInfo& node : layout.nodes()) {
-    net.node_slots.push_back(static_cast<uint16_t>(node.tag_slot()));
-  }
-  if (net.node_slots[my_node] != slot->value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout of communicator ", comm_id,
-                     " from its coordinator: JoinCommResponse.nodes[", my_node, "].tag_slot is ",
-                     net.node_slots[my_node], ", this daemon announced ", slot->value()));
-  }
-  net.tag_slot = std::move(slot);
-  // The coordinator merges what the members asked for into the layout; a member never runs
-  // with less than it asked for itself.
-  absl::StatusOr<transport::Integrity> asked = AskedIntegrity(config_.integrity, asked_integrity);
-  absl::StatusOr<transport::Integrity> given = transport::ParseIntegrity(layout.integrity());
-  if (!asked.ok()) return asked.status();
-  if (!given.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("the coordinator's layout of communicator ",
-                                                      comm_id, ": ", given.status().message()));
-  }
-  const transport::Integrity integrity = transport::Stronger(*asked, *given);
-  const int rails = std::max(1, std::min(layout.rails(), transport_->num_rails()));
-  net.layout = scheduler::CommLayout::FromNodeOfRank(
-      std::vector<int>(layout.node_of_rank().begin(), layout.node_of_rank().end()), rails);
-  const scheduler::CommLayout& l = net.layout;
-  net.my_node = my_node;
-  // Every member reads the same layout, so every member chunks alike.
-  for (const v1::NodeInfo& node : layout.nodes()) {
-    const uint64_t c = node.paced_chunk_bytes();
-    if (c != 0 && (net.max_chunk_bytes == 0 || c < net.max_chunk_bytes)) net.max_chunk_bytes = c;
-  }
-  net.endpoints.assign(l.nnodes, {});
-  for (int n = 0; n < l.nnodes; ++n) {
-    const v1::NodeInfo& node = layout.nodes(n);
-    net.node_names.push_back(node.node_name());
-    net.node_addresses.push_back(node.peer_address());
-    net.links.emplace_back(l.rails, nullptr);
-    if (n == my_node) continue;
-    net.endpoints[n].resize(l.rails);
-    for (int r = 0; r < l.rails; ++r) {
-      if (r >= node.rail_addresses_size()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("node ", node.node_name(), " has no address for rail ", r));
-      }
-      absl::StatusOr<std::shared_ptr<transport::Endpoint>> ep =
-          transport_->Connect(node.rail_addresses(r), r);
-      if (!ep.ok()) {
-        return absl::UnavailableError(absl::StrCat("cannot connect to node ", node.node_name(),
-                                                   " on rail ", r, ": ", ep.status().message()));
-      }
-      // Rails are aligned (this node's rail r talks to the peer's rail r): label by our name.
-      const std::string rail_name = r < topology_.rails_size() && !topology_.rails(r).name().empty()
-                                        ? topology_.rails(r).name()
-                                        : absl::StrCat("rail", r);
-      const metrics::LinkCounters* link = metrics_->ForLink(node.node_name(), rail_name);
-      net.links[n][r] = link;
-      std::shared_ptr<transport::Endpoint> wire = *std::move(ep);
-      if (config_.test_flip_bit_every > 0) {  // TEST ONLY: fault injection under the frame
-        wire = std::make_shared<transport::BitFlipEndpoint>(
-            std::move(wire), config_.test_flip_bit_every, absl::ToUnixNanos(absl::Now()) + r,
-            transport::kFrameTrailerSize, [](transport::Tag tag) {
-              const scheduler::tags::Fields f = scheduler::tags::Decode(tag);
-              return !f.point_to_point && f.step == scheduler::tags::kDigestStep;
-            });
-      }
-      // Every message carries the communicator's secret (and its CRC under crc32c): see
-      // daemon/transport/framed_endpoint.h and docs/data-plane.md.
-      transport::FramedEndpoint::Options frame;
-      frame.secret = layout.data_secret();
-      frame.integrity = integrity;
-      frame.node = config_.node_name;
-      frame.peer = node.node_name();
-      frame.rail = rail_name;
-      if (config_.test_frame_split_min_bytes >= 0) {  // benchmarks only
-        frame.split_min_bytes = static_cast<size_t>(config_.test_frame_split_min_bytes);
-      }
-      auto limiter = std::make_shared<LogLimiter>();
-      frame.on_rejected = [link, limiter, comm_id, job](const absl::Status& why) {
-        link->rejected_messages->Increment();
-        int suppressed = 0;
-        if (limiter->Allow(&suppressed)) {
-          Log(LogLevel::kWarning, "transport", "dropped a message that is not a member's",
-              {F("comm", comm_id), F("job", job), F("reason", why.message()),
-               F("suppressed_since_last", suppressed)});
-        }
-      };
-      frame.on_integrity_error = [link] { link->integrity_errors->Increment(); };
-      // Large messages' CRCs are verified on the executor, not on the rail's progress thread
-      // (which would stop progressing the rail meanwhile); docs/data-plane.md "Cost".
-      frame.offload = [this](std::function<void()> task) { executor_.Post(std::move(task)); };
-      std::shared_ptr<transport::Endpoint> ep_out = std::make_shared<metrics::CountingEndpoint>(
-          std::make_shared<transport::FramedEndpoint>(std::move(wire), std::move(frame)), link,
-          metrics_->JobFabricBytes(job), metrics_->ucx_endpoints());
-      // A paced rail: every job's sends wait their turn in the rail's fair queue.
-      if (r < static_cast<int>(rail_queues_.size()) && rail_queues_[r] != nullptr) {
-        ep_out = std::make_shared<transport::PacedEndpoint>(std::move(ep_out), rail_queues_[r], job,
-                                                            comm_id);
-      }
-      net.endpoints[n][r] = std::move(ep_out);
-    }
-  }
-  // (address, node name): with TLS each peer's certificate must name the node the layout says.
-  std::vector<std::pair<std::string, std::string>> peers;
-  for (int n = 0; n < l.nnodes; ++n) {
-    if (n != my_node) peers.emplace_back(net.node_addresses[n], net.node_names[n]);
-  }
-  const std::string me = config_.node_name;
-  net.notify_peers = [this, peers, job, comm_id, me](const absl::Status& status) {
-    v1::AbortCommRequest abort;
-    abort.set_job_id(job);
-    abort.set_comm_id(comm_id);
-    abort.set_code(static_cast<int32_t>(status.code()));
-    abort.set_message(std::string(status.message()));
-    abort.set_from_node(me);
-    for (const auto& [addr, node] : peers) peers_.AbortComm(addr, node, abort);
-  };
-  net.tuner = MakeTuner(net.layout, layout.cost_model());
-  return std::make_shared<Communicator>(comm_id, job, MakeCommEnv(), std::move(net));
-}
-
 void DaemonCore::HeartbeatTick() {
   // The peers live communicators need, gathered before mu_ (each comm takes its own lock).
   std::map<std::string, std::vector<std::shared_ptr<Communicator>>> by_peer;
@@ -770,256 +610,6 @@ void DaemonCore::HeartbeatTick() {
   }
 }
 
-absl::StatusOr<uint64_t> DaemonCore::Submit(const std::shared_ptr<Session>& session,
-                                            const v1::SubmitRequest& req,
-                                            std::shared_ptr<CompletionSink> sink) {
-  absl::StatusOr<Membership> m = session->FindMembership(req.comm_handle());
-  if (!m.ok()) return RefuseSubmit(*session, req, m.status());
-  absl::StatusOr<std::unique_ptr<PendingRequest>> pending = DecodeForSession(session, req, *m);
-  if (!pending.ok()) return pending.status();
-  if (MustHold(*session, *m, req.comm_handle(), **pending)) {
-    if (absl::Status st = HoldSubmit(session, *m, req.comm_handle(), sink, *std::move(pending));
-        !st.ok()) {
-      return st;
-    }
-    return 0;  // its seq comes with its completion
-  }
-  if (absl::Status st = FinishSubmit(session, *m, sink, pending->get()); !st.ok()) return st;
-  return m->comm->Submit(*std::move(pending));
-}
-
-std::vector<absl::StatusOr<uint64_t>> DaemonCore::SubmitBatch(
-    const std::shared_ptr<Session>& session, const std::vector<const v1::SubmitRequest*>& reqs,
-    std::shared_ptr<CompletionSink> sink) {
-  std::vector<absl::StatusOr<uint64_t>> results(reqs.size(), absl::UnknownError("not submitted"));
-  size_t i = 0;
-  while (i < reqs.size()) {
-    const uint64_t handle = reqs[i]->comm_handle();
-    absl::StatusOr<Membership> m = session->FindMembership(handle);
-    if (!m.ok()) {
-      results[i] = RefuseSubmit(*session, *reqs[i], m.status());
-      ++i;
-      continue;
-    }
-    // The run of requests on this communicator goes in under one lock of it.
-    std::vector<std::unique_ptr<PendingRequest>> run;
-    std::vector<size_t> where;
-    auto flush = [&] {
-      if (run.empty()) return;
-      std::vector<absl::StatusOr<uint64_t>> got =
-          run.size() == 1
-              ? std::vector<absl::StatusOr<uint64_t>>{m->comm->Submit(std::move(run[0]))}
-              : m->comm->SubmitBatch(std::move(run));
-      for (size_t k = 0; k < where.size() && k < got.size(); ++k) results[where[k]] = got[k];
-      run.clear();
-      where.clear();
-    };
-    size_t j = i;
-    for (; j < reqs.size() && reqs[j]->comm_handle() == handle; ++j) {
-      absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
-          DecodeForSession(session, *reqs[j], *m);
-      if (!pending.ok()) {
-        results[j] = pending.status();
-        continue;
-      }
-      if (MustHold(*session, *m, handle, **pending)) {
-        flush();  // what came before it goes in first
-        absl::Status st = HoldSubmit(session, *m, handle, sink, *std::move(pending));
-        results[j] = st.ok() ? absl::StatusOr<uint64_t>(0) : absl::StatusOr<uint64_t>(st);
-        continue;
-      }
-      if (absl::Status st = FinishSubmit(session, *m, sink, pending->get()); !st.ok()) {
-        results[j] = st;
-        continue;
-      }
-      run.push_back(*std::move(pending));
-      where.push_back(j);
-    }
-    flush();
-    i = j;
-  }
-  return results;
-}
-
-absl::Status DaemonCore::RefuseSubmit(const Session& session, const v1::SubmitRequest& req,
-                                      absl::Status why) {
-  if (req.has_stream_sync()) {
-    if (absl::StatusOr<StreamSync> sync = ResolveStreamSync(req.stream_sync(), session);
-        sync.ok()) {
-      sync->SignalDone();
-    }
-  }
-  return why;
-}
-
-absl::StatusOr<std::unique_ptr<PendingRequest>> DaemonCore::DecodeForSession(
-    const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& m) {
-  auto refuse = [&](absl::Status why) { return RefuseSubmit(*session, req, std::move(why)); };
-  // A client that does not read its completions gets no new work (the ones it is owed still go).
-  if (const std::shared_ptr<QuotaAccount>& q = session->quota(); q != nullptr) {
-    if (absl::Status s = q->CheckBelow(Resource::kCompletionBytes); !s.ok()) {
-      return refuse(absl::Status(s.code(), absl::StrCat("submit refused until the client reads "
-                                                        "its completions: ",
-                                                        s.message())));
-    }
-  }
-  absl::StatusOr<std::unique_ptr<PendingRequest>> pending =
-      DecodeSubmit(req, *session, m.rank, m.comm->nranks());
-  if (!pending.ok()) return refuse(pending.status());
-  (*pending)->quota = session->quota();  // charged while it waits (communicator.cc)
-  return pending;
-}
-
-void DaemonCore::RouteCompletion(const std::shared_ptr<Session>& session,
-                                 const std::shared_ptr<CompletionSink>& sink,
-                                 PendingRequest* pending) {
-  if (sink != nullptr) {
-    pending->session = sink;
-  } else {
-    pending->session = session;
-  }
-  // First: done is stored only after everything else a completion does (a staging copy back).
-  AttachStreamSync(pending);
-}
-
-absl::Status DaemonCore::FinishSubmit(const std::shared_ptr<Session>& session, const Membership& m,
-                                      const std::shared_ptr<CompletionSink>& sink,
-                                      PendingRequest* pending) {
-  RouteCompletion(session, sink, pending);
-  if (pending->req.device >= 0 && m.comm->multi_node()) {
-    // Across nodes, device memory goes through host memory (device_staging.h).
-    return StageThroughHost(pending, m.comm->nranks(), devices_.get(), staging_pool_.get(),
-                            &executor_, config_.staging_chunk_bytes);
-  }
-  return absl::OkStatus();
-}
-
-bool DaemonCore::MustHold(const Session& session, const Membership& m, uint64_t handle,
-                          const PendingRequest& pending) const {
-  if (gates_.MustHold({&session, handle}, pending.sync)) return true;
-  return pending.req.device >= 0 && m.comm->multi_node() &&
-         StagedBytes(pending, m.comm->nranks()) > config_.staging_inline_bytes;
-}
-
-absl::Status DaemonCore::HoldSubmit(const std::shared_ptr<Session>& session, const Membership& m,
-                                    uint64_t handle, const std::shared_ptr<CompletionSink>& sink,
-                                    std::unique_ptr<PendingRequest> pending) {
-  const uint64_t id = pending->request_id;
-  const absl::Duration timeout =
-      pending->timeout > absl::ZeroDuration() ? pending->timeout : config_.op_timeout;
-  std::weak_ptr<CompletionSink> target = sink != nullptr ? std::weak_ptr<CompletionSink>(sink)
-                                                         : std::weak_ptr<CompletionSink>(session);
-  auto held = std::make_shared<std::unique_ptr<PendingRequest>>(std::move(pending));
-  // A request that never runs still ends its stream's wait: done is stored before its error.
-  auto let_stream_go = [held] {
-    if (*held != nullptr && (*held)->sync.has_value()) (*held)->sync->SignalDone();
-  };
-  auto fail = [held, target, id, let_stream_go](const absl::Status& why) {
-    let_stream_go();
-    held->reset();
-    if (std::shared_ptr<CompletionSink> t = target.lock()) t->PostCompletion(id, why, 0);
-  };
-  StreamGates::Item item;
-  item.gate = (*held)->sync;
-  item.deadline = absl::Now() + timeout;
-  std::weak_ptr<Session> weak_session = session;
-  item.release = [this, weak_session, m, sink, held, fail](std::function<void()> done) {
-    auto submit = [this, weak_session, m, sink, held, fail] {
-      std::shared_ptr<Session> s = weak_session.lock();
-      if (s == nullptr || s->closed()) return fail(absl::CancelledError("the session has ended"));
-      if (absl::Status st = FinishSubmit(s, m, sink, held->get()); !st.ok()) return fail(st);
-      absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
-      if (!seq.ok()) fail(seq.status());
-    };
-    if ((*held)->req.device >= 0 && m.comm->multi_node()) {
-      StageOnDevice(weak_session, m, sink, held, fail, std::move(done));
-      return;
-    }
-    submit();
-    done();
-  };
-  item.fail = fail;
-  absl::Status st = gates_.Hold({session.get(), handle}, std::move(item));
-  if (!st.ok()) let_stream_go();  // not held: the caller reports the error
-  return st;
-}
-
-void DaemonCore::StageOnDevice(std::weak_ptr<Session> weak_session, const Membership& m,
-                               std::shared_ptr<CompletionSink> sink,
-                               std::shared_ptr<std::unique_ptr<PendingRequest>> held,
-                               std::function<void(const absl::Status&)> fail,
-                               std::function<void()> done) {
-  // Not on the gates' thread, which every tenant's held operations wait on. The host memory is
-  // leased on a worker (a buffer the pool does not have yet is allocated and page-locked then:
-  // tens of milliseconds for 64 MiB, which the device's thread would spend with every other
-  // operation on that device waiting), the copy made on the device's thread a chunk per task
-  // (CopyInOnDevice), so the device's other work runs in between.
-  const int device = (*held)->req.device;
-  executor_.Post([this, weak_session, m, sink, held, fail, done, device] {
-    std::shared_ptr<Session> s = weak_session.lock();
-    if (s == nullptr || s->closed()) {
-      fail(absl::CancelledError("the session has ended"));
-      return done();
-    }
-    RouteCompletion(s, sink, held->get());
-    absl::StatusOr<std::unique_ptr<HostStaging>> prepared =
-        HostStaging::Prepare(**held, m.comm->nranks(), staging_pool_.get());
-    if (!prepared.ok()) {
-      fail(prepared.status());
-      return done();
-    }
-    std::shared_ptr<HostStaging> staging = *std::move(prepared);
-    if (config_.staging_pipeline && !scheduler::IsPointToPoint((*held)->req.op)) {
-      // Pipelined: the operation goes to its communicator now, and its steps wait for the
-      // chunks they touch (the gate). A failed copy fails the steps that wait for it, and so
-      // the operation, on every rank. The rank's next submission follows once this one is
-      // submitted *and* copied in, as unpipelined: letting it go at once leased host memory for
-      // every operation a loop issues back to back (a buffer each, allocated and page-locked
-      // anew), which made 64 MiB AllReduces across nodes 1.8x slower on an H200.
-      staging->Gate();
-      HostStaging::Attach(staging, held->get(), devices_.get(), &executor_,
-                          config_.staging_chunk_bytes);
-      auto both = std::make_shared<std::atomic<int>>(2);  // submitted, copied in: then done()
-      auto one_done = [both, done] {
-        if (both->fetch_sub(1, std::memory_order_acq_rel) == 1) done();
-      };
-      CopyInOnDevice(device, staging, [one_done](const absl::Status&) { one_done(); });
-      absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
-      if (!seq.ok()) fail(seq.status());
-      return one_done();
-    }
-    CopyInOnDevice(device, staging,
-                   [this, weak_session, m, held, fail, done, staging](absl::Status copied) {
-                     std::shared_ptr<Session> s = weak_session.lock();
-                     if (copied.ok() && (s == nullptr || s->closed())) {
-                       copied = absl::CancelledError("the session has ended");
-                     }
-                     if (!copied.ok()) {
-                       fail(copied);
-                       return done();
-                     }
-                     HostStaging::Attach(staging, held->get(), devices_.get(), &executor_,
-                                         config_.staging_chunk_bytes);
-                     absl::StatusOr<uint64_t> seq = m.comm->Submit(std::move(*held));
-                     if (!seq.ok()) fail(seq.status());
-                     done();
-                   });
-  });
-}
-
-void DaemonCore::CopyInOnDevice(int device, std::shared_ptr<HostStaging> staging,
-                                std::function<void(absl::Status)> then) {
-  executor_.PostToDevice(device, [this, device, staging, then]() mutable {
-    absl::StatusOr<bool> all = staging->CopyIn(devices_.get(), config_.staging_chunk_bytes);
-    if (!all.ok() || *all) {
-      // This task's hold on the host memory ends here, not when the executor drops the task.
-      staging.reset();
-      return then(all.ok() ? absl::OkStatus() : all.status());
-    }
-    CopyInOnDevice(device, std::move(staging), std::move(then));
-  });
-}
-
 absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
                                    uint32_t sq_entries, uint32_t cq_entries) {
   std::shared_ptr<FdChannel> channel = session->fd_channel();
@@ -1058,7 +648,7 @@ absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint
         std::vector<const v1::SubmitRequest*> reqs;
         reqs.reserve(entries.size());
         for (const RingSubmission& e : entries) reqs.push_back(&e.request);
-        return SubmitBatch(s, reqs, sink);
+        return submit_path_.SubmitBatch(s, reqs, sink);
       },
       ring_pollers_, session->job(), transport_.get());
   Log(LogLevel::kInfo, "session", "rings open",
@@ -1072,9 +662,9 @@ absl::Status DaemonCore::DestroyComm(Session& session, uint64_t handle) {
   if (!m.ok()) return m.status();
   session.RemoveMembership(handle);
   // What the rank still had waiting for its stream on this communicator goes with it.
-  gates_.Drop(StreamGates::Key{&session, handle},
-              absl::CancelledError(
-                  absl::StrCat("rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
+  submit_path_.DropHeld(session, handle,
+                        absl::CancelledError(absl::StrCat(
+                            "rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
   m->comm->Leave(m->rank, absl::AbortedError(absl::StrCat(
                               "rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
   RetireCommIfEmpty(m->comm);
@@ -1119,7 +709,7 @@ v1::StatusResponse DaemonCore::Status() {
   out.set_version(kRailyardVersion);
   out.set_data_plane_version(kDataPlaneVersion);
   out.set_devices(DescribeDevices());
-  out.set_ops_held_for_streams(gates_.held());
+  out.set_ops_held_for_streams(submit_path_.held());
   out.set_node_name(config_.node_name);
   out.set_socket(config_.socket);
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_at_));

@@ -23,11 +23,10 @@
 #include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_registry.h"
 #include "daemon/comm/communicator.h"
-#include "daemon/comm/device_staging.h"
 #include "daemon/comm/peer_client.h"
 #include "daemon/comm/peer_identity.h"
-#include "daemon/comm/stream_gates.h"
 #include "daemon/config.h"
+#include "daemon/core/comm_factory.h"
 #include "daemon/device/device_runtime.h"
 #include "daemon/device/staging_pool.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -38,7 +37,11 @@
 #include "daemon/session/session.h"
 #include "daemon/session/session_registry.h"
 #include "daemon/session/session_rings.h"
+#include "daemon/submit/device_staging.h"
+#include "daemon/submit/stream_gates.h"
+#include "daemon/submit/submit_path.h"
 #include "daemon/transport/fair_queue.h"
+#include "daemon/transport/link_stack.h"
 #include "daemon/transport/transport.h"
 #include "daemon/util/deadline_timer.h"
 #include "railyard/v1/admin.pb.h"
@@ -52,8 +55,10 @@ namespace railyard {
 
 class DaemonCore {
  public:
-  // auth: who may connect as which job (the Server loads it from the config's files).
-  DaemonCore(DaemonConfig config, SessionAuth auth);
+  // auth: who may connect as which job (the Server loads it from the config's files);
+  // wire_layer: what wraps every link's wire endpoint (test builds' fault injection; null: none).
+  DaemonCore(DaemonConfig config, SessionAuth auth,
+             transport::LinkStack::WireLayer wire_layer = nullptr);
   ~DaemonCore();
 
   const DaemonConfig& config() const { return config_; }
@@ -141,15 +146,8 @@ class DaemonCore {
   // at once are returned and done is not called.
   absl::Status InitComm(const std::shared_ptr<Session>& session, const v1::InitCommRequest& req,
                         InitDone done);
-  // sink: where the request's completion goes (null: the session's Connect stream).
-  absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
-                                  const v1::SubmitRequest& req,
-                                  std::shared_ptr<CompletionSink> sink = nullptr);
-  // Submits a session's consecutive requests (a group off its rings) as Submit each, the runs on
-  // one communicator under one lock of it (Communicator::SubmitBatch): results in order.
-  std::vector<absl::StatusOr<uint64_t>> SubmitBatch(
-      const std::shared_ptr<Session>& session, const std::vector<const v1::SubmitRequest*>& reqs,
-      std::shared_ptr<CompletionSink> sink);
+  // Where every request goes, from Local.Submit and the rings alike (daemon/submit/submit_path.h).
+  Submitter& submitter() { return submit_path_; }
   // Maps the rings memfd the session's side channel holds under fd_handle and starts serving
   // them (Local.OpenRings).
   absl::Status OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
@@ -203,50 +201,6 @@ class DaemonCore {
   // A send leaving rail's fair queue (on the thread that issues it).
   void RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s);
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
-  // A refused submission whose stream waits for it (stream_sync with sound words) lets the
-  // stream go: stores done. Returns why.
-  absl::Status RefuseSubmit(const Session& session, const v1::SubmitRequest& req, absl::Status why);
-  // What Submit checks before anything happens (quota, decoding): bad input is refused at once,
-  // even when the request is then held for its stream.
-  absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeForSession(
-      const std::shared_ptr<Session>& session, const v1::SubmitRequest& req, const Membership& m);
-  // What is done right before the communicator sees it: where its completion goes (sink, else the
-  // session), the stream sync's done word, device staging across nodes (which copies the device's
-  // data, so only once the stream has reached the operation).
-  absl::Status FinishSubmit(const std::shared_ptr<Session>& session, const Membership& m,
-                            const std::shared_ptr<CompletionSink>& sink, PendingRequest* pending);
-  // Holds a decoded request in gates_ until its stream reaches it (or the ones held before it on
-  // the communicator go): then FinishSubmit and the communicator (on the device's thread for
-  // device memory across nodes); a failure then, an expiry or the session's end is the request's
-  // completion. Not held (RESOURCE_EXHAUSTED): the caller's error.
-  absl::Status HoldSubmit(const std::shared_ptr<Session>& session, const Membership& m,
-                          uint64_t handle, const std::shared_ptr<CompletionSink>& sink,
-                          std::unique_ptr<PendingRequest> pending);
-  // Where a request's completion goes (sink, else the session) and its stream sync's done word:
-  // the part of FinishSubmit before device staging.
-  void RouteCompletion(const std::shared_ptr<Session>& session,
-                       const std::shared_ptr<CompletionSink>& sink, PendingRequest* pending);
-  // HoldSubmit's release of device memory across nodes: on a worker, RouteCompletion and the
-  // staging's host memory; on the device's thread, the copy (CopyInOnDevice) and the
-  // communicator; then done (the gates' queue goes on). A failure (or the session's end) is
-  // fail's.
-  void StageOnDevice(std::weak_ptr<Session> weak_session, const Membership& m,
-                     std::shared_ptr<CompletionSink> sink,
-                     std::shared_ptr<std::unique_ptr<PendingRequest>> held,
-                     std::function<void(const absl::Status&)> fail, std::function<void()> done);
-  // Copies what staging must copy to host memory, --staging_chunk_bytes per task of the device's
-  // thread, each behind what the device has queued meanwhile; then `then` with the outcome.
-  void CopyInOnDevice(int device, std::shared_ptr<HostStaging> staging,
-                      std::function<void(absl::Status)> then);
-  // Whether a decoded request goes through gates_ before the communicator sees it: its stream
-  // has not reached it, something is held before it on its communicator, or it is device memory
-  // across nodes whose staging copy (StagedBytes) is past --staging_inline_bytes (the copy then
-  // runs on the device's thread, not on the submitting one: a session's ring thread, whose
-  // client's other submissions would wait for it).
-  bool MustHold(const Session& session, const Membership& m, uint64_t handle,
-                const PendingRequest& pending) const;
-  // What every communicator of this daemon runs with.
-  CommEnv MakeCommEnv();
   // A join's wait for the other ranks: the request's, else --init_timeout; never more than
   // --join_timeout.
   absl::Duration JoinTimeout(uint32_t timeout_ms) const;
@@ -264,16 +218,9 @@ class DaemonCore {
   void JoinBuilt(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
                  uint64_t handle, int nnodes,
                  const absl::StatusOr<std::shared_ptr<Communicator>>& comm, InitDone done);
-  absl::StatusOr<std::shared_ptr<Communicator>> MakeMultiNodeComm(
-      const std::string& job, const std::string& comm_id, const v1::JoinCommResponse& layout,
-      int my_node, std::shared_ptr<const scheduler::tags::Slot> slot,
-      const std::string& asked_integrity);
   void HeartbeatTick();
   // Reads <state_dir>/calibration.json at start (defaults when absent or unreadable).
   void LoadCalibrationAtStart();
-  // The tuner of a new multi-node communicator, from the cost model its coordinator sent.
-  std::shared_ptr<scheduler::cost::Tuner> MakeTuner(const scheduler::CommLayout& layout,
-                                                    const v1::CostModel& model) const;
   // The communicator (job, comm_id) when `who` may speak for from_node and from_node is another
   // member node of it; PERMISSION_DENIED naming `rpc` otherwise, the same for an unknown one (so
   // that comm ids cannot be probed), INVALID_ARGUMENT (via `field`) for a bad node name.
@@ -343,9 +290,11 @@ class DaemonCore {
   // The other nodes of multi-node communicators being built here (by name, how many builds),
   // whose heartbeats are answered before the communicator is registered.
   std::map<std::string, int> building_peer_nodes_ ABSL_GUARDED_BY(mu_);
-  // Submissions waiting for their streams (SubmitRequest.stream_sync). Last: its thread, which
-  // submits into communicators, stops before anything it uses is destroyed.
-  StreamGates gates_{config_.spin, config_.stream_poll};
+  // Builds the communicators ranks join (their links, tuners, failure notices).
+  DaemonCommFactory comm_factory_;
+  // The submit path (decoding, stream gates, device staging). Its gates' thread submits into
+  // communicators and stages on the executor and the devices: ~DaemonCore stops it first.
+  SubmitPath submit_path_;
 };
 
 }  // namespace railyard

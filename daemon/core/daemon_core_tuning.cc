@@ -64,28 +64,6 @@ absl::StatusOr<std::string> DaemonCore::SetCalibration(const v1::CostModel& mode
   return absl::StrCat(config_.state_dir, "/calibration.json");
 }
 
-std::shared_ptr<cost::Tuner> DaemonCore::MakeTuner(const scheduler::CommLayout& layout,
-                                                   const v1::CostModel& model) const {
-  cost::Calibration c = FromProto(model);
-  if (!cost::Validate(c).ok()) c = cost::Calibration::Defaults();  // an old coordinator
-  cost::TunerOptions options;
-  // Chunk sizes up to --chunk_bytes; small schedules only, so a new shape costs milliseconds.
-  // Across daemons no larger: with the 512 KiB segments railyardd gives UCX's tcp transport, a
-  // message of 512 KiB or more goes by rendezvous, which over tcp (under the rails' peer error
-  // handling) falls back to active messages and a copy, and measured dearer than the pipeline it
-  // saves (docs/data-plane.md, "What a message and a reduction cost a daemon"). A fabric with a
-  // zero-copy rendezvous raises --chunk_bytes.
-  const size_t chunk = config_.chunk_bytes;
-  options.chunk_sizes = {std::max<size_t>(chunk / 4, 16 << 10),
-                         std::max<size_t>(chunk / 2, 16 << 10), chunk};
-  options.max_ir_transfers = 20'000;
-  options.op_overhead_s = c.op_overhead_s;
-  options.message_cpu_s = c.message_cpu_s;
-  options.reduce_bytes_per_s = c.reduce_bytes_per_s;
-  return std::make_shared<cost::Tuner>(
-      layout, cost::FabricForLayout(layout, c.intra, c.inter, c.overhead_s), options);
-}
-
 absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest& req) {
   scheduler::OpKind op;
   if (!scheduler::ParseOpName(req.op(), &op) || scheduler::IsPointToPoint(op) ||

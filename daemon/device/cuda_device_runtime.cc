@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/cpp/cuda_vmm.h"
+#include "common/cuda_vmm.h"
 #include "daemon/kernels/cuda/reduce_cuda.h"
 
 namespace railyard::device {

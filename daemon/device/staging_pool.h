@@ -1,4 +1,4 @@
-// Page-locked host buffers for staging device memory across nodes (daemon/comm/device_staging.h),
+// Page-locked host buffers for staging device memory across nodes (daemon/submit/device_staging.h),
 // kept for reuse: a training loop stages the same sizes every step, and a fresh buffer costs
 // the allocation, the page-locking and a fault per page (~11 us each on a VM) every time.
 //

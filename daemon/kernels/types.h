@@ -1,5 +1,5 @@
 // Element types and reduction operators as the kernels see them: the API's own
-// (client/cpp/include/railyard/types.h, shared with the client and the tools), under kernels::.
+// (common/include/railyard/types.h, shared with the client and the tools), under kernels::.
 #pragma once
 
 #include "railyard/types.h"

@@ -1,6 +1,6 @@
 // Memory an operation's steps may touch only once it has been filled: device staging copies a
 // rank's device memory into host memory chunk by chunk while the operation already runs
-// (daemon/comm/device_staging.h), and each step that reads or writes those host bytes waits for
+// (daemon/submit/device_staging.h), and each step that reads or writes those host bytes waits for
 // them (NodeRun::Params::gates).
 #pragma once
 

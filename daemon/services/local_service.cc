@@ -90,7 +90,7 @@ grpc::ServerUnaryReactor* LocalService::Submit(grpc::CallbackServerContext* ctx,
                                                v1::SubmitResponse* resp) {
   auto session = core_->FindSession(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
-  absl::StatusOr<uint64_t> seq = core_->Submit(*session, *req);
+  absl::StatusOr<uint64_t> seq = core_->submitter().Submit(*session, *req, nullptr);
   if (seq.ok()) resp->set_seq(*seq);
   return Done(ctx, seq.status());
 }

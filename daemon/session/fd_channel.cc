@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "daemon/comm/comm_id.h"
 #include "daemon/util/log.h"
+#include "daemon/util/random_id.h"
 #include "daemon/util/thread_name.h"
 #include "proto/railyard/v1/fd_channel.h"
 

@@ -10,16 +10,6 @@
 
 namespace railyard {
 
-bool ValidJobId(absl::string_view job) {
-  if (job.empty() || job.size() > 128) return false;
-  for (char c : job) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 absl::StatusOr<std::map<std::string, std::string>> ParseJobTokens(absl::string_view content) {
   std::map<std::string, std::string> tokens;
   absl::Status parsed = ForEachConfigLine(content, [&](int lineno, absl::string_view line) {

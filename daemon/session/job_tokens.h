@@ -7,14 +7,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/auth/job_id.h"  // ValidJobId
 
 namespace railyard {
 
 // INVALID_ARGUMENT naming the line for malformed content, NOT_FOUND when the file is missing.
 absl::StatusOr<std::map<std::string, std::string>> ParseJobTokens(absl::string_view content);
 absl::StatusOr<std::map<std::string, std::string>> LoadJobTokens(const std::string& path);
-
-// Job ids are [A-Za-z0-9._-]{1,128}.
-bool ValidJobId(absl::string_view job);
 
 }  // namespace railyard

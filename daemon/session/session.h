@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/comm/completion_sink.h"
+#include "daemon/session/completion_sink.h"
 #include "daemon/session/peer_cred.h"
 #include "daemon/session/quota.h"
 #include "daemon/session/shm_segment.h"

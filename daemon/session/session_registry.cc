@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/comm/comm_id.h"
 #include "daemon/session/job_tokens.h"
+#include "daemon/util/random_id.h"
 
 namespace railyard {
 namespace {

@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/comm/completion_sink.h"
+#include "daemon/session/completion_sink.h"
 #include "daemon/session/ring_entry.h"
 #include "daemon/session/ring_poller.h"
 #include "daemon/session/shm_segment.h"

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/kernels/crc32c.h"
+#include "daemon/transport/crc32c.h"
 
 namespace railyard::transport {
 namespace {
@@ -35,7 +35,7 @@ uint32_t PayloadCrc(const Segment* segments, int count, size_t bytes = SIZE_MAX)
   uint32_t crc = 0;
   for (int i = 0; i < count && bytes > 0; ++i) {
     const size_t n = std::min(bytes, segments[i].size);
-    crc = kernels::Crc32c(segments[i].data, n, crc);
+    crc = Crc32c(segments[i].data, n, crc);
     bytes -= n;
   }
   return crc;

@@ -1,7 +1,7 @@
 // The frame of every inter-node message of a communicator: the payload, then a 16-byte trailer
 //
 //   offset 0   u64  data secret   the communicator's (JoinCommResponse.data_secret)
-//   offset 8   u32  crc           CRC-32C of the payload (daemon/kernels/crc32c.h), 0 without
+//   offset 8   u32  crc           CRC-32C of the payload (daemon/transport/crc32c.h), 0 without
 //   offset 12  u32  magic | flags kFrameMagic (0x5259_01_00: "RY", version 1) | kFrameFlagCrc32c
 //                                 | kFrameFlagSplit
 //

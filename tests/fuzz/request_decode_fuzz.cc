@@ -1,4 +1,4 @@
-// Fuzz target: Local.Submit as the daemon decodes it (daemon/services/request_decode.h), the one
+// Fuzz target: Local.Submit as the daemon decodes it (daemon/submit/request_decode.h), the one
 // request of the Local API whose every field a client controls and the daemon turns into
 // addresses it then reads and writes. Input: 3 header bytes, then a serialized
 // railyard.v1.SubmitRequest. Byte 0 picks the communicator size (1..16, or one of a few large
@@ -22,9 +22,9 @@
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/op.h"
 #include "daemon/scheduler/tags.h"
-#include "daemon/services/request_decode.h"
 #include "daemon/session/session.h"
 #include "daemon/session/shm_segment.h"
+#include "daemon/submit/request_decode.h"
 #include "railyard/v1/local.pb.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/quiet_protobuf.h"

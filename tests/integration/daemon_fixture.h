@@ -33,6 +33,22 @@ inline std::string RailyarddPath() {
   return env != nullptr && *env != '\0' ? std::string(env) : std::string(RAILYARDD_PATH);
 }
 
+// Flags only the test build of the daemon serves (daemon/test_hooks.h).
+inline bool IsTestOnlyFlag(const std::string& flag) {
+  return flag.rfind("--fake_gpus", 0) == 0 || flag.rfind("--test_flip_bit_every", 0) == 0;
+}
+
+// The daemon for these flags: the test build (railyardd-testing; $RAILYARDD_TESTING when set)
+// when one of them is test-only, else RailyarddPath(), the binary that is installed.
+inline std::string RailyarddPathFor(const std::vector<std::string>& flags) {
+  for (const std::string& f : flags) {
+    if (!IsTestOnlyFlag(f)) continue;
+    const char* env = std::getenv("RAILYARDD_TESTING");
+    return env != nullptr && *env != '\0' ? std::string(env) : std::string(RAILYARDD_TESTING_PATH);
+  }
+  return RailyarddPath();
+}
+
 inline bool SocketAccepts(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
@@ -47,8 +63,8 @@ class DaemonProcess {
  public:
   explicit DaemonProcess(std::vector<std::string> extra_flags = {}) : dir_(MakeTempDir()) {
     socket_ = dir_ + "/ry.sock";
-    std::vector<std::string> argv = {RailyarddPath(), "--socket=" + socket_, "--node_name=itest",
-                                     "--insecure_first_session_token"};
+    std::vector<std::string> argv = {RailyarddPathFor(extra_flags), "--socket=" + socket_,
+                                     "--node_name=itest", "--insecure_first_session_token"};
     argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     proc_ = std::make_unique<Process>(argv, dir_ + "/railyardd.log");
     for (int i = 0; i < 1000 && !SocketAccepts(socket_); ++i) {

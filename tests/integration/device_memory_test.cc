@@ -364,7 +364,7 @@ TEST(DeviceMemoryTest, HostAndDeviceMemoryInOneOperationAreRefused) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(after[r], "") << "rank " << r;
 }
 
-// Across nodes device memory is staged through host memory (daemon/comm/device_staging.h): two
+// Across nodes device memory is staged through host memory (daemon/submit/device_staging.h): two
 // daemons with two ranks each, every buffer device memory, values checked after each operation.
 TEST(DeviceMemoryTest, CollectivesAcrossNodesOnDeviceBuffersAreExact) {
   VirtualCluster cluster(2, {"--fake_gpus=1"}, PeerPlane::kInsecure);

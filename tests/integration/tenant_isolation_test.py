@@ -7,7 +7,7 @@ unprivileged uid. Every attack must get a clear status, the victim must lose not
 its session, its collectives), and a bystander job must run railyard-perf with checked results
 afterwards.
 
-Run by CTest (tenant_isolation_test) with RAILYARDD, RAILCTL, RAILYARD_PERF and PYTHONPATH (the
+Run by CTest (tenant_isolation_test) with RAILYARDD_TESTING, RAILCTL, RAILYARD_PERF and PYTHONPATH (the
 built Python client) in the environment.
 """
 
@@ -64,7 +64,8 @@ def node():
     sock = os.path.join(tmp, "ry.sock")
     log = open(os.path.join(tmp, "railyardd.log"), "w")
     proc = subprocess.Popen(
-        [os.environ["RAILYARDD"], f"--socket={sock}", f"--token_key_file={key}",
+        # --fake_gpus: the test build of the daemon (railyardd-testing).
+        [os.environ["RAILYARDD_TESTING"], f"--socket={sock}", f"--token_key_file={key}",
          f"--job_policy={policy}", "--node_name=tenants", "--worker_threads=2",
          "--fake_gpus=1", "--cuda_ipc",
          *[f"--{k}={v}" for k, v in QUOTAS.items()]], stdout=log, stderr=subprocess.STDOUT)

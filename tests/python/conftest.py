@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -63,10 +63,21 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         shutil.rmtree(_generated_dir, ignore_errors=True)
 
 
-def railyardd_path() -> str:
-    path = os.environ.get("RAILYARDD") or os.path.join(REPO, "build", "daemon", "railyardd")
+# Flags only the test build of the daemon serves (railyardd-testing, daemon/test_hooks.h).
+TEST_ONLY_FLAGS = ("--fake_gpus", "--test_flip_bit_every")
+
+
+def railyardd_path(flags: Tuple[str, ...] = ()) -> str:
+    """The installed daemon ($RAILYARDD), or its test build ($RAILYARDD_TESTING) when one of
+    flags is test-only."""
+    if any(f.startswith(TEST_ONLY_FLAGS) for f in flags):
+        name, default = "RAILYARDD_TESTING", os.path.join(REPO, "build", "tests", "support",
+                                                          "railyardd-testing")
+    else:
+        name, default = "RAILYARDD", os.path.join(REPO, "build", "daemon", "railyardd")
+    path = os.environ.get(name) or default
     if not os.access(path, os.X_OK):
-        pytest.exit(f"railyardd not found at {path}: build it and set RAILYARDD", returncode=4)
+        pytest.exit(f"{name} not found at {path}: build it and set {name}", returncode=4)
     return path
 
 
@@ -90,7 +101,7 @@ class Daemon:
         self.log_path = os.path.join(self.dir, "railyardd.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [railyardd_path(), f"--socket={self.socket}", "--insecure_first_session_token",
+            [railyardd_path(flags), f"--socket={self.socket}", "--insecure_first_session_token",
              f"--node_name={node_name}",
              "--log_level=warn", *flags],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -202,7 +202,7 @@ class DaemonBacklogTest : public ::testing::Test {
     req.set_comm_handle(r.handle);
     req.set_request_id(request_id);
     req.set_op(v1::COLLECTIVE_OP_BARRIER);
-    return core_->Submit(r.session, req);
+    return core_->submitter().Submit(r.session, req, nullptr);
   }
 
   std::string dir_;

@@ -1,5 +1,5 @@
 // --cpus: the CPU list syntax, its errors, and pinning every thread of the process.
-#include "daemon/util/cpu_affinity.h"
+#include "daemon/topology/cpu_affinity.h"
 
 #include <sched.h>
 #include <sys/syscall.h>

@@ -1,8 +1,8 @@
-// Tests for CRC-32C (daemon/kernels/crc32c.h): the published check values, and the hardware
+// Tests for CRC-32C (daemon/transport/crc32c.h): the published check values, and the hardware
 // implementations (one stream and three interleaved) against the portable table on random data
 // at every alignment and across the block boundaries of the interleaving.
 
-#include "daemon/kernels/crc32c.h"
+#include "daemon/transport/crc32c.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace railyard::kernels {
+namespace railyard::transport {
 namespace {
 
 struct Vector {
@@ -95,4 +95,4 @@ TEST(Crc32cTest, EverySingleBitFlipChangesTheCrc) {
 }
 
 }  // namespace
-}  // namespace railyard::kernels
+}  // namespace railyard::transport

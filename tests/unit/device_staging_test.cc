@@ -1,8 +1,8 @@
-// Staging a device-memory request through host memory (daemon/comm/device_staging.h), on the fake
+// Staging a device-memory request through host memory (daemon/submit/device_staging.h), on the fake
 // device runtime: the request is pointed at host copies holding the device's data, the results
 // go back to the device before the completion is forwarded, and a failed copy leaves the request
 // as it was with an error naming it.
-#include "daemon/comm/device_staging.h"
+#include "daemon/submit/device_staging.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

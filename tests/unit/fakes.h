@@ -11,7 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "daemon/comm/completion_sink.h"
+#include "daemon/session/completion_sink.h"
 #include "daemon/util/clock.h"
 
 namespace railyard::testing {

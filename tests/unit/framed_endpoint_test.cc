@@ -22,8 +22,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "daemon/kernels/crc32c.h"
 #include "daemon/transport/bit_flip_endpoint.h"
+#include "daemon/transport/crc32c.h"
 #include "daemon/transport/inproc/inproc_transport.h"
 
 namespace railyard::transport {
@@ -149,7 +149,7 @@ TEST(FramedEndpointTest, WireFormatIsPayloadThenSecretCrcMagic) {
       for (int i = 0; i < 4; ++i) crc |= uint32_t{t[8 + i]} << (8 * i);
       for (int i = 0; i < 4; ++i) magic |= uint32_t{t[12 + i]} << (8 * i);
       EXPECT_EQ(secret, kSecret);
-      EXPECT_EQ(crc, kernels::Crc32c(payload.data(), payload.size()));
+      EXPECT_EQ(crc, Crc32c(payload.data(), payload.size()));
       EXPECT_EQ(magic, 0x52590101u);
     }
 

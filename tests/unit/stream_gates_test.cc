@@ -1,7 +1,7 @@
-// Stream ordering's daemon side (daemon/comm/stream_gates.h, stream_sync.h) with real shared
+// Stream ordering's daemon side (daemon/submit/stream_gates.h, stream_sync.h) with real shared
 // memory: held submissions go in order once their ready word reaches their value, expire naming
 // what the word holds, go with their session; the done word is stored on every way a request ends.
-#include "daemon/comm/stream_gates.h"
+#include "daemon/submit/stream_gates.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

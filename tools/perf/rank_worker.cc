@@ -14,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/device/fake_device_runtime.h"
 #include "railyard/client.h"
 #include "tools/perf/data_check.h"
 #include "tools/perf/perf_op.h"
@@ -52,7 +51,8 @@ struct ModeResult {
 
 class RankBenchmark {
  public:
-  RankBenchmark(const PerfArgs& args, FILE* out) : args_(args), out_(out) {
+  RankBenchmark(const PerfArgs& args, const PerfHooks& hooks, FILE* out)
+      : args_(args), hooks_(hooks), out_(out) {
     nranks_ = args.nranks();
     wait_timeout_ = args.timeout_ms > 0 ? std::chrono::milliseconds(args.timeout_ms) + kWaitMargin
                                         : kDefaultWaitTimeout;
@@ -140,7 +140,10 @@ class RankBenchmark {
   // A fake device allocation registered as device memory, mapped here too (data() is that host
   // view, so the data check reads and writes it); unmapped when the worker ends.
   absl::StatusOr<Buffer> AllocateFakeDevice(size_t bytes, int device) {
-    absl::StatusOr<UniqueFd> fd = device::FakeDeviceRuntime::Allocate(device, bytes);
+    if (hooks_.fake_device_memory == nullptr) {
+      return absl::FailedPreconditionError("--fake_device needs railyard-perf-testing");
+    }
+    absl::StatusOr<UniqueFd> fd = hooks_.fake_device_memory(device, bytes);
     if (!fd.ok()) return fd.status();
     void* view = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
     if (view == MAP_FAILED) {
@@ -421,6 +424,7 @@ class RankBenchmark {
   }
 
   const PerfArgs& args_;
+  const PerfHooks& hooks_;
   FILE* out_;
   int nranks_ = 0;
   std::chrono::milliseconds wait_timeout_;
@@ -447,8 +451,8 @@ class RankBenchmark {
 
 }  // namespace
 
-absl::Status RunRank(const PerfArgs& args, FILE* out) {
-  RankBenchmark benchmark(args, out);
+absl::Status RunRank(const PerfArgs& args, const PerfHooks& hooks, FILE* out) {
+  RankBenchmark benchmark(args, hooks, out);
   return benchmark.Run();
 }
 

@@ -12,11 +12,11 @@
 #include <iostream>
 #include <set>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "daemon/auth/job_id.h"
 #include "daemon/auth/signed_token.h"
 #include "tools/railctl/command.h"
 #include "tools/railctl/flag_set.h"
@@ -49,17 +49,6 @@ std::string ErrnoText(int err) {
   return strerror_r(err, buffer, sizeof(buffer));  // the GNU variant returns the text
 }
 
-// The job id rule of daemon/session/job_tokens.h ValidJobId, which a token's job must meet.
-bool ValidJob(const std::string& job) {
-  if (job.empty() || job.size() > 128) return false;
-  for (char c : job) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
-      return false;
-    }
-  }
-  return true;
-}
-
 // Parses flags; every problem with them is a usage error. "help" is reported as a bool.
 absl::StatusOr<ParsedFlags> Flags(const std::vector<std::string>& args,
                                   const std::set<std::string>& value_flags) {
@@ -78,7 +67,7 @@ absl::StatusOr<std::string> RequiredFlag(const ParsedFlags& f, const std::string
 absl::StatusOr<std::string> JobFlag(const ParsedFlags& f) {
   absl::StatusOr<std::string> job = RequiredFlag(f, "job", "J");
   if (!job.ok()) return job;
-  if (!ValidJob(*job)) {
+  if (!ValidJobId(*job)) {
     return UsageError(
         absl::StrCat("--job '", absl::CHexEscape(*job), "': a job id is [A-Za-z0-9._-]{1,128}"));
   }

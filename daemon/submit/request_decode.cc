@@ -1,4 +1,4 @@
-#include "daemon/services/request_decode.h"
+#include "daemon/submit/request_decode.h"
 
 #include "absl/strings/str_cat.h"
 #include "daemon/scheduler/algorithms/algorithms.h"

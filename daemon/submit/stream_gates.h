@@ -47,9 +47,11 @@ class StreamGates {
 
   explicit StreamGates(absl::Duration spin, absl::Duration longest_sleep = absl::Microseconds(100),
                        size_t max_per_queue = 4096);
-  // Waits for releases still running elsewhere to call done; items still held fail with
-  // UNAVAILABLE.
+  // Stop()s.
   ~StreamGates();
+  // Stops the poller thread, waits for releases still running elsewhere to call done; items
+  // still held fail with UNAVAILABLE, and so does every Hold from then on. Idempotent.
+  void Stop();
   StreamGates(const StreamGates&) = delete;
   StreamGates& operator=(const StreamGates&) = delete;
 

@@ -1,4 +1,4 @@
-#include "daemon/comm/stream_gates.h"
+#include "daemon/submit/stream_gates.h"
 
 #include <algorithm>
 #include <atomic>
@@ -31,24 +31,29 @@ StreamGates::StreamGates(absl::Duration spin, absl::Duration longest_sleep, size
   });
 }
 
-StreamGates::~StreamGates() {
+StreamGates::~StreamGates() { Stop(); }
+
+void StreamGates::Stop() {
   {
     absl::MutexLock lock(&mu_);
+    if (stop_) return;
     stop_ = true;
   }
   thread_.join();
+  std::vector<Item> left;
   {
     // A release handed to another thread still calls Finish on this object.
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](StreamGates* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu_) { return g->releasing_ == 0; },
         this));
+    for (auto& [key, q] : queues_) {
+      for (Item& it : q.items) left.push_back(std::move(it));
+    }
+    queues_.clear();
+    queue_count_.store(0, std::memory_order_release);
+    held_ = 0;
   }
-  std::vector<Item> left;
-  for (auto& [key, q] : queues_) {
-    for (Item& it : q.items) left.push_back(std::move(it));
-  }
-  queues_.clear();
   for (Item& it : left) it.fail(absl::UnavailableError("railyardd is shutting down"));
 }
 
@@ -63,6 +68,7 @@ bool StreamGates::MustHold(const Key& key, const std::optional<StreamSync>& gate
 
 absl::Status StreamGates::Hold(const Key& key, Item item) {
   absl::MutexLock lock(&mu_);
+  if (stop_) return absl::UnavailableError("railyardd is shutting down");
   auto [it, made] = queues_.try_emplace(key);
   if (made) queue_count_.fetch_add(1, std::memory_order_acq_rel);
   Queue& q = it->second;

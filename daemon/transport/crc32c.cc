@@ -1,4 +1,4 @@
-#include "daemon/kernels/crc32c.h"
+#include "daemon/transport/crc32c.h"
 
 #include <cstring>
 
@@ -6,7 +6,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace railyard::kernels {
+namespace railyard::transport {
 namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78;  // reflected 0x1EDC6F41
@@ -206,4 +206,4 @@ uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
 }
 #endif
 
-}  // namespace railyard::kernels
+}  // namespace railyard::transport

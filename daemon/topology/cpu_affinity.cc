@@ -1,4 +1,4 @@
-#include "daemon/util/cpu_affinity.h"
+#include "daemon/topology/cpu_affinity.h"
 
 #include <sched.h>
 

@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace railyard::kernels {
+namespace railyard::transport {
 
 // CRC-32C of [data, data + size), continuing from crc (the CRC of the bytes before; 0 to start):
 // Crc32c(ab) == Crc32c(b, Crc32c(a)). Crc32c("123456789") == 0xE3069283.
@@ -27,4 +27,4 @@ uint32_t Crc32cHardware(const void* data, size_t size, uint32_t crc = 0);
 // Whether this CPU has SSE4.2's crc32 (always false off x86-64).
 bool Crc32cHardwareAvailable();
 
-}  // namespace railyard::kernels
+}  // namespace railyard::transport

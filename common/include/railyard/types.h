@@ -1,6 +1,7 @@
 // The element types and reduction operators of Railyard's API, as the client, the daemon's
-// kernels and the tools all name them: memory layout only. Part of the client's public headers
-// (the daemon sees them as railyard::kernels::*, daemon/kernels/types.h).
+// kernels and the tools all name them: memory layout only. Lives in common/ (library
+// railyard_types) because both sides include it: it is part of the C++ client's public API, and
+// the daemon's kernels see it as railyard::kernels::* (daemon/kernels/types.h).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "client/cpp/cuda_vmm.h"
+#include "common/cuda_vmm.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,4 +1,4 @@
-#include "daemon/comm/device_staging.h"
+#include "daemon/submit/device_staging.h"
 
 #include <algorithm>
 #include <atomic>
