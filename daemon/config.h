@@ -93,13 +93,13 @@ struct DaemonConfig {
   uint64_t staging_cache_bytes = uint64_t{512} << 20;
   // Device memory staged across nodes: an operation whose copy to host memory is larger goes to
   // the device's thread for it, in the order its rank submitted, instead of copying on the
-  // submitting thread (--staging_inline_bytes; DaemonCore::MustHold).
+  // submitting thread (--staging_inline_bytes; SubmitPath::MustHold).
   uint64_t staging_inline_bytes = uint64_t{1} << 20;
   // The most a staging copy moves per task of a device's thread before the device's other queued
   // work runs (--staging_chunk_bytes; device_staging.h). At least 4096.
   uint64_t staging_chunk_bytes = uint64_t{4} << 20;
   // A collective staged on the device's thread starts once its host memory is leased, its steps
-  // waiting for the chunks they touch (--staging_pipeline; DaemonCore::StageOnDevice).
+  // waiting for the chunks they touch (--staging_pipeline; SubmitPath::StageOnDevice).
   bool staging_pipeline = true;
   // Accept legacy CUDA IPC handles for device memory (--cuda_ipc; DaemonCore::RegisterBuffer).
   bool cuda_ipc = false;

@@ -28,7 +28,28 @@
 
 namespace railyard {
 
-class PeerClients {
+// The calls this daemon makes to other daemons' Peer services (a fake in unit tests of what
+// makes them: PeerPlane, CommFactory).
+class PeerCalls {
+ public:
+  virtual ~PeerCalls() = default;
+  // Fire and forget (best effort: the peer also finds out through its own deadlines). With TLS
+  // the peer's certificate must name expected_node.
+  virtual void AbortComm(const std::string& address, const std::string& expected_node,
+                         const v1::AbortCommRequest& req) = 0;
+  // Asynchronous liveness probe; done(OK) when the peer answered within timeout. With TLS the
+  // peer's certificate must name expected_node.
+  virtual void Heartbeat(const std::string& address, const std::string& expected_node,
+                         const std::string& from_node, absl::Duration timeout,
+                         std::function<void(const absl::Status&)> done) = 0;
+  // Asynchronous: the peer's view of a communicator (railctl diagnose); done runs on another
+  // thread. With TLS the peer's certificate must name expected_node.
+  virtual void GetCommState(const std::string& address, const std::string& expected_node,
+                            const v1::PeerCommStateRequest& req, absl::Duration timeout,
+                            std::function<void(const absl::StatusOr<v1::CommState>&)> done) = 0;
+};
+
+class PeerClients : public PeerCalls {
  public:
   static constexpr size_t kMaxChannels = 1024;
   using JoinDone = std::function<void(const absl::StatusOr<v1::JoinCommResponse>&)>;
@@ -45,21 +66,15 @@ class PeerClients {
   // the TLS handshake keeps failing until the deadline).
   void JoinComm(const std::string& address, const v1::JoinCommRequest& req, absl::Duration timeout,
                 JoinDone done);
-  // Fire and forget (best effort: the peer also finds out through its own deadlines). With TLS
-  // the peer's certificate must name expected_node.
   void AbortComm(const std::string& address, const std::string& expected_node,
-                 const v1::AbortCommRequest& req);
-  // Asynchronous liveness probe; done(OK) when the peer answered within timeout. With TLS the
-  // peer's certificate must name expected_node.
+                 const v1::AbortCommRequest& req) override;
   void Heartbeat(const std::string& address, const std::string& expected_node,
                  const std::string& from_node, absl::Duration timeout,
-                 std::function<void(const absl::Status&)> done);
-
-  // Asynchronous: the peer's view of a communicator (railctl diagnose); done runs on a gRPC
-  // thread. With TLS the peer's certificate must name expected_node.
+                 std::function<void(const absl::Status&)> done) override;
+  // done runs on a gRPC thread.
   void GetCommState(const std::string& address, const std::string& expected_node,
                     const v1::PeerCommStateRequest& req, absl::Duration timeout,
-                    std::function<void(const absl::StatusOr<v1::CommState>&)> done);
+                    std::function<void(const absl::StatusOr<v1::CommState>&)> done) override;
 
   // Channels cached now (tests).
   size_t cached_channels() {

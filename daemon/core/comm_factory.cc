@@ -196,7 +196,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCommFactory::MakeMultiNode(
     if (n != my_node) peers.emplace_back(net.node_addresses[n], net.node_names[n]);
   }
   const std::string me = config_.node_name;
-  PeerClients* clients = deps_.peers;
+  PeerCalls* clients = deps_.peers;
   net.notify_peers = [clients, peers, job, comm_id, me](const absl::Status& status) {
     if (clients == nullptr) return;
     v1::AbortCommRequest abort;

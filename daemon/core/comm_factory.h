@@ -60,7 +60,7 @@ class DaemonCommFactory : public CommFactory {
     scheduler::Executor* executor = nullptr;
     DeadlineTimer* timer = nullptr;
     metrics::DaemonMetrics* metrics = nullptr;  // null: nothing counted (tests)
-    PeerClients* peers = nullptr;               // null: peers are not told of failures (tests)
+    PeerCalls* peers = nullptr;                 // null: peers are not told of failures (tests)
   };
   DaemonCommFactory(const DaemonConfig& config, Deps deps, transport::LinkStack link_stack);
 

@@ -46,6 +46,8 @@ DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth,
       metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion,
                                                         config_.quotas.max_metric_jobs)),
       executor_(WorkerThreads(config_.worker_threads)),
+      peer_plane_({config_.node_name, config_.heartbeat_interval, config_.peer_timeout},
+                  {&comms_, &sessions_, &peers_, &timer_, metrics_.get()}),
       sessions_(std::move(auth), &config_.quotas),
       comm_factory_(config_, {&executor_, &timer_, metrics_.get(), &peers_},
                     transport::LinkStack(std::move(wire_layer))),
@@ -259,9 +261,7 @@ void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
   coordinator_ = peer_address_;
   StartRailQueues();
   comm_factory_.SetFabric(transport_.get(), rail_names_, rail_queues_);
-  absl::MutexLock lock(&mu_);
-  heartbeat_timer_ =
-      timer_.Schedule(absl::Now() + config_.heartbeat_interval, [this] { HeartbeatTick(); });
+  peer_plane_.Start();
 }
 
 void DaemonCore::SetNodeGraph(v1::NodeTopology graph) {
@@ -304,61 +304,6 @@ absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinC
     return s;
   }
   return bootstrap_.Join(req, JoinTimeout(req.timeout_ms()), std::move(done));
-}
-
-absl::StatusOr<std::shared_ptr<Communicator>> DaemonCore::PeerMemberComm(
-    const PeerIdentity& who, absl::string_view rpc, absl::string_view field, const std::string& job,
-    const std::string& comm_id, const std::string& from_node) {
-  if (absl::Status s = CheckClaimedNode(who, from_node, field); !s.ok()) return s;
-  std::shared_ptr<Communicator> comm = comms_.Find({job, comm_id});
-  if (comm == nullptr || !comm->HasPeerNode(from_node)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        rpc, " from node ", from_node, " refused: it is not another member node of communicator ",
-        comm_id.substr(0, 80), " here"));
-  }
-  return comm;
-}
-
-absl::Status DaemonCore::AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req) {
-  // Only another member may fail a communicator.
-  absl::StatusOr<std::shared_ptr<Communicator>> member = PeerMemberComm(
-      who, "AbortComm", "AbortCommRequest.from_node", req.job_id(), req.comm_id(), req.from_node());
-  if (!member.ok()) return member.status();
-  const std::shared_ptr<Communicator>& comm = *member;
-  // A peer's code and words go to every local rank: only real codes, and a bounded message.
-  const bool known =
-      req.code() > 0 && req.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
-  const auto code = known ? static_cast<absl::StatusCode>(req.code()) : absl::StatusCode::kAborted;
-  comm->Abort(absl::Status(code, req.message().substr(0, 1024)),
-              /*notify=*/false, /*transfers_now=*/false);
-  return absl::OkStatus();
-}
-
-bool DaemonCore::SharesCommWith(const std::string& node) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (building_peer_nodes_.count(node) > 0) return true;
-  }
-  for (const auto& comm : comms_.Snapshot()) {
-    if (comm->multi_node() && !comm->failed() && comm->HasPeerNode(node)) return true;
-  }
-  return false;
-}
-
-absl::StatusOr<v1::HeartbeatResponse> DaemonCore::Heartbeat(const PeerIdentity& who,
-                                                            const v1::HeartbeatRequest& req) {
-  if (absl::Status s = CheckClaimedNode(who, req.from_node(), "HeartbeatRequest.from_node");
-      !s.ok()) {
-    return s;
-  }
-  if (!SharesCommWith(req.from_node())) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "Heartbeat from node ", req.from_node(),
-        " refused: it is not another node of a multi-node communicator of this daemon (yet)"));
-  }
-  v1::HeartbeatResponse resp;
-  resp.set_node_name(config_.node_name);
-  return resp;
 }
 
 absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
@@ -495,21 +440,14 @@ void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
     for (int n = 0; n < nnodes; ++n) {
       if (n != my_node) others.push_back(layout->nodes(n).node_name());
     }
-    CountBuilding(others, +1);
+    peer_plane_.CountBuilding(others, +1);
     made = comm_factory_.MakeMultiNode(session->job(), req.comm_id(), *layout, my_node,
                                        std::move(slot), req.integrity());
   }
   std::vector<CommRegistry::BuiltFn> waiters = comms_.Built(key, made);
-  CountBuilding(others, -1);  // registered (or failed) from here on
+  peer_plane_.CountBuilding(others, -1);  // registered (or failed) from here on
   join(made);
   for (auto& w : waiters) w(made);
-}
-
-void DaemonCore::CountBuilding(const std::vector<std::string>& nodes, int delta) {
-  absl::MutexLock lock(&mu_);
-  for (const auto& name : nodes) {
-    if ((building_peer_nodes_[name] += delta) <= 0) building_peer_nodes_.erase(name);
-  }
 }
 
 void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
@@ -555,59 +493,6 @@ void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
   Log(LogLevel::kDebug, "comm", "rank joined",
       {F("comm", req.comm_id()), F("rank", req.rank()), F("nranks", req.nranks()),
        F("nodes", nnodes)});
-}
-
-void DaemonCore::HeartbeatTick() {
-  // The peers live communicators need, gathered before mu_ (each comm takes its own lock).
-  std::map<std::string, std::vector<std::shared_ptr<Communicator>>> by_peer;
-  for (const auto& comm : comms_.Snapshot()) {
-    if (!comm->multi_node() || comm->failed()) continue;
-    for (const auto& addr : comm->PeerAddresses()) by_peer[addr].push_back(comm);
-  }
-  std::vector<std::pair<std::string, std::string>> dead;  // (address, last error)
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutting_down_) return;
-    const absl::Time now = absl::Now();
-    for (const auto& [addr, comms] : by_peer) {
-      peer_last_seen_.try_emplace(addr, now);  // a new peer gets a full timeout
-    }
-    for (auto it = peer_last_seen_.begin(); it != peer_last_seen_.end();) {
-      if (by_peer.count(it->first) == 0) {  // no live communicator needs this peer any more
-        peer_last_error_.erase(it->first);
-        it = peer_last_seen_.erase(it);
-        continue;
-      }
-      if (now - it->second > config_.peer_timeout) {
-        dead.emplace_back(it->first, peer_last_error_[it->first]);
-      }
-      ++it;
-    }
-    heartbeat_timer_ =
-        timer_.Schedule(now + config_.heartbeat_interval, [this] { HeartbeatTick(); });
-  }
-  for (const auto& [addr, error] : dead) {
-    metrics_->CountPeerFailure();
-    for (const auto& comm : by_peer[addr]) {
-      comm->Abort(absl::UnavailableError(absl::StrCat(
-          "node ", comm->NodeNameOf(addr), " (", addr, ") of communicator ", comm->comm_id(),
-          " has not answered for ", absl::FormatDuration(config_.peer_timeout),
-          error.empty() ? "" : ": ", error)));
-    }
-  }
-  for (const auto& [addr, comms] : by_peer) {
-    // The node the layouts name at addr: its certificate must say so.
-    peers_.Heartbeat(addr, comms.front()->NodeNameOf(addr), config_.node_name,
-                     config_.heartbeat_interval, [this, addr = addr](const absl::Status& s) {
-                       absl::MutexLock lock(&mu_);
-                       if (s.ok()) {
-                         peer_last_seen_[addr] = absl::Now();
-                         peer_last_error_.erase(addr);
-                       } else {
-                         peer_last_error_[addr] = std::string(s.message());
-                       }
-                     });
-  }
 }
 
 absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
@@ -791,8 +676,8 @@ void DaemonCore::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
-    timer_.Cancel(heartbeat_timer_);
   }
+  peer_plane_.Stop();
   // Entries a client published before now are taken first: they are in flight, and fail
   // CANCELLED with the rest below rather than vanish with the session.
   for (auto& s : sessions_.Snapshot()) {

@@ -27,6 +27,7 @@
 #include "daemon/comm/peer_identity.h"
 #include "daemon/config.h"
 #include "daemon/core/comm_factory.h"
+#include "daemon/core/peer_plane.h"
 #include "daemon/device/device_runtime.h"
 #include "daemon/device/staging_pool.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -86,17 +87,8 @@ class DaemonCore {
   // job, RESOURCE_EXHAUSTED past --max_pending_joins); it waits at most --join_timeout.
   absl::Status CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
                               CommBootstrap::Done done);
-  // The daemon `who` reports that a communicator failed there. PERMISSION_DENIED unless `who`
-  // may speak for from_node and from_node is another member node of the communicator (the same
-  // answer for a communicator this daemon does not have); INVALID_ARGUMENT for a malformed
-  // from_node.
-  absl::Status AbortFromPeer(const PeerIdentity& who, const v1::AbortCommRequest& req);
-  // The daemon `who` asks whether this one is alive. Answered only for a from_node `who` may
-  // speak for that is another node of a live multi-node communicator of this daemon, or of one
-  // being built here (else PERMISSION_DENIED: a member that built its side first is refused
-  // until this daemon has built its own, which the sender tolerates for --peer_timeout).
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const PeerIdentity& who,
-                                                  const v1::HeartbeatRequest& req);
+  // Heartbeats, peers' aborts, communicator views and diagnosis (daemon/core/peer_plane.h).
+  PeerPlane& peer_plane() { return peer_plane_; }
   // Name written into comm ids as coordinator.
   const std::string& coordinator() const { return coordinator_; }
 
@@ -174,21 +166,6 @@ class DaemonCore {
   absl::StatusOr<double> SetJobWeight(const std::string& job, double weight);
   double JobWeight(const std::string& job) const { return job_weights_.Get(job); }
 
-  // Hang diagnosis (daemon_core_diagnose.cc, railctl diagnose). This daemon's views of its
-  // communicators (all, one comm id, or one job's): NOT_FOUND when the filter matches none.
-  absl::StatusOr<v1::GetCommStateResponse> GetCommState(const v1::GetCommStateRequest& req);
-  // Another member daemon asks for this one's view of a communicator: PERMISSION_DENIED unless
-  // `who` may speak for from_node and it is another member node of the communicator here (also
-  // for an unknown communicator, so that comm ids cannot be probed).
-  absl::StatusOr<v1::CommState> PeerCommState(const PeerIdentity& who,
-                                              const v1::PeerCommStateRequest& req);
-  // Gathers every member daemon's view of the communicators the request names (in parallel,
-  // each within its timeout) and judges them (daemon/diagnose/verdicts.h). done runs once, on
-  // this thread or a gRPC one. INVALID_ARGUMENT without comm_id or job_id or for a timeout past
-  // 30 s; NOT_FOUND when they name no communicator here.
-  void Diagnose(const v1::DiagnoseRequest& req,
-                std::function<void(const absl::StatusOr<v1::DiagnoseResponse>&)> done);
-
   // Fails every communicator with CANCELLED and closes every session. Idempotent.
   void Shutdown();
 
@@ -204,10 +181,6 @@ class DaemonCore {
   // A join's wait for the other ranks: the request's, else --init_timeout; never more than
   // --join_timeout.
   absl::Duration JoinTimeout(uint32_t timeout_ms) const;
-  // True when node is another node of a live multi-node communicator here or of one being built.
-  bool SharesCommWith(const std::string& node);
-  // Adds delta to the builds each of nodes is counted in (building_peer_nodes_).
-  void CountBuilding(const std::vector<std::string>& nodes, int delta);
   // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
   // Builds the communicator outside mu_ (UCX connects may take --peer_timeout per peer and
   // rail): the first rank to get the layout builds it, the others wait for it without blocking.
@@ -218,18 +191,8 @@ class DaemonCore {
   void JoinBuilt(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
                  uint64_t handle, int nnodes,
                  const absl::StatusOr<std::shared_ptr<Communicator>>& comm, InitDone done);
-  void HeartbeatTick();
   // Reads <state_dir>/calibration.json at start (defaults when absent or unreadable).
   void LoadCalibrationAtStart();
-  // The communicator (job, comm_id) when `who` may speak for from_node and from_node is another
-  // member node of it; PERMISSION_DENIED naming `rpc` otherwise, the same for an unknown one (so
-  // that comm ids cannot be probed), INVALID_ARGUMENT (via `field`) for a bad node name.
-  absl::StatusOr<std::shared_ptr<Communicator>> PeerMemberComm(
-      const PeerIdentity& who, absl::string_view rpc, absl::string_view field,
-      const std::string& job, const std::string& comm_id, const std::string& from_node);
-  // comm->ProgressState() with this node's name and its ranks' pids (from the sessions'
-  // memberships).
-  v1::CommState LocalCommState(const std::shared_ptr<Communicator>& comm);
   // What the metrics' daemon and job gauges show, sampled at scrape time.
   metrics::DaemonSample SampleMetrics();
 
@@ -259,6 +222,8 @@ class DaemonCore {
   std::string cross_node_devices_ ABSL_GUARDED_BY(cross_node_mu_);
   scheduler::Executor executor_;
   CommBootstrap bootstrap_{&timer_, {config_.max_pending_joins}};
+  // Before peers_: the answers to its heartbeats come back through peers_, which goes first.
+  PeerPlane peer_plane_;
   PeerClients peers_;
   v1::NodeTopology topology_;
   v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);
@@ -283,13 +248,6 @@ class DaemonCore {
   // The sessions' ring threads: destroyed (joined) before the sessions and the transport.
   RingPollers ring_pollers_{config_.ring_thread_per_session ? RingPollers::Mode::kPerSession
                                                             : RingPollers::Mode::kPerJob};
-  // Last time each peer daemon (by address) answered a heartbeat.
-  std::map<std::string, absl::Time> peer_last_seen_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> peer_last_error_ ABSL_GUARDED_BY(mu_);
-  DeadlineTimer::Id heartbeat_timer_ ABSL_GUARDED_BY(mu_) = 0;
-  // The other nodes of multi-node communicators being built here (by name, how many builds),
-  // whose heartbeats are answered before the communicator is registered.
-  std::map<std::string, int> building_peer_nodes_ ABSL_GUARDED_BY(mu_);
   // Builds the communicators ranks join (their links, tuners, failure notices).
   DaemonCommFactory comm_factory_;
   // The submit path (decoding, stream gates, device staging). Its gates' thread submits into

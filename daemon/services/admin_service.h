@@ -77,7 +77,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* GetCommState(grpc::CallbackServerContext* ctx,
                                          const v1::GetCommStateRequest* req,
                                          v1::GetCommStateResponse* resp) override {
-    absl::StatusOr<v1::GetCommStateResponse> r = core_->GetCommState(*req);
+    absl::StatusOr<v1::GetCommStateResponse> r = core_->peer_plane().GetCommState(*req);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (r.ok()) *resp = *std::move(r);
     reactor->Finish(ToGrpc(r.status()));
@@ -88,10 +88,11 @@ class AdminService final : public v1::Admin::CallbackService {
                                      const v1::DiagnoseRequest* req,
                                      v1::DiagnoseResponse* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    core_->Diagnose(*req, [reactor, resp](const absl::StatusOr<v1::DiagnoseResponse>& r) {
-      if (r.ok()) *resp = *r;
-      reactor->Finish(ToGrpc(r.status()));
-    });
+    core_->peer_plane().Diagnose(*req,
+                                 [reactor, resp](const absl::StatusOr<v1::DiagnoseResponse>& r) {
+                                   if (r.ok()) *resp = *r;
+                                   reactor->Finish(ToGrpc(r.status()));
+                                 });
     return reactor;
   }
 

@@ -64,7 +64,8 @@ grpc::ServerUnaryReactor* PeerService::Heartbeat(grpc::CallbackServerContext* ct
                                                  const v1::HeartbeatRequest* req,
                                                  v1::HeartbeatResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<v1::HeartbeatResponse> answer = core_->Heartbeat(Identify(*ctx), *req);
+  absl::StatusOr<v1::HeartbeatResponse> answer =
+      core_->peer_plane().Heartbeat(Identify(*ctx), *req);
   if (answer.ok()) *resp = *std::move(answer);
   reactor->Finish(ToGrpc(answer.status()));
   return reactor;
@@ -74,7 +75,7 @@ grpc::ServerUnaryReactor* PeerService::AbortComm(grpc::CallbackServerContext* ct
                                                  const v1::AbortCommRequest* req,
                                                  v1::AbortCommResponse*) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpc(core_->AbortFromPeer(Identify(*ctx), *req)));
+  reactor->Finish(ToGrpc(core_->peer_plane().AbortFromPeer(Identify(*ctx), *req)));
   return reactor;
 }
 
@@ -82,7 +83,7 @@ grpc::ServerUnaryReactor* PeerService::GetCommState(grpc::CallbackServerContext*
                                                     const v1::PeerCommStateRequest* req,
                                                     v1::CommState* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<v1::CommState> st = core_->PeerCommState(Identify(*ctx), *req);
+  absl::StatusOr<v1::CommState> st = core_->peer_plane().PeerCommState(Identify(*ctx), *req);
   if (st.ok()) *resp = *std::move(st);
   reactor->Finish(ToGrpc(st.status()));
   return reactor;

@@ -28,7 +28,7 @@ class SessionRings;
 
 // The Connect server stream of one session. Writes queued events one at a time. An event queued
 // with a quota account holds its serialized size of Resource::kCompletionBytes until it is
-// written or dropped: a client that stops reading is refused new work (DaemonCore::Submit), and
+// written or dropped: a client that stops reading is refused new work (SubmitPath::Submit), and
 // never loses a completion it is owed.
 class SessionStream : public grpc::ServerWriteReactor<v1::SessionEvent> {
  public:

@@ -1,7 +1,7 @@
 // The daemon's end of a session's rings (proto/railyard/v1/ring.h): a ring thread (ring_poller.h:
 // one per job on this node by default, one per session with --ring_threads=session) takes
 // entries off the submission ring, validates each exactly as a gRPC Submit (it calls the same
-// DaemonCore::Submit) and writes every outcome to the completion ring, from whichever thread
+// SubmitPath::Submit) and writes every outcome to the completion ring, from whichever thread
 // completes the operation.
 //
 // The thread spins for `spin` after a session's last entry or completion (longer, up to `poll`,

@@ -468,7 +468,7 @@ TEST_F(TwoDaemonsTest, TwoCommunicatorsInLockstepKeepTheirOwnData) {
   }
 }
 
-// Who may fail a communicator or heartbeat this daemon for it (DaemonCore::AbortFromPeer,
+// Who may fail a communicator or heartbeat this daemon for it (PeerPlane::AbortFromPeer,
 // Heartbeat): the other nodes by name, never this daemon's own, none of a one-node communicator.
 TEST_F(TwoDaemonsTest, PeerNodesAreTheOtherNodesByName) {
   std::shared_ptr<Communicator> comm = Make(0, "members", 1, {3, 9}, "ring");

@@ -1,6 +1,6 @@
 // The completion backlog quota (Resource::kCompletionBytes): a session's Connect stream charges
 // each queued completion's serialized size until it is written or dropped, completions past the
-// limit are still queued (never lost), and DaemonCore::Submit refuses new work while the backlog
+// limit are still queued (never lost), and SubmitPath::Submit refuses new work while the backlog
 // is at or over the limit. The stream is never bound to a gRPC call here: its writes wait until
 // the test reports them done (OnWriteDone), like a client that stops reading.
 #include <sys/socket.h>

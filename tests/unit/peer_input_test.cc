@@ -618,17 +618,19 @@ TEST_F(PeerCoreTest, JoinsAreCheckedBoundedAndExpireAfterTheJoinTimeout) {
 TEST_F(PeerCoreTest, HeartbeatsFromDaemonsSharingNoCommunicatorAreRefused) {
   v1::HeartbeatRequest hb;
   hb.set_from_node("peer");
-  ExpectRefused(core_->Heartbeat(Insecure(), hb).status(), absl::StatusCode::kPermissionDenied,
+  ExpectRefused(core_->peer_plane().Heartbeat(Insecure(), hb).status(),
+                absl::StatusCode::kPermissionDenied,
                 "Heartbeat from node peer refused: it is not another node of a multi-node "
                 "communicator of this daemon");
-  ExpectRefused(core_->Heartbeat(Certified({"someone-else"}), hb).status(),
+  ExpectRefused(core_->peer_plane().Heartbeat(Certified({"someone-else"}), hb).status(),
                 absl::StatusCode::kPermissionDenied,
                 "HeartbeatRequest.from_node: peer ipv4:10.0.0.9:5555 claims node 'peer'");
   hb.set_from_node("");
-  ExpectRefused(core_->Heartbeat(Insecure(), hb).status(), absl::StatusCode::kInvalidArgument,
-                "HeartbeatRequest.from_node is empty");
+  ExpectRefused(core_->peer_plane().Heartbeat(Insecure(), hb).status(),
+                absl::StatusCode::kInvalidArgument, "HeartbeatRequest.from_node is empty");
   hb.set_from_node(std::string(256, 'h'));
-  ExpectRefused(core_->Heartbeat(Insecure(), hb).status(), absl::StatusCode::kInvalidArgument,
+  ExpectRefused(core_->peer_plane().Heartbeat(Insecure(), hb).status(),
+                absl::StatusCode::kInvalidArgument,
                 "HeartbeatRequest.from_node is 256 bytes, more than 255");
 }
 
@@ -639,18 +641,19 @@ TEST_F(PeerCoreTest, AbortsFromNonMembersAreRefusedAndMalformedOnesNamed) {
   abort.set_code(10);
   abort.set_message("boom");
   abort.set_from_node("peer");
-  const absl::Status unknown = core_->AbortFromPeer(Insecure(), abort);
+  const absl::Status unknown = core_->peer_plane().AbortFromPeer(Insecure(), abort);
   ExpectRefused(unknown, absl::StatusCode::kPermissionDenied,
                 "AbortComm from node peer refused: it is not another member node of "
                 "communicator");
-  ExpectRefused(core_->AbortFromPeer(Certified({"other"}), abort),
+  ExpectRefused(core_->peer_plane().AbortFromPeer(Certified({"other"}), abort),
                 absl::StatusCode::kPermissionDenied, "AbortCommRequest.from_node: peer");
   abort.set_from_node("a\tb");
-  ExpectRefused(core_->AbortFromPeer(Insecure(), abort), absl::StatusCode::kInvalidArgument,
+  ExpectRefused(core_->peer_plane().AbortFromPeer(Insecure(), abort),
+                absl::StatusCode::kInvalidArgument,
                 "AbortCommRequest.from_node has byte 0x09 at 1");
   // This daemon naming itself is no member "other than this daemon" either.
   abort.set_from_node("unit");
-  const absl::Status self = core_->AbortFromPeer(Insecure(), abort);
+  const absl::Status self = core_->peer_plane().AbortFromPeer(Insecure(), abort);
   EXPECT_EQ(self.code(), absl::StatusCode::kPermissionDenied);
 }
 

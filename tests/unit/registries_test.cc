@@ -182,7 +182,7 @@ TEST(CommBootstrapTest, LayoutsMustFitTheTagSpace) {
   EXPECT_THAT(big.message(), HasSubstr("4097 nodes"));
 }
 
-// A member indexes the layout's nodes with node_of_rank (DaemonCore::MakeMultiNodeComm): a
+// A member indexes the layout's nodes with node_of_rank (DaemonCommFactory::MakeMultiNode): a
 // coordinator's layout whose ranks name nodes it does not list, or that lists nodes no rank is
 // on, is refused before anything is built from it (found by tests/fuzz/peer_join_fuzz).
 TEST(CommBootstrapTest, LayoutsMustPlaceEveryRankOnAListedNode) {

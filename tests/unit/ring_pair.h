@@ -1,6 +1,6 @@
 // Test helpers for the session rings (session_rings_test, ring_poller_test): both ends of one
 // set of rings over a real sealed memfd (the client's ClientRings, the daemon's SessionRings),
-// with a fake in place of DaemonCore::Submit.
+// with a fake in place of SubmitPath::Submit.
 #pragma once
 
 #include <sys/syscall.h>
@@ -29,7 +29,7 @@ namespace railyard::ring_testing {
 namespace rp = ringproto;
 using Clock = std::chrono::steady_clock;
 
-// Stands in for DaemonCore::Submit: records what it was given, and completes it at once, later
+// Stands in for SubmitPath::Submit: records what it was given, and completes it at once, later
 // (Complete) or refuses it.
 class FakeSubmit {
  public:
@@ -114,7 +114,7 @@ struct Outcome {
 inline std::mutex batches_mu;
 inline std::vector<size_t> batches_seen;
 
-// The fake's stand-in for DaemonCore::Submit, as the daemon gives it to SessionRings::Start.
+// The fake's stand-in for SubmitPath::Submit, as the daemon gives it to SessionRings::Start.
 inline SessionRings::SubmitFn SubmitTo(std::shared_ptr<FakeSubmit> fake) {
   return [f = std::move(fake)](const std::vector<RingSubmission>& entries,
                                const std::shared_ptr<CompletionSink>& sink) {

@@ -1,6 +1,6 @@
 // The session rings end to end in one process: the client's end (client/cpp/client_rings.h) and
 // the daemon's (daemon/session/session_rings.h) over one real sealed memfd, with a fake in place
-// of DaemonCore::Submit. Wrap-around, back-pressure of a full completion ring, garbage a client
+// of SubmitPath::Submit. Wrap-around, back-pressure of a full completion ring, garbage a client
 // can write (entries, tails, extension slots), concurrent submitters, sleeping when idle, and
 // stopping with operations in flight.
 #include "daemon/session/session_rings.h"
