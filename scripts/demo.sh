@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh
+# Only what the demo runs: the daemon, railyard-perf, railctl (not the test suite's ~300 targets).
+RAILYARD_TARGETS="railyardd railyard-perf railctl railyard_python" scripts/build.sh
 
 build=${RAILYARD_BUILD_DIR:-build}
 max=${DEMO_MAX:-64M}
