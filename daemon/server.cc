@@ -161,7 +161,7 @@ absl::Status Server::Start() {
     core_->SetDeviceRuntime(device::OpenDeviceRuntime());
   }
   Log(LogLevel::kInfo, "daemon", "devices", {F("devices", core_->DescribeDevices())});
-  if (absl::Status s = core_->LoadJobWeights(); !s.ok()) return s;
+  if (absl::Status s = core_->fair_share().LoadWeights(); !s.ok()) return s;
   FdChannelServer::Options fd_options;
   fd_options.path = fd_socket;
   if (config_.quotas.max_sessions != 0) {
@@ -206,7 +206,7 @@ absl::Status Server::Start() {
   Log(LogLevel::kInfo, "daemon", "serving",
       {F("version", kRailyardVersion), F("socket", config_.socket),
        F("admin_socket", config_.admin_socket), F("node", config_.node_name),
-       F("coordinator", core_->coordinator()),
+       F("coordinator", core_->joins().coordinator()),
        F("worker_threads", core_->Status().worker_threads())});
   return absl::OkStatus();
 }
@@ -412,7 +412,7 @@ void Server::Shutdown() {
 }
 
 void Server::Reload() {
-  if (core_ != nullptr) core_->ReloadJobWeights();
+  if (core_ != nullptr) core_->fair_share().ReloadWeights();
 }
 
 }  // namespace railyard

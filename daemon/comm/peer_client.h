@@ -32,7 +32,13 @@ namespace railyard {
 // makes them: PeerPlane, CommFactory).
 class PeerCalls {
  public:
+  using JoinDone = std::function<void(const absl::StatusOr<v1::JoinCommResponse>&)>;
   virtual ~PeerCalls() = default;
+  // Asynchronous; done runs on another thread. The coordinator's certificate must name the host
+  // of address. UNAVAILABLE names the address when the coordinator cannot be reached (also when
+  // the TLS handshake keeps failing until the deadline).
+  virtual void JoinComm(const std::string& address, const v1::JoinCommRequest& req,
+                        absl::Duration timeout, JoinDone done) = 0;
   // Fire and forget (best effort: the peer also finds out through its own deadlines). With TLS
   // the peer's certificate must name expected_node.
   virtual void AbortComm(const std::string& address, const std::string& expected_node,
@@ -52,7 +58,6 @@ class PeerCalls {
 class PeerClients : public PeerCalls {
  public:
   static constexpr size_t kMaxChannels = 1024;
-  using JoinDone = std::function<void(const absl::StatusOr<v1::JoinCommResponse>&)>;
 
   // Mutual TLS with PEM text: the CA peers' certificates must chain to, this daemon's
   // certificate (chain) and its private key (presented as client certificate).
@@ -61,11 +66,9 @@ class PeerClients : public PeerCalls {
   // Plaintext, nothing verified (--peer_insecure).
   void SetInsecure();
 
-  // Asynchronous; done runs on a gRPC thread. The coordinator's certificate must name the host
-  // of address. UNAVAILABLE names the address when the coordinator cannot be reached (also when
-  // the TLS handshake keeps failing until the deadline).
+  // done runs on a gRPC thread.
   void JoinComm(const std::string& address, const v1::JoinCommRequest& req, absl::Duration timeout,
-                JoinDone done);
+                JoinDone done) override;
   void AbortComm(const std::string& address, const std::string& expected_node,
                  const v1::AbortCommRequest& req) override;
   void Heartbeat(const std::string& address, const std::string& expected_node,

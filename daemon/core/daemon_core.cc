@@ -45,17 +45,20 @@ DaemonCore::DaemonCore(DaemonConfig config, SessionAuth auth,
       started_at_(absl::Now()),
       metrics_(std::make_unique<metrics::DaemonMetrics>(config_.node_name, kRailyardVersion,
                                                         config_.quotas.max_metric_jobs)),
+      fair_share_(config_.job_weights_file, {metrics_.get(), &sessions_, &comms_}),
       executor_(WorkerThreads(config_.worker_threads)),
       peer_plane_({config_.node_name, config_.heartbeat_interval, config_.peer_timeout},
                   {&comms_, &sessions_, &peers_, &timer_, metrics_.get()}),
       sessions_(std::move(auth), &config_.quotas),
+      tuning_(config_.state_dir, &comms_,
+              [this](const v1::CostModel& model) { bootstrap_.SetCostModel(model); }),
       comm_factory_(config_, {&executor_, &timer_, metrics_.get(), &peers_},
                     transport::LinkStack(std::move(wire_layer))),
+      joins_(config_,
+             {&comms_, &comm_factory_, &bootstrap_, &peers_, &peer_plane_, &tuning_, &fair_share_}),
       submit_path_(SubmitOptions(config_), &executor_) {
-  coordinator_ =
-      config_.peer_listen.empty() ? absl::StrCat("local:", config_.node_name) : config_.peer_listen;
   metrics_->SetSampler([this] { return SampleMetrics(); });
-  LoadCalibrationAtStart();
+  tuning_.LoadAtStart();
 }
 
 DaemonCore::~DaemonCore() {
@@ -234,16 +237,6 @@ absl::Status DaemonCore::ReleaseBuffer(Session& session, uint64_t buffer_id) {
   return absl::OkStatus();
 }
 
-std::string DaemonCore::NewCommId() { return FormatCommId({RandomHex128(), coordinator_}); }
-
-absl::Duration DaemonCore::JoinTimeout(uint32_t timeout_ms) const {
-  // Whoever asks (a client, or a peer daemon relaying one) may ask for less than --join_timeout,
-  // never more: a join's state must not be held for 49 days.
-  const absl::Duration asked =
-      timeout_ms == 0 ? config_.init_timeout : absl::Milliseconds(timeout_ms);
-  return std::min(asked, config_.join_timeout);
-}
-
 void DaemonCore::SetPeerCredentials(const std::optional<auth::PeerTlsPem>& tls) {
   if (tls.has_value()) {
     peers_.SetTls(tls->ca, tls->cert_chain, tls->private_key);
@@ -257,10 +250,9 @@ void DaemonCore::EnableMultiNode(v1::NodeTopology topology,
                                  std::string peer_address) {
   topology_ = std::move(topology);
   transport_ = std::move(transport);
-  peer_address_ = std::move(peer_address);
-  coordinator_ = peer_address_;
-  StartRailQueues();
-  comm_factory_.SetFabric(transport_.get(), rail_names_, rail_queues_);
+  joins_.SetFabric(transport_.get(), std::move(peer_address));
+  fair_share_.StartRails(topology_);
+  comm_factory_.SetFabric(transport_.get(), fair_share_.rail_names(), fair_share_.rail_queues());
   peer_plane_.Start();
 }
 
@@ -274,225 +266,6 @@ v1::NodeTopology DaemonCore::NodeGraph() {
   v1::NodeTopology graph = node_graph_;
   if (graph.node().empty()) graph.set_node(config_.node_name);
   return graph;
-}
-
-v1::NodeInfo DaemonCore::MyNodeInfo() {
-  v1::NodeInfo info;
-  info.set_node_name(config_.node_name);
-  info.set_peer_address(peer_address_);
-  if (transport_ != nullptr) {
-    for (int r = 0; r < transport_->num_rails(); ++r) {
-      absl::StatusOr<std::string> addr = transport_->LocalAddress(r);
-      info.add_rail_addresses(addr.ok() ? *addr : std::string());
-    }
-  }
-  info.set_paced_chunk_bytes(PacedChunkBytes());
-  info.set_data_plane_version(kDataPlaneVersion);
-  return info;
-}
-
-absl::Status DaemonCore::CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
-                                        CommBootstrap::Done done) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
-  }
-  if (absl::Status s = CheckJoinRequest(who, req, coordinator_); !s.ok()) {
-    Log(LogLevel::kWarning, "peer", "join refused",
-        {F("peer", who.peer), F("code", absl::StatusCodeToString(s.code())),
-         F("reason", s.message())});
-    return s;
-  }
-  return bootstrap_.Join(req, JoinTimeout(req.timeout_ms()), std::move(done));
-}
-
-absl::Status DaemonCore::InitComm(const std::shared_ptr<Session>& session,
-                                  const v1::InitCommRequest& req, InitDone done) {
-  absl::StatusOr<CommId> id = ParseCommId(req.comm_id());
-  if (!id.ok()) return id.status();
-  if (absl::Status s = CheckRankOf(req.rank(), req.nranks()); !s.ok()) return s;
-  // Refuse early what AddMembership would refuse after the other ranks joined.
-  if (session->quota() != nullptr) {
-    if (absl::Status s = session->quota()->CheckBelow(Resource::kComms); !s.ok()) return s;
-  }
-  const bool local_coordinator = id->coordinator == coordinator_;
-  if (!local_coordinator && IsLocalCoordinator(id->coordinator)) {
-    // Another daemon without a peer service: nothing to dial (and never a gRPC "local:" target).
-    return absl::InvalidArgumentError(
-        absl::StrCat("comm id names coordinator ", id->coordinator,
-                     ", a daemon without a peer service that is not this one (", coordinator_,
-                     "): create the comm id on a daemon with --peer_listen"));
-  }
-  if (!local_coordinator && peer_address_.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "comm id names coordinator ", id->coordinator, " but this daemon is ", coordinator_,
-        " and has no --peer_listen: communicators spanning daemons need the peer service"));
-  }
-  const CommRegistry::Key key(session->job(), req.comm_id());
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutting_down_) return absl::UnavailableError("railyardd is shutting down");
-  }
-  if (auto existing = comms_.Find(key);
-      existing != nullptr && !existing->failed() && existing->HasJoined(req.rank())) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("rank ", req.rank(), " has already joined communicator ", req.comm_id()));
-  }
-  // The local ranks of one communicator share this daemon's tag slot for it.
-  std::shared_ptr<const scheduler::tags::Slot> slot;
-  if (transport_ != nullptr) {
-    absl::StatusOr<std::shared_ptr<const scheduler::tags::Slot>> got = comms_.BootstrapSlot(key);
-    if (!got.ok()) return got.status();
-    slot = *std::move(got);
-  }
-  // What this member asks for on the wire: the stronger of the daemon's and the rank's.
-  absl::StatusOr<transport::Integrity> asked = AskedIntegrity(config_.integrity, req.integrity());
-  if (!asked.ok()) return asked.status();
-  const uint64_t handle = next_comm_handle_.fetch_add(1);
-  v1::JoinCommRequest join;
-  join.set_job_id(session->job());
-  join.set_comm_id(req.comm_id());
-  join.set_rank(req.rank());
-  join.set_nranks(req.nranks());
-  join.set_timeout_ms(req.timeout_ms());
-  join.set_integrity(std::string(transport::IntegrityName(*asked)));
-  *join.mutable_node() = MyNodeInfo();
-  if (slot != nullptr) join.mutable_node()->set_tag_slot(slot->value());
-  std::weak_ptr<Session> weak_session = session;
-  auto on_layout = [this, key, weak_session, req, handle, slot,
-                    done](const absl::StatusOr<v1::JoinCommResponse>& layout) {
-    comms_.EndBootstrap(key);  // the communicator (or nothing) holds the slot from now on
-    OnLayout(weak_session, req, handle, slot, layout, done);
-  };
-  if (!local_coordinator) {
-    // A little past the coordinator's own wait (so its answer, e.g. which rank is missing, wins)
-    // but within the client's InitComm margin (5 s), so that the rank hears why (a coordinator
-    // not reached: down, or a TLS handshake failing) rather than the client's own timeout.
-    peers_.JoinComm(id->coordinator, join, JoinTimeout(req.timeout_ms()) + absl::Seconds(2),
-                    std::move(on_layout));
-    return absl::OkStatus();
-  }
-  return CoordinateJoin(PeerIdentity::Self(), join, std::move(on_layout));
-}
-
-void DaemonCore::OnLayout(const std::weak_ptr<Session>& weak_session,
-                          const v1::InitCommRequest& req, uint64_t handle,
-                          std::shared_ptr<const scheduler::tags::Slot> slot,
-                          const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done) {
-  std::shared_ptr<Session> session = weak_session.lock();
-  if (session == nullptr) {
-    done(absl::CancelledError("the session ended while joining"), handle, 0);
-    return;
-  }
-  if (!layout.ok()) {
-    done(layout.status(), handle, 0);
-    return;
-  }
-  // From another daemon (untrusted) unless this one coordinates: checked before anything is
-  // indexed, sized or dialled with it.
-  LayoutAsk ask;
-  ask.comm_id = req.comm_id();
-  ask.rank = req.rank();
-  ask.nranks = req.nranks();
-  ask.is_me = [this](const v1::NodeInfo& node) {
-    return peer_address_.empty() ? node.node_name() == config_.node_name
-                                 : node.peer_address() == peer_address_;
-  };
-  absl::StatusOr<int> checked = CheckLayoutFromCoordinator(*layout, ask);
-  if (!checked.ok()) {
-    Log(LogLevel::kWarning, "comm", "layout refused",
-        {F("comm", req.comm_id()), F("reason", checked.status().message())});
-    done(checked.status(), handle, 0);
-    return;
-  }
-  const int my_node = *checked;
-  const int nnodes = layout->nodes_size();
-  const auto key = std::make_pair(session->job(), req.comm_id());
-  auto join = [this, weak_session, req, handle, nnodes,
-               done](const absl::StatusOr<std::shared_ptr<Communicator>>& comm) {
-    JoinBuilt(weak_session, req, handle, nnodes, comm, done);
-  };
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutting_down_) {
-      done(absl::UnavailableError("railyardd is shutting down"), handle, 0);
-      return;
-    }
-  }
-  std::shared_ptr<Communicator> comm;
-  switch (comms_.FindOrClaim(key, join, &comm)) {
-    case CommRegistry::Claim::kFound:
-      join(comm);
-      return;
-    case CommRegistry::Claim::kWaiting:  // another local rank is building it
-      return;
-    case CommRegistry::Claim::kBuild:
-      break;
-  }
-  // Built outside every lock: UCX connects may take --peer_timeout per peer and rail.
-  absl::StatusOr<std::shared_ptr<Communicator>> made;
-  // Multi-node: the other nodes, which may heartbeat this daemon before the communicator is
-  // registered (they built theirs first): answered while it is being built.
-  std::vector<std::string> others;
-  if (nnodes == 1) {
-    made = comm_factory_.MakeLocal(session->job(), req.comm_id(), req.nranks(), CostModel());
-  } else {
-    for (int n = 0; n < nnodes; ++n) {
-      if (n != my_node) others.push_back(layout->nodes(n).node_name());
-    }
-    peer_plane_.CountBuilding(others, +1);
-    made = comm_factory_.MakeMultiNode(session->job(), req.comm_id(), *layout, my_node,
-                                       std::move(slot), req.integrity());
-  }
-  std::vector<CommRegistry::BuiltFn> waiters = comms_.Built(key, made);
-  peer_plane_.CountBuilding(others, -1);  // registered (or failed) from here on
-  join(made);
-  for (auto& w : waiters) w(made);
-}
-
-void DaemonCore::JoinBuilt(const std::weak_ptr<Session>& weak_session,
-                           const v1::InitCommRequest& req, uint64_t handle, int nnodes,
-                           const absl::StatusOr<std::shared_ptr<Communicator>>& made,
-                           InitDone done) {
-  if (!made.ok()) {
-    done(made.status(), handle, 0);
-    return;
-  }
-  std::shared_ptr<Session> session = weak_session.lock();
-  if (session == nullptr) {
-    done(absl::CancelledError("the session ended while joining"), handle, 0);
-    return;
-  }
-  const std::shared_ptr<Communicator>& comm = *made;
-  if (comm->nranks() != req.nranks()) {
-    done(absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
-                                                 comm->nranks(), " ranks, rank ", req.rank(),
-                                                 " asked for ", req.nranks())),
-         handle, 0);
-    return;
-  }
-  if (absl::Status s = session->AddMembership(handle, {comm, req.rank()}); !s.ok()) {
-    done(s, handle, 0);
-    return;
-  }
-  absl::Status s = comm->Join(req.rank(), config_.init_timeout,
-                              [done, handle, nnodes, weak_session](const absl::Status& status) {
-                                if (!status.ok()) {
-                                  if (auto sess = weak_session.lock()) {
-                                    sess->RemoveMembership(handle);
-                                  }
-                                }
-                                done(status, handle, status.ok() ? nnodes : 0);
-                              });
-  if (!s.ok()) {
-    session->RemoveMembership(handle);
-    RetireCommIfEmpty(comm);
-    done(s, handle, 0);
-    return;
-  }
-  Log(LogLevel::kDebug, "comm", "rank joined",
-      {F("comm", req.comm_id()), F("rank", req.rank()), F("nranks", req.nranks()),
-       F("nodes", nnodes)});
 }
 
 absl::Status DaemonCore::OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
@@ -584,8 +357,8 @@ metrics::DaemonSample DaemonCore::SampleMetrics() {
     j.pending_collectives += static_cast<int>(st.pending_collectives);
     j.stalled_seconds = std::max(j.stalled_seconds, absl::ToDoubleSeconds(st.oldest_pending));
   }
-  for (auto& [job, j] : out.jobs) j.weight = job_weights_.Get(job);
-  for (const auto& [job, e] : job_weights_.Snapshot()) out.job_weights[job] = e.weight;
+  for (auto& [job, j] : out.jobs) j.weight = fair_share_.Weight(job);
+  for (const auto& [job, e] : fair_share_.Weights()) out.job_weights[job] = e.weight;
   return out;
 }
 
@@ -599,9 +372,9 @@ v1::StatusResponse DaemonCore::Status() {
   out.set_socket(config_.socket);
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_at_));
   out.set_worker_threads(static_cast<uint32_t>(executor_.threads()));
-  out.set_peer_address(peer_address_);
+  out.set_peer_address(joins_.peer_address());
   out.set_chunk_bytes(config_.chunk_bytes);
-  out.set_paced_chunk_bytes(PacedChunkBytes());
+  out.set_paced_chunk_bytes(fair_share_.PacedChunkBytes());
   for (const auto& rail : topology_.rails()) {
     out.add_rails(rail.device().empty() ? rail.name()
                                         : absl::StrCat(rail.name(), "@", rail.device()));
@@ -661,7 +434,7 @@ v1::StatusResponse DaemonCore::Status() {
     j.set_comms(j.comms() + 1);
   }
   for (auto& [name, j] : jobs) {
-    j.set_weight(job_weights_.Get(name));
+    j.set_weight(fair_share_.Weight(name));
     *out.add_jobs() = j;
   }
   out.set_buffers(static_cast<uint32_t>(buffers));
@@ -677,6 +450,7 @@ void DaemonCore::Shutdown() {
     if (shutting_down_) return;
     shutting_down_ = true;
   }
+  joins_.Shutdown();
   peer_plane_.Stop();
   // Entries a client published before now are taken first: they are in flight, and fail
   // CANCELLED with the rest below rather than vanish with the session.
@@ -693,9 +467,7 @@ void DaemonCore::Shutdown() {
   }
   ring_pollers_.StopAll();
   // Sends still queued on a paced rail go out now (and fail: their communicators are aborted).
-  for (auto& q : rail_queues_) {
-    if (q != nullptr) q->Shutdown();
-  }
+  fair_share_.Shutdown();
   if (transport_ != nullptr) transport_->Shutdown();
 }
 

@@ -27,7 +27,10 @@
 #include "daemon/comm/peer_identity.h"
 #include "daemon/config.h"
 #include "daemon/core/comm_factory.h"
+#include "daemon/core/comm_joins.h"
+#include "daemon/core/fair_share.h"
 #include "daemon/core/peer_plane.h"
+#include "daemon/core/tuning.h"
 #include "daemon/device/device_runtime.h"
 #include "daemon/device/staging_pool.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -73,25 +76,17 @@ class DaemonCore {
   // address other daemons reach this one's Peer service at (empty: single-node only).
   void EnableMultiNode(v1::NodeTopology topology, std::unique_ptr<transport::Transport> transport,
                        std::string peer_address);
-  // This daemon as other daemons see it.
-  v1::NodeInfo MyNodeInfo();
   // This node's topology graph (its --topology file merged with discovery), set before serving;
   // served by Admin.GetTopology.
   void SetNodeGraph(v1::NodeTopology graph);
   v1::NodeTopology NodeGraph();
 
-  // Coordinator side of communicator bootstrap (Peer.JoinComm from the daemon `who`, or a local
-  // rank's InitComm with PeerIdentity::Self()). Everything is checked before anything is stored
-  // (CheckJoinRequest: INVALID_ARGUMENT naming the field, PERMISSION_DENIED when `who` may not
-  // speak for the node), then CommBootstrap::Join (PERMISSION_DENIED for a comm id of another
-  // job, RESOURCE_EXHAUSTED past --max_pending_joins); it waits at most --join_timeout.
-  absl::Status CoordinateJoin(const PeerIdentity& who, const v1::JoinCommRequest& req,
-                              CommBootstrap::Done done);
   // Heartbeats, peers' aborts, communicator views and diagnosis (daemon/core/peer_plane.h).
   PeerPlane& peer_plane() { return peer_plane_; }
-  // Name written into comm ids as coordinator.
-  const std::string& coordinator() const { return coordinator_; }
-
+  // InitComm, the coordinator's side of joins, comm ids (daemon/core/comm_joins.h).
+  CommJoins& joins() { return joins_; }
+  // Where every request goes, from Local.Submit and the rings alike (daemon/submit/submit_path.h).
+  Submitter& submitter() { return submit_path_; }
   // The buffer side channel the sessions' connections come from (owned by the Server; set
   // before serving).
   void SetFdChannels(FdChannelServer* channels) { fd_channels_ = channels; }
@@ -129,17 +124,6 @@ class DaemonCore {
                                           uint64_t cuda_ipc_offset = 0);
   absl::Status ReleaseBuffer(Session& session, uint64_t buffer_id);
 
-  std::string NewCommId();
-
-  // handle: the rank's communicator handle; nnodes: the daemons the communicator spans (0 on
-  // error).
-  using InitDone = std::function<void(const absl::Status&, uint64_t handle, int nnodes)>;
-  // Joins a communicator; done runs once every rank has joined or the join failed. Errors found
-  // at once are returned and done is not called.
-  absl::Status InitComm(const std::shared_ptr<Session>& session, const v1::InitCommRequest& req,
-                        InitDone done);
-  // Where every request goes, from Local.Submit and the rings alike (daemon/submit/submit_path.h).
-  Submitter& submitter() { return submit_path_; }
   // Maps the rings memfd the session's side channel holds under fd_handle and starts serving
   // them (Local.OpenRings).
   absl::Status OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
@@ -148,51 +132,19 @@ class DaemonCore {
 
   v1::StatusResponse Status();
 
-  // The cost model communicators coordinated here are handed (daemon_core_tuning.cc): the
-  // calibration stored under --state_dir, else the built-in defaults.
-  v1::CostModel CostModel();
-  // Validates, persists (<state_dir>/calibration.json) and uses a new calibration for the
-  // communicators created from now on; returns the file's path.
-  absl::StatusOr<std::string> SetCalibration(const v1::CostModel& model);
-  // railctl explain: the candidates a multi-node communicator weighs for an operation.
-  absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& req);
+  // The cost model communicators coordinated here are handed, railctl calibrate's store and
+  // railctl explain (daemon/core/tuning.h).
+  Tuning& tuning() { return tuning_; }
 
-  // Fair share on the paced rails (daemon_core_jobs.cc, docs/fair-share.md): the weights of
-  // --job_weights, loaded at start (an error stops the daemon) and on SIGHUP (an error keeps the
-  // weights it had, and is logged); railctl jobs.
-  absl::Status LoadJobWeights();
-  void ReloadJobWeights();
-  v1::ListJobsResponse ListJobs();
-  absl::StatusOr<double> SetJobWeight(const std::string& job, double weight);
-  double JobWeight(const std::string& job) const { return job_weights_.Get(job); }
+  // Fair share on the paced rails: fair queues, job weights, what each job sent
+  // (daemon/core/fair_share.h, docs/fair-share.md; railctl jobs).
+  FairShare& fair_share() { return fair_share_; }
 
   // Fails every communicator with CANCELLED and closes every session. Idempotent.
   void Shutdown();
 
  private:
-  // One FairQueue per rail with a `pace` (EnableMultiNode, before any communicator exists).
-  void StartRailQueues();
-  // NodeInfo.paced_chunk_bytes: the power of two at or below 2.5 ms at the slowest paced rail's
-  // rate, within [kMinPacedChunkBytes, 4 MiB]; 0 without a paced rail.
-  uint64_t PacedChunkBytes() const;
-  // A send leaving rail's fair queue (on the thread that issues it).
-  void RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s);
   void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
-  // A join's wait for the other ranks: the request's, else --init_timeout; never more than
-  // --join_timeout.
-  absl::Duration JoinTimeout(uint32_t timeout_ms) const;
-  // A rank's layout arrived from the coordinator: find or build this node's communicator and join.
-  // Builds the communicator outside mu_ (UCX connects may take --peer_timeout per peer and
-  // rail): the first rank to get the layout builds it, the others wait for it without blocking.
-  void OnLayout(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
-                uint64_t handle, std::shared_ptr<const scheduler::tags::Slot> slot,
-                const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done);
-  // Joins the rank to the communicator built (or found) for its layout.
-  void JoinBuilt(const std::weak_ptr<Session>& session, const v1::InitCommRequest& req,
-                 uint64_t handle, int nnodes,
-                 const absl::StatusOr<std::shared_ptr<Communicator>>& comm, InitDone done);
-  // Reads <state_dir>/calibration.json at start (defaults when absent or unreadable).
-  void LoadCalibrationAtStart();
   // What the metrics' daemon and job gauges show, sampled at scrape time.
   metrics::DaemonSample SampleMetrics();
 
@@ -201,17 +153,8 @@ class DaemonCore {
   // Before everything that updates it (executor threads, communicators, transport callbacks),
   // so that it is destroyed after them.
   const std::unique_ptr<metrics::DaemonMetrics> metrics_;
-  // Read by the rail queues' threads (weights, per-job send totals): declared before them.
-  JobWeights job_weights_;
-  struct RailShare {
-    uint64_t bytes = 0;
-    uint64_t sends = 0;
-    double delay_total_s = 0;
-    double delay_max_s = 0;
-  };
-  absl::Mutex shares_mu_;
-  std::map<std::pair<std::string, int>, RailShare> shares_ ABSL_GUARDED_BY(shares_mu_);
-  std::string coordinator_;
+  // The paced rails' queues and the jobs' weights on them; stopped by Shutdown.
+  FairShare fair_share_;
   DeadlineTimer timer_;
   // Before the executor: its workers run device plans on it until they are joined.
   std::unique_ptr<device::DeviceRuntime> devices_;
@@ -228,17 +171,10 @@ class DaemonCore {
   v1::NodeTopology topology_;
   v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_;
-  // By rail; null for an unpaced rail. Set once by EnableMultiNode, before communicators exist;
-  // destroyed before the transport (Shutdown stops them first).
-  std::vector<std::shared_ptr<transport::FairQueue>> rail_queues_;
-  std::vector<std::string> rail_names_;
-  std::string peer_address_;
   FdChannelServer* fd_channels_ = nullptr;
   std::atomic<uint64_t> next_buffer_id_{1};
-  std::atomic<uint64_t> next_comm_handle_{1};
 
   absl::Mutex mu_;
-  v1::CostModel cost_model_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Sessions and their jobs' tokens; communicators by (job, comm id), their builds and their
   // bootstraps' tag slots. Each has its own lock; neither is called with mu_ held. Declared after
@@ -248,8 +184,12 @@ class DaemonCore {
   // The sessions' ring threads: destroyed (joined) before the sessions and the transport.
   RingPollers ring_pollers_{config_.ring_thread_per_session ? RingPollers::Mode::kPerSession
                                                             : RingPollers::Mode::kPerJob};
+  // The cost model (after comms_, which explain reads; it hands models to bootstrap_).
+  Tuning tuning_;
   // Builds the communicators ranks join (their links, tuners, failure notices).
   DaemonCommFactory comm_factory_;
+  // Ranks joining communicators (uses everything above).
+  CommJoins joins_;
   // The submit path (decoding, stream gates, device staging). Its gates' thread submits into
   // communicators and stages on the executor and the devices: ~DaemonCore stops it first.
   SubmitPath submit_path_;

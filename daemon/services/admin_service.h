@@ -33,7 +33,7 @@ class AdminService final : public v1::Admin::CallbackService {
 
   grpc::ServerUnaryReactor* Explain(grpc::CallbackServerContext* ctx, const v1::ExplainRequest* req,
                                     v1::ExplainResponse* resp) override {
-    absl::StatusOr<v1::ExplainResponse> r = core_->Explain(*req);
+    absl::StatusOr<v1::ExplainResponse> r = core_->tuning().Explain(*req);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (r.ok()) *resp = *std::move(r);
     reactor->Finish(ToGrpc(r.status()));
@@ -42,7 +42,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* GetCalibration(grpc::CallbackServerContext* ctx,
                                            const v1::GetCalibrationRequest* req,
                                            v1::CostModel* resp) override {
-    *resp = core_->CostModel();
+    *resp = core_->tuning().CostModel();
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -50,7 +50,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* SetCalibration(grpc::CallbackServerContext* ctx,
                                            const v1::CostModel* req,
                                            v1::SetCalibrationResponse* resp) override {
-    absl::StatusOr<std::string> path = core_->SetCalibration(*req);
+    absl::StatusOr<std::string> path = core_->tuning().SetCalibration(*req);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (path.ok()) resp->set_path(*path);
     reactor->Finish(ToGrpc(path.status()));
@@ -59,7 +59,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override {
-    *resp = core_->ListJobs();
+    *resp = core_->fair_share().ListJobs();
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -67,7 +67,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* SetJobWeight(grpc::CallbackServerContext* ctx,
                                          const v1::SetJobWeightRequest* req,
                                          v1::SetJobWeightResponse* resp) override {
-    absl::StatusOr<double> previous = core_->SetJobWeight(req->job_id(), req->weight());
+    absl::StatusOr<double> previous = core_->fair_share().SetWeight(req->job_id(), req->weight());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (previous.ok()) resp->set_previous_weight(*previous);
     reactor->Finish(ToGrpc(previous.status()));

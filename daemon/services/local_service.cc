@@ -63,7 +63,7 @@ grpc::ServerUnaryReactor* LocalService::CreateCommId(grpc::CallbackServerContext
                                                      v1::CreateCommIdResponse* resp) {
   auto session = core_->FindSession(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
-  resp->set_comm_id(core_->NewCommId());
+  resp->set_comm_id(core_->joins().NewCommId());
   return Done(ctx, absl::OkStatus());
 }
 
@@ -73,7 +73,7 @@ grpc::ServerUnaryReactor* LocalService::InitComm(grpc::CallbackServerContext* ct
   auto session = core_->FindSession(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = core_->InitComm(
+  absl::Status s = core_->joins().InitComm(
       *session, *req, [reactor, resp](const absl::Status& st, uint64_t handle, int nnodes) {
         if (st.ok()) {
           resp->set_comm_handle(handle);

@@ -51,7 +51,7 @@ grpc::ServerUnaryReactor* PeerService::JoinComm(grpc::CallbackServerContext* ctx
                                                 const v1::JoinCommRequest* req,
                                                 v1::JoinCommResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = core_->CoordinateJoin(
+  absl::Status s = core_->joins().CoordinateJoin(
       Identify(*ctx), *req, [reactor, resp](const absl::StatusOr<v1::JoinCommResponse>& layout) {
         if (layout.ok()) *resp = *layout;
         reactor->Finish(ToGrpc(layout.status()));

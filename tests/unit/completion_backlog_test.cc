@@ -172,7 +172,7 @@ class DaemonBacklogTest : public ::testing::Test {
     r.session->AttachStream(r.stream);
     v1::InitCommRequest init;
     init.set_session_id(r.session->id());
-    init.set_comm_id(core_->NewCommId());
+    init.set_comm_id(core_->joins().NewCommId());
     init.set_rank(0);
     init.set_nranks(1);
     struct Joined {
@@ -181,13 +181,13 @@ class DaemonBacklogTest : public ::testing::Test {
       uint64_t handle = 0;
     };
     auto joined = std::make_shared<Joined>();
-    EXPECT_TRUE(core_
-                    ->InitComm(r.session, init,
-                               [joined](const absl::Status& st, uint64_t handle, int) {
-                                 joined->status = st;
-                                 joined->handle = handle;
-                                 joined->done.Notify();
-                               })
+    EXPECT_TRUE(core_->joins()
+                    .InitComm(r.session, init,
+                              [joined](const absl::Status& st, uint64_t handle, int) {
+                                joined->status = st;
+                                joined->handle = handle;
+                                joined->done.Notify();
+                              })
                     .ok());
     EXPECT_TRUE(joined->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
     EXPECT_TRUE(joined->status.ok()) << joined->status;

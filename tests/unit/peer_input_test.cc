@@ -564,7 +564,7 @@ class PeerCoreTest : public ::testing::Test {
   v1::JoinCommRequest Join(int nonce, int rank = 0, int nranks = 2) {
     v1::JoinCommRequest req;
     req.set_job_id("job");
-    req.set_comm_id(Id(core_->coordinator(), absl::StrCat(std::string(31, '0'), nonce)));
+    req.set_comm_id(Id(core_->joins().coordinator(), absl::StrCat(std::string(31, '0'), nonce)));
     req.set_rank(rank);
     req.set_nranks(nranks);
     req.mutable_node()->set_node_name("peer");
@@ -578,16 +578,16 @@ class PeerCoreTest : public ::testing::Test {
 };
 
 TEST_F(PeerCoreTest, JoinsAreCheckedBoundedAndExpireAfterTheJoinTimeout) {
-  EXPECT_EQ(core_->coordinator(), "local:unit");
+  EXPECT_EQ(core_->joins().coordinator(), "local:unit");
   v1::JoinCommRequest foreign = Join(1);
   foreign.set_comm_id(Id("elsewhere.example:7411"));
   // Answered (from the timer thread) only for joins accepted below: never for a refused one.
   auto answered = std::make_shared<std::atomic<int>>(0);
   auto never = [answered](const absl::StatusOr<v1::JoinCommResponse>&) { ++*answered; };
-  ExpectRefused(core_->CoordinateJoin(Insecure(), foreign, never),
+  ExpectRefused(core_->joins().CoordinateJoin(Insecure(), foreign, never),
                 absl::StatusCode::kInvalidArgument,
                 "JoinCommRequest.comm_id names coordinator elsewhere.example:7411");
-  ExpectRefused(core_->CoordinateJoin(Certified({"not-peer"}), Join(1), never),
+  ExpectRefused(core_->joins().CoordinateJoin(Certified({"not-peer"}), Join(1), never),
                 absl::StatusCode::kPermissionDenied, "JoinCommRequest.node.node_name");
   EXPECT_EQ(*answered, 0);
 
@@ -600,15 +600,15 @@ TEST_F(PeerCoreTest, JoinsAreCheckedBoundedAndExpireAfterTheJoinTimeout) {
   v1::JoinCommRequest slow = Join(2);
   slow.set_timeout_ms(60'000);
   const absl::Time start = absl::Now();
-  ASSERT_TRUE(core_
-                  ->CoordinateJoin(Insecure(), slow,
-                                   [waiter](const absl::StatusOr<v1::JoinCommResponse>& r) {
-                                     waiter->status = r.status();
-                                     waiter->done.Notify();
-                                   })
+  ASSERT_TRUE(core_->joins()
+                  .CoordinateJoin(Insecure(), slow,
+                                  [waiter](const absl::StatusOr<v1::JoinCommResponse>& r) {
+                                    waiter->status = r.status();
+                                    waiter->done.Notify();
+                                  })
                   .ok());
-  ASSERT_TRUE(core_->CoordinateJoin(Insecure(), Join(3), never).ok());
-  ExpectRefused(core_->CoordinateJoin(Insecure(), Join(4), never),
+  ASSERT_TRUE(core_->joins().CoordinateJoin(Insecure(), Join(3), never).ok());
+  ExpectRefused(core_->joins().CoordinateJoin(Insecure(), Join(4), never),
                 absl::StatusCode::kResourceExhausted, "--max_pending_joins");
   ASSERT_TRUE(waiter->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));

@@ -28,6 +28,10 @@ using ::testing::HasSubstr;
 // Records the calls to other daemons; heartbeats and state requests are answered by the test.
 class FakePeers : public PeerCalls {
  public:
+  void JoinComm(const std::string& address, const v1::JoinCommRequest&, absl::Duration,
+                JoinDone done) override {
+    done(absl::UnavailableError("no coordinator at " + address + " in this test"));
+  }
   void AbortComm(const std::string& address, const std::string& node,
                  const v1::AbortCommRequest& req) override {
     absl::MutexLock lock(&mu_);

@@ -1,10 +1,10 @@
-// DaemonCore's cost-model side: the calibration it keeps and hands to the communicators it
-// coordinates, each multi-node communicator's tuner, and railctl explain.
+#include "daemon/core/tuning.h"
+
 #include <filesystem>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/cost_model_proto.h"
-#include "daemon/core/daemon_core.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
 #include "daemon/scheduler/compressed.h"
 #include "daemon/scheduler/cost/compression.h"
@@ -16,55 +16,57 @@ namespace railyard {
 
 namespace cost = scheduler::cost;
 
-void DaemonCore::LoadCalibrationAtStart() {
+Tuning::Tuning(std::string state_dir, CommRegistry* comms,
+               std::function<void(const v1::CostModel&)> on_model)
+    : state_dir_(std::move(state_dir)), comms_(comms), on_model_(std::move(on_model)) {}
+
+void Tuning::LoadAtStart() {
   cost::Calibration c = cost::Calibration::Defaults();
-  absl::StatusOr<cost::Calibration> loaded = cost::LoadCalibration(config_.state_dir);
+  absl::StatusOr<cost::Calibration> loaded = cost::LoadCalibration(state_dir_);
   if (loaded.ok()) {
     c = *loaded;
     Log(LogLevel::kInfo, "cost", "calibration loaded",
-        {F("dir", config_.state_dir), F("inter_alpha_s", c.inter.alpha_s),
+        {F("dir", state_dir_), F("inter_alpha_s", c.inter.alpha_s),
          F("inter_beta", c.inter.beta_bytes_per_s), F("fitted_at", c.fitted_at)});
   } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
     Log(LogLevel::kWarning, "cost", "calibration ignored, using defaults",
         {F("error", loaded.status().message())});
   }
-  const v1::CostModel model = ToProto(c);
+  Use(ToProto(c));
+}
+
+void Tuning::Use(const v1::CostModel& model) {
   {
     absl::MutexLock lock(&mu_);
-    cost_model_ = model;
+    model_ = model;
   }
-  bootstrap_.SetCostModel(model);
+  if (on_model_ != nullptr) on_model_(model);
 }
 
-v1::CostModel DaemonCore::CostModel() {
+v1::CostModel Tuning::CostModel() {
   absl::MutexLock lock(&mu_);
-  return cost_model_;
+  return model_;
 }
 
-absl::StatusOr<std::string> DaemonCore::SetCalibration(const v1::CostModel& model) {
+absl::StatusOr<std::string> Tuning::SetCalibration(const v1::CostModel& model) {
   cost::Calibration c = FromProto(model);
   if (c.source.empty()) c.source = "fit";
   if (absl::Status s = cost::Validate(c); !s.ok()) return s;
   std::error_code ec;
-  std::filesystem::create_directories(config_.state_dir, ec);
-  if (absl::Status s = cost::SaveCalibration(config_.state_dir, c); !s.ok()) {
+  std::filesystem::create_directories(state_dir_, ec);
+  if (absl::Status s = cost::SaveCalibration(state_dir_, c); !s.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(s.message(), " (--state_dir ", config_.state_dir, ")"));
+        absl::StrCat(s.message(), " (--state_dir ", state_dir_, ")"));
   }
-  const v1::CostModel stored = ToProto(c);
-  {
-    absl::MutexLock lock(&mu_);
-    cost_model_ = stored;
-  }
-  bootstrap_.SetCostModel(stored);
+  Use(ToProto(c));
   Log(LogLevel::kInfo, "cost", "calibration stored",
-      {F("dir", config_.state_dir), F("intra_alpha_s", c.intra.alpha_s),
+      {F("dir", state_dir_), F("intra_alpha_s", c.intra.alpha_s),
        F("intra_beta", c.intra.beta_bytes_per_s), F("inter_alpha_s", c.inter.alpha_s),
        F("inter_beta", c.inter.beta_bytes_per_s)});
-  return absl::StrCat(config_.state_dir, "/calibration.json");
+  return absl::StrCat(state_dir_, "/calibration.json");
 }
 
-absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest& req) {
+absl::StatusOr<v1::ExplainResponse> Tuning::Explain(const v1::ExplainRequest& req) {
   scheduler::OpKind op;
   if (!scheduler::ParseOpName(req.op(), &op) || scheduler::IsPointToPoint(op) ||
       op == scheduler::OpKind::kAllToAllv) {
@@ -80,7 +82,7 @@ absl::StatusOr<v1::ExplainResponse> DaemonCore::Explain(const v1::ExplainRequest
   std::shared_ptr<Communicator> comm;
   {
     std::vector<std::shared_ptr<Communicator>> multi;
-    for (const auto& c : comms_.Snapshot()) {
+    for (const auto& c : comms_->Snapshot()) {
       if (!req.comm_id().empty() && c->comm_id() != req.comm_id()) continue;
       if (req.comm_id().empty() && !c->multi_node()) continue;
       multi.push_back(c);

@@ -1,13 +1,11 @@
-// DaemonCore's fair-share side: the paced rails' fair queues (daemon/transport/fair_queue.h),
-// the jobs' weights on them (--job_weights, SIGHUP, Admin.SetJobWeight) and what each job sent
-// on each rail (Admin.ListJobs, railctl jobs). docs/fair-share.md.
+#include "daemon/core/fair_share.h"
+
 #include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/comm/peer_input.h"
-#include "daemon/core/daemon_core.h"
 #include "daemon/topology/units.h"
 #include "daemon/util/log.h"
 
@@ -25,11 +23,14 @@ constexpr double kPacedSliceSeconds = 2.5e-3;
 
 }  // namespace
 
-void DaemonCore::StartRailQueues() {
-  rail_queues_.assign(topology_.rails_size(), nullptr);
+FairShare::FairShare(std::string weights_file, Deps deps)
+    : weights_file_(std::move(weights_file)), deps_(deps) {}
+
+void FairShare::StartRails(const v1::NodeTopology& topology) {
+  rail_queues_.assign(topology.rails_size(), nullptr);
   rail_names_.clear();
-  for (int r = 0; r < topology_.rails_size(); ++r) {
-    const v1::Rail& rail = topology_.rails(r);
+  for (int r = 0; r < topology.rails_size(); ++r) {
+    const v1::Rail& rail = topology.rails(r);
     rail_names_.push_back(rail.name().empty() ? absl::StrCat("rail", r) : rail.name());
     if (rail.pace().empty()) continue;
     // Validated when the topology was loaded (topology_file.cc).
@@ -38,9 +39,9 @@ void DaemonCore::StartRailQueues() {
     transport::FairQueue::Options o;
     o.rail = rail_names_.back();
     o.schedule.rate_bytes_per_s = *rate;
-    o.schedule.weight = [this](const std::string& job) { return job_weights_.Get(job); };
+    o.schedule.weight = [this](const std::string& job) { return weights_.Get(job); };
     o.on_sent = [this, r](const std::string& job, size_t bytes, double waited_s) {
-      RecordRailSend(r, job, bytes, waited_s);
+      RecordSend(r, job, bytes, waited_s);
     };
     rail_queues_[r] = std::make_shared<transport::FairQueue>(std::move(o));
     Log(LogLevel::kInfo, "fair", "rail paced",
@@ -48,7 +49,7 @@ void DaemonCore::StartRailQueues() {
   }
 }
 
-uint64_t DaemonCore::PacedChunkBytes() const {
+uint64_t FairShare::PacedChunkBytes() const {
   double slowest = 0;
   for (const auto& q : rail_queues_) {
     if (q != nullptr && (slowest == 0 || q->rate() < slowest)) slowest = q->rate();
@@ -60,8 +61,15 @@ uint64_t DaemonCore::PacedChunkBytes() const {
   return c;
 }
 
-void DaemonCore::RecordRailSend(int rail, const std::string& job, size_t bytes, double waited_s) {
-  metrics_->RecordRailSend(job, rail_names_[rail], bytes, waited_s);
+void FairShare::Shutdown() {
+  for (auto& q : rail_queues_) {
+    if (q != nullptr) q->Shutdown();
+  }
+}
+
+void FairShare::RecordSend(int rail, const std::string& job, size_t bytes, double waited_s) {
+  if (deps_.metrics != nullptr)
+    deps_.metrics->RecordRailSend(job, rail_names_[rail], bytes, waited_s);
   absl::MutexLock l(&shares_mu_);
   RailShare& s = shares_[{job, rail}];
   s.bytes += bytes;
@@ -70,35 +78,35 @@ void DaemonCore::RecordRailSend(int rail, const std::string& job, size_t bytes, 
   s.delay_max_s = std::max(s.delay_max_s, waited_s);
 }
 
-absl::Status DaemonCore::LoadJobWeights() {
-  if (config_.job_weights_file.empty()) return absl::OkStatus();
-  absl::Status s = job_weights_.Load(config_.job_weights_file);
+absl::Status FairShare::LoadWeights() {
+  if (weights_file_.empty()) return absl::OkStatus();
+  absl::Status s = weights_.Load(weights_file_);
   if (s.ok()) {
     Log(LogLevel::kInfo, "fair", "job weights loaded",
-        {F("file", config_.job_weights_file), F("jobs", job_weights_.Snapshot().size())});
+        {F("file", weights_file_), F("jobs", weights_.Snapshot().size())});
   }
   return s;
 }
 
-void DaemonCore::ReloadJobWeights() {
-  if (config_.job_weights_file.empty()) {
+void FairShare::ReloadWeights() {
+  if (weights_file_.empty()) {
     Log(LogLevel::kInfo, "fair", "SIGHUP: no --job_weights file to reload");
     return;
   }
   std::vector<std::string> dropped;
-  absl::Status s = job_weights_.Load(config_.job_weights_file, &dropped);
+  absl::Status s = weights_.Load(weights_file_, &dropped);
   if (!s.ok()) {
     Log(LogLevel::kError, "fair", "job weights not reloaded: the previous weights stay",
-        {F("file", config_.job_weights_file), F("error", s.message())});
+        {F("file", weights_file_), F("error", s.message())});
     return;
   }
   Log(LogLevel::kInfo, "fair", "job weights reloaded",
-      {F("file", config_.job_weights_file), F("jobs", job_weights_.Snapshot().size()),
+      {F("file", weights_file_), F("jobs", weights_.Snapshot().size()),
        F("admin_weights_replaced", absl::StrJoin(dropped, ","))});
 }
 
-absl::StatusOr<double> DaemonCore::SetJobWeight(const std::string& job, double weight) {
-  absl::StatusOr<double> previous = job_weights_.Set(job, weight);
+absl::StatusOr<double> FairShare::SetWeight(const std::string& job, double weight) {
+  absl::StatusOr<double> previous = weights_.Set(job, weight);
   if (previous.ok()) {
     Log(LogLevel::kInfo, "fair", "job weight set",
         {F("job", job), F("weight", weight), F("previous", *previous)});
@@ -106,19 +114,23 @@ absl::StatusOr<double> DaemonCore::SetJobWeight(const std::string& job, double w
   return previous;
 }
 
-v1::ListJobsResponse DaemonCore::ListJobs() {
+v1::ListJobsResponse FairShare::ListJobs() {
   v1::ListJobsResponse out;
   std::map<std::string, v1::JobShare> jobs;
-  for (const auto& s : sessions_.Snapshot()) {
-    v1::JobShare& j = jobs[s->job()];
-    j.set_sessions(j.sessions() + 1);
+  if (deps_.sessions != nullptr) {
+    for (const auto& s : deps_.sessions->Snapshot()) {
+      v1::JobShare& j = jobs[s->job()];
+      j.set_sessions(j.sessions() + 1);
+    }
   }
-  for (const auto& c : comms_.Snapshot()) {
-    const CommStats st = c->Stats();
-    v1::JobShare& j = jobs[st.job];
-    j.set_comms(j.comms() + 1);
+  if (deps_.comms != nullptr) {
+    for (const auto& c : deps_.comms->Snapshot()) {
+      const CommStats st = c->Stats();
+      v1::JobShare& j = jobs[st.job];
+      j.set_comms(j.comms() + 1);
+    }
   }
-  const std::map<std::string, JobWeights::Entry> weights = job_weights_.Snapshot();
+  const std::map<std::string, JobWeights::Entry> weights = weights_.Snapshot();
   for (const auto& [job, e] : weights) jobs[job];
   {
     absl::MutexLock l(&shares_mu_);
@@ -154,8 +166,8 @@ v1::ListJobsResponse DaemonCore::ListJobs() {
       p->set_queued_sends(rail_queues_[r]->queued_items());
     }
   }
-  out.set_weights_file(config_.job_weights_file);
-  out.set_weights_loads(job_weights_.loads());
+  out.set_weights_file(weights_file_);
+  out.set_weights_loads(weights_.loads());
   return out;
 }
 
