@@ -101,7 +101,7 @@ struct DaemonConfig {
   // A collective staged on the device's thread starts once its host memory is leased, its steps
   // waiting for the chunks they touch (--staging_pipeline; SubmitPath::StageOnDevice).
   bool staging_pipeline = true;
-  // Accept legacy CUDA IPC handles for device memory (--cuda_ipc; DaemonCore::RegisterBuffer).
+  // Accept legacy CUDA IPC handles for device memory (--cuda_ipc; SessionPlane::RegisterBuffer).
   bool cuda_ipc = false;
   // Collectives on one node moving at most this many bytes run on the thread that made them
   // complete (the last rank's submission), without waking the worker pool (--inline_max_bytes).

@@ -2,8 +2,8 @@
 // anything is stored, sized or dialled from it: the JoinComm requests a coordinator receives, the
 // layouts members receive back, and the node names Heartbeat and AbortComm speak for. Every
 // refusal names the field ("JoinCommRequest.node.rail_addresses[3] is 70000 bytes, more than
-// 16384"). Shared by the coordinator (DaemonCore::CoordinateJoin) and the members
-// (DaemonCore::OnLayout), and fuzzed by tests/fuzz/peer_join_fuzz.
+// 16384"). Shared by the coordinator (CommJoins::CoordinateJoin) and the members
+// (CommJoins::OnLayout), and fuzzed by tests/fuzz/peer_join_fuzz.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,17 @@
-// The daemon's state behind the gRPC services: sessions, jobs and their tokens, buffers,
-// communicators. Every method is thread-safe and returns errors as absl::Status with a message
-// that says what and why; none blocks on another client.
+// The daemon's core as construction and wiring: it builds the components behind the gRPC
+// services and hands each the others it needs, and the services reach them through it:
+//   sessions()    SessionPlane   sessions, buffers, rings, memberships     (session_plane.h)
+//   submitter()   SubmitPath     every request to its communicator          (submit/submit_path.h)
+//   joins()       CommJoins      InitComm, the coordinator's joins, ids     (comm_joins.h)
+//   peer_plane()  PeerPlane      heartbeats, peers' aborts, views, diagnose (peer_plane.h)
+//   tuning()      Tuning         the cost model, calibrate, explain         (tuning.h)
+//   fair_share()  FairShare      paced rails, job weights                    (fair_share.h)
+// and, inside, DaemonCommFactory (layout -> communicator, comm_factory.h). What it still does
+// itself: the device runtime's set-up, multi-node set-up, Status and the metrics' sample, and
+// Shutdown. Threads are stopped explicitly, not by member order: Shutdown stops the joins, the
+// peer plane, the rings' threads, the rail queues and the transport; ~DaemonCore then stops the
+// submit path's thread and the timer before any member goes. Every method is thread-safe and
+// returns errors as absl::Status with a message that says what and why.
 #pragma once
 
 #include <atomic>
@@ -30,6 +41,7 @@
 #include "daemon/core/comm_joins.h"
 #include "daemon/core/fair_share.h"
 #include "daemon/core/peer_plane.h"
+#include "daemon/core/session_plane.h"
 #include "daemon/core/tuning.h"
 #include "daemon/device/device_runtime.h"
 #include "daemon/device/staging_pool.h"
@@ -89,19 +101,9 @@ class DaemonCore {
   Submitter& submitter() { return submit_path_; }
   // The buffer side channel the sessions' connections come from (owned by the Server; set
   // before serving).
-  void SetFdChannels(FdChannelServer* channels) { fd_channels_ = channels; }
-
-  // Binds the side channel named by req.fd_ticket and opens a session as the process the kernel
-  // says is at its end. INVALID_ARGUMENT for a malformed job id or no fd_ticket, NOT_FOUND for an
-  // unknown ticket, PERMISSION_DENIED (token, uid policy), RESOURCE_EXHAUSTED (session limits),
-  // UNAVAILABLE when shutting down.
-  absl::StatusOr<std::shared_ptr<Session>> OpenSession(const v1::ConnectRequest& req);
-  // NOT_FOUND for an unknown (or closed) session id.
-  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& session_id);
-  // Ends a session: unmaps its buffers, leaves its communicators (failing them for their other
-  // ranks with `why`), finishes its stream with `stream_status`. Idempotent.
-  void CloseSession(const std::shared_ptr<Session>& session, const std::string& why,
-                    const grpc::Status& stream_status);
+  void SetFdChannels(FdChannelServer* channels) { session_plane_.SetFdChannels(channels); }
+  // Sessions, their buffers, rings and memberships (daemon/core/session_plane.h).
+  SessionPlane& sessions() { return session_plane_; }
 
   // The GPUs this daemon serves device memory on, before serving: a runtime, or why there is
   // none (then device memory is refused with FAILED_PRECONDITION saying so).
@@ -110,25 +112,6 @@ class DaemonCore {
   // How device memory crosses nodes, for DescribeDevices (set when the peer service starts).
   void SetCrossNodeDevicePath(std::string how);
   std::string DescribeDevices() const;
-
-  // Maps the memfd the session's side channel holds under fd_handle (one time), within the
-  // session's and job's buffer quotas. With memory MEMORY_KIND_CUDA the descriptor is a device
-  // allocation to import on `device` (device::DeviceRuntime::Import says what it checks);
-  // FAILED_PRECONDITION when this daemon has no devices, INVALID_ARGUMENT for an unknown kind.
-  // A non-empty cuda_ipc_handle instead of a descriptor (fd_handle 0): legacy CUDA IPC, device
-  // memory at cuda_ipc_offset of that allocation (DeviceRuntime::ImportIpc), only with
-  // --cuda_ipc (FAILED_PRECONDITION saying why otherwise).
-  absl::StatusOr<uint64_t> RegisterBuffer(Session& session, uint64_t fd_handle, uint64_t size,
-                                          v1::MemoryKind memory = v1::MEMORY_KIND_HOST,
-                                          int device = -1, std::string_view cuda_ipc_handle = {},
-                                          uint64_t cuda_ipc_offset = 0);
-  absl::Status ReleaseBuffer(Session& session, uint64_t buffer_id);
-
-  // Maps the rings memfd the session's side channel holds under fd_handle and starts serving
-  // them (Local.OpenRings).
-  absl::Status OpenRings(const std::shared_ptr<Session>& session, uint64_t fd_handle,
-                         uint32_t sq_entries, uint32_t cq_entries);
-  absl::Status DestroyComm(Session& session, uint64_t handle);
 
   v1::StatusResponse Status();
 
@@ -144,7 +127,6 @@ class DaemonCore {
   void Shutdown();
 
  private:
-  void RetireCommIfEmpty(const std::shared_ptr<Communicator>& comm);
   // What the metrics' daemon and job gauges show, sampled at scrape time.
   metrics::DaemonSample SampleMetrics();
 
@@ -171,8 +153,6 @@ class DaemonCore {
   v1::NodeTopology topology_;
   v1::NodeTopology node_graph_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_;
-  FdChannelServer* fd_channels_ = nullptr;
-  std::atomic<uint64_t> next_buffer_id_{1};
 
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -191,8 +171,11 @@ class DaemonCore {
   // Ranks joining communicators (uses everything above).
   CommJoins joins_;
   // The submit path (decoding, stream gates, device staging). Its gates' thread submits into
-  // communicators and stages on the executor and the devices: ~DaemonCore stops it first.
+  // communicators and stages on the executor and the devices: ~DaemonCore stops it before any
+  // member goes.
   SubmitPath submit_path_;
+  // Sessions and what they hold; their rings submit through submit_path_.
+  SessionPlane session_plane_;
 };
 
 }  // namespace railyard

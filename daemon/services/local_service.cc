@@ -17,7 +17,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
 
 grpc::ServerWriteReactor<v1::SessionEvent>* LocalService::Connect(grpc::CallbackServerContext* ctx,
                                                                   const v1::ConnectRequest* req) {
-  absl::StatusOr<std::shared_ptr<Session>> session = core_->OpenSession(*req);
+  absl::StatusOr<std::shared_ptr<Session>> session = core_->sessions().Open(*req);
   if (!session.ok()) {
     auto* stream = new SessionStream(nullptr, nullptr);
     stream->Close(ToGrpc(session.status()));
@@ -26,7 +26,7 @@ grpc::ServerWriteReactor<v1::SessionEvent>* LocalService::Connect(grpc::Callback
   std::shared_ptr<Session> s = *session;
   DaemonCore* core = core_;
   auto* stream = new SessionStream(
-      [core, s] { core->CloseSession(s, "client disconnected", grpc::Status::CANCELLED); },
+      [core, s] { core->sessions().Close(s, "client disconnected", grpc::Status::CANCELLED); },
       [s] { s->DetachStream(); });
   s->AttachStream(stream);
   v1::SessionEvent event;
@@ -41,11 +41,11 @@ grpc::ServerWriteReactor<v1::SessionEvent>* LocalService::Connect(grpc::Callback
 grpc::ServerUnaryReactor* LocalService::RegisterBuffer(grpc::CallbackServerContext* ctx,
                                                        const v1::RegisterBufferRequest* req,
                                                        v1::RegisterBufferResponse* resp) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
-  absl::StatusOr<uint64_t> id =
-      core_->RegisterBuffer(**session, req->fd_handle(), req->size_bytes(), req->memory(),
-                            req->device(), req->cuda_ipc_handle(), req->cuda_ipc_offset());
+  absl::StatusOr<uint64_t> id = core_->sessions().RegisterBuffer(
+      **session, req->fd_handle(), req->size_bytes(), req->memory(), req->device(),
+      req->cuda_ipc_handle(), req->cuda_ipc_offset());
   if (id.ok()) resp->set_buffer_id(*id);
   return Done(ctx, id.status());
 }
@@ -53,15 +53,15 @@ grpc::ServerUnaryReactor* LocalService::RegisterBuffer(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* LocalService::ReleaseBuffer(grpc::CallbackServerContext* ctx,
                                                       const v1::ReleaseBufferRequest* req,
                                                       v1::ReleaseBufferResponse*) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
-  return Done(ctx, core_->ReleaseBuffer(**session, req->buffer_id()));
+  return Done(ctx, core_->sessions().ReleaseBuffer(**session, req->buffer_id()));
 }
 
 grpc::ServerUnaryReactor* LocalService::CreateCommId(grpc::CallbackServerContext* ctx,
                                                      const v1::CreateCommIdRequest* req,
                                                      v1::CreateCommIdResponse* resp) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
   resp->set_comm_id(core_->joins().NewCommId());
   return Done(ctx, absl::OkStatus());
@@ -70,7 +70,7 @@ grpc::ServerUnaryReactor* LocalService::CreateCommId(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* LocalService::InitComm(grpc::CallbackServerContext* ctx,
                                                  const v1::InitCommRequest* req,
                                                  v1::InitCommResponse* resp) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = core_->joins().InitComm(
@@ -88,7 +88,7 @@ grpc::ServerUnaryReactor* LocalService::InitComm(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* LocalService::Submit(grpc::CallbackServerContext* ctx,
                                                const v1::SubmitRequest* req,
                                                v1::SubmitResponse* resp) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
   absl::StatusOr<uint64_t> seq = core_->submitter().Submit(*session, *req, nullptr);
   if (seq.ok()) resp->set_seq(*seq);
@@ -98,10 +98,10 @@ grpc::ServerUnaryReactor* LocalService::Submit(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* LocalService::OpenRings(grpc::CallbackServerContext* ctx,
                                                   const v1::OpenRingsRequest* req,
                                                   v1::OpenRingsResponse* resp) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
   absl::Status s =
-      core_->OpenRings(*session, req->fd_handle(), req->sq_entries(), req->cq_entries());
+      core_->sessions().OpenRings(*session, req->fd_handle(), req->sq_entries(), req->cq_entries());
   if (s.ok()) {
     resp->set_daemon_spin_us(
         static_cast<uint32_t>(absl::ToInt64Microseconds(core_->config().spin)));
@@ -112,17 +112,17 @@ grpc::ServerUnaryReactor* LocalService::OpenRings(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* LocalService::DestroyComm(grpc::CallbackServerContext* ctx,
                                                     const v1::DestroyCommRequest* req,
                                                     v1::DestroyCommResponse*) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
-  return Done(ctx, core_->DestroyComm(**session, req->comm_handle()));
+  return Done(ctx, core_->sessions().DestroyComm(**session, req->comm_handle()));
 }
 
 grpc::ServerUnaryReactor* LocalService::Disconnect(grpc::CallbackServerContext* ctx,
                                                    const v1::DisconnectRequest* req,
                                                    v1::DisconnectResponse*) {
-  auto session = core_->FindSession(req->session_id());
+  auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
-  core_->CloseSession(*session, "client disconnected", grpc::Status::OK);
+  core_->sessions().Close(*session, "client disconnected", grpc::Status::OK);
   return Done(ctx, absl::OkStatus());
 }
 

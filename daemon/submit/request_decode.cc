@@ -68,6 +68,24 @@ bool FromProto(v1::RedOp in, RedOp* out) {
   }
 }
 
+// The op list is common.proto's; OpKind follows it one for one (proto number - 1), so that a
+// collective added to one and not the other stops the build here.
+constexpr bool SameOp(OpKind kind, v1::CollectiveOp wire) {
+  return static_cast<int>(kind) + 1 == static_cast<int>(wire);
+}
+static_assert(SameOp(OpKind::kAllReduce, v1::COLLECTIVE_OP_ALL_REDUCE));
+static_assert(SameOp(OpKind::kReduceScatter, v1::COLLECTIVE_OP_REDUCE_SCATTER));
+static_assert(SameOp(OpKind::kAllGather, v1::COLLECTIVE_OP_ALL_GATHER));
+static_assert(SameOp(OpKind::kBroadcast, v1::COLLECTIVE_OP_BROADCAST));
+static_assert(SameOp(OpKind::kReduce, v1::COLLECTIVE_OP_REDUCE));
+static_assert(SameOp(OpKind::kAllToAll, v1::COLLECTIVE_OP_ALL_TO_ALL));
+static_assert(SameOp(OpKind::kAllToAllv, v1::COLLECTIVE_OP_ALL_TO_ALL_V));
+static_assert(SameOp(OpKind::kSend, v1::COLLECTIVE_OP_SEND));
+static_assert(SameOp(OpKind::kRecv, v1::COLLECTIVE_OP_RECV));
+static_assert(SameOp(OpKind::kBarrier, v1::COLLECTIVE_OP_BARRIER));
+static_assert(v1::CollectiveOp_MAX == v1::COLLECTIVE_OP_BARRIER,
+              "common.proto has a collective OpKind lacks");
+
 bool FromProto(v1::CollectiveOp in, OpKind* out) {
   switch (in) {
     case v1::COLLECTIVE_OP_ALL_REDUCE:

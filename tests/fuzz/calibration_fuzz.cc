@@ -65,7 +65,7 @@ void CheckProto(const uint8_t* data, size_t size) {
   v1::CostModel model;
   if (!model.ParseFromArray(data, static_cast<int>(size))) return;
   Calibration c = FromProto(model);
-  // As DaemonCore::SetCalibration and MakeTuner take it.
+  // As Tuning::SetCalibration and DaemonCommFactory::MakeTuner take it.
   if (c.source.empty()) c.source = "fit";
   if (!scheduler::cost::Validate(c).ok()) return;
   CheckRoundTrip(c, "proto");

@@ -243,7 +243,7 @@ void CheckCoordinator(const uint8_t* data, size_t size) {
     CheckCheckedJoin(index++ % 2 == 0 ? insecure : certified, req);
     auto answer = std::make_shared<Answer>();
     answer->nranks = req.nranks();
-    // As DaemonCore::CoordinateJoin: the request's timeout, a default for 0.
+    // As CommJoins::CoordinateJoin: the request's timeout, a default for 0.
     const absl::Duration timeout =
         req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::Seconds(60);
     const absl::Status s =

@@ -163,7 +163,7 @@ class DaemonBacklogTest : public ::testing::Test {
     req.set_pid(::getpid());
     auto [side, ticket] = SideChannel();
     req.set_fd_ticket(ticket);
-    auto s = core_->OpenSession(req);
+    auto s = core_->sessions().Open(req);
     EXPECT_TRUE(s.ok()) << s.status();
     Rank r;
     r.session = *s;

@@ -201,7 +201,7 @@ TEST_F(RingPollerTest, StopAllEndsEveryThreadAndTheSessionsStopAfterwards) {
   EXPECT_EQ(fake->seen(), 1u);
 }
 
-// A session that closes while its rings are being opened (DaemonCore::CloseSession beside
+// A session that closes while its rings are being opened (SessionPlane::Close beside
 // OpenRings) stops them before they start: they are never served, and no thread starts for them.
 TEST_F(RingPollerTest, RingsStoppedBeforeTheyStartAreNeverServedAndStartNoThread) {
   for (auto mode : {RingPollers::Mode::kPerJob, RingPollers::Mode::kPerSession}) {

@@ -179,6 +179,9 @@ TEST_F(SubmitPathTest, ARequestWaitsForItsStreamThenRuns) {
   EXPECT_EQ(ranks_[0].done()->load(), 1u);
   EXPECT_EQ(ranks_[0].floats()[0], 3.0f);
   EXPECT_TRUE(ranks_[1].sink->Wait(31).status.ok());
+  // The gate pops the item once its release has returned, which may be just after the
+  // completion arrived.
+  for (int i = 0; i < 2000 && path_.held() != 0; ++i) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_EQ(path_.held(), 0u);
 }
 
