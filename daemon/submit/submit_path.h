@@ -51,7 +51,7 @@ class Submitter {
       std::shared_ptr<CompletionSink> sink) = 0;
 };
 
-class SubmitPath : public Submitter {
+class SubmitPath final : public Submitter {
  public:
   struct Options {
     // A held request's deadline when it has no timeout of its own (--op_timeout).
