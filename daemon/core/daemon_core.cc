@@ -1,17 +1,15 @@
 #include "daemon/core/daemon_core.h"
 
 #include <algorithm>
-#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "daemon/comm/comm_id.h"
-#include "daemon/comm/peer_input.h"
+#include "daemon/comm/peer_input.h"  // kDataPlaneVersion
+#include "daemon/session/session_rings.h"
 #include "daemon/topology/cpu_affinity.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
-#include "proto/railyard/v1/ring.h"
 
 namespace railyard {
 namespace {

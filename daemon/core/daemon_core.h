@@ -14,10 +14,7 @@
 // returns errors as absl::Status with a message that says what and why.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,9 +30,7 @@
 #include "daemon/auth/peer_tls.h"
 #include "daemon/comm/bootstrap.h"
 #include "daemon/comm/comm_registry.h"
-#include "daemon/comm/communicator.h"
 #include "daemon/comm/peer_client.h"
-#include "daemon/comm/peer_identity.h"
 #include "daemon/config.h"
 #include "daemon/core/comm_factory.h"
 #include "daemon/core/comm_joins.h"
@@ -47,16 +42,10 @@
 #include "daemon/device/staging_pool.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/executor.h"
-#include "daemon/scheduler/tags.h"
 #include "daemon/session/fd_channel.h"
-#include "daemon/session/job_weights.h"
 #include "daemon/session/session.h"
 #include "daemon/session/session_registry.h"
-#include "daemon/session/session_rings.h"
-#include "daemon/submit/device_staging.h"
-#include "daemon/submit/stream_gates.h"
 #include "daemon/submit/submit_path.h"
-#include "daemon/transport/fair_queue.h"
 #include "daemon/transport/link_stack.h"
 #include "daemon/transport/transport.h"
 #include "daemon/util/deadline_timer.h"

@@ -87,10 +87,9 @@ class PeerPlane {
   void Diagnose(const v1::DiagnoseRequest& req,
                 std::function<void(const absl::StatusOr<v1::DiagnoseResponse>&)> done);
 
-  // One round of heartbeats, now (the timer calls it every heartbeat_interval after Start).
-  void Tick();
-
  private:
+  // One round of heartbeats (the timer runs it every heartbeat_interval after Start).
+  void Tick();
   bool SharesCommWith(const std::string& node);
   absl::StatusOr<std::shared_ptr<Communicator>> MemberComm(
       const PeerIdentity& who, absl::string_view rpc, absl::string_view field,

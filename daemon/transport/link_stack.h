@@ -40,7 +40,6 @@ class LinkStack {
   // wire_layer: null (the installed daemon) leaves the wire as the transport made it.
   explicit LinkStack(WireLayer wire_layer = nullptr) : wire_layer_(std::move(wire_layer)) {}
 
-  bool has_wire_layer() const { return wire_layer_ != nullptr; }
   std::shared_ptr<Endpoint> Build(Link link) const;
 
  private:

@@ -962,19 +962,6 @@ TEST(UcxTransportTest, IdleUsesNoCpu) {
   EXPECT_LT(used, 0.05) << "idle transports used " << used << " s of CPU in 0.7 s";
 }
 
-// The two-process test talks to its peer program (ucx_peer_main.cc) a line at a time.
-std::string ReadLine(int fd) {
-  std::string line;
-  char ch;
-  while (read(fd, &ch, 1) == 1 && ch != '\n') line.push_back(ch);
-  return line;
-}
-
-void WriteLine(int fd, const std::string& line) {
-  const std::string data = line + "\n";
-  ASSERT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
-}
-
 TEST(UcxTwoProcessTest, BytesCrossAndSigkilledPeerFailsPendingOps) {
   int to_child[2], from_child[2];
   ASSERT_EQ(pipe(to_child), 0);
@@ -1011,8 +998,8 @@ TEST(UcxTwoProcessTest, BytesCrossAndSigkilledPeerFailsPendingOps) {
   options.rails.push_back({.device = "lo", .tls = "tcp"});
   auto t = UcxTransport::Create(options);
   ASSERT_TRUE(t.ok()) << t.status();
-  const std::string child_address = ReadLine(from_child[0]);
-  WriteLine(to_child[1], *(*t)->LocalAddress(0));
+  const std::string child_address = testing::ReadLine(from_child[0]);
+  ASSERT_TRUE(testing::WriteLine(to_child[1], *(*t)->LocalAddress(0)));
   auto ep = (*t)->Connect(child_address, 0);
   ASSERT_TRUE(ep.ok()) << ep.status();
 
@@ -1023,7 +1010,7 @@ TEST(UcxTwoProcessTest, BytesCrossAndSigkilledPeerFailsPendingOps) {
   ASSERT_TRUE(first.Wait());
   EXPECT_TRUE(first.statuses()[0].ok()) << first.statuses()[0];
   EXPECT_EQ(got, want);
-  ASSERT_EQ(ReadLine(from_child[0]), "sent");
+  ASSERT_EQ(testing::ReadLine(from_child[0]), "sent");
 
   std::vector<uint8_t> big(8 << 20, 1), small(16);
   Completions pending;

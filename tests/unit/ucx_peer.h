@@ -1,8 +1,11 @@
 // What transport_test and its spawned peer program (ucx_peer_main.cc) agree on.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace railyard::testing {
@@ -20,6 +23,19 @@ inline void FillPattern(std::vector<uint8_t>& buf, uint64_t seed) {
     x ^= x << 17;
     b = static_cast<uint8_t>(x);
   }
+}
+
+// The test and its peer talk over pipes a line at a time. ReadLine stops at '\n' or EOF.
+inline std::string ReadLine(int fd) {
+  std::string line;
+  char ch;
+  while (read(fd, &ch, 1) == 1 && ch != '\n') line.push_back(ch);
+  return line;
+}
+
+inline bool WriteLine(int fd, const std::string& line) {
+  const std::string data = line + "\n";
+  return write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
 }
 
 }  // namespace railyard::testing

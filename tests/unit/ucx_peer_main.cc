@@ -17,23 +17,9 @@
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "tests/unit/ucx_peer.h"
 
-namespace {
-
+using railyard::testing::ReadLine;
+using railyard::testing::WriteLine;
 using railyard::transport::UcxTransport;
-
-std::string ReadLine(int fd) {
-  std::string line;
-  char ch;
-  while (read(fd, &ch, 1) == 1 && ch != '\n') line.push_back(ch);
-  return line;
-}
-
-bool WriteLine(int fd, const std::string& line) {
-  const std::string data = line + "\n";
-  return write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
-}
-
-}  // namespace
 
 int main() {
   // NOLINTBEGIN(concurrency-mt-unsafe): single-threaded here, nothing sets the environment.
