@@ -18,17 +18,6 @@ namespace {
 // for a reason other than a dead peer.
 constexpr absl::Duration kTransferGrace = absl::Seconds(2);
 
-// Takes the unit of `r` a request holds while it waits; the refusal names the operation, the rank
-// and the communicator, then the limit and its flag (QuotaAccount::Charge).
-absl::Status TakeWaiting(PendingRequest& request, Resource r, Enforce enforce,
-                         const std::string& comm_id) {
-  absl::Status s = QuotaCharge::Take(request.quota, r, 1, &request.waiting, enforce);
-  if (s.ok()) return s;
-  return absl::Status(s.code(),
-                      absl::StrCat(scheduler::OpName(request.req.op), " of rank ", request.rank,
-                                   " on communicator ", comm_id, " refused: ", s.message()));
-}
-
 }  // namespace
 
 Communicator::Communicator(std::string comm_id, std::string job, int nranks, CommEnv env,
@@ -56,7 +45,15 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
       planner_(net_.layout, net_.my_node, net_.tuner, env_.default_algo, env_.chunk_bytes,
                net_.max_chunk_bytes),
       collectives_(&local_ranks_),
-      channels_(comm_id_) {
+      p2p_(PointToPoint::Env{comm_id_, env_.timer, env_.chunk_bytes, env_.op_timeout,
+                             env_.metrics, &net_.layout, net_.my_node, &net_.endpoints,
+                             &net_.node_slots},
+           this),
+      digests_(DigestExchange::Env{
+          comm_id_, job_, &net_.layout, net_.my_node, &net_.endpoints, &net_.node_slots,
+          &net_.node_names, &node_run_,
+          [this](const absl::Status& s) { AbortTransfers(s); },
+          [this](const absl::Status& s) { OnCollectiveDone(s); }}) {
   members_.resize(local_ranks_.size());
   collective_exec_.on_done = [this] { OnCollectiveDone(collective_exec_.status); };
 }
@@ -97,7 +94,7 @@ bool Communicator::HasJoined(int rank) const {
 Communicator::~Communicator() = default;
 
 absl::Duration Communicator::TimeoutOf(const PendingRequest& r) const {
-  return r.timeout > absl::ZeroDuration() ? r.timeout : env_.op_timeout;
+  return railyard::TimeoutOf(r, env_.op_timeout);
 }
 
 absl::Status Communicator::Join(int rank, absl::Duration timeout, JoinDone done) {
@@ -222,7 +219,7 @@ absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingReque
     }
     request->deadline = env_.timer->Now() + TimeoutOf(*request);
     if (scheduler::IsPointToPoint(request->req.op)) {
-      return SubmitPointToPointLocked(std::move(request), out);
+      return p2p_.SubmitLocked(std::move(request), out);
     }
     return SubmitCollectiveLocked(std::move(request), out);
   }
@@ -538,44 +535,8 @@ void Communicator::PrepareNodeRunLocked(const PlannedOp& plan, float* residual) 
   node_run_seq_ = collectives_.front_seq();
   const scheduler::RankRequest& r0 = slot.requests[0]->req;
   if (multi_node_) {
-    digest_mine_ = OpDigest::Of(r0, node_run_seq_, plan.algorithm, plan.codec);
-    digest_out_ = digest_mine_.Encode();
-    const int nodes = net_.layout.nnodes;
-    digest_in_.resize(static_cast<size_t>(nodes));
-    // The schedule's first message to and from each peer (step tag 0: Project numbers each node
-    // pair's messages from 0) rides in the digest when it is small and on the digest's rail; a
-    // send only when it depends on nothing, as it leaves with the digest when the run starts.
-    // The receiver tells from the length whether it did (NodeRun::Carried). Found once per
-    // schedule (the planner caches them by shape; holding it keeps its address from reuse).
-    if (carried_for_ != node_schedule_) PickCarriedSteps();
-    run_carried_.clear();
-    if (!node_gates_.empty()) {
-      for (uint32_t step : node_carried_) {
-        if (node_schedule_->steps[step].kind != scheduler::NodeStep::Kind::kSend) {
-          run_carried_.push_back(step);
-        }
-      }
-    }
-  }
-}
-
-void Communicator::PickCarriedSteps() {
-  const int nodes = net_.layout.nnodes;
-  carried_for_ = node_schedule_;
-  carried_send_.assign(static_cast<size_t>(nodes), -1);
-  carried_recv_.assign(static_cast<size_t>(nodes), -1);
-  node_carried_.clear();
-  const auto& steps = node_schedule_->steps;
-  for (uint32_t i = 0; i < steps.size(); ++i) {
-    const scheduler::NodeStep& s = steps[i];
-    const bool send = s.kind == scheduler::NodeStep::Kind::kSend;
-    if ((!send && s.kind != scheduler::NodeStep::Kind::kRecv) || s.tag != 0 || s.rail != 0 ||
-        s.bytes == 0 || s.bytes > OpDigest::kMaxCarriedBytes || s.peer < 0 || s.peer >= nodes ||
-        s.peer == net_.my_node || (send && !s.deps.empty())) {
-      continue;
-    }
-    (send ? carried_send_ : carried_recv_)[s.peer] = i;
-    node_carried_.push_back(i);
+    digests_.Prepare(OpDigest::Of(r0, node_run_seq_, plan.algorithm, plan.codec), node_schedule_,
+                     /*gated=*/!node_gates_.empty());
   }
 }
 
@@ -598,269 +559,6 @@ void Communicator::OnOpDeadline(uint64_t seq) {
                     ": rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " of ",
                     nranks_, " did not submit within ", absl::FormatDuration(TimeoutOf(*first)))),
                 &out);
-  }
-  Deliver(out);
-}
-
-absl::StatusOr<uint64_t> Communicator::SubmitPointToPointLocked(
-    std::unique_ptr<PendingRequest> request, Outcomes* out) {
-  const bool is_send = request->req.op == OpKind::kSend;
-  const int rank = request->rank;
-  const int peer = request->req.root;
-  if (LocalIndex(peer) < 0) {
-    // Waits for a peer on another daemon, as far as this one knows.
-    if (absl::Status s =
-            TakeWaiting(*request, Resource::kQueuedP2p, Enforce::kSessionAndJob, comm_id_);
-        !s.ok()) {
-      return s;
-    }
-    return SubmitRemotePointToPointLocked(std::move(request), out);
-  }
-  const P2PChannels::Key key = is_send ? std::make_pair(rank, peer) : std::make_pair(peer, rank);
-  if (channels_.HasPartner(key, is_send)) {
-    // Its partner waits for it: never refused (the partner's charge bounds it), counted until
-    // it is matched.
-    request->waiting = QuotaCharge::TakePastLimit(request->quota, Resource::kQueuedP2p, /*n=*/1);
-  } else if (absl::Status s =
-                 TakeWaiting(*request, Resource::kQueuedP2p, Enforce::kSessionAndJob, comm_id_);
-             !s.ok()) {
-    return s;
-  }
-  std::weak_ptr<Communicator> weak = weak_from_this();
-  const DeadlineTimer::Id timer = env_.timer->Schedule(request->deadline, [weak, key, is_send] {
-    if (auto self = weak.lock()) self->OnP2PDeadline(key, is_send);
-  });
-  const uint64_t seq = channels_.Queue(key, is_send, std::move(request), timer);
-  NextPointToPointLocked(key, out);
-  return seq;
-}
-
-void Communicator::NextPointToPointLocked(P2PChannels::Key key, Outcomes* out) {
-  while (state_ != State::kFailed) {
-    absl::StatusOr<std::optional<P2PChannels::Match>> next = channels_.Next(key);
-    if (!next.ok()) {
-      if (env_.metrics != nullptr) env_.metrics->CountDesync();
-      AbortLocked(next.status(), out);
-      return;
-    }
-    if (!next->has_value()) return;
-    P2PChannels::Match& m = **next;
-    P2PRun* run;
-    if (idle_p2p_runs_.empty()) {
-      p2p_runs_.push_back(std::make_unique<P2PRun>());
-      run = p2p_runs_.back().get();
-      run->exec.on_done = [this, run] { OnPointToPointDone(run); };
-    } else {
-      run = idle_p2p_runs_.back();
-      idle_p2p_runs_.pop_back();
-    }
-    env_.timer->Cancel(m.send_timer);
-    env_.timer->Cancel(m.recv_timer);
-    run->send = std::move(m.send);
-    run->recv = std::move(m.recv);
-    run->send->waiting.Reset();  // matched: neither waits for its peer any more
-    run->recv->waiting.Reset();
-    run->channel = key;
-    run->seq = m.seq;
-    const uint64_t bytes = run->send->req.count * kernels::ElementSize(run->send->req.dtype);
-    if ((run->send->req.device >= 0) != (run->recv->req.device >= 0) && bytes > 0) {
-      const absl::Status why = absl::InvalidArgumentError(
-          absl::StrCat("send/recv on communicator ", comm_id_, ": rank ", key.first, " sends from ",
-                       scheduler::MemoryName(run->send->req.device), ", rank ", key.second,
-                       " receives into ", scheduler::MemoryName(run->recv->req.device),
-                       " (both ends on one node must be host memory, or both device memory)"));
-      out->completions.push_back({std::move(run->send), why, run->seq});
-      out->completions.push_back({std::move(run->recv), why, run->seq});
-      ++ops_failed_;
-      idle_p2p_runs_.push_back(run);
-      channels_.Done(key);
-      continue;
-    }
-    scheduler::BuildCopyPlan(run->send->req.send, run->recv->req.recv, bytes, env_.chunk_bytes,
-                             &run->exec.plan, run->recv->req.device);
-    if (run->exec.plan.steps.empty()) {
-      out->completions.push_back({std::move(run->send), absl::OkStatus(), run->seq});
-      out->completions.push_back({std::move(run->recv), absl::OkStatus(), run->seq});
-      ++ops_completed_;
-      idle_p2p_runs_.push_back(run);
-      channels_.Done(key);
-      continue;
-    }
-    run->self = shared_from_this();
-    out->p2p.push_back(run);
-    return;
-  }
-}
-
-absl::StatusOr<uint64_t> Communicator::SubmitRemotePointToPointLocked(
-    std::unique_ptr<PendingRequest> request, Outcomes* out) {
-  const bool is_send = request->req.op == OpKind::kSend;
-  const int rank = request->rank;
-  const int peer = request->req.root;
-  const int src = is_send ? rank : peer;
-  const int dst = is_send ? peer : rank;
-  const int peer_node = net_.layout.node_of_rank[peer];
-  // Rail alignment: both sides use the sender's rail.
-  const int rail = net_.layout.rail_of_rank(src);
-  std::shared_ptr<transport::Endpoint> ep = net_.endpoints[peer_node][rail];
-  if (ep == nullptr) {
-    return absl::InternalError(absl::StrCat("no endpoint to node ", peer_node, " rail ", rail));
-  }
-  const size_t dst_node = static_cast<size_t>(net_.layout.node_of_rank[dst]);
-  if (dst_node >= net_.node_slots.size()) {
-    return absl::InternalError(absl::StrCat("no tag slot for node ", dst_node));
-  }
-  absl::StatusOr<uint64_t> post =
-      channels_.PostRemote({src, dst}, scheduler::tags::kMaxP2pInFlight);
-  if (!post.ok()) {
-    return absl::Status(post.status().code(),
-                        absl::StrCat(scheduler::OpName(request->req.op), " of rank ", rank,
-                                     " with rank ", peer, ": ", post.status().message()));
-  }
-  auto op = std::make_shared<RemoteP2P>();
-  op->seq = *post;
-  op->peer = peer;
-  op->channel = {src, dst};
-  // The receiving daemon's slot; the point-to-point layout never equals a collective tag.
-  const transport::Tag tag =
-      scheduler::tags::PointToPointTag(net_.node_slots[dst_node], src, dst, op->seq);
-  const uint64_t bytes = request->req.count * kernels::ElementSize(request->req.dtype);
-  std::byte* data = is_send ? request->req.send : request->req.recv;
-  std::weak_ptr<Communicator> weak = weak_from_this();
-  op->timer = env_.timer->Schedule(request->deadline, [weak, op] {
-    if (auto self = weak.lock()) self->OnRemoteP2PDeadline(op);
-  });
-  op->request = std::move(request);
-  ++remote_p2p_in_flight_;
-  auto done = [weak, op](absl::Status st, size_t length) {
-    if (auto self = weak.lock()) self->OnRemoteP2PDone(op, st, length);
-  };
-  out->transport_posts.push_back([ep, is_send, tag, data, bytes, done] {
-    if (is_send) {
-      ep->Send(tag, data, bytes, [done](absl::Status s) { done(std::move(s), 0); });
-    } else {
-      const transport::Segment segment{data, bytes};
-      ep->RecvV(tag, &segment, 1, done);
-    }
-  });
-  return op->seq;
-}
-
-absl::Status Communicator::RemoteRecvStatus(const RemoteP2P& op, absl::Status s,
-                                            size_t length) const {
-  // The sending daemon's send has no size check against the receive (only this side knows both
-  // sizes), so a message of another length is the clients' disagreement, reported as on one
-  // node (P2PChannels::Next), with the size that arrived.
-  const scheduler::RankRequest& req = op.request->req;
-  const uint64_t bytes = req.count * kernels::ElementSize(req.dtype);
-  const auto wants = [&] {
-    return absl::StrCat("rank ", op.request->rank, ", which receives ", req.count, " x ",
-                        std::string(kernels::Name(req.dtype)), " (", bytes, " bytes)");
-  };
-  const auto mismatch = [&] {
-    return absl::StrCat("send/recv size mismatch on communicator ", comm_id_, " (pair seq ", op.seq,
-                        "): rank ", op.peer);
-  };
-  if (s.ok() && length != bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(mismatch(), " sent ", length, " bytes to ", wants()));
-  }
-  if (absl::IsOutOfRange(s)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(mismatch(), " sent more than ", bytes, " bytes to ", wants()));
-  }
-  if (absl::IsPermissionDenied(s)) {
-    // A framed link tells a member's message of another length from a foreign one only for a
-    // shorter one-message frame (its trailer arrives whole); otherwise it reports the second
-    // (docs/data-plane.md, "The frame"). Name the first too.
-    return absl::PermissionDeniedError(
-        absl::StrCat(s.message(), "; a send from rank ", op.peer, " of another size than the ",
-                     bytes, " bytes expected by ", wants(), " ends it alike"));
-  }
-  return s;
-}
-
-void Communicator::OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op, absl::Status status,
-                                   size_t length) {
-  Outcomes out;
-  {
-    absl::MutexLock lock(&mu_);
-    if (op->done) return;
-    op->done = true;
-    --remote_p2p_in_flight_;
-    channels_.RemoteDone(op->channel);
-    env_.timer->Cancel(op->timer);
-    if (op->request->req.op == OpKind::kRecv) {
-      status = RemoteRecvStatus(*op, std::move(status), length);
-    }
-    absl::Status result = status;
-    if (!status.ok()) {
-      result =
-          absl::Status(status.code(), absl::StrCat(scheduler::OpName(op->request->req.op),
-                                                   " of rank ", op->request->rank, " with rank ",
-                                                   op->peer, ": ", status.message()));
-      ++ops_failed_;
-      AbortLocked(result, &out, /*transfers_now=*/true);
-    } else {
-      ++ops_completed_;
-    }
-    out.completions.push_back({std::move(op->request), result, op->seq});
-  }
-  Deliver(out);
-}
-
-void Communicator::OnRemoteP2PDeadline(const std::shared_ptr<RemoteP2P>& op) {
-  Outcomes out;
-  {
-    absl::MutexLock lock(&mu_);
-    if (op->done) return;
-    // Failing the transfers completes op (and every other one in flight) with this status.
-    AbortLocked(absl::DeadlineExceededError(absl::StrCat(
-                    scheduler::OpName(op->request->req.op), " of rank ", op->request->rank,
-                    " with rank ", op->peer, " on communicator ", comm_id_,
-                    " did not complete within ", absl::FormatDuration(TimeoutOf(*op->request)))),
-                &out, /*transfers_now=*/true);
-  }
-  Deliver(out);
-}
-
-void Communicator::OnPointToPointDone(P2PRun* run) {
-  std::shared_ptr<Communicator> keep;
-  Outcomes out;
-  {
-    absl::MutexLock lock(&mu_);
-    keep = std::move(run->self);
-    const absl::Status status = run->exec.status;  // a device copy can fail
-    out.completions.push_back({std::move(run->send), status, run->seq});
-    out.completions.push_back({std::move(run->recv), status, run->seq});
-    if (status.ok()) {
-      ++ops_completed_;
-      bytes_moved_ += run->exec.plan.bytes_moved;
-    } else {
-      ++ops_failed_;
-    }
-    channels_.Done(run->channel);
-    idle_p2p_runs_.push_back(run);
-    NextPointToPointLocked(run->channel, &out);
-  }
-  Deliver(out);
-}
-
-void Communicator::OnP2PDeadline(std::pair<int, int> key, bool send_side) {
-  Outcomes out;
-  {
-    absl::MutexLock lock(&mu_);
-    if (state_ == State::kFailed) return;
-    const PendingRequest* front = channels_.Front(key, send_side);
-    if (front == nullptr || front->deadline > env_.timer->Now()) return;
-    const int waiting = send_side ? key.first : key.second;
-    const int missing = send_side ? key.second : key.first;
-    AbortLocked(
-        absl::DeadlineExceededError(absl::StrCat(
-            send_side ? "send" : "recv", " of rank ", waiting, " on communicator ", comm_id_,
-            ": rank ", missing, " did not post the matching ", send_side ? "recv" : "send",
-            " within ", absl::FormatDuration(TimeoutOf(*front)))),
-        &out);
   }
   Deliver(out);
 }
@@ -924,10 +622,7 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
   for (DeadlineTimer::Id id : drained.timers) env_.timer->Cancel(id);
   for (auto& [seq, r] : drained.requests) out->completions.push_back({std::move(r), status, seq});
   ops_failed_ += drained.entries;
-  P2PChannels::Drained p2p = channels_.DrainAll();
-  for (DeadlineTimer::Id id : p2p.timers) env_.timer->Cancel(id);
-  for (auto& [seq, r] : p2p.requests) out->completions.push_back({std::move(r), status, seq});
-  ops_failed_ += p2p.requests.size();
+  ops_failed_ += p2p_.DrainLocked(status, out);
   // A rank leaving an idle communicator is how jobs end: only failed work is worth a warning.
   const size_t failed = out->completions.size() + out->joins.size() - failed_before;
   if (env_.metrics != nullptr) {
@@ -985,7 +680,7 @@ void Communicator::Deliver(Outcomes& out) {
     p.codec = node_codec_;
     p.residual = node_residual_;
     const int peers = multi_node_ ? net_.layout.nnodes - 1 : 0;
-    p.carried = peers == 0 ? nullptr : node_gates_.empty() ? &node_carried_ : &run_carried_;
+    p.carried = peers == 0 ? nullptr : digests_.carried();
     p.gates = &node_gates_;
     p.outputs = &node_outputs_;
     // The first failed step aborts this communicator's transfers after the grace (the
@@ -998,21 +693,18 @@ void Communicator::Deliver(Outcomes& out) {
     p.on_failing = [weak](const absl::Status& status) {
       if (auto self = weak.lock()) self->AbortTransfersAfterGrace(status);
     };
-    {
-      absl::MutexLock lock(&run_parts_mu_);
-      run_status_ = absl::OkStatus();
-      digest_status_ = absl::OkStatus();
-    }
-    run_parts_.store(1 + 2 * peers);
+    digests_.Arm();
     // The run first: the digests' completions report its carried steps to it (NodeRun::Carried),
     // and it cannot finish before they have.
-    node_run_.Start(p, [this](absl::Status s) { RunPartDone(s); });
-    if (peers > 0) StartDigestExchange();
+    node_run_.Start(p, [this](absl::Status s) { digests_.RunDone(s); });
+    if (peers > 0) digests_.Exchange(node_memory_);
   }
   if (out.collective != nullptr) {
     env_.executor->RunInlineOrQueue(out.collective, env_.inline_max_bytes);
   }
-  for (P2PRun* run : out.p2p) env_.executor->RunInlineOrQueue(&run->exec, env_.inline_max_bytes);
+  for (scheduler::Execution* copy : out.copies) {
+    env_.executor->RunInlineOrQueue(copy, env_.inline_max_bytes);
+  }
 }
 
 void Communicator::AbortTransfersAfterGrace(const absl::Status& status) {
@@ -1025,7 +717,7 @@ void Communicator::AbortTransfersAfterGrace(const absl::Status& status) {
 void Communicator::AbortTransfers(const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
-    if (!collective_running_ && remote_p2p_in_flight_ == 0) return;
+    if (!collective_running_ && !p2p_.remote_in_flight_locked()) return;
   }
   for (auto& rails : net_.endpoints) {
     for (auto& ep : rails) {
@@ -1061,10 +753,9 @@ CommStats Communicator::Stats() const {
   s.ops_failed = ops_failed_;
   s.bytes_moved = bytes_moved_;
   s.ops_fused = ops_fused_;
-  s.in_flight_ops = (collective_running_ ? 1 : 0) + static_cast<uint64_t>(remote_p2p_in_flight_);
+  s.in_flight_ops = (collective_running_ ? 1 : 0) + p2p_.in_flight_locked();
   s.queued_ops = collectives_.size() - (collective_running_ ? 1 : 0);
-  s.in_flight_ops += channels_.busy();
-  s.queued_ops += channels_.queued();
+  s.queued_ops += p2p_.queued_locked();
   s.pending_collectives = collectives_.size();
   if (!collectives_.empty()) s.oldest_pending = absl::Now() - collectives_.front().first_at;
   return s;
@@ -1151,103 +842,40 @@ std::string Communicator::NodeName(int node) const {
              : absl::StrCat("node ", node);
 }
 
-void Communicator::StartDigestExchange() {
-  const int me = net_.my_node;
-  const uint64_t seq = node_run_seq_;
-  for (int n = 0; n < net_.layout.nnodes; ++n) {
-    if (n == me) continue;
-    transport::Endpoint* ep =
-        static_cast<size_t>(n) < net_.endpoints.size() && !net_.endpoints[n].empty()
-            ? net_.endpoints[n][0].get()
-            : nullptr;
-    const int64_t send_step = node_gates_.empty() ? carried_send_[n] : -1;
-    const int64_t recv_step = carried_recv_[n];
-    if (ep == nullptr || static_cast<size_t>(n) >= net_.node_slots.size()) {
-      const absl::Status s = absl::InternalError(absl::StrCat("no endpoint to node ", n));
-      if (send_step >= 0) node_run_.Carried(static_cast<uint32_t>(send_step), s);
-      if (recv_step >= 0) node_run_.Carried(static_cast<uint32_t>(recv_step), s);
-      RunPartDone(s);
-      RunPartDone(s);
-      continue;
-    }
-    // Room for whatever a peer may carry, whether or not this node expects it: a longer message
-    // would be dropped as foreign, and a disagreement would then wait for its deadline.
-    const transport::Segment in{digest_in_[n].data(), digest_in_[n].size()};
-    ep->RecvV(
-        scheduler::tags::CollectiveTag(net_.node_slots[me], n, seq, scheduler::tags::kDigestStep),
-        &in, 1, [this, n](absl::Status st, size_t length) { OnPeerDigest(n, st, length); });
-    transport::Segment out[2] = {{digest_out_.data(), OpDigest::kBytes}, {}};
-    if (send_step >= 0) {
-      const scheduler::NodeStep& s = node_schedule_->steps[send_step];
-      out[1] = {scheduler::Resolve(node_memory_, s.src), s.bytes};
-    }
-    ep->SendV(
-        scheduler::tags::CollectiveTag(net_.node_slots[n], me, seq, scheduler::tags::kDigestStep),
-        out, send_step >= 0 ? 2 : 1, [this, send_step](absl::Status st) {
-          if (send_step >= 0) node_run_.Carried(static_cast<uint32_t>(send_step), st);
-          RunPartDone(st);
-        });
-  }
-}
-
-void Communicator::OnPeerDigest(int node, const absl::Status& status, size_t length) {
-  absl::Status verdict;
-  const int64_t recv_step = carried_recv_[node];
-  const size_t carried = length > OpDigest::kBytes ? length - OpDigest::kBytes : 0;
-  if (status.ok()) {
-    const std::string peer = NodeName(node);
-    const std::string me = NodeName(net_.my_node);
-    OpDigest::Wire wire{};
-    std::memcpy(wire.data(), digest_in_[node].data(), std::min(length, OpDigest::kBytes));
-    absl::StatusOr<OpDigest> theirs =
-        length < OpDigest::kBytes
-            ? absl::InvalidArgumentError(
-                  absl::StrCat("a ", length, "-byte operation digest, not ", OpDigest::kBytes))
-            : OpDigest::Decode(wire);
-    if (!theirs.ok()) {
-      verdict = absl::InvalidArgumentError(
-          absl::StrCat("seq ", node_run_seq_, ": ", peer, " sent ", theirs.status().message()));
-    } else if (!digest_mine_.Differs(*theirs).empty()) {
-      const auto& ranks = net_.layout.ranks_of_node;
-      verdict = DisagreementError(
-          node_run_seq_, me,
-          static_cast<size_t>(net_.my_node) < ranks.size() ? ranks[net_.my_node]
-                                                           : std::vector<int>(),
-          digest_mine_, peer,
-          static_cast<size_t>(node) < ranks.size() ? ranks[node] : std::vector<int>(), *theirs);
-    } else if (carried > 0 && recv_step < 0) {
-      verdict = absl::InvalidArgumentError(
-          absl::StrCat("seq ", node_run_seq_, ": ", peer, " sent ", carried,
-                       " bytes with its operation digest, where ", me, " receives none"));
-    }
-  }
-  if (!verdict.ok()) {
-    {
-      absl::MutexLock lock(&run_parts_mu_);
-      if (digest_status_.ok()) digest_status_ = verdict;
-    }
-    Log(LogLevel::kWarning, "comm", "operation digests disagree",
-        {F("comm", comm_id_), F("job", job_), F("reason", verdict.message())});
-    // The schedules may wait for messages the other side never sends: fail them now.
-    AbortTransfers(verdict);
-  }
-  if (recv_step >= 0) {
-    node_run_.Carried(static_cast<uint32_t>(recv_step), !verdict.ok() ? verdict : status,
-                      digest_in_[node].data() + OpDigest::kBytes, carried);
-  }
-  RunPartDone(status);
-}
-
-void Communicator::RunPartDone(const absl::Status& status) {
-  absl::Status final_status;
+void Communicator::WithLock(absl::FunctionRef<void(CommOutcomes*)> fn) {
+  Outcomes out;
   {
-    absl::MutexLock lock(&run_parts_mu_);
-    if (!status.ok() && run_status_.ok()) run_status_ = status;
-    if (run_parts_.fetch_sub(1) != 1) return;
-    final_status = !digest_status_.ok() ? digest_status_ : run_status_;
+    absl::MutexLock lock(&mu_);
+    fn(&out);
   }
-  // The last part, on the thread that finished it, like NodeRun's own completion.
-  OnCollectiveDone(final_status);
+  Deliver(out);
+}
+
+bool Communicator::FailedLocked() const {
+  mu_.AssertHeld();
+  return state_ == State::kFailed;
+}
+
+void Communicator::FailLocked(const absl::Status& status, CommOutcomes* out, bool transfers_now) {
+  mu_.AssertHeld();
+  AbortLocked(status, out, transfers_now);
+}
+
+void Communicator::CountLocked(bool ok, uint64_t bytes_moved) {
+  mu_.AssertHeld();
+  if (ok) {
+    ++ops_completed_;
+    bytes_moved_ += bytes_moved;
+  } else {
+    ++ops_failed_;
+  }
+}
+
+std::weak_ptr<PointToPoint::Host> Communicator::Weak() {
+  // The host is a private base: alias it to the communicator's own control block.
+  std::shared_ptr<Communicator> self = weak_from_this().lock();
+  if (self == nullptr) return {};
+  return std::shared_ptr<PointToPoint::Host>(self, static_cast<PointToPoint::Host*>(this));
 }
 
 }  // namespace railyard

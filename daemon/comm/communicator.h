@@ -18,11 +18,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/functional/function_ref.h"
 #include "daemon/comm/collective_queue.h"
+#include "daemon/comm/comm_outcomes.h"
+#include "daemon/comm/digest_exchange.h"
 #include "daemon/comm/op_digest.h"
 #include "daemon/comm/op_planner.h"
-#include "daemon/comm/p2p_channels.h"
 #include "daemon/comm/pending_request.h"
+#include "daemon/comm/point_to_point.h"
 #include "daemon/comm/residual_store.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/scheduler/cost/tuner.h"
@@ -99,12 +102,16 @@ struct CommStats {
   absl::Duration oldest_pending = absl::ZeroDuration();
 };
 
-class Communicator : public std::enable_shared_from_this<Communicator> {
+// Point-to-point (point_to_point.h) and the digest exchange beside multi-node runs
+// (digest_exchange.h) are its parts; it holds the lock, the joins, the collective flow (merge,
+// fusing, planning, residuals, the run) and failure.
+class Communicator : public std::enable_shared_from_this<Communicator>,
+                     private PointToPoint::Host {
  public:
   // How long past its timeout a running multi-node collective waits before it fails here (see
   // NextCollectiveLocked).
   static constexpr absl::Duration kRunDeadlineGrace = absl::Seconds(1);
-  using JoinDone = std::function<void(const absl::Status&)>;
+  using JoinDone = CommJoinDone;
 
   // A communicator whose ranks all live on this daemon; tuner: its one-node cost model (null:
   // the local plan unless an algorithm is forced).
@@ -186,58 +193,22 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     JoinDone join_done;
   };
 
-  // A matched send/recv pair being copied.
-  struct P2PRun {
-    scheduler::Execution exec;
-    std::unique_ptr<PendingRequest> send;
-    std::unique_ptr<PendingRequest> recv;
-    std::pair<int, int> channel;
-    uint64_t seq = 0;
-    std::shared_ptr<Communicator> self;  // keeps the communicator alive while it runs
-  };
+  using Outcomes = CommOutcomes;
 
-  // A send or receive with a rank on another daemon, in the transport.
-  struct RemoteP2P {
-    std::unique_ptr<PendingRequest> request;
-    uint64_t seq = 0;
-    int peer = 0;
-    std::pair<int, int> channel;
-    DeadlineTimer::Id timer = 0;
-    bool done = false;
-  };
-
-  // Completions gathered under the lock and delivered after it is released.
-  struct Outcome {
-    std::unique_ptr<PendingRequest> request;
-    absl::Status status;
-    uint64_t seq = 0;
-  };
-  struct Outcomes {
-    std::vector<Outcome> completions;
-    std::vector<JoinDone> joins;
-    absl::Status join_status;
-    scheduler::Execution* collective = nullptr;          // to start on the executor
-    bool start_node_run = false;                         // start node_run_ (multi-node collective)
-    std::vector<P2PRun*> p2p;                            // to start on the executor
-    absl::Status abort_transfers;                        // non-OK: fail transfers to other daemons,
-    bool abort_transfers_now = false;                    // now, or after a grace period
-    bool notify_peers = false;                           // and tell those daemons why
-    std::vector<std::function<void()>> transport_posts;  // Send/Recv to issue, outside the lock
-  };
+  // PointToPoint::Host.
+  void WithLock(absl::FunctionRef<void(CommOutcomes*)> fn) override;
+  bool FailedLocked() const override;
+  void FailLocked(const absl::Status& status, CommOutcomes* out, bool transfers_now) override;
+  void CountLocked(bool ok, uint64_t bytes_moved) override;
+  std::weak_ptr<PointToPoint::Host> Weak() override;
 
   absl::StatusOr<uint64_t> SubmitLocked(std::unique_ptr<PendingRequest> request, Outcomes* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> SubmitCollectiveLocked(std::unique_ptr<PendingRequest> request,
                                                   Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<uint64_t> SubmitPointToPointLocked(std::unique_ptr<PendingRequest> request,
-                                                    Outcomes* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Prepares the next collective when it is complete and none runs (into out->collective, to be
   // started outside the lock). Operations without steps complete right here.
   void NextCollectiveLocked(Outcomes* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Same for the next matched send/recv pair of a channel.
-  void NextPointToPointLocked(P2PChannels::Key key, Outcomes* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCollectiveDone(const absl::Status& status);
   // True when every local rank said its next submission after e's belongs to the same group.
   bool GroupContinuesLocked(const CollectiveQueue::Entry& e) const
@@ -253,20 +224,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A compressed run's bytes before and after compression, per link (MultiNodeEnv::links).
   void CountCompressedBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnPointToPointDone(P2PRun* run);
   void OnOpDeadline(uint64_t seq);
-  void OnP2PDeadline(std::pair<int, int> key, bool send_side);
-  // Send/Recv with a rank of another daemon: straight to the transport, FIFO per channel.
-  absl::StatusOr<uint64_t> SubmitRemotePointToPointLocked(std::unique_ptr<PendingRequest> request,
-                                                          Outcomes* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // length: the bytes a receive got (the transport's; unused for a send).
-  void OnRemoteP2PDone(const std::shared_ptr<RemoteP2P>& op, absl::Status status, size_t length);
-  // A remote receive's transport outcome as the client should see it: a message of another
-  // size than the receive is the pair's disagreement, named with both sizes.
-  absl::Status RemoteRecvStatus(const RemoteP2P& op, absl::Status s, size_t length) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnRemoteP2PDeadline(const std::shared_ptr<RemoteP2P>& op);
   void OnJoinDeadline();
   void AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -323,10 +281,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   kernels::DataType node_dtype_ = kernels::DataType::kFloat32;
   kernels::RedOp node_red_op_ = kernels::RedOp::kSum;
 
-  P2PChannels channels_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<P2PRun>> p2p_runs_ ABSL_GUARDED_BY(mu_);  // all ever made
-  std::vector<P2PRun*> idle_p2p_runs_ ABSL_GUARDED_BY(mu_);
-  int remote_p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  PointToPoint p2p_ ABSL_GUARDED_BY(mu_);
 
   // The running collective, for its metrics: when it started and by which algorithm.
   absl::Time run_started_ ABSL_GUARDED_BY(mu_);
@@ -338,34 +293,13 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_moved_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_fused_ ABSL_GUARDED_BY(mu_) = 0;
-  // The digest exchange beside a running multi-node collective (op_digest.h): its run and each
-  // digest send and receive are parts, and the collective completes when the last one has, with
-  // a disagreement (or an unreadable digest) before the run's own status; on the thread that
-  // finished the last part.
-  void StartDigestExchange();
-  void OnPeerDigest(int node, const absl::Status& status, size_t length);
-  void RunPartDone(const absl::Status& status);
-  OpDigest digest_mine_;
-  OpDigest::Wire digest_out_{};
-  std::vector<OpDigest::Received> digest_in_;  // by node
-  // By node: the step of the running schedule whose message the digest to (send) or from
-  // (recv) that node carries (OpDigest::kMaxCarriedBytes), -1 for none; and all of them, for
-  // NodeRun::Params::carried.
-  std::vector<int64_t> carried_send_;
-  std::vector<int64_t> carried_recv_;
-  std::vector<uint32_t> node_carried_;
-  std::shared_ptr<const scheduler::NodeSchedule> carried_for_;  // the schedule they are of
   // The running operation's device staging still in progress (PendingRequest::input_gate), for
-  // NodeRun::Params::gates. With any, this node's sends ride in no digest (their bytes may not be
-  // on the host yet): run_carried_ is node_carried_ without them.
+  // NodeRun::Params::gates (with any, this node's sends ride in no digest), and its outputs'
+  // watchers, for Params::outputs.
   std::vector<std::shared_ptr<scheduler::InputGate>> node_gates_;
-  std::vector<std::shared_ptr<scheduler::OutputWatcher>> node_outputs_;  // for Params::outputs
-  std::vector<uint32_t> run_carried_;
-  void PickCarriedSteps();  // of node_schedule_
-  std::atomic<int> run_parts_{0};
-  absl::Mutex run_parts_mu_;
-  absl::Status run_status_ ABSL_GUARDED_BY(run_parts_mu_);
-  absl::Status digest_status_ ABSL_GUARDED_BY(run_parts_mu_);
+  std::vector<std::shared_ptr<scheduler::OutputWatcher>> node_outputs_;
+  // The digests beside a multi-node run, and the join of the run with them (after node_run_).
+  DigestExchange digests_;
   // The front collective as it was when the communicator failed (railctl diagnose).
   std::unique_ptr<v1::OpProgress> failed_op_ ABSL_GUARDED_BY(mu_);
   // net_.node_names[node], or "node N" when the layout has no name for it.

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/comm/stream_sync.h"
 #include "daemon/scheduler/input_gate.h"
@@ -33,7 +36,8 @@ struct PendingRequest {
   // Keep the mapped buffers alive while the operation may touch them.
   std::shared_ptr<MappedSegment> send_segment;
   std::shared_ptr<MappedSegment> recv_segment;
-  absl::Duration timeout = absl::ZeroDuration();  // zero: CommEnv::op_timeout
+  // The request's own timeout; zero: CommEnv::op_timeout, which also caps it (TimeoutOf).
+  absl::Duration timeout = absl::ZeroDuration();
   // The rank's next submission belongs to the same group (SubmitRequest.group_next).
   bool group_next = false;
   absl::Time deadline = absl::InfiniteFuture();  // set when the communicator accepts it
@@ -49,5 +53,22 @@ struct PendingRequest {
   // With it, device staging copying the results back as the operation writes them.
   std::shared_ptr<scheduler::OutputWatcher> output_watcher;
 };
+
+// How long the request may wait and run: its own timeout, never past the daemon's op_timeout
+// (--op_timeout caps what a client asks for), which is also what it gets without one.
+inline absl::Duration TimeoutOf(const PendingRequest& r, absl::Duration op_timeout) {
+  return r.timeout > absl::ZeroDuration() && r.timeout < op_timeout ? r.timeout : op_timeout;
+}
+
+// Takes the unit of `r` a request holds while it waits; the refusal names the operation, the rank
+// and the communicator, then the limit and its flag (QuotaAccount::Charge).
+inline absl::Status TakeWaiting(PendingRequest& request, Resource r, Enforce enforce,
+                                const std::string& comm_id) {
+  absl::Status s = QuotaCharge::Take(request.quota, r, 1, &request.waiting, enforce);
+  if (s.ok()) return s;
+  return absl::Status(s.code(),
+                      absl::StrCat(scheduler::OpName(request.req.op), " of rank ", request.rank,
+                                   " on communicator ", comm_id, " refused: ", s.message()));
+}
 
 }  // namespace railyard
