@@ -70,6 +70,11 @@ struct DaemonConfig {
   absl::Duration join_timeout = absl::Seconds(120);
   // Communicator bootstraps this daemon coordinates that may wait for ranks at once.
   size_t max_pending_joins = 1024;
+  // Of those, how many one job may hold (0: no share).
+  size_t max_pending_joins_per_job = 64;
+  // Side-channel connections waiting for their Connect, in all and per uid (0: no share).
+  size_t max_unbound_side_channels = 256;
+  size_t max_unbound_side_channels_per_uid = 32;
   // Size of one step of a local plan (daemon/scheduler/local_plan.h), and the chunk size of a
   // forced algorithm's schedule (the tuner picks its own around it).
   size_t chunk_bytes = 256 * 1024;

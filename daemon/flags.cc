@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <utility>
 
@@ -103,6 +104,12 @@ ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
           "asks (they may ask for less); also caps --init_timeout for joins");
 ABSL_FLAG(uint64_t, max_pending_joins, 1024,
           "Communicator bootstraps this daemon coordinates that may wait for ranks at once");
+ABSL_FLAG(uint64_t, max_pending_joins_per_job, 64,
+          "Of --max_pending_joins, how many one job may hold (0: no share)");
+ABSL_FLAG(uint64_t, max_unbound_side_channels, 256,
+          "Side-channel (<socket>.fd) connections that may wait for their Connect at once");
+ABSL_FLAG(uint64_t, max_unbound_side_channels_per_uid, 32,
+          "Of --max_unbound_side_channels, how many one uid may hold (0: no share)");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024,
           "Bytes per step of a local plan; across daemons the largest chunk the tuner tries (it "
           "also tries a half and a quarter of it), and the chunk of an algorithm --algo forces");
@@ -236,6 +243,9 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "init_timeout",
                                    "join_timeout",
                                    "max_pending_joins",
+                                   "max_pending_joins_per_job",
+                                   "max_unbound_side_channels",
+                                   "max_unbound_side_channels_per_uid",
                                    "chunk_bytes",
                                    "spin_us",
                                    "poll_us",
@@ -397,6 +407,13 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--max_pending_joins must be in [1, 2^20]");
   }
   c.max_pending_joins = static_cast<size_t>(pending);
+  c.max_unbound_side_channels = static_cast<size_t>(
+      std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_unbound_side_channels), 1, 1 << 16));
+  c.max_unbound_side_channels_per_uid = static_cast<size_t>(std::min<uint64_t>(
+      absl::GetFlag(FLAGS_max_unbound_side_channels_per_uid), c.max_unbound_side_channels));
+  c.max_pending_joins_per_job =
+      static_cast<size_t>(std::min<uint64_t>(absl::GetFlag(FLAGS_max_pending_joins_per_job),
+                                             c.max_pending_joins));
   const int64_t chunk = absl::GetFlag(FLAGS_chunk_bytes);
   if (chunk < 4096 || chunk > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("--chunk_bytes must be in [4096, 2^30]");

@@ -164,6 +164,8 @@ absl::Status Server::Start() {
   if (absl::Status s = core_->fair_share().LoadWeights(); !s.ok()) return s;
   FdChannelServer::Options fd_options;
   fd_options.path = fd_socket;
+  fd_options.max_unbound = config_.max_unbound_side_channels;
+  fd_options.max_unbound_per_uid = config_.max_unbound_side_channels_per_uid;
   if (config_.quotas.max_sessions != 0) {
     fd_options.max_connections = config_.quotas.max_sessions + fd_options.max_unbound;
   }
@@ -189,7 +191,7 @@ absl::Status Server::Start() {
                              kMinClientPingIntervalMs);
   builder.RegisterService(local_.get());
   admin_refusal_ = std::make_unique<AdminRefusal>(config_.admin_socket);
-  builder.RegisterService(admin_refusal_.get());
+  builder.RegisterCallbackGenericService(admin_refusal_.get());
   grpc_ = builder.BuildAndStart();
   if (grpc_ == nullptr || bound == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config_.socket));

@@ -144,15 +144,31 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
                        " bytes of node information; this join's ", bytes,
                        " more would pass its limit of ", limits_.max_pending_bytes));
     }
+    if (const size_t held = job_bytes_.count(req.job_id()) ? job_bytes_[req.job_id()] : 0;
+        limits_.max_pending_bytes_per_job != 0 &&
+        held + bytes > limits_.max_pending_bytes_per_job) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job ", req.job_id(), "'s pending communicator bootstraps hold ", held,
+          " bytes of node information on this coordinator; this join's ", bytes,
+          " more would pass its share of ", limits_.max_pending_bytes_per_job));
+    }
     auto it = pending_.find(req.comm_id());
     if (it == pending_.end()) {
       if (auto f = formed_.find(req.comm_id()); f != formed_.end() && f->second != req.job_id()) {
         return foreign();
       }
-      if (pending_.size() >= limits_.max_pending) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the coordinator has ", pending_.size(),
-            " communicator bootstraps waiting for ranks, its limit (--max_pending_joins)"));
+      switch (job_pending_.Take(req.job_id())) {
+        case CallerShares<std::string>::Refusal::kNone:
+          break;
+        case CallerShares<std::string>::Refusal::kCallerShare:
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "job ", req.job_id(), " has ", job_pending_.of(req.job_id()),
+              " communicator bootstraps waiting for ranks on this coordinator, its share "
+              "(--max_pending_joins_per_job); other jobs are still served"));
+        case CallerShares<std::string>::Refusal::kPool:
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "the coordinator has ", job_pending_.total(),
+              " communicator bootstraps waiting for ranks, its limit (--max_pending_joins)"));
       }
       it = pending_.try_emplace(req.comm_id()).first;
       Pending& p = it->second;
@@ -187,6 +203,7 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
     p.joined[req.rank()] = {req.node(), std::move(done)};
     p.bytes += bytes;
     pending_bytes_ += bytes;
+    job_bytes_[p.job] += bytes;
     if (static_cast<int>(p.joined.size()) < p.nranks) return absl::OkStatus();
     timer_->Cancel(p.timer);
     std::vector<v1::NodeInfo> nodes;  // by rank: every rank in [0, nranks) has joined
@@ -204,11 +221,25 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
       result->set_integrity(p.integrity);
     }
     RememberFormed(req.comm_id(), p.job);  // formed or refused: still this job's id
-    pending_bytes_ -= p.bytes;
-    pending_.erase(it);
+    ErasePendingLocked(it);
   }
   for (auto& d : dones) d(result);
   return absl::OkStatus();
+}
+
+void CommBootstrap::ErasePendingLocked(std::map<std::string, Pending>::iterator it) {
+  const Pending& p = it->second;
+  pending_bytes_ -= p.bytes;
+  if (auto b = job_bytes_.find(p.job); b != job_bytes_.end() && (b->second -= p.bytes) == 0) {
+    job_bytes_.erase(b);
+  }
+  job_pending_.Give(p.job);
+  pending_.erase(it);
+}
+
+size_t CommBootstrap::pending_of(const std::string& job) const {
+  absl::MutexLock lock(&mu_);
+  return job_pending_.of(job);
 }
 
 void CommBootstrap::Pending::TakeDones(std::vector<Done>* out) {
@@ -226,8 +257,7 @@ void CommBootstrap::Shutdown(const absl::Status& status) {
       timer_->Cancel(p.timer);
       p.TakeDones(&dones);
     }
-    pending_.clear();
-    pending_bytes_ = 0;
+    while (!pending_.empty()) ErasePendingLocked(pending_.begin());
   }
   for (auto& d : dones) d(status);
 }
@@ -253,8 +283,7 @@ void CommBootstrap::OnDeadline(const std::string& comm_id, uint64_t generation) 
         more > 0 ? absl::StrCat(" and ", more, " more") : "", " of ", p.nranks,
         " did not join in time"));
     it->second.TakeDones(&dones);
-    pending_bytes_ -= it->second.bytes;
-    pending_.erase(it);
+    ErasePendingLocked(it);
   }
   for (auto& d : dones) d(status);
 }

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/util/caller_shares.h"
 #include "daemon/util/deadline_timer.h"
 #include "railyard/v1/peer.pb.h"
 
@@ -27,6 +28,9 @@ class CommBootstrap {
   struct Limits {
     // Bootstraps waiting for ranks at once (--max_pending_joins): more is RESOURCE_EXHAUSTED.
     size_t max_pending = 1024;
+    // Of those, what one job may hold (--max_pending_joins_per_job; 0: no share), so that one
+    // job's joins that never complete cannot keep every other job from forming communicators.
+    size_t max_pending_per_job = 64;
     // Comm ids of completed bootstraps remembered with their job, the oldest forgotten first:
     // ~100 bytes each. A comm id is bound to the job that first joined it while it is pending
     // and until this many later bootstraps completed.
@@ -35,6 +39,8 @@ class CommBootstrap {
     // addresses of 4 KiB): a join past it is RESOURCE_EXHAUSTED. The count and size checks alone
     // would let 1024 bootstraps of 65536 ranks hold terabytes.
     size_t max_pending_bytes = size_t{256} << 20;
+    // Of those bytes, what one job's pending bootstraps may hold (0: no share).
+    size_t max_pending_bytes_per_job = size_t{64} << 20;
   };
 
   explicit CommBootstrap(DeadlineTimer* timer) : CommBootstrap(timer, Limits()) {}
@@ -52,8 +58,9 @@ class CommBootstrap {
   // Answers every pending bootstrap's joins with `status` (the daemon is stopping) and cancels
   // their deadlines; joins after it are refused with the same status.
   void Shutdown(const absl::Status& status);
-  // Bootstraps waiting for ranks, and the bytes of node information they hold.
+  // Bootstraps waiting for ranks, and the bytes of node information they hold; a job's.
   size_t pending() const;
+  size_t pending_of(const std::string& job) const;
   size_t pending_bytes() const;
 
   // The layout for a complete set of joins (exposed for tests): node order by each node's lowest
@@ -96,6 +103,9 @@ class CommBootstrap {
     void TakeDones(std::vector<Done>* out);
   };
   void OnDeadline(const std::string& comm_id, uint64_t generation);
+  // Forgets a pending bootstrap: its bytes and its job's share.
+  void ErasePendingLocked(std::map<std::string, Pending>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RememberFormed(const std::string& comm_id, const std::string& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -104,6 +114,10 @@ class CommBootstrap {
   mutable absl::Mutex mu_;
   std::map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by comm id
   size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;                // the sum of their bytes
+  // Pending bootstraps by job (their count against the shares), and each job's bytes.
+  CallerShares<std::string> job_pending_ ABSL_GUARDED_BY(mu_){limits_.max_pending,
+                                                              limits_.max_pending_per_job};
+  std::map<std::string, size_t> job_bytes_ ABSL_GUARDED_BY(mu_);
   // Completed bootstraps' comm id -> job, and the ids in the order they completed.
   std::map<std::string, std::string> formed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> formed_order_ ABSL_GUARDED_BY(mu_);

@@ -58,6 +58,14 @@
 
 namespace railyard {
 
+// The coordinator's bootstrap limits from the daemon's configuration.
+inline CommBootstrap::Limits BootstrapLimits(const DaemonConfig& config) {
+  CommBootstrap::Limits limits;
+  limits.max_pending = config.max_pending_joins;
+  limits.max_pending_per_job = config.max_pending_joins_per_job;
+  return limits;
+}
+
 class DaemonCore {
  public:
   // auth: who may connect as which job (the Server loads it from the config's files);
@@ -135,7 +143,7 @@ class DaemonCore {
   mutable absl::Mutex cross_node_mu_;
   std::string cross_node_devices_ ABSL_GUARDED_BY(cross_node_mu_);
   scheduler::Executor executor_;
-  CommBootstrap bootstrap_{&timer_, {config_.max_pending_joins}};
+  CommBootstrap bootstrap_{&timer_, BootstrapLimits(config_)};
   // Before peers_: the answers to its heartbeats come back through peers_, which goes first.
   PeerPlane peer_plane_;
   PeerClients peers_;

@@ -145,7 +145,7 @@ void FdChannelServer::Stop() {
   {
     absl::MutexLock lock(&mu_);
     all.swap(by_fd_);
-    unbound_.clear();
+    while (!unbound_.empty()) EraseUnboundLocked(unbound_.begin());
   }
   for (auto& [fd, channel] : all) channel->Drop();
   for (int* fd : {&listen_fd_, &epoll_fd_, &wake_fd_}) {
@@ -165,8 +165,8 @@ absl::StatusOr<std::shared_ptr<FdChannel>> FdChannelServer::Claim(const std::str
           "fd_ticket is not one this daemon handed out, or it was used already or expired: "
           "connect the side channel (<socket>.fd) again and pass its new ticket");
     }
-    channel = std::move(it->second);
-    unbound_.erase(it);
+    channel = it->second;
+    EraseUnboundLocked(it);
   }
   absl::MutexLock lock(&channel->mu_);
   if (channel->dead_) {
@@ -235,13 +235,26 @@ void FdChannelServer::AcceptAll() {
     const PeerCred cred{uc.pid, uc.uid, uc.gid};
     {
       absl::MutexLock lock(&mu_);
-      const char* full = nullptr;
+      std::string full;
       if (by_fd_.size() >= options_.max_connections) {
         full = "railyardd serves its limit of side-channel connections (one per session)";
-      } else if (unbound_.size() >= options_.max_unbound) {
-        full = "too many side-channel connections wait for their Connect: try again shortly";
+      } else {
+        switch (unbound_shares_.Take(cred.uid)) {
+          case CallerShares<uint32_t>::Refusal::kNone:
+            break;
+          case CallerShares<uint32_t>::Refusal::kCallerShare:
+            full = absl::StrCat("uid ", cred.uid, " has ", unbound_shares_.of(cred.uid),
+                                " side-channel connections waiting for their Connect, its share "
+                                "(--max_unbound_side_channels_per_uid): bind or close them");
+            break;
+          case CallerShares<uint32_t>::Refusal::kPool:
+            full = absl::StrCat(unbound_shares_.total(),
+                                " side-channel connections wait for their Connect, the daemon's "
+                                "limit (--max_unbound_side_channels): try again shortly");
+            break;
+        }
       }
-      if (full != nullptr) {
+      if (!full.empty()) {
         SendError(fd, 0, absl::StatusCode::kResourceExhausted, full);
         ::close(fd);
         Log(LogLevel::kWarning, "fdchannel", "connection refused",
@@ -341,12 +354,18 @@ void FdChannelServer::DropConnection(int fd, const char* why) {
     if (it == by_fd_.end()) return;
     channel = std::move(it->second);
     by_fd_.erase(it);
-    unbound_.erase(channel->ticket_);
+    if (auto u = unbound_.find(channel->ticket_); u != unbound_.end()) EraseUnboundLocked(u);
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   }
   Log(LogLevel::kDebug, "fdchannel", "connection ended",
       {F("pid", channel->cred().pid), F("reason", why)});
   channel->Drop();
+}
+
+void FdChannelServer::EraseUnboundLocked(
+    std::map<std::string, std::shared_ptr<FdChannel>>::iterator it) {
+  unbound_shares_.Give(it->second->cred().uid);
+  unbound_.erase(it);
 }
 
 void FdChannelServer::SweepUnbound(absl::Time now) {

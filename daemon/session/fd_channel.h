@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/session/peer_cred.h"
+#include "daemon/util/caller_shares.h"
 #include "daemon/util/unique_fd.h"
 
 namespace railyard {
@@ -61,8 +62,11 @@ class FdChannelServer {
  public:
   struct Options {
     std::string path;  // the socket to create (its directory exists)
-    size_t max_connections = 1024 + 64;
-    size_t max_unbound = 64;      // connections whose ticket no Connect has named yet
+    size_t max_connections = 1024 + 256;
+    size_t max_unbound = 256;  // connections whose ticket no Connect has named yet
+    // Of those, what one uid (SO_PEERCRED) may hold (0: no share): a process without a token
+    // that keeps re-dialling holds its uid's share, not every job's Connect.
+    size_t max_unbound_per_uid = 32;
     size_t max_pending_fds = 64;  // descriptors sent but not yet registered, per connection
     absl::Duration bind_timeout = absl::Seconds(10);
   };
@@ -99,6 +103,11 @@ class FdChannelServer {
   mutable absl::Mutex mu_;
   std::map<int, std::shared_ptr<FdChannel>> by_fd_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<FdChannel>> unbound_ ABSL_GUARDED_BY(mu_);
+  // unbound_ counted by uid against the shares.
+  CallerShares<uint32_t> unbound_shares_ ABSL_GUARDED_BY(mu_){options_.max_unbound,
+                                                              options_.max_unbound_per_uid};
+  void EraseUnboundLocked(std::map<std::string, std::shared_ptr<FdChannel>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace railyard

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/railyard/v1/fd_channel.h"
@@ -222,6 +224,70 @@ TEST_F(FdChannelTest, UnboundConnectionsAreBoundedAndTimedOut) {
   EXPECT_FALSE(Receive(a).has_value());
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
   // Room again.
+  UniqueFd d = Connect();
+  EXPECT_EQ(Receive(d)->type, fdproto::Type::kHello);
+}
+
+// Connects as `uid` from a child process (root only) and returns the type of the first message
+// it got (kHello or kError), or -1. The child only makes system calls: safe after fork() here.
+int FirstMessageTypeAs(const std::string& path, uid_t uid) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    char type = -1;
+    if (::setgid(0) == 0 && ::setuid(uid) == 0) {
+      const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+      timeval tv{5, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      char data[fdproto::kMaxMessage];
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+          ::recv(fd, data, sizeof(data), 0) >= 8) {
+        type = static_cast<char>(fdproto::detail::Get(reinterpret_cast<unsigned char*>(data) + 6, 2));
+      }
+    }
+    (void)!::write(pipe_fds[1], &type, 1);
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  char type = -1;
+  (void)!::read(pipe_fds[0], &type, 1);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return type;
+}
+
+// One process without a token that keeps connections unbound holds its uid's share, not the
+// pool: another uid still gets its HELLO (issue 55: 64 such connections refused every job).
+TEST_F(FdChannelTest, OneUidsUnboundConnectionsStopAtItsShareAndOtherUidsAreServed) {
+  options_.max_unbound = 10;
+  options_.max_unbound_per_uid = 2;
+  options_.max_connections = 20;
+  options_.bind_timeout = absl::Seconds(30);
+  Start();
+  UniqueFd a = Connect(), b = Connect(), c = Connect();
+  auto hello_a = Receive(a);
+  ASSERT_EQ(hello_a->type, fdproto::Type::kHello);
+  ASSERT_EQ(Receive(b)->type, fdproto::Type::kHello);
+  auto refused = Receive(c);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->type, fdproto::Type::kError);
+  EXPECT_EQ(refused->code, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused->payload,
+              HasSubstr(absl::StrCat("uid ", ::getuid(), " has 2 side-channel connections")));
+  EXPECT_THAT(refused->payload, HasSubstr("(--max_unbound_side_channels_per_uid)"));
+  if (::getuid() == 0) {
+    ::chmod(dir_.c_str(), 0755);
+    ::chmod(options_.path.c_str(), 0666);
+    EXPECT_EQ(FirstMessageTypeAs(options_.path, 65534), static_cast<int>(fdproto::Type::kHello));
+  }
+  // Binding one (a Connect claims its ticket) gives its share back.
+  ASSERT_TRUE(server_->Claim(hello_a->payload).ok());
   UniqueFd d = Connect();
   EXPECT_EQ(Receive(d)->type, fdproto::Type::kHello);
 }

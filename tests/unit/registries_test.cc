@@ -298,7 +298,9 @@ TEST(CommBootstrapTest, ShutdownAnswersEveryPendingJoinAndRefusesLaterOnes) {
 TEST(CommBootstrapTest, PendingJoinsHoldOnlyWhatJoined) {
   testing::FakeClock clock;
   DeadlineTimer timer(&clock);
-  CommBootstrap bootstrap(&timer);
+  CommBootstrap::Limits limits;
+  limits.max_pending_per_job = 0;  // one job's 201 bootstraps: no share
+  CommBootstrap bootstrap(&timer, limits);
   JoinAnswers answers;
   // ASan's allocator is not glibc's: mallinfo2 sees nothing of it (build-asan).
 #if defined(__SANITIZE_ADDRESS__)
@@ -327,6 +329,69 @@ TEST(CommBootstrapTest, PendingJoinsHoldOnlyWhatJoined) {
       "more of 65536 did not join in time");
   EXPECT_EQ(answers.got[200].status().message(),
             "communicator d: ranks 0, 1, 2, 4 of 5 did not join in time");
+}
+
+// One job's bootstraps that never complete fill its share, not the coordinator: every other job
+// still forms communicators (issue 55: 1,100 InitComm calls of one session filled all 1024
+// slots). Its share comes back as its bootstraps expire or complete.
+TEST(CommBootstrapTest, OneJobsPendingBootstrapsStopAtItsShareAndOthersAreServed) {
+  testing::FakeClock clock;
+  DeadlineTimer timer(&clock);
+  CommBootstrap::Limits limits;
+  limits.max_pending = 10;
+  limits.max_pending_per_job = 4;
+  CommBootstrap bootstrap(&timer, limits);
+  JoinAnswers answers;
+  const auto join = [&](const std::string& job, const std::string& comm, int rank, int nranks) {
+    v1::JoinCommRequest req = JoinOf(comm, rank, nranks, "a");
+    req.set_job_id(job);
+    return bootstrap.Join(req, absl::Seconds(5), answers.Done());
+  };
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(join("hog", absl::StrCat("h", i), 0, 2).ok());
+  const absl::Status refused = join("hog", "h4", 0, 2);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.message(),
+            "job hog has 4 communicator bootstraps waiting for ranks on this coordinator, its "
+            "share (--max_pending_joins_per_job); other jobs are still served");
+  // A rank of a bootstrap the job already has still joins it (no new slot).
+  EXPECT_TRUE(join("hog", "h0", 1, 2).ok());
+  EXPECT_EQ(bootstrap.pending_of("hog"), 3u);
+  // Other jobs form theirs, up to the pool's backstop.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(join("a", absl::StrCat("a", i), 0, 2).ok());
+  ASSERT_TRUE(join("b", "b0", 0, 2).ok());
+  ASSERT_TRUE(join("b", "b1", 0, 2).ok());
+  ASSERT_TRUE(join("hog", "h4", 0, 2).ok());  // its completed one's slot came back
+  const absl::Status full = join("c", "c0", 0, 2);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()), ::testing::HasSubstr("(--max_pending_joins)"));
+  clock.Advance(absl::Seconds(6));
+  timer.RunDue();
+  EXPECT_EQ(bootstrap.pending(), 0u);
+  EXPECT_EQ(bootstrap.pending_of("hog"), 0u);
+  EXPECT_EQ(bootstrap.pending_bytes(), 0u);
+  EXPECT_TRUE(join("c", "c0", 0, 2).ok());
+}
+
+TEST(CommBootstrapTest, OneJobsNodeInformationStopsAtItsShareOfTheBytes) {
+  testing::FakeClock clock;
+  DeadlineTimer timer(&clock);
+  CommBootstrap::Limits limits;
+  limits.max_pending_bytes_per_job = 300;  // two joins of ~130 bytes, not three
+  CommBootstrap bootstrap(&timer, limits);
+  JoinAnswers answers;
+  v1::JoinCommRequest big = JoinOf("x", 0, 100, "a");
+  big.mutable_node()->set_node_name(std::string(120, 'n'));
+  ASSERT_TRUE(bootstrap.Join(big, absl::Seconds(5), answers.Done()).ok());
+  big.set_rank(1);
+  ASSERT_TRUE(bootstrap.Join(big, absl::Seconds(5), answers.Done()).ok());
+  big.set_rank(2);
+  const absl::Status s = bootstrap.Join(big, absl::Seconds(5), answers.Done());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("job job's pending communicator"));
+  v1::JoinCommRequest other = big;
+  other.set_job_id("other");
+  other.set_comm_id("y");
+  EXPECT_TRUE(bootstrap.Join(other, absl::Seconds(5), answers.Done()).ok());
 }
 
 }  // namespace
