@@ -72,6 +72,9 @@ struct DaemonConfig {
   size_t max_pending_joins = 1024;
   // Of those, how many one job may hold (0: no share).
   size_t max_pending_joins_per_job = 64;
+  // Connections the client socket serves, in all and per uid (0: no share).
+  size_t max_client_connections = 4096;
+  size_t max_client_connections_per_uid = 512;
   // Side-channel connections waiting for their Connect, in all and per uid (0: no share).
   size_t max_unbound_side_channels = 256;
   size_t max_unbound_side_channels_per_uid = 32;

@@ -106,6 +106,11 @@ ABSL_FLAG(uint64_t, max_pending_joins, 1024,
           "Communicator bootstraps this daemon coordinates that may wait for ranks at once");
 ABSL_FLAG(uint64_t, max_pending_joins_per_job, 64,
           "Of --max_pending_joins, how many one job may hold (0: no share)");
+ABSL_FLAG(uint64_t, max_client_connections, 4096,
+          "Connections the client socket serves at once (also at most half the descriptors the "
+          "daemon may open)");
+ABSL_FLAG(uint64_t, max_client_connections_per_uid, 512,
+          "Of --max_client_connections, how many one uid (SO_PEERCRED) may hold (0: no share)");
 ABSL_FLAG(uint64_t, max_unbound_side_channels, 256,
           "Side-channel (<socket>.fd) connections that may wait for their Connect at once");
 ABSL_FLAG(uint64_t, max_unbound_side_channels_per_uid, 32,
@@ -245,6 +250,8 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "max_pending_joins",
                                    "max_pending_joins_per_job",
                                    "max_unbound_side_channels",
+                                   "max_client_connections",
+                                   "max_client_connections_per_uid",
                                    "max_unbound_side_channels_per_uid",
                                    "chunk_bytes",
                                    "spin_us",
@@ -407,6 +414,10 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--max_pending_joins must be in [1, 2^20]");
   }
   c.max_pending_joins = static_cast<size_t>(pending);
+  c.max_client_connections = static_cast<size_t>(
+      std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_client_connections), 1, 1 << 20));
+  c.max_client_connections_per_uid = static_cast<size_t>(std::min<uint64_t>(
+      absl::GetFlag(FLAGS_max_client_connections_per_uid), c.max_client_connections));
   c.max_unbound_side_channels = static_cast<size_t>(
       std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_unbound_side_channels), 1, 1 << 16));
   c.max_unbound_side_channels_per_uid = static_cast<size_t>(std::min<uint64_t>(

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -104,6 +105,23 @@ std::string AdvertisedPeerHost(const std::string& listen, const std::string& nod
 Server::~Server() { Shutdown(); }
 
 absl::Status Server::Start() {
+  // Every connection, memfd and UCX socket is a descriptor: the inherited soft limit (often
+  // 1024 in containers) is not what the node allows. The client listener keeps a reserve and
+  // caps its connections at half of what is left.
+  const uint64_t fd_limit = ClientListener::RaiseDescriptorLimit();
+  const uint64_t client_room = fd_limit > 2 * ClientListener::Options().fd_reserve
+                                   ? (fd_limit - ClientListener::Options().fd_reserve) / 2
+                                   : 64;
+  if (config_.max_client_connections > client_room) {
+    // The shares shrink with the pool: one uid still holds the same fraction of it, never all.
+    config_.max_client_connections_per_uid = std::max<size_t>(
+        std::min<size_t>(16, client_room),
+        config_.max_client_connections_per_uid * client_room / config_.max_client_connections);
+    config_.max_client_connections = client_room;
+  }
+  Log(LogLevel::kInfo, "daemon", "descriptors",
+      {F("limit", fd_limit), F("max_client_connections", config_.max_client_connections),
+       F("max_client_connections_per_uid", config_.max_client_connections_per_uid)});
   absl::StatusOr<SessionAuth> auth = LoadAuth();
   if (!auth.ok()) return auth.status();
   v1::NodeTopology topology = topology::DefaultNodeTopology();
@@ -182,10 +200,17 @@ absl::Status Server::Start() {
   // Admin first: once the client socket answers, the whole daemon does.
   if (absl::Status s = StartAdmin(); !s.ok()) return s;
 
+  // railyardd accepts on the client socket itself and hands gRPC the connections it admits
+  // (client_listener.h): gRPC's own listener does not survive running out of descriptors.
+  ClientListener::Options listen;
+  listen.path = config_.socket;
+  listen.max_connections = config_.max_client_connections;
+  listen.max_per_uid = config_.max_client_connections_per_uid;
+  absl::StatusOr<std::unique_ptr<ClientListener>> listener = ClientListener::Bind(listen);
+  if (!listener.ok()) return listener.status();
+  listener_ = *std::move(listener);
+  socket_created_ = true;
   grpc::ServerBuilder builder;
-  int bound = 0;
-  builder.AddListeningPort(absl::StrCat("unix:", config_.socket), grpc::InsecureServerCredentials(),
-                           &bound);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kMinClientPingIntervalMs);
@@ -193,14 +218,11 @@ absl::Status Server::Start() {
   admin_refusal_ = std::make_unique<AdminRefusal>(config_.admin_socket);
   builder.RegisterCallbackGenericService(admin_refusal_.get());
   grpc_ = builder.BuildAndStart();
-  if (grpc_ == nullptr || bound == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config_.socket));
+  if (grpc_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve unix:", config_.socket));
   }
-  socket_created_ = true;
-  if (::chmod(config_.socket.c_str(), 0660) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("chmod 0660 ", config_.socket, ": ", std::strerror(errno)));
-  }
+  refusals_ = std::make_unique<RefusalServer>(listener_.get());
+  listener_->Start(grpc_.get(), refusals_->server());
   if (!config_.metrics_listen.empty()) {
     if (absl::Status s = StartMetrics(); !s.ok()) return s;
   }
@@ -376,6 +398,7 @@ void Server::Shutdown() {
   serving_ = false;  // /readyz: 503 from here on
   Log(LogLevel::kInfo, "daemon", "shutting down", {F("socket", config_.socket)});
   core_->Shutdown();
+  if (listener_ != nullptr) listener_->Stop();  // no new clients; removes --socket
   if (peer_grpc_ != nullptr) {
     peer_grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
     peer_grpc_->Wait();
@@ -407,6 +430,8 @@ void Server::Shutdown() {
   local_.reset();
   admin_.reset();
   admin_refusal_.reset();
+  listener_.reset();
+  refusals_.reset();
   fd_channels_.reset();
   peer_.reset();
   core_.reset();

@@ -10,6 +10,7 @@
 #include "daemon/core/daemon_core.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/services/admin_refusal.h"
+#include "daemon/services/client_listener.h"
 #include "daemon/services/admin_service.h"
 #include "daemon/services/local_service.h"
 #include "daemon/services/peer_service.h"
@@ -52,7 +53,9 @@ class Server {
   std::unique_ptr<AdminRefusal> admin_refusal_;  // Admin on the client socket: refused
   std::unique_ptr<PeerService> peer_;
   std::unique_ptr<FdChannelServer> fd_channels_;  // <socket>.fd
-  std::unique_ptr<grpc::Server> grpc_;            // Local, on --socket
+  std::unique_ptr<grpc::Server> grpc_;            // Local, on --socket (listener_ admits)
+  std::unique_ptr<RefusalServer> refusals_;       // connections the listener refused
+  std::unique_ptr<ClientListener> listener_;      // accepts on --socket
   std::unique_ptr<grpc::Server> admin_grpc_;      // Admin, on --admin_socket only
   std::unique_ptr<grpc::Server> peer_grpc_;       // TCP, daemon<->daemon only
   bool socket_created_ = false;

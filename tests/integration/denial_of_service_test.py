@@ -1,0 +1,213 @@
+"""No tenant, and no process on the node, can deny service to the others (issue 55). Each attack
+runs as its own process (dos_attacker.py) against a live railyardd with signed job tokens; while
+it holds, and right after it is released, a checked victim job (connected before the attack) and
+a newcomer job (connecting during it) must both run collectives with exact results, and the
+attacker gets RESOURCE_EXHAUSTED (or the documented refusal) naming the limit and its flag.
+
+The daemon runs with RLIMIT_NOFILE 1024 (soft and hard), what a container runtime gives by
+default, so that a flood that reaches the descriptor limit is cheap to mount here.
+
+Run by CTest (denial_of_service_test) with RAILYARDD, RAILCTL and PYTHONPATH (the built Python
+client) in the environment.
+"""
+
+import json
+import os
+import resource
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import railyard
+from railyard.v1 import admin_pb2, local_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NOBODY = 65534
+FD_LIMIT = 1024
+OP_TIMEOUT_S = 4
+
+
+def railctl(*args):
+    out = subprocess.run([os.environ["RAILCTL"], *args], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def wait_for(what, fn, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.fixture(scope="module")
+def node():
+    tmp = tempfile.mkdtemp(prefix="ry-dos-")
+    os.chmod(tmp, 0o755)  # the unprivileged attacker must reach the sockets
+    key = os.path.join(tmp, "key")
+    railctl("token", "keygen", "--out", key)
+    sock = os.path.join(tmp, "ry.sock")
+    log = open(os.path.join(tmp, "railyardd.log"), "w")
+
+    def limit_descriptors():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+    proc = subprocess.Popen(
+        [os.environ["RAILYARDD"], f"--socket={sock}", f"--token_key_file={key}",
+         "--node_name=dos", "--worker_threads=2", f"--op_timeout={OP_TIMEOUT_S}s"],
+        stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_descriptors)
+    wait_for("railyardd", lambda: proc.poll() is not None or (
+        os.path.exists(sock) and os.path.exists(sock + ".fd")), 20)
+    assert proc.poll() is None, open(log.name).read()
+    # The attacker runs as nobody with group root: the sockets are 0660 root:root.
+    os.chmod(sock, 0o660)
+    info = {"tmp": tmp, "socket": sock, "key": key, "proc": proc, "log": log.name}
+    yield info
+    alive = proc.poll() is None
+    proc.terminate()
+    proc.wait(15)
+    log.close()
+    text = open(log.name).read()
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert alive, "railyardd died during the attacks:\n" + text
+
+
+def token(node, job):
+    return railctl("token", "issue", "--job", job, "--ttl", "1h", "--key", node["key"])
+
+
+@pytest.fixture(scope="module")
+def victim(node):
+    """A job connected before every attack, with a communicator and a buffer of known bytes."""
+    c = railyard.connect(node["socket"], "victim", token(node, "victim"))
+    comm = c.comm(c.new_comm_id(), 0, 1)
+    secret = c.empty(4096, np.float32)
+    secret[:] = np.arange(4096, dtype=np.float32)
+    yield {"client": c, "comm": comm, "secret": secret}
+    c.close()
+
+
+def victim_served(victim):
+    assert np.array_equal(victim["secret"], np.arange(4096, dtype=np.float32))
+    x = victim["client"].empty(1024, np.float32)
+    x[:] = 3.0
+    victim["comm"].all_reduce(x, timeout=30)
+    assert np.all(x == 3.0)
+    assert not victim["client"].closed
+
+
+def newcomer_served(node, job="newcomer"):
+    """A job that connects now: a 2-rank communicator of two sessions, an exact AllReduce."""
+    t = token(node, job)
+    a = railyard.connect(node["socket"], job, t, connect_timeout=10)
+    b = railyard.connect(node["socket"], job, t, connect_timeout=10)
+    try:
+        comm_id = a.new_comm_id()
+        import threading
+        comms = [None, None]
+
+        def join(i, c):
+            comms[i] = c.comm(comm_id, i, 2)
+        threads = [threading.Thread(target=join, args=(i, c)) for i, c in enumerate((a, b))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert comms[0] is not None and comms[1] is not None
+        xs = [a.empty(2048, np.float32), b.empty(2048, np.float32)]
+        xs[0][:] = 1.5
+        xs[1][:] = 2.0
+        works = [comms[i].all_reduce(xs[i], async_op=True, timeout=30) for i in range(2)]
+        for w in works:
+            w.wait()
+        for x in xs:
+            assert np.all(x == 3.5)
+    finally:
+        a.close()
+        b.close()
+
+
+class Attack:
+    """An attack held by its own process until release()."""
+
+    def __init__(self, node, name, args, uid=None, gid=None):
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "dos_attacker.py"), name,
+             json.dumps({"socket": node["socket"], **args})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env, user=uid, group=gid)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
+        assert ready, "the attack did not start within 120 s"
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read()
+        self.holding = json.loads(line)
+        print(f"\n{name}: {json.dumps(self.holding)}")
+
+    def release(self):
+        self.proc.stdin.write("release\n")
+        self.proc.stdin.flush()
+        out, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, out + err
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_connection_flood_without_a_token_leaves_the_socket_serving_everyone_else(
+        node, victim):
+    pid = node["proc"].pid
+    fds_before = open_fds(pid)
+    attack = Attack(node, "connection_flood", {"count": 3000}, uid=NOBODY, gid=0)
+    try:
+        held = attack.holding
+        # The attacker's calls are refused with the limit and its flag, not hung.
+        assert held["fresh_call"][0] == "RESOURCE_EXHAUSTED", held
+        assert "--max_client_connections_per_uid" in held["fresh_call"][1]
+        assert f"uid {NOBODY}" in held["fresh_call"][1]
+        # The daemon holds far fewer descriptors than its limit, and does not spin.
+        assert open_fds(pid) < FD_LIMIT - 200, open_fds(pid)
+        cpu = cpu_seconds(pid)
+        time.sleep(2)
+        assert cpu_seconds(pid) - cpu < 0.5
+        victim_served(victim)
+        newcomer_served(node, "newcomer-during-flood")
+    finally:
+        attack.release()
+    newcomer_served(node, "newcomer-after-flood")
+    wait_for("descriptors back", lambda: open_fds(pid) < fds_before + 40, 20)
+    victim_served(victim)
+
+
+def test_every_admin_method_on_the_client_socket_is_permission_denied(node):
+    with grpc.insecure_channel("unix:" + node["socket"]) as ch:
+        methods = admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods
+        assert {m.name for m in methods} >= {"Status", "GetCommState", "Diagnose"}
+        for m in methods:
+            call = ch.unary_unary(f"/railyard.v1.Admin/{m.name}")
+            with pytest.raises(grpc.RpcError) as e:
+                call(b"", timeout=5)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, m.name
+            assert "--admin_socket" in e.value.details(), m.name
+        with pytest.raises(grpc.RpcError) as e:
+            ch.unary_unary("/railyard.v1.Nothing/Here")(b"", timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
