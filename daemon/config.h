@@ -72,6 +72,9 @@ struct DaemonConfig {
   size_t max_pending_joins = 1024;
   // Of those, how many one job may hold (0: no share).
   size_t max_pending_joins_per_job = 64;
+  // Operations held waiting for their streams, per session and per job.
+  size_t max_held_ops_per_session = 8192;
+  size_t max_held_ops_per_job = 16384;
   // Connections the client socket serves, in all and per uid (0: no share).
   size_t max_client_connections = 4096;
   size_t max_client_connections_per_uid = 512;

@@ -111,6 +111,10 @@ ABSL_FLAG(uint64_t, max_client_connections, 4096,
           "daemon may open)");
 ABSL_FLAG(uint64_t, max_client_connections_per_uid, 512,
           "Of --max_client_connections, how many one uid (SO_PEERCRED) may hold (0: no share)");
+ABSL_FLAG(uint64_t, max_held_ops_per_session, 8192,
+          "Operations one session may have held waiting for their streams (stream_sync)");
+ABSL_FLAG(uint64_t, max_held_ops_per_job, 16384,
+          "Operations one job may have held waiting for their streams (stream_sync)");
 ABSL_FLAG(uint64_t, max_unbound_side_channels, 256,
           "Side-channel (<socket>.fd) connections that may wait for their Connect at once");
 ABSL_FLAG(uint64_t, max_unbound_side_channels_per_uid, 32,
@@ -251,6 +255,8 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "max_pending_joins_per_job",
                                    "max_unbound_side_channels",
                                    "max_client_connections",
+                                   "max_held_ops_per_session",
+                                   "max_held_ops_per_job",
                                    "max_client_connections_per_uid",
                                    "max_unbound_side_channels_per_uid",
                                    "chunk_bytes",
@@ -414,6 +420,10 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--max_pending_joins must be in [1, 2^20]");
   }
   c.max_pending_joins = static_cast<size_t>(pending);
+  c.max_held_ops_per_session = static_cast<size_t>(
+      std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_held_ops_per_session), 1, 1 << 20));
+  c.max_held_ops_per_job = static_cast<size_t>(
+      std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_held_ops_per_job), 1, 1 << 20));
   c.max_client_connections = static_cast<size_t>(
       std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_client_connections), 1, 1 << 20));
   c.max_client_connections_per_uid = static_cast<size_t>(std::min<uint64_t>(
@@ -422,9 +432,8 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
       std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_unbound_side_channels), 1, 1 << 16));
   c.max_unbound_side_channels_per_uid = static_cast<size_t>(std::min<uint64_t>(
       absl::GetFlag(FLAGS_max_unbound_side_channels_per_uid), c.max_unbound_side_channels));
-  c.max_pending_joins_per_job =
-      static_cast<size_t>(std::min<uint64_t>(absl::GetFlag(FLAGS_max_pending_joins_per_job),
-                                             c.max_pending_joins));
+  c.max_pending_joins_per_job = static_cast<size_t>(
+      std::min<uint64_t>(absl::GetFlag(FLAGS_max_pending_joins_per_job), c.max_pending_joins));
   const int64_t chunk = absl::GetFlag(FLAGS_chunk_bytes);
   if (chunk < 4096 || chunk > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("--chunk_bytes must be in [4096, 2^30]");

@@ -147,10 +147,10 @@ absl::Status CommBootstrap::Join(const v1::JoinCommRequest& req, absl::Duration 
     if (const size_t held = job_bytes_.count(req.job_id()) ? job_bytes_[req.job_id()] : 0;
         limits_.max_pending_bytes_per_job != 0 &&
         held + bytes > limits_.max_pending_bytes_per_job) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "job ", req.job_id(), "'s pending communicator bootstraps hold ", held,
-          " bytes of node information on this coordinator; this join's ", bytes,
-          " more would pass its share of ", limits_.max_pending_bytes_per_job));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("job ", req.job_id(), "'s pending communicator bootstraps hold ", held,
+                       " bytes of node information on this coordinator; this join's ", bytes,
+                       " more would pass its share of ", limits_.max_pending_bytes_per_job));
     }
     auto it = pending_.find(req.comm_id());
     if (it == pending_.end()) {

@@ -26,12 +26,12 @@ struct CommOutcomes {
   std::vector<CommOutcome> completions;
   std::vector<CommJoinDone> joins;
   absl::Status join_status;
-  scheduler::Execution* collective = nullptr;  // to start on the executor
-  bool start_node_run = false;                 // start the multi-node collective's run
-  std::vector<scheduler::Execution*> copies;   // same-daemon send/recv copies to start
-  absl::Status abort_transfers;                // non-OK: fail transfers to other daemons,
-  bool abort_transfers_now = false;            // now, or after a grace period
-  bool notify_peers = false;                   // and tell those daemons why
+  scheduler::Execution* collective = nullptr;          // to start on the executor
+  bool start_node_run = false;                         // start the multi-node collective's run
+  std::vector<scheduler::Execution*> copies;           // same-daemon send/recv copies to start
+  absl::Status abort_transfers;                        // non-OK: fail transfers to other daemons,
+  bool abort_transfers_now = false;                    // now, or after a grace period
+  bool notify_peers = false;                           // and tell those daemons why
   std::vector<std::function<void()>> transport_posts;  // Send/Recv to issue, outside the lock
 };
 

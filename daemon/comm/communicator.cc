@@ -45,15 +45,13 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
       planner_(net_.layout, net_.my_node, net_.tuner, env_.default_algo, env_.chunk_bytes,
                net_.max_chunk_bytes),
       collectives_(&local_ranks_),
-      p2p_(PointToPoint::Env{comm_id_, env_.timer, env_.chunk_bytes, env_.op_timeout,
-                             env_.metrics, &net_.layout, net_.my_node, &net_.endpoints,
-                             &net_.node_slots},
+      p2p_(PointToPoint::Env{comm_id_, env_.timer, env_.chunk_bytes, env_.op_timeout, env_.metrics,
+                             &net_.layout, net_.my_node, &net_.endpoints, &net_.node_slots},
            this),
-      digests_(DigestExchange::Env{
-          comm_id_, job_, &net_.layout, net_.my_node, &net_.endpoints, &net_.node_slots,
-          &net_.node_names, &node_run_,
-          [this](const absl::Status& s) { AbortTransfers(s); },
-          [this](const absl::Status& s) { OnCollectiveDone(s); }}) {
+      digests_(DigestExchange::Env{comm_id_, job_, &net_.layout, net_.my_node, &net_.endpoints,
+                                   &net_.node_slots, &net_.node_names, &node_run_,
+                                   [this](const absl::Status& s) { AbortTransfers(s); },
+                                   [this](const absl::Status& s) { OnCollectiveDone(s); }}) {
   members_.resize(local_ranks_.size());
   collective_exec_.on_done = [this] { OnCollectiveDone(collective_exec_.status); };
 }

@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/functional/function_ref.h"
 #include "daemon/comm/collective_queue.h"
 #include "daemon/comm/comm_outcomes.h"
 #include "daemon/comm/digest_exchange.h"
@@ -105,8 +105,7 @@ struct CommStats {
 // Point-to-point (point_to_point.h) and the digest exchange beside multi-node runs
 // (digest_exchange.h) are its parts; it holds the lock, the joins, the collective flow (merge,
 // fusing, planning, residuals, the run) and failure.
-class Communicator : public std::enable_shared_from_this<Communicator>,
-                     private PointToPoint::Host {
+class Communicator : public std::enable_shared_from_this<Communicator>, private PointToPoint::Host {
  public:
   // How long past its timeout a running multi-node collective waits before it fails here (see
   // NextCollectiveLocked).

@@ -79,11 +79,11 @@ void DigestExchange::Exchange(const scheduler::RankMemory& memory) {
   const uint64_t seq = mine_.seq;
   for (int n = 0; n < env_.layout->nnodes; ++n) {
     if (n == me) continue;
-    transport::Endpoint* ep =
-        env_.endpoints != nullptr && static_cast<size_t>(n) < env_.endpoints->size() &&
-                !(*env_.endpoints)[n].empty()
-            ? (*env_.endpoints)[n][0].get()
-            : nullptr;
+    transport::Endpoint* ep = env_.endpoints != nullptr &&
+                                      static_cast<size_t>(n) < env_.endpoints->size() &&
+                                      !(*env_.endpoints)[n].empty()
+                                  ? (*env_.endpoints)[n][0].get()
+                                  : nullptr;
     const int64_t send_step = gated_ ? -1 : carried_send_[n];
     const int64_t recv_step = carried_recv_[n];
     if (ep == nullptr || env_.node_slots == nullptr ||
@@ -137,8 +137,8 @@ void DigestExchange::OnPeerDigest(int node, const absl::Status& status, size_t l
       const auto ranks_of = [&](int n) {
         return static_cast<size_t>(n) < ranks.size() ? ranks[n] : std::vector<int>();
       };
-      verdict = DisagreementError(seq, me, ranks_of(env_.my_node), mine_, peer, ranks_of(node),
-                                  *theirs);
+      verdict =
+          DisagreementError(seq, me, ranks_of(env_.my_node), mine_, peer, ranks_of(node), *theirs);
     } else if (carried > 0 && recv_step < 0) {
       verdict = absl::InvalidArgumentError(absl::StrCat("seq ", seq, ": ", peer, " sent ", carried,
                                                         " bytes with its operation digest, where ",

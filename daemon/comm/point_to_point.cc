@@ -46,8 +46,8 @@ absl::StatusOr<uint64_t> PointToPoint::SubmitLocked(std::unique_ptr<PendingReque
     // Its partner waits for it: never refused (the partner's charge bounds it), counted until
     // it is matched.
     request->waiting = QuotaCharge::TakePastLimit(request->quota, Resource::kQueuedP2p, /*n=*/1);
-  } else if (absl::Status s = TakeWaiting(*request, Resource::kQueuedP2p, Enforce::kSessionAndJob,
-                                          env_.comm_id);
+  } else if (absl::Status s =
+                 TakeWaiting(*request, Resource::kQueuedP2p, Enforce::kSessionAndJob, env_.comm_id);
              !s.ok()) {
     return s;
   }
@@ -94,11 +94,11 @@ void PointToPoint::NextLocked(P2PChannels::Key key, CommOutcomes* out) {
     absl::Status done_now;  // OK: nothing to copy; else why it cannot be
     bool copy = false;
     if ((run->send->req.device >= 0) != (run->recv->req.device >= 0) && bytes > 0) {
-      done_now = absl::InvalidArgumentError(absl::StrCat(
-          "send/recv on communicator ", env_.comm_id, ": rank ", key.first, " sends from ",
-          scheduler::MemoryName(run->send->req.device), ", rank ", key.second, " receives into ",
-          scheduler::MemoryName(run->recv->req.device),
-          " (both ends on one node must be host memory, or both device memory)"));
+      done_now = absl::InvalidArgumentError(
+          absl::StrCat("send/recv on communicator ", env_.comm_id, ": rank ", key.first,
+                       " sends from ", scheduler::MemoryName(run->send->req.device), ", rank ",
+                       key.second, " receives into ", scheduler::MemoryName(run->recv->req.device),
+                       " (both ends on one node must be host memory, or both device memory)"));
     } else {
       scheduler::BuildCopyPlan(run->send->req.send, run->recv->req.recv, bytes, env_.chunk_bytes,
                                &run->exec.plan, run->recv->req.device);
@@ -268,10 +268,10 @@ void PointToPoint::OnRemoteDeadlineLocked(RemoteOp& op, CommOutcomes* out) {
   if (op.done) return;
   // Failing the transfers completes op (and every other one in flight) with this status.
   host_->FailLocked(absl::DeadlineExceededError(absl::StrCat(
-                         scheduler::OpName(op.request->req.op), " of rank ", op.request->rank,
-                         " with rank ", op.peer, " on communicator ", env_.comm_id,
-                         " did not complete within ", absl::FormatDuration(TimeoutOf(*op.request)))),
-                     out, /*transfers_now=*/true);
+                        scheduler::OpName(op.request->req.op), " of rank ", op.request->rank,
+                        " with rank ", op.peer, " on communicator ", env_.comm_id,
+                        " did not complete within ", absl::FormatDuration(TimeoutOf(*op.request)))),
+                    out, /*transfers_now=*/true);
 }
 
 size_t PointToPoint::DrainLocked(const absl::Status& status, CommOutcomes* out) {

@@ -42,8 +42,7 @@ class PointToPoint {
     virtual void WithLock(absl::FunctionRef<void(CommOutcomes*)> fn) = 0;
     virtual bool FailedLocked() const = 0;
     // Fails the communicator (and, through it, everything queued here: DrainLocked).
-    virtual void FailLocked(const absl::Status& status, CommOutcomes* out,
-                             bool transfers_now) = 0;
+    virtual void FailLocked(const absl::Status& status, CommOutcomes* out, bool transfers_now) = 0;
     // One pair, or one remote side, finished: the communicator's counters.
     virtual void CountLocked(bool ok, uint64_t bytes_moved) = 0;
     // Expires with the communicator: what timers and transport completions check first. While
@@ -70,8 +69,7 @@ class PointToPoint {
   // its sequence number on its channel; errors consume nothing: RESOURCE_EXHAUSTED when its
   // session or job already has as many waiting for their peer as its quota allows (kQueuedP2p),
   // or the channel as many remote posts in flight as a tag can number.
-  absl::StatusOr<uint64_t> SubmitLocked(std::unique_ptr<PendingRequest> request,
-                                        CommOutcomes* out);
+  absl::StatusOr<uint64_t> SubmitLocked(std::unique_ptr<PendingRequest> request, CommOutcomes* out);
 
   // Everything queued, failed with status (the communicator aborts): how many requests.
   size_t DrainLocked(const absl::Status& status, CommOutcomes* out);

@@ -32,6 +32,8 @@ SubmitPath::Options SubmitOptions(const DaemonConfig& config) {
   o.staging_pipeline = config.staging_pipeline;
   o.gate_spin = config.spin;
   o.gate_poll = config.stream_poll;
+  o.held.per_session = config.max_held_ops_per_session;
+  o.held.per_job = config.max_held_ops_per_job;
   return o;
 }
 

@@ -30,10 +30,10 @@ class AdminRefusal final : public grpc::CallbackGenericService {
       return new Refusal(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                                       absl::StrCat(method.substr(1), ": ", why_)));
     }
-    return new Refusal(grpc::Status(
-        grpc::StatusCode::UNIMPLEMENTED,
-        absl::StrCat("railyardd's client socket serves railyard.v1.Local, not ",
-                     method.substr(0, 200))));
+    return new Refusal(
+        grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                     absl::StrCat("railyardd's client socket serves railyard.v1.Local, not ",
+                                  method.substr(0, 200))));
   }
 
  private:

@@ -41,8 +41,8 @@ class RefusalService final : public grpc::CallbackGenericService {
  public:
   explicit RefusalService(ClientListener* listener) : listener_(listener) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
-    return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                    listener_->RefusalOf(ctx->peer())));
+    return new Refusal(
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, listener_->RefusalOf(ctx->peer())));
   }
 
  private:
@@ -79,10 +79,9 @@ absl::StatusOr<std::unique_ptr<ClientListener>> ClientListener::Bind(Options opt
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   ::unlink(path.c_str());
   const mode_t old = ::umask(0117);  // created 0660: no window where others may connect
-  const bool bound =
-      l->listen_fd_ >= 0 &&
-      ::bind(l->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::listen(l->listen_fd_, SOMAXCONN) == 0;
+  const bool bound = l->listen_fd_ >= 0 &&
+                     ::bind(l->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                     ::listen(l->listen_fd_, SOMAXCONN) == 0;
   const int err = errno;
   ::umask(old);
   if (!bound) {

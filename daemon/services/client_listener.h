@@ -102,8 +102,7 @@ class ClientListener {
 
   absl::Mutex mu_;
   std::map<int, Conn> conns_ ABSL_GUARDED_BY(mu_);  // by descriptor
-  CallerShares<uid_t> shares_ ABSL_GUARDED_BY(mu_){options_.max_connections,
-                                                   options_.max_per_uid};
+  CallerShares<uid_t> shares_ ABSL_GUARDED_BY(mu_){options_.max_connections, options_.max_per_uid};
   std::map<int, std::string> reasons_ ABSL_GUARDED_BY(mu_);  // refusing connections' why
   Counts counts_ ABSL_GUARDED_BY(mu_);
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -13,7 +13,9 @@
 namespace railyard {
 
 SubmitPath::SubmitPath(Options options, scheduler::Executor* executor)
-    : options_(options), executor_(executor), gates_(options_.gate_spin, options_.gate_poll) {}
+    : options_(options),
+      executor_(executor),
+      gates_(options_.gate_spin, options_.gate_poll, options_.held) {}
 
 SubmitPath::~SubmitPath() { Stop(); }
 
@@ -166,8 +168,7 @@ absl::Status SubmitPath::Hold(const std::shared_ptr<Session>& session, const Mem
                               uint64_t handle, const std::shared_ptr<CompletionSink>& sink,
                               std::unique_ptr<PendingRequest> pending) {
   const uint64_t id = pending->request_id;
-  const absl::Duration timeout =
-      pending->timeout > absl::ZeroDuration() ? pending->timeout : options_.op_timeout;
+  const absl::Duration timeout = TimeoutOf(*pending, options_.op_timeout);
   std::weak_ptr<CompletionSink> target = sink != nullptr ? std::weak_ptr<CompletionSink>(sink)
                                                          : std::weak_ptr<CompletionSink>(session);
   auto held = std::make_shared<std::unique_ptr<PendingRequest>>(std::move(pending));
@@ -200,7 +201,7 @@ absl::Status SubmitPath::Hold(const std::shared_ptr<Session>& session, const Mem
     done();
   };
   item.fail = fail;
-  absl::Status st = gates_.Hold({session.get(), handle}, std::move(item));
+  absl::Status st = gates_.Hold({session.get(), handle}, session->job(), std::move(item));
   if (!st.ok()) let_stream_go();  // not held: the caller reports the error
   return st;
 }

@@ -65,6 +65,8 @@ class SubmitPath final : public Submitter {
     // sleep between polls (--spin, --stream_poll).
     absl::Duration gate_spin = absl::ZeroDuration();
     absl::Duration gate_poll = absl::Microseconds(100);
+    // Operations held at once (--max_held_ops_per_session, --max_held_ops_per_job).
+    StreamGates::Limits held;
   };
 
   // executor: runs staging work (leasing host memory, copies on the device's thread); it must

@@ -136,8 +136,8 @@ TEST_F(DigestExchangeTest, AShortDigestFromAPeerIsRefusedAsUnreadable) {
   exchange_[0]->RunDone(absl::OkStatus());
   exchange_[0]->Exchange(memory_);
   std::vector<std::byte> junk(10, std::byte{0x5a});
-  const transport::Tag tag = scheduler::tags::CollectiveTag(slots_[0], 1, 7,
-                                                            scheduler::tags::kDigestStep);
+  const transport::Tag tag =
+      scheduler::tags::CollectiveTag(slots_[0], 1, 7, scheduler::tags::kDigestStep);
   endpoints_[1][0][0]->Send(tag, junk.data(), junk.size(), [](absl::Status) {});
   // And drains node 0's digest so that its send completes.
   std::vector<std::byte> sink(OpDigest::kBytes + OpDigest::kMaxCarriedBytes);

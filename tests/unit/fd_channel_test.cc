@@ -247,7 +247,8 @@ int FirstMessageTypeAs(const std::string& path, uid_t uid) {
       char data[fdproto::kMaxMessage];
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
           ::recv(fd, data, sizeof(data), 0) >= 8) {
-        type = static_cast<char>(fdproto::detail::Get(reinterpret_cast<unsigned char*>(data) + 6, 2));
+        type =
+            static_cast<char>(fdproto::detail::Get(reinterpret_cast<unsigned char*>(data) + 6, 2));
       }
     }
     (void)!::write(pipe_fds[1], &type, 1);

@@ -20,8 +20,8 @@ namespace railyard {
 namespace {
 
 using scheduler::OpKind;
-using ::testing::HasSubstr;
 using testing::FakeClock;
+using ::testing::HasSubstr;
 using testing::RecordingSink;
 
 // The communicator's side: a lock, counters, the first failure, and delivery of what the part
@@ -62,8 +62,8 @@ class FakeHost : public PointToPoint::Host, public std::enable_shared_from_this<
 
   void Deliver(CommOutcomes& out) {
     for (auto& o : out.completions) {
-      if (auto s = o.request->session.lock()) s->PostCompletion(o.request->request_id, o.status,
-                                                                o.seq);
+      if (auto s = o.request->session.lock())
+        s->PostCompletion(o.request->request_id, o.status, o.seq);
     }
     for (auto& post : out.transport_posts) post();
     for (scheduler::Execution* e : out.copies) executor_->Run(e);
@@ -135,8 +135,8 @@ TEST_F(PointToPointTest, SameDaemonPairsAreCopiedInPostingOrderAndCounted) {
   const auto layout = scheduler::CommLayout::Uniform(1, 2, 1);
   Side side = Make(&layout);
   std::vector<float> s1(3000, 3.0f), s2(3000, 4.0f), r1(3000, 0.0f), r2(3000, 0.0f);
-  ASSERT_TRUE(side.host->Submit(Request(11, 1, OpKind::kRecv, 0, r1, sink_), In(absl::Seconds(5)))
-                  .ok());
+  ASSERT_TRUE(
+      side.host->Submit(Request(11, 1, OpKind::kRecv, 0, r1, sink_), In(absl::Seconds(5))).ok());
   auto a = side.host->Submit(Request(1, 0, OpKind::kSend, 1, s1, sink_), In(absl::Seconds(5)));
   auto b = side.host->Submit(Request(2, 0, OpKind::kSend, 1, s2, sink_), In(absl::Seconds(5)));
   auto c = side.host->Submit(Request(12, 1, OpKind::kRecv, 0, r2, sink_), In(absl::Seconds(5)));
@@ -157,8 +157,8 @@ TEST_F(PointToPointTest, APartnerThatNeverComesFailsTheHostAtTheDeadlineNamingBo
   const auto layout = scheduler::CommLayout::Uniform(1, 2, 1);
   Side side = Make(&layout);
   std::vector<float> s1(16, 1.0f);
-  ASSERT_TRUE(side.host->Submit(Request(1, 0, OpKind::kSend, 1, s1, sink_), In(absl::Seconds(5)))
-                  .ok());
+  ASSERT_TRUE(
+      side.host->Submit(Request(1, 0, OpKind::kSend, 1, s1, sink_), In(absl::Seconds(5))).ok());
   clock_.Advance(absl::Seconds(4));
   timer_.RunDue();
   EXPECT_EQ(sink_->Count(1), 0u);
@@ -166,8 +166,9 @@ TEST_F(PointToPointTest, APartnerThatNeverComesFailsTheHostAtTheDeadlineNamingBo
   timer_.RunDue();
   const auto c = sink_->Wait(1);
   EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(c.status.message()),
-              HasSubstr("send of rank 0 on communicator c1: rank 1 did not post the matching recv"));
+  EXPECT_THAT(
+      std::string(c.status.message()),
+      HasSubstr("send of rank 0 on communicator c1: rank 1 did not post the matching recv"));
   absl::MutexLock lock(&side.host->mu);
   EXPECT_EQ(side.host->fails, 1);
   EXPECT_EQ(side.host->drained, 1u);
@@ -177,10 +178,10 @@ TEST_F(PointToPointTest, ADrainFailsEveryQueuedSideWithTheStatus) {
   const auto layout = scheduler::CommLayout::Uniform(1, 3, 1);
   Side side = Make(&layout);
   std::vector<float> d(8, 0.0f);
-  ASSERT_TRUE(side.host->Submit(Request(1, 0, OpKind::kSend, 1, d, sink_), In(absl::Seconds(5)))
-                  .ok());
-  ASSERT_TRUE(side.host->Submit(Request(2, 2, OpKind::kRecv, 1, d, sink_), In(absl::Seconds(5)))
-                  .ok());
+  ASSERT_TRUE(
+      side.host->Submit(Request(1, 0, OpKind::kSend, 1, d, sink_), In(absl::Seconds(5))).ok());
+  ASSERT_TRUE(
+      side.host->Submit(Request(2, 2, OpKind::kRecv, 1, d, sink_), In(absl::Seconds(5))).ok());
   side.host->WithLock([&](CommOutcomes* out) {
     side.host->FailLocked(absl::AbortedError("rank 1 left"), out, false);
   });

@@ -92,12 +92,12 @@ TEST(StreamGatesTest, HeldItemsGoInOrderOnceTheReadyWordReachesTheValue) {
   const StreamGates::Key k{&kOwnerA, 1}, other{&kOwnerB, 1};
   EXPECT_TRUE(gates.MustHold(k, Gate(seg, 0, 1)));  // the word holds 0
   EXPECT_FALSE(gates.MustHold(k, std::nullopt));
-  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
+  ASSERT_TRUE(gates.Hold(k, "job", MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
   // Behind a held item, even one with no gate (or an open one) waits.
   EXPECT_TRUE(gates.MustHold(k, std::nullopt));
-  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "b", std::nullopt)).ok());
+  ASSERT_TRUE(gates.Hold(k, "job", MakeItem(&log, "b", std::nullopt)).ok());
   // Another queue is not held up by it.
-  ASSERT_TRUE(gates.Hold(other, MakeItem(&log, "c", std::nullopt)).ok());
+  ASSERT_TRUE(gates.Hold(other, "job", MakeItem(&log, "c", std::nullopt)).ok());
   ASSERT_TRUE(log.WaitForSize(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   EXPECT_EQ(log.Get(), std::vector<std::string>({"c released"}));
@@ -123,10 +123,10 @@ TEST(StreamGatesTest, AReleaseFinishedElsewhereHoldsItsQueueUntilDone) {
     std::lock_guard<std::mutex> lock(mu);
     later = std::move(done);
   };
-  ASSERT_TRUE(gates.Hold(k, std::move(first)).ok());
-  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "b", std::nullopt)).ok());
+  ASSERT_TRUE(gates.Hold(k, "job", std::move(first)).ok());
+  ASSERT_TRUE(gates.Hold(k, "job", MakeItem(&log, "b", std::nullopt)).ok());
   ASSERT_TRUE(log.WaitForSize(1));
-  ASSERT_TRUE(gates.Hold(other, MakeItem(&log, "c", std::nullopt)).ok());
+  ASSERT_TRUE(gates.Hold(other, "job", MakeItem(&log, "c", std::nullopt)).ok());
   ASSERT_TRUE(log.WaitForSize(2));
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   EXPECT_EQ(log.Get(), std::vector<std::string>({"a released", "c released"}));
@@ -160,8 +160,9 @@ TEST(StreamGatesTest, AnItemWhoseStreamNeverComesExpiresSayingWhatTheWordHolds) 
   StreamGates gates(absl::Microseconds(10));
   Log log;
   const StreamGates::Key k{&kOwnerA, 2};
-  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "a", Gate(seg, 16, 5), absl::Milliseconds(50))).ok());
-  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "b", std::nullopt)).ok());
+  ASSERT_TRUE(
+      gates.Hold(k, "job", MakeItem(&log, "a", Gate(seg, 16, 5), absl::Milliseconds(50))).ok());
+  ASSERT_TRUE(gates.Hold(k, "job", MakeItem(&log, "b", std::nullopt)).ok());
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(log.WaitForSize(2));
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(45));
@@ -177,10 +178,10 @@ TEST(StreamGatesTest, DroppingAnOwnerFailsItsItemsInOrderAndNoOneElses) {
   StreamGates gates(absl::Microseconds(10));
   Log log;
   int a = 0, b = 0;
-  ASSERT_TRUE(gates.Hold({&a, 1}, MakeItem(&log, "a1", Gate(seg, 0, 1))).ok());
-  ASSERT_TRUE(gates.Hold({&a, 1}, MakeItem(&log, "a2", std::nullopt)).ok());
-  ASSERT_TRUE(gates.Hold({&a, 9}, MakeItem(&log, "a3", Gate(seg, 0, 1))).ok());
-  ASSERT_TRUE(gates.Hold({&b, 1}, MakeItem(&log, "b1", Gate(seg, 8, 1))).ok());
+  ASSERT_TRUE(gates.Hold({&a, 1}, "job", MakeItem(&log, "a1", Gate(seg, 0, 1))).ok());
+  ASSERT_TRUE(gates.Hold({&a, 1}, "job", MakeItem(&log, "a2", std::nullopt)).ok());
+  ASSERT_TRUE(gates.Hold({&a, 9}, "job", MakeItem(&log, "a3", Gate(seg, 0, 1))).ok());
+  ASSERT_TRUE(gates.Hold({&b, 1}, "job", MakeItem(&log, "b1", Gate(seg, 8, 1))).ok());
   gates.Drop(&a, absl::CancelledError("the session has ended"));
   EXPECT_EQ(log.Get(), std::vector<std::string>({"a1 failed: CANCELLED: the session has ended",
                                                  "a2 failed: CANCELLED: the session has ended",
@@ -193,21 +194,74 @@ TEST(StreamGatesTest, DroppingAnOwnerFailsItsItemsInOrderAndNoOneElses) {
 
 TEST(StreamGatesTest, AQueueHoldsABoundedNumberAndTheRestIsRefused) {
   auto seg = Words();
-  StreamGates gates(absl::Microseconds(10), absl::Microseconds(100), /*max_per_queue=*/2);
+  StreamGates::Limits limits;
+  limits.per_queue = 2;
+  StreamGates gates(absl::Microseconds(10), absl::Microseconds(100), limits);
   Log log;
   const StreamGates::Key k{&kOwnerA, 3};
-  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
-  ASSERT_TRUE(gates.Hold(k, MakeItem(&log, "b", std::nullopt)).ok());
-  absl::Status s = gates.Hold(k, MakeItem(&log, "c", std::nullopt));
+  ASSERT_TRUE(gates.Hold(k, "job", MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
+  ASSERT_TRUE(gates.Hold(k, "job", MakeItem(&log, "b", std::nullopt)).ok());
+  absl::Status s = gates.Hold(k, "job", MakeItem(&log, "c", std::nullopt));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("2 operations of this rank already wait"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("2 operations of this rank on this communicator already wait"));
   EXPECT_EQ(gates.held(), 2u);
+}
+
+// One session's (or job's) held operations stop at its limit, whatever communicators they are
+// spread over; other sessions and jobs still hold theirs (issue 55: 196,605 held operations, 157
+// MiB of the daemon's heap).
+TEST(StreamGatesTest, SessionsAndJobsHoldBoundedNumbersAndOthersAreServed) {
+  auto seg = Words();
+  Log log;  // outlives the gates: items left at shutdown fail into it
+  StreamGates::Limits limits;
+  limits.per_session = 3;
+  limits.per_job = 5;
+  StreamGates gates(absl::Microseconds(10), absl::Microseconds(100), limits);
+  const int s1 = 0, s2 = 0, s3 = 0;
+  for (uint64_t comm = 0; comm < 3; ++comm) {
+    ASSERT_TRUE(gates.Hold({&s1, comm}, "hog", MakeItem(&log, "x", Gate(seg, 0, 1))).ok());
+  }
+  absl::Status s = gates.Hold({&s1, 9}, "hog", MakeItem(&log, "x", Gate(seg, 0, 1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("(--max_held_ops_per_session)"));
+  ASSERT_TRUE(gates.Hold({&s2, 1}, "hog", MakeItem(&log, "y", Gate(seg, 0, 1))).ok());
+  ASSERT_TRUE(gates.Hold({&s2, 2}, "hog", MakeItem(&log, "y", Gate(seg, 0, 1))).ok());
+  s = gates.Hold({&s2, 3}, "hog", MakeItem(&log, "y", Gate(seg, 0, 1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("of job hog already wait"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("(--max_held_ops_per_job)"));
+  ASSERT_TRUE(gates.Hold({&s3, 1}, "other", MakeItem(&log, "z", std::nullopt)).ok());
+  ASSERT_TRUE(log.WaitForSize(1));  // the other job's item went at once
+  // Dropping a session gives its share (and its job's) back.
+  gates.Drop(&s1, absl::CancelledError("gone"));
+  EXPECT_TRUE(gates.Hold({&s2, 3}, "hog", MakeItem(&log, "y", Gate(seg, 0, 1))).ok());
+  EXPECT_EQ(gates.held(), 3u);
+}
+
+// A gate that never opens costs a poll every few milliseconds once it has waited a while, not a
+// poll every 100 us (issue 55: the stream-gate thread at 41-69 % of a core).
+TEST(StreamGatesTest, AGateThatStaysClosedIsPolledLessAndLessOften) {
+  auto seg = Words();
+  Log log;  // outlives the gates: items left at shutdown fail into it
+  StreamGates gates(absl::ZeroDuration(), absl::Microseconds(100));
+  ASSERT_TRUE(gates.Hold({&kOwnerA, 1}, "job", MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  const uint64_t before = gates.polls();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const uint64_t polls = gates.polls() - before;
+  // At 100 us it would be ~5000; at >= 700/64 ms (~11 ms, capped at 10 ms) about 50.
+  EXPECT_LT(polls, 200u);
+  EXPECT_GT(polls, 10u);
+  *At(seg, 0) = 1;  // and it still opens
+  ASSERT_TRUE(log.WaitForSize(1));
+  EXPECT_EQ(log.Get()[0], "a released");
 }
 
 TEST(StreamGatesTest, WithNothingHeldThePollerSleeps) {
   StreamGates gates(absl::Microseconds(10));
   Log log;
-  ASSERT_TRUE(gates.Hold({&kOwnerA, 4}, MakeItem(&log, "a", std::nullopt)).ok());
+  ASSERT_TRUE(gates.Hold({&kOwnerA, 4}, "job", MakeItem(&log, "a", std::nullopt)).ok());
   ASSERT_TRUE(log.WaitForSize(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const uint64_t polls = gates.polls();
@@ -220,7 +274,7 @@ TEST(StreamGatesTest, ItemsLeftAtShutdownFail) {
   Log log;
   {
     StreamGates gates(absl::Microseconds(10));
-    ASSERT_TRUE(gates.Hold({&kOwnerA, 5}, MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
+    ASSERT_TRUE(gates.Hold({&kOwnerA, 5}, "job", MakeItem(&log, "a", Gate(seg, 0, 1))).ok());
   }
   EXPECT_EQ(log.Get(),
             std::vector<std::string>({"a failed: UNAVAILABLE: railyardd is shutting down"}));

@@ -107,8 +107,9 @@ class SubmitPathTest : public ::testing::Test {
   scheduler::Executor executor_{2};
   std::shared_ptr<Communicator> comm_;
   std::vector<Rank> ranks_;
-  SubmitPath path_{{.op_timeout = absl::Seconds(30), .gate_poll = absl::Microseconds(50)},
-                   &executor_};
+  SubmitPath path_{
+      {.op_timeout = absl::Seconds(30), .gate_poll = absl::Microseconds(50), .held = {}},
+      &executor_};
 };
 
 TEST_F(SubmitPathTest, RoutesARequestToItsCommunicatorAndItsCompletionToTheSink) {
