@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -67,9 +68,11 @@ ABSL_FLAG(
 ABSL_FLAG(uint64_t, max_buffers_per_session, 4096, "Registered buffers per session (0: no limit)");
 ABSL_FLAG(uint64_t, max_buffers_per_job, 16384, "Registered buffers per job (0: no limit)");
 ABSL_FLAG(uint64_t, max_buffer_bytes_per_session, uint64_t{256} << 30,
-          "Bytes of registered buffers per session (0: no limit)");
+          "Bytes of registered buffers per session (0: no limit); unless given, at most 1/8 of "
+          "the node's memory (MemTotal)");
 ABSL_FLAG(uint64_t, max_buffer_bytes_per_job, uint64_t{1024} << 30,
-          "Bytes of registered buffers per job (0: no limit)");
+          "Bytes of registered buffers per job (0: no limit); unless given, at most 1/4 of the "
+          "node's memory (MemTotal)");
 ABSL_FLAG(uint64_t, max_comms_per_session, 1024, "Communicators per session (0: no limit)");
 ABSL_FLAG(uint64_t, max_comms_per_job, 4096, "Communicator memberships per job (0: no limit)");
 ABSL_FLAG(uint64_t, max_queued_ops_per_session, 4096,
@@ -323,6 +326,18 @@ absl::Status ApplyEnvironment(const char* (*getenv_fn)(const char*)) {
   return absl::OkStatus();
 }
 
+uint64_t NodeMemoryBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "MemTotal: %lu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
 absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   DaemonConfig c;
   c.socket = absl::GetFlag(FLAGS_socket);
@@ -366,8 +381,18 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   };
   set(Resource::kBuffers, absl::GetFlag(FLAGS_max_buffers_per_session),
       absl::GetFlag(FLAGS_max_buffers_per_job));
-  set(Resource::kBufferBytes, absl::GetFlag(FLAGS_max_buffer_bytes_per_session),
-      absl::GetFlag(FLAGS_max_buffer_bytes_per_job));
+  // Registered bytes are what a tenant can make the daemon touch: unless given, sized for the
+  // node rather than for a petabyte.
+  const uint64_t mem = NodeMemoryBytes();
+  const auto node_sized = [mem](const char* name, uint64_t value, uint64_t divisor) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    const bool given = flag != nullptr && flag->CurrentValue() != flag->DefaultValue();
+    return given || mem == 0 ? value : std::min(value, mem / divisor);
+  };
+  set(Resource::kBufferBytes,
+      node_sized("max_buffer_bytes_per_session", absl::GetFlag(FLAGS_max_buffer_bytes_per_session),
+                 8),
+      node_sized("max_buffer_bytes_per_job", absl::GetFlag(FLAGS_max_buffer_bytes_per_job), 4));
   set(Resource::kComms, absl::GetFlag(FLAGS_max_comms_per_session),
       absl::GetFlag(FLAGS_max_comms_per_job));
   set(Resource::kQueuedOps, absl::GetFlag(FLAGS_max_queued_ops_per_session),

@@ -17,6 +17,9 @@ const std::vector<std::string>& DaemonFlagNames();
 // command line so that it overrides. INVALID_ARGUMENT names the variable with a bad value.
 absl::Status ApplyEnvironment(const char* (*getenv_fn)(const char*));
 
+// The node's memory (MemTotal of /proc/meminfo), 0 when unknown: what node-sized defaults divide.
+uint64_t NodeMemoryBytes();
+
 // Builds the config from the parsed flags. INVALID_ARGUMENT for inconsistent values.
 absl::StatusOr<DaemonConfig> ConfigFromFlags();
 

@@ -7,6 +7,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -100,6 +101,33 @@ std::shared_ptr<MappedSegment> MappedSegment::FromDevice(
 
 MappedSegment::~MappedSegment() {
   if (device_ == nullptr) ::munmap(data_, size_);  // device memory: the mapping unmaps itself
+}
+
+absl::Status MappedSegment::CheckResident(uint64_t offset, uint64_t bytes) const {
+  if (on_device() || bytes == 0 || data_ == nullptr) return absl::OkStatus();
+  static const uint64_t kPage = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = offset / kPage * kPage;
+  const uint64_t last = (offset + bytes + kPage - 1) / kPage * kPage;
+  // A page's vector entry per page; in slices, so a large buffer needs no large vector.
+  constexpr uint64_t kSlicePages = 4096;
+  unsigned char vec[kSlicePages];
+  for (uint64_t at = first; at < last; at += kSlicePages * kPage) {
+    const uint64_t len = std::min(last - at, kSlicePages * kPage);
+    if (::mincore(data_ + at, len, vec) != 0) {
+      return absl::InternalError(absl::StrCat("mincore on the buffer: ", std::strerror(errno)));
+    }
+    for (uint64_t p = 0; p < len / kPage; ++p) {
+      if ((vec[p] & 1) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "byte ", at + p * kPage, " of the ", size_,
+            "-byte buffer has no memory behind it: "
+            "its pages were released after registering (a hole punched in the memfd, or "
+            "MADV_REMOVE; or swapped out). railyardd does not fault a client's pages in on its "
+            "own account: write the buffer (or register a new one) before using it"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MappedSegment::CheckRange(uint64_t offset, uint64_t bytes, size_t align) const {

@@ -56,6 +56,11 @@ class MappedSegment {
   // Checks that [offset, offset + bytes) lies inside the segment and offset is a multiple of
   // align. INVALID_ARGUMENT saying by how much otherwise.
   absl::Status CheckRange(uint64_t offset, uint64_t bytes, size_t align) const;
+  // FAILED_PRECONDITION naming the first page of [offset, offset + bytes) that has no page in
+  // memory (mincore): the client released it (a hole punched in its memfd, MADV_REMOVE) after
+  // registering. The daemon would fault it back in, on its own account and not the tenant's,
+  // so it refuses instead. Host memory only (OK for device memory); the range was checked.
+  absl::Status CheckResident(uint64_t offset, uint64_t bytes) const;
 
  private:
   MappedSegment(std::string name, std::byte* data, uint64_t size)

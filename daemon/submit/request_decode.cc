@@ -162,6 +162,10 @@ absl::Status Resolve(const v1::BufferRef& ref, const char* which, uint64_t bytes
     return absl::InvalidArgumentError(
         absl::StrCat(which, " buffer ", ref.buffer_id(), ": ", s.message()));
   }
+  if (absl::Status s = (*segment)->CheckResident(offset, bytes); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat(which, " buffer ", ref.buffer_id(), ": ", s.message()));
+  }
   *ptr = (*segment)->data() + offset;
   return absl::OkStatus();
 }

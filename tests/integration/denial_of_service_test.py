@@ -211,3 +211,89 @@ def test_every_admin_method_on_the_client_socket_is_permission_denied(node):
         with pytest.raises(grpc.RpcError) as e:
             ch.unary_unary("/railyard.v1.Nothing/Here")(b"", timeout=5)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_side_channel_flood_without_a_token_holds_its_uids_share_only(node, victim):
+    attack = Attack(node, "side_channel_flood", {"count": 100}, uid=NOBODY, gid=0)
+    try:
+        held = attack.holding
+        assert held["hellos"] == 32, held  # --max_unbound_side_channels_per_uid
+        assert held["refused"][0] == 8, held  # RESOURCE_EXHAUSTED
+        assert "--max_unbound_side_channels_per_uid" in held["refused"][1]
+        newcomer_served(node, "newcomer-during-side-flood")
+        victim_served(victim)
+    finally:
+        attack.release()
+    newcomer_served(node, "newcomer-after-side-flood")
+
+
+def test_one_jobs_bootstraps_that_never_complete_leave_room_for_other_jobs(node, victim):
+    attack = Attack(node, "bootstrap_flood",
+                    {"count": 100, "job": "squatter", "token": token(node, "squatter")})
+    try:
+        held = attack.holding
+        assert held["codes"] == {"waiting": 64, "RESOURCE_EXHAUSTED": 36}, held
+        assert "--max_pending_joins_per_job" in held["refusal"][1]
+        newcomer_served(node, "newcomer-during-bootstraps")
+        victim_served(victim)
+    finally:
+        attack.release()
+    newcomer_served(node, "newcomer-after-bootstraps")
+
+
+def shmem_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_pages_a_tenant_released_are_not_faulted_in_on_the_daemons_account(node, victim):
+    pid = node["proc"].pid
+    before = shmem_kib(pid)
+    attack = Attack(node, "hole_punch", {"buffers": 8, "size": 64 << 20, "job": "puncher",
+                                         "token": token(node, "puncher")})
+    try:
+        held = attack.holding
+        assert held["punched"] == [0] * 8
+        for code, message in held["submits"]:
+            assert code == "FAILED_PRECONDITION", held["submits"]
+            assert "no memory behind it" in message
+        # 8 x 64 MiB were punched: the daemon faulted none of it back in.
+        grown = shmem_kib(pid) - before
+        assert grown < 16 << 10, f"RssShmem grew {grown} KiB"
+        victim_served(victim)
+        newcomer_served(node, "newcomer-during-punch")
+    finally:
+        attack.release()
+
+
+def test_a_requests_own_timeout_is_capped_by_op_timeout(node):
+    """A rank asks for a 49-day timeout on a collective its peer never submits: it fails after
+    --op_timeout, not after 49 days."""
+    t = token(node, "patient")
+    a = railyard.connect(node["socket"], "patient", t)
+    b = railyard.connect(node["socket"], "patient", t)
+    try:
+        import threading
+        comm_id = a.new_comm_id()
+        comms = [None, None]
+
+        def join(i, c):
+            comms[i] = c.comm(comm_id, i, 2)
+        threads = [threading.Thread(target=join, args=(i, c)) for i, c in enumerate((a, b))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        x = a.empty(16, np.float32)
+        start = time.monotonic()
+        with pytest.raises(railyard.RailyardError) as e:
+            comms[0].all_reduce(x, timeout=49 * 24 * 3600)
+        took = time.monotonic() - start
+        assert e.value.code.name == "DEADLINE_EXCEEDED", e.value
+        assert took < OP_TIMEOUT_S + 3, took
+    finally:
+        a.close()
+        b.close()

@@ -115,37 +115,43 @@ def attack_bootstrap_flood(a):
 
 
 def attack_hole_punch(a):
-    """Registers a sealed, allocated memfd, punches holes in all of it and runs a collective
-    into it: the daemon's writes would fault the pages back in, charged to the daemon."""
+    """Registers a["buffers"] sealed, allocated memfds of a["size"] bytes, punches holes in all
+    of them, closes its descriptors and runs AllReduces into them: the daemon's writes would
+    fault the pages back in, charged to the daemon."""
+    import ctypes
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tenant_attacker import Raw, memfd
+    from railyard.v1 import common_pb2
     size = a["size"]
     s = Raw(a["socket"], a["job"], a["token"])
     assert s.session, s.error
-    fd = memfd(size)
-    reply = s.put([fd])
-    registered = s.register(reply[1], size)
-    assert registered[0] == "OK", registered
-    buffer_id = registered[1]
+    libc = ctypes.CDLL(None, use_errno=True)
+    falloc_punch = 2 | 1  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+    buffers, punched = [], []
+    for _ in range(a["buffers"]):
+        fd = memfd(size)
+        reply = s.put([fd])
+        registered = s.register(reply[1], size)
+        assert registered[0] == "OK", registered
+        buffers.append(registered[1])
+        punched.append(libc.fallocate(fd, falloc_punch, ctypes.c_long(0), ctypes.c_long(size)))
+        assert os.fstat(fd).st_blocks == 0
+        os.close(fd)
     comm_id = s.stub.CreateCommId(local_pb2.CreateCommIdRequest(session_id=s.session),
                                   timeout=10).comm_id
-    s.stub.InitComm(local_pb2.InitCommRequest(session_id=s.session, comm_id=comm_id, rank=0,
-                                              nranks=1), timeout=10)
-    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    punched = libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ctypes.c_long(0),
-                             ctypes.c_long(size))
-    blocks_after_punch = os.fstat(fd).st_blocks
-    os.close(fd)
-    results = []
-    for _ in range(a["ops"]):
-        ref = local_pb2.BufferRef(buffer_id=buffer_id, offset=0, length=size)
-        req = local_pb2.SubmitRequest(session_id=s.session, comm_id=comm_id, request_id=1,
-                                      op=1, dtype=1, red_op=0, count=size // 4, send=ref,
-                                      recv=ref)
-        results.append(grpc_error(lambda: s.stub.Submit(req, timeout=30)))
-    hold({"punched": punched, "blocks_after_punch": blocks_after_punch, "submits": results})
+    handle = s.stub.InitComm(local_pb2.InitCommRequest(
+        session_id=s.session, comm_id=comm_id, rank=0, nranks=1), timeout=10).comm_handle
+    submits = []
+    for i, buffer_id in enumerate(buffers):
+        ref = local_pb2.BufferRef(buffer_id=buffer_id, offset=0)
+        req = local_pb2.SubmitRequest(
+            session_id=s.session, comm_handle=handle, request_id=i + 1,
+            op=common_pb2.COLLECTIVE_OP_ALL_REDUCE, dtype=common_pb2.DATA_TYPE_FLOAT32,
+            red_op=common_pb2.RED_OP_SUM,
+            count=size // 4, send=ref, recv=ref)
+        submits.append(grpc_error(lambda: s.stub.Submit(req, timeout=30)))
+    time.sleep(1)  # anything accepted has run by now
+    hold({"punched": punched, "submits": submits})
     s.close()
     return {}
 
