@@ -72,6 +72,12 @@ struct DaemonConfig {
   size_t max_pending_joins = 1024;
   // Of those, how many one job may hold (0: no share).
   size_t max_pending_joins_per_job = 64;
+  // How much nicer than the process its data-plane threads run (util/thread_name.h).
+  int data_plane_nice = 5;
+  // Mappings of clients' host buffers and rings, in all and per job (0: derived from
+  // vm.max_map_count: mapping_budget.h).
+  size_t max_mappings = 0;
+  size_t max_mappings_per_job = 0;
   // Operations held waiting for their streams, per session and per job.
   size_t max_held_ops_per_session = 8192;
   size_t max_held_ops_per_job = 16384;

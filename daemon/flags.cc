@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/comm/peer_input.h"
 #include "daemon/scheduler/algorithms/algorithms.h"
+#include "daemon/session/mapping_budget.h"
 #include "daemon/topology/cpu_affinity.h"
 #include "daemon/transport/tcp_congestion.h"
 #include "daemon/util/log.h"
@@ -118,6 +119,14 @@ ABSL_FLAG(uint64_t, max_held_ops_per_session, 8192,
           "Operations one session may have held waiting for their streams (stream_sync)");
 ABSL_FLAG(uint64_t, max_held_ops_per_job, 16384,
           "Operations one job may have held waiting for their streams (stream_sync)");
+ABSL_FLAG(int32_t, data_plane_nice, 5,
+          "How much nicer than the daemon its data-plane threads run (0..19): under CPU "
+          "contention heartbeats, keepalives and Status are scheduled first");
+ABSL_FLAG(uint64_t, max_mappings, 0,
+          "Memory mappings the daemon makes for clients' host buffers and rings (0: 3/4 of "
+          "vm.max_map_count)");
+ABSL_FLAG(uint64_t, max_mappings_per_job, 0,
+          "Of --max_mappings, how many one job may hold (0: a quarter of them)");
 ABSL_FLAG(uint64_t, max_unbound_side_channels, 256,
           "Side-channel (<socket>.fd) connections that may wait for their Connect at once");
 ABSL_FLAG(uint64_t, max_unbound_side_channels_per_uid, 32,
@@ -259,6 +268,9 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "max_unbound_side_channels",
                                    "max_client_connections",
                                    "max_held_ops_per_session",
+                                   "max_mappings",
+                                   "data_plane_nice",
+                                   "max_mappings_per_job",
                                    "max_held_ops_per_job",
                                    "max_client_connections_per_uid",
                                    "max_unbound_side_channels_per_uid",
@@ -445,6 +457,18 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--max_pending_joins must be in [1, 2^20]");
   }
   c.max_pending_joins = static_cast<size_t>(pending);
+  c.data_plane_nice = absl::GetFlag(FLAGS_data_plane_nice);
+  if (c.data_plane_nice < 0 || c.data_plane_nice > 19) {
+    return absl::InvalidArgumentError("--data_plane_nice must be in [0, 19]");
+  }
+  c.max_mappings = static_cast<size_t>(absl::GetFlag(FLAGS_max_mappings));
+  c.max_mappings_per_job = static_cast<size_t>(absl::GetFlag(FLAGS_max_mappings_per_job));
+  if (c.max_mappings >= MappingBudget::KernelLimit()) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_mappings ", c.max_mappings,
+                                                   " leaves the daemon no mapping of its own below "
+                                                   "vm.max_map_count (",
+                                                   MappingBudget::KernelLimit(), ")"));
+  }
   c.max_held_ops_per_session = static_cast<size_t>(
       std::clamp<uint64_t>(absl::GetFlag(FLAGS_max_held_ops_per_session), 1, 1 << 20));
   c.max_held_ops_per_job = static_cast<size_t>(

@@ -22,6 +22,7 @@
 #include "daemon/transport/ucx/ucx_components.h"
 #include "daemon/transport/ucx/ucx_transport.h"
 #include "daemon/util/log.h"
+#include "daemon/util/thread_name.h"
 #include "daemon/version.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -109,6 +110,7 @@ absl::Status Server::Start() {
   // 1024 in containers) is not what the node allows. The client listener keeps a reserve and
   // caps its connections at half of what is left.
   const uint64_t fd_limit = ClientListener::RaiseDescriptorLimit();
+  DataPlaneNice().store(config_.data_plane_nice);
   const uint64_t client_room = fd_limit > 2 * ClientListener::Options().fd_reserve
                                    ? (fd_limit - ClientListener::Options().fd_reserve) / 2
                                    : 64;

@@ -10,6 +10,7 @@
 #include "client_core.h"
 #include "memfd_buffer.h"
 #include "railyard/device_memory.h"
+#include "small_pool.h"
 
 namespace railyard {
 
@@ -106,7 +107,8 @@ Buffer::Buffer(Buffer&& other) noexcept
       size_(other.size_),
       id_(other.id_),
       device_(other.device_),
-      device_memory_(std::move(other.device_memory_)) {
+      device_memory_(std::move(other.device_memory_)),
+      chunk_(std::move(other.chunk_)) {
   other.data_ = nullptr;
   other.size_ = 0;
   other.id_ = 0;
@@ -122,6 +124,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     id_ = other.id_;
     device_ = other.device_;
     device_memory_ = std::move(other.device_memory_);
+    chunk_ = std::move(other.chunk_);
     other.data_ = nullptr;
     other.size_ = 0;
     other.id_ = 0;
@@ -133,6 +136,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 Buffer::~Buffer() {
   // The daemon unmaps the session's buffers itself when the session is gone.
   if (core_ != nullptr && id_ != 0 && core_->alive()) (void)core_->ReleaseBuffer(id_);
+  if (chunk_ != nullptr) return;  // a pooled part: chunk_'s lease gives it back, mapped
   if (device_ < 0) internal::UnmapBuffer(data_, size_);  // device memory: device_memory_ frees it
 }
 
@@ -379,18 +383,52 @@ Work Comm::Barrier(const CollectiveOptions& opts) {
 // ---------------------------------------------------------------------------------------------
 // Client
 
-Client::Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
+Client::Client(std::shared_ptr<ClientCore> core, bool pool_small_buffers)
+    : core_(std::move(core)),
+      pool_(!pool_small_buffers
+                ? nullptr
+                : std::make_unique<internal::SmallPool>(
+                      [this](size_t size) -> absl::StatusOr<internal::SmallPool::Slab> {
+                        absl::StatusOr<Buffer> b = AllocateRegistered(size);
+                        if (!b.ok()) return b.status();
+                        internal::SmallPool::Slab slab;
+                        slab.buffer_id = b->id();
+                        slab.data = static_cast<std::byte*>(b->data());
+                        slab.owner = std::make_shared<Buffer>(*std::move(b));
+                        return slab;
+                      })) {}
 
-Client::~Client() { core_->Shutdown(); }
+Client::~Client() {
+  core_->Shutdown();
+  pool_.reset();  // slabs no chunk holds are released now (into a session that is gone)
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   absl::StatusOr<std::shared_ptr<ClientCore>> core = ClientCore::Connect(options);
   if (!core.ok()) return core.status();
-  return std::unique_ptr<Client>(new Client(*std::move(core)));
+  return std::unique_ptr<Client>(new Client(*std::move(core), options.pool_small_buffers));
 }
 
 absl::StatusOr<Buffer> Client::Allocate(size_t size) {
   if (size == 0) return absl::InvalidArgumentError("cannot allocate a buffer of 0 bytes");
+  if (pool_ == nullptr || !internal::SmallPool::Pooled(size)) return AllocateRegistered(size);
+  // The pool may have a chunk at hand; a forked child or an ended session is refused alike.
+  if (absl::Status s = core_->Usable(); !s.ok()) return s;
+  absl::StatusOr<internal::SmallPool::Chunk> chunk = pool_->Take(size);
+  if (!chunk.ok()) return chunk.status();
+  // The chunk under an id of its own: the daemon checks its bounds exactly, without a mapping.
+  absl::StatusOr<uint64_t> id = core_->RegisterPart(chunk->buffer_id, chunk->offset, size);
+  if (!id.ok()) return id.status();  // the chunk's lease gives it back
+  Buffer buffer;
+  buffer.core_ = core_;
+  buffer.data_ = chunk->data;
+  buffer.size_ = size;
+  buffer.id_ = *id;
+  buffer.chunk_ = std::move(chunk->lease);
+  return buffer;
+}
+
+absl::StatusOr<Buffer> Client::AllocateRegistered(size_t size) {
   absl::StatusOr<internal::MemfdBuffer> segment = internal::CreateMemfdBuffer(core_->job(), size);
   if (!segment.ok()) return segment.status();
   absl::StatusOr<uint64_t> id = core_->RegisterBuffer(segment->fd, size);

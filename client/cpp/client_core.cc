@@ -490,6 +490,14 @@ absl::StatusOr<uint64_t> ClientCore::SendRegisterBuffer(v1::RegisterBufferReques
   return response.buffer_id();
 }
 
+absl::StatusOr<uint64_t> ClientCore::RegisterPart(uint64_t parent, uint64_t offset, uint64_t size) {
+  v1::RegisterBufferRequest request;
+  request.set_parent_buffer_id(parent);
+  request.set_parent_offset(offset);
+  request.set_size_bytes(size);
+  return SendRegisterBuffer(&request);
+}
+
 absl::Status ClientCore::ReleaseBuffer(uint64_t buffer_id) {
   if (absl::Status st = SessionError(); !st.ok()) return st;
   grpc::ClientContext ctx;

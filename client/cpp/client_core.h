@@ -101,6 +101,11 @@ class ClientCore {
   // Sends a filled-in RegisterBufferRequest (this session's id added); the buffer id.
   absl::StatusOr<uint64_t> SendRegisterBuffer(v1::RegisterBufferRequest* request);
   absl::Status ReleaseBuffer(uint64_t buffer_id);
+  // Registers [offset, offset + size) of buffer parent as a buffer of its own (a pooled chunk).
+  absl::StatusOr<uint64_t> RegisterPart(uint64_t parent, uint64_t offset, uint64_t size);
+  // OK while this process may use the session: not a fork of the one that connected, not shut
+  // down, the session not ended (what every call checks first).
+  absl::Status Usable() const { return SessionError(); }
   absl::StatusOr<std::string> CreateCommId();
   absl::StatusOr<v1::InitCommResponse> InitComm(const std::string& comm_id, int rank, int nranks,
                                                 std::chrono::milliseconds timeout);

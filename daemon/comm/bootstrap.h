@@ -28,9 +28,6 @@ class CommBootstrap {
   struct Limits {
     // Bootstraps waiting for ranks at once (--max_pending_joins): more is RESOURCE_EXHAUSTED.
     size_t max_pending = 1024;
-    // Of those, what one job may hold (--max_pending_joins_per_job; 0: no share), so that one
-    // job's joins that never complete cannot keep every other job from forming communicators.
-    size_t max_pending_per_job = 64;
     // Comm ids of completed bootstraps remembered with their job, the oldest forgotten first:
     // ~100 bytes each. A comm id is bound to the job that first joined it while it is pending
     // and until this many later bootstraps completed.
@@ -41,6 +38,10 @@ class CommBootstrap {
     size_t max_pending_bytes = size_t{256} << 20;
     // Of those bytes, what one job's pending bootstraps may hold (0: no share).
     size_t max_pending_bytes_per_job = size_t{64} << 20;
+    // Of max_pending, what one job may hold (--max_pending_joins_per_job; 0: no share), so that
+    // one job's joins that never complete cannot keep every other job from forming
+    // communicators.
+    size_t max_pending_per_job = 64;
   };
 
   explicit CommBootstrap(DeadlineTimer* timer) : CommBootstrap(timer, Limits()) {}

@@ -12,7 +12,8 @@
 
 namespace railyard {
 
-SessionPlane::SessionPlane(const DaemonConfig& config, Deps deps) : config_(config), deps_(deps) {}
+SessionPlane::SessionPlane(const DaemonConfig& config, Deps deps)
+    : config_(config), deps_(deps), mappings_(config.max_mappings, config.max_mappings_per_job) {}
 
 void SessionPlane::SetDevices(device::DeviceRuntime* devices, absl::Status why_none) {
   devices_ = devices;
@@ -126,6 +127,12 @@ absl::StatusOr<uint64_t> SessionPlane::RegisterBuffer(Session& session, uint64_t
     return s;
   }
   absl::StatusOr<std::shared_ptr<MappedSegment>> seg;
+  std::shared_ptr<void> mapping;
+  if (memory != v1::MEMORY_KIND_CUDA) {
+    absl::StatusOr<std::shared_ptr<void>> taken = mappings_.Take(session.job());
+    if (!taken.ok()) return taken.status();
+    mapping = *std::move(taken);
+  }
   if (memory == v1::MEMORY_KIND_CUDA) {
     absl::StatusOr<std::shared_ptr<device::DeviceMapping>> mapping =
         ipc ? devices_->ImportIpc(device, cuda_ipc_handle, cuda_ipc_offset, size,
@@ -146,8 +153,32 @@ absl::StatusOr<uint64_t> SessionPlane::RegisterBuffer(Session& session, uint64_t
     return seg.status();
   }
   (*seg)->HoldCharges(std::move(count), std::move(bytes));
+  (*seg)->HoldMapping(std::move(mapping));
   const uint64_t id = next_buffer_id_.fetch_add(1);
   if (absl::Status s = session.AddBuffer(id, *std::move(seg)); !s.ok()) return s;
+  return id;
+}
+
+absl::StatusOr<uint64_t> SessionPlane::RegisterPart(Session& session, uint64_t parent_id,
+                                                    uint64_t offset, uint64_t size) {
+  std::shared_ptr<MappedSegment> parent = session.FindBuffer(parent_id);
+  if (parent == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("parent buffer ", parent_id, " is not registered in this session"));
+  }
+  QuotaCharge count;
+  if (absl::Status s = QuotaCharge::Take(session.quota(), Resource::kBuffers, 1, &count); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<MappedSegment>> part =
+      MappedSegment::PartOf(std::move(parent), offset, size);
+  if (!part.ok()) {
+    return absl::Status(part.status().code(),
+                        absl::StrCat("parent buffer ", parent_id, ": ", part.status().message()));
+  }
+  (*part)->HoldCharges(std::move(count), QuotaCharge());
+  const uint64_t id = next_buffer_id_.fetch_add(1);
+  if (absl::Status s = session.AddBuffer(id, *std::move(part)); !s.ok()) return s;
   return id;
 }
 
@@ -175,12 +206,18 @@ absl::Status SessionPlane::OpenRings(const std::shared_ptr<Session>& session, ui
         "ring entries must be powers of two in [", ringproto::kMinEntries, ", ",
         ringproto::kMaxEntries, "], not sq_entries ", sq_entries, " cq_entries ", cq_entries));
   }
+  absl::StatusOr<std::shared_ptr<void>> mapping = mappings_.Take(session->job());
+  if (!mapping.ok()) {
+    return absl::Status(mapping.status().code(),
+                        absl::StrCat("rings refused: ", mapping.status().message()));
+  }
   absl::StatusOr<std::shared_ptr<MappedSegment>> seg =
       MappedSegment::MapMemfd(*std::move(fd), ringproto::RingBytes(sq_entries, cq_entries));
   if (!seg.ok()) {
     return absl::Status(seg.status().code(),
                         absl::StrCat("rings memfd refused: ", seg.status().message()));
   }
+  (*seg)->HoldMapping(*std::move(mapping));
   absl::StatusOr<std::shared_ptr<SessionRings>> rings =
       SessionRings::Create(*std::move(seg), sq_entries, cq_entries, config_.spin, config_.poll);
   if (!rings.ok()) return rings.status();

@@ -19,6 +19,7 @@
 #include "daemon/device/device_runtime.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/session/fd_channel.h"
+#include "daemon/session/mapping_budget.h"
 #include "daemon/session/ring_poller.h"
 #include "daemon/session/session.h"
 #include "daemon/session/session_registry.h"
@@ -74,6 +75,12 @@ class SessionPlane {
                                           v1::MemoryKind memory = v1::MEMORY_KIND_HOST,
                                           int device = -1, std::string_view cuda_ipc_handle = {},
                                           uint64_t cuda_ipc_offset = 0);
+  // A part of buffer parent_id of the session (host memory) under an id of its own, without a
+  // mapping of its own (Local.RegisterBuffer's parent_buffer_id): NOT_FOUND for a parent the
+  // session does not have, INVALID_ARGUMENT for a part past its end or of device memory,
+  // RESOURCE_EXHAUSTED past the buffer-count quota.
+  absl::StatusOr<uint64_t> RegisterPart(Session& session, uint64_t parent_id, uint64_t offset,
+                                        uint64_t size);
   // NOT_FOUND for a buffer the session does not have.
   absl::Status ReleaseBuffer(Session& session, uint64_t buffer_id);
   // Maps the rings memfd the session's side channel holds under fd_handle and starts serving
@@ -94,6 +101,11 @@ class SessionPlane {
   absl::Status no_devices_ = absl::FailedPreconditionError("no device runtime was set up");
   transport::Transport* transport_ = nullptr;
   std::atomic<uint64_t> next_buffer_id_{1};
+  // Host buffers' and rings' mappings, per job (--max_mappings, --max_mappings_per_job).
+  MappingBudget mappings_;
+
+ public:
+  const MappingBudget& mappings() const { return mappings_; }
 };
 
 }  // namespace railyard

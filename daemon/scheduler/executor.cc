@@ -12,7 +12,7 @@ Executor::Executor(int threads) {
   workers_.reserve(static_cast<size_t>(threads));
   for (int i = 0; i < threads; ++i)
     workers_.emplace_back([this] {
-      NameThisThread("ry-worker");
+      NameDataPlaneThread("ry-worker");
       WorkerLoop();
     });
 }
@@ -40,7 +40,7 @@ void Executor::SetDeviceRuntime(device::DeviceRuntime* devices) {
     auto lane = std::make_unique<DeviceLane>();
     DeviceLane* raw = lane.get();
     lane->thread = std::thread([raw, d] {
-      NameThisThread(("ry-device" + std::to_string(d)).c_str());
+      NameDataPlaneThread(("ry-device" + std::to_string(d)).c_str());
       LaneLoop(raw);
     });
     lanes_.push_back(std::move(lane));

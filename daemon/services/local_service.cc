@@ -43,6 +43,18 @@ grpc::ServerUnaryReactor* LocalService::RegisterBuffer(grpc::CallbackServerConte
                                                        v1::RegisterBufferResponse* resp) {
   auto session = core_->sessions().Find(req->session_id());
   if (!session.ok()) return Done(ctx, session.status());
+  if (req->parent_buffer_id() != 0) {
+    if (req->fd_handle() != 0 || !req->cuda_ipc_handle().empty() ||
+        req->memory() != v1::MEMORY_KIND_HOST) {
+      return Done(ctx, absl::InvalidArgumentError(
+                           "a part of a buffer (parent_buffer_id) comes with no descriptor, no "
+                           "CUDA IPC handle and host memory"));
+    }
+    absl::StatusOr<uint64_t> part = core_->sessions().RegisterPart(
+        **session, req->parent_buffer_id(), req->parent_offset(), req->size_bytes());
+    if (part.ok()) resp->set_buffer_id(*part);
+    return Done(ctx, part.status());
+  }
   absl::StatusOr<uint64_t> id = core_->sessions().RegisterBuffer(
       **session, req->fd_handle(), req->size_bytes(), req->memory(), req->device(),
       req->cuda_ipc_handle(), req->cuda_ipc_offset());

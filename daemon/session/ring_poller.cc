@@ -61,7 +61,7 @@ bool RingPoller::Add(std::shared_ptr<SessionRings> rings) {
       // The thread keeps its poller alive until it has ended.
       thread_ = std::thread([self = shared_from_this()] {
         self->tid_.store(std::this_thread::get_id());
-        NameThisThread("ry-rings");
+        NameDataPlaneThread("ry-rings");
         Log(LogLevel::kDebug, "rings", "serving", {F("for", self->name_)});
         self->Loop();
       });

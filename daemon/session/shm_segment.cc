@@ -100,26 +100,47 @@ std::shared_ptr<MappedSegment> MappedSegment::FromDevice(
 }
 
 MappedSegment::~MappedSegment() {
-  if (device_ == nullptr) ::munmap(data_, size_);  // device memory: the mapping unmaps itself
+  // Device memory: the mapping unmaps itself; a part: its parent's mapping is unmapped with it.
+  if (device_ == nullptr && parent_ == nullptr) ::munmap(data_, size_);
+}
+
+absl::StatusOr<std::shared_ptr<MappedSegment>> MappedSegment::PartOf(
+    std::shared_ptr<MappedSegment> parent, uint64_t offset, uint64_t size) {
+  if (parent->on_device()) {
+    return absl::InvalidArgumentError("a part of a buffer must be of host memory, not device");
+  }
+  if (size == 0) return absl::InvalidArgumentError("a part of a buffer must have bytes");
+  if (offset > parent->size() || size > parent->size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("part [", offset, ", ", offset + size,
+                                                   ") runs past the end of the ", parent->size(),
+                                                   "-byte buffer"));
+  }
+  std::shared_ptr<MappedSegment> part(
+      new MappedSegment(parent->name_, parent->data_ + offset, size));
+  part->parent_ = std::move(parent);
+  return part;
 }
 
 absl::Status MappedSegment::CheckResident(uint64_t offset, uint64_t bytes) const {
   if (on_device() || bytes == 0 || data_ == nullptr) return absl::OkStatus();
   static const uint64_t kPage = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t first = offset / kPage * kPage;
-  const uint64_t last = (offset + bytes + kPage - 1) / kPage * kPage;
+  // Pages by address: a part of a buffer need not start on a page.
+  const uintptr_t from = reinterpret_cast<uintptr_t>(data_) + offset;
+  const uintptr_t first = from / kPage * kPage;
+  const uintptr_t last = (from + bytes + kPage - 1) / kPage * kPage;
   // A page's vector entry per page; in slices, so a large buffer needs no large vector.
   constexpr uint64_t kSlicePages = 4096;
   unsigned char vec[kSlicePages];
-  for (uint64_t at = first; at < last; at += kSlicePages * kPage) {
-    const uint64_t len = std::min(last - at, kSlicePages * kPage);
-    if (::mincore(data_ + at, len, vec) != 0) {
+  for (uintptr_t at = first; at < last; at += kSlicePages * kPage) {
+    const uint64_t len = std::min<uint64_t>(last - at, kSlicePages * kPage);
+    if (::mincore(reinterpret_cast<void*>(at), len, vec) != 0) {
       return absl::InternalError(absl::StrCat("mincore on the buffer: ", std::strerror(errno)));
     }
     for (uint64_t p = 0; p < len / kPage; ++p) {
       if ((vec[p] & 1) == 0) {
+        const uintptr_t page = std::max<uintptr_t>(at + p * kPage, from);
         return absl::FailedPreconditionError(absl::StrCat(
-            "byte ", at + p * kPage, " of the ", size_,
+            "byte ", page - reinterpret_cast<uintptr_t>(data_), " of the ", size_,
             "-byte buffer has no memory behind it: "
             "its pages were released after registering (a hole punched in the memfd, or "
             "MADV_REMOVE; or swapped out). railyardd does not fault a client's pages in on its "

@@ -33,6 +33,11 @@ class MappedSegment {
   // A client's device memory the daemon imported (device::DeviceRuntime::Import): data() is then
   // a device address, which host code must never dereference (on_device() says so).
   static std::shared_ptr<MappedSegment> FromDevice(std::shared_ptr<device::DeviceMapping> mapping);
+  // [offset, offset + size) of a host segment, as a segment of its own that keeps `parent`
+  // mapped (Local.RegisterBuffer's parent_buffer_id). INVALID_ARGUMENT for device memory, an
+  // empty part or one past the parent's end.
+  static absl::StatusOr<std::shared_ptr<MappedSegment>> PartOf(
+      std::shared_ptr<MappedSegment> parent, uint64_t offset, uint64_t size);
 
   ~MappedSegment();
   MappedSegment(const MappedSegment&) = delete;
@@ -52,6 +57,8 @@ class MappedSegment {
     count_charge_ = std::move(count);
     bytes_charge_ = std::move(bytes);
   }
+  // Its place in the daemon's mapping budget (mapping_budget.h), given back after the munmap.
+  void HoldMapping(std::shared_ptr<void> mapping) { mapping_charge_ = std::move(mapping); }
 
   // Checks that [offset, offset + bytes) lies inside the segment and offset is a multiple of
   // align. INVALID_ARGUMENT saying by how much otherwise.
@@ -72,6 +79,8 @@ class MappedSegment {
   uint64_t size_;
   QuotaCharge count_charge_;
   QuotaCharge bytes_charge_;
+  std::shared_ptr<void> mapping_charge_;
+  std::shared_ptr<MappedSegment> parent_;  // a part: the segment whose mapping it is in
 };
 
 }  // namespace railyard

@@ -39,7 +39,7 @@ absl::Status Expired(const StreamSync& gate) {
 StreamGates::StreamGates(absl::Duration spin, absl::Duration longest_sleep, Limits limits)
     : spin_(spin), longest_sleep_(longest_sleep), limits_(limits) {
   thread_ = std::thread([this] {
-    NameThisThread("ry-stream-gates");
+    NameDataPlaneThread("ry-stream-gates");
     Loop();
   });
 }

@@ -238,7 +238,7 @@ FairQueue::FairQueue(Options options)
       rate_(options_.schedule.rate_bytes_per_s),
       schedule_(options_.schedule) {
   thread_ = std::thread([this] {
-    NameThisThread("ry-rail-pacer");
+    NameDataPlaneThread("ry-rail-pacer");
     Run();
   });
 }

@@ -156,6 +156,26 @@ def attack_hole_punch(a):
     return {}
 
 
+def attack_mapping_flood(a):
+    """Registers a["count"] buffers of 4 KiB, one memfd each: one daemon mapping each."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tenant_attacker import Raw, memfd
+    sessions, codes, refusal = [], {}, None
+    s = Raw(a["socket"], a["job"], a["token"])
+    assert s.session, s.error
+    for _ in range(a["count"]):
+        fd = memfd(4096)
+        reply = s.put([fd])
+        os.close(fd)
+        r = s.register(reply[1], 4096)
+        codes[r[0]] = codes.get(r[0], 0) + 1
+        if r[0] != "OK" and refusal is None:
+            refusal = list(r)
+    hold({"codes": codes, "refusal": refusal})
+    s.close()
+    return {}
+
+
 def main():
     attack = sys.argv[1]
     args = json.loads(sys.argv[2])

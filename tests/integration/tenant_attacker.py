@@ -288,6 +288,14 @@ def attack_shrink_grow(a):
     req.send.offset = size // 2
     req.recv.buffer_id = buf[1]
     req.recv.offset = 0
+    # Its receive lies in the hole: the daemon will not fault those pages in on its own account.
+    try:
+        s.stub.Submit(req, timeout=10)
+        out["into_the_hole"] = ("OK",)
+    except grpc.RpcError as e:
+        out["into_the_hole"] = (e.code().name, e.details())
+    # Once the tenant wrote them (its own pages again), the same operation runs.
+    m[0:size // 2] = bytes(size // 2)
     s.stub.Submit(req, timeout=10)
     event = next(s.stream)
     out["allreduce"] = (event.completion.code, struct.unpack_from("<f", m, 0)[0])

@@ -26,7 +26,9 @@ import pytest
 import railyard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-QUOTAS = {"max_sessions_per_job": 4, "max_buffers_per_session": 4,
+# Buffers per session: 8, for the bystander's railyard-perf, whose small buffers are parts of a
+# pooled buffer (each part and the pooled buffer count).
+QUOTAS = {"max_sessions_per_job": 4, "max_buffers_per_session": 8,
           "max_buffer_bytes_per_session": 8 << 20, "max_comms_per_session": 2}
 MAX_PENDING_FDS = 64   # FdChannelServer::Options defaults
 MAX_UNBOUND = 64
@@ -216,6 +218,9 @@ def test_a_registered_buffer_cannot_shrink_or_grow_and_the_daemon_survives(node,
     assert r["register"][0] == "OK"
     assert r["shrink"] == "Operation not permitted"
     assert r["grow"] == "Operation not permitted"
+    # Into the punched half: refused, the daemon faults nothing in on its own account.
+    assert r["into_the_hole"][0] == "FAILED_PRECONDITION", r
+    assert "no memory behind it" in r["into_the_hole"][1]
     # The out-of-place AllReduce the old shrink attack killed railyardd with: it completes.
     assert r["allreduce"][0] == 0 and r["allreduce"][1] == 3.5, r
     assert node["proc"].poll() is None
@@ -290,7 +295,8 @@ def test_every_quota_is_resource_exhausted_naming_its_flag(node, victim):
                                 "max_pending_fds": MAX_PENDING_FDS,
                                 "max_sessions_per_job": QUOTAS["max_sessions_per_job"],
                                 "max_unbound": MAX_UNBOUND})
-    assert r["buffers"] == ["OK"] * 4 + ["RESOURCE_EXHAUSTED"], r["buffers"]
+    assert r["buffers"] == ["OK"] * QUOTAS["max_buffers_per_session"] + ["RESOURCE_EXHAUSTED"], \
+        r["buffers"]
     assert r["bytes"][0] == "RESOURCE_EXHAUSTED"
     assert "--max_buffer_bytes_per_session" in r["bytes"][1]
     assert [c[0] for c in r["comms"]] == ["OK", "OK", "RESOURCE_EXHAUSTED"]

@@ -26,7 +26,7 @@ import grpc
 import grpc.experimental
 import numpy as np
 
-from . import _fd_channel, _memfd, _ring, _staging, _streams
+from . import _fd_channel, _memfd, _pool, _ring, _staging, _streams
 from ._device import DeviceArray, _Registration
 from ._generated import VERSION as _VERSION  # project(VERSION) of CMakeLists.txt
 from ._generated import local_pb2, local_pb2_grpc
@@ -127,7 +127,7 @@ class _Region:
 
     __slots__ = ("start", "end", "ref", "buffer_id")
 
-    def __init__(self, start: int, end: int, mapping: _memfd.Mapping, buffer_id: int) -> None:
+    def __init__(self, start: int, end: int, mapping: object, buffer_id: int) -> None:
         self.start = start
         self.end = end
         self.ref = weakref.ref(mapping)
@@ -211,6 +211,11 @@ class Client:
         self._to_release: collections.deque = collections.deque()
         # Staging slots for arrays not in shared memory (see _staging).
         self._staging = _staging.Pool(self._allocate)
+        # Small arrays from empty(): chunks of larger registered buffers (see _pool). Off with
+        # RAILYARD_POOL_SMALL_BUFFERS=0: each array a buffer of its own, bounds checked exactly.
+        self._pool: Optional[_pool.Pool] = (
+            None if os.environ.get("RAILYARD_POOL_SMALL_BUFFERS", "1") == "0"
+            else _pool.Pool(self._allocate, self._register_part))
         self._stream = None
         self._stream_ops = stream_ops
         self._stream_words: Optional[_streams.StreamWords] = None
@@ -498,16 +503,31 @@ class Client:
         mapping.buffer_id = response.buffer_id
         start = _address(np.frombuffer(mapping, dtype=np.uint8, count=1))
         mapping.address = start
-        region = _Region(start, start + size, mapping, response.buffer_id)
         weakref.finalize(mapping, self._to_release.append, response.buffer_id)
+        self._add_region(_Region(start, start + size, mapping, response.buffer_id))
+        return mapping
+
+    def _register_part(self, mapping: _memfd.Mapping, offset: int, nbytes: int,
+                       owner: object) -> int:
+        """Registers ``nbytes`` at ``offset`` of a registered ``mapping`` as a buffer of its own
+        (a pooled chunk, see _pool), released once ``owner`` is gone."""
+        self._flush_releases()
+        response = self._call("RegisterBuffer", local_pb2.RegisterBufferRequest(
+            parent_buffer_id=mapping.buffer_id, parent_offset=offset, size_bytes=nbytes))
+        weakref.finalize(owner, self._to_release.append, response.buffer_id)
+        start = mapping.address + offset
+        self._add_region(_Region(start, start + nbytes, owner, response.buffer_id))
+        return response.buffer_id
+
+    def _add_region(self, region: "_Region") -> None:
         with self._lock:
-            # Drop regions whose mapping is gone (their address range may be reused).
+            # Drop regions whose owner is gone (their address range may be reused). A part lies
+            # inside its slab's region: sorted after it, it is what a lookup finds first.
             live = [r for r in self._regions if r.ref() is not None]
             live.append(region)
-            live.sort(key=lambda r: r.start)
+            live.sort(key=lambda r: (r.start, -r.end))
             self._regions = live
             self._region_starts = [r.start for r in live]
-        return mapping
 
     def _flush_releases(self) -> None:
         while self._to_release:
@@ -527,6 +547,9 @@ class Client:
 
         Collectives on arrays from here (or on contiguous views of them) copy no byte between
         this process and the daemon. The memory is released when the last view of it is gone.
+        Arrays of at most 256 KiB are chunks of larger registered buffers, which go back to
+        their pool instead (each registered buffer costs the daemon a mapping, and each job has
+        a share of them); ``RAILYARD_POOL_SMALL_BUFFERS=0`` registers each array on its own.
 
         Args:
             shape: the array's shape (an int or a tuple of ints).
@@ -538,7 +561,10 @@ class Client:
         n = int(np.prod(shape_t, dtype=np.int64))
         if n < 0 or any(s < 0 for s in shape_t):
             raise ValueError(f"negative dimensions in shape {shape_t}")
-        mapping = self._allocate(max(n * dt.itemsize, 1))
+        nbytes = max(n * dt.itemsize, 1)
+        if self._pool is not None and _pool.pooled(nbytes):
+            return self._pool.array(nbytes, dt, n).reshape(shape_t)
+        mapping = self._allocate(nbytes)
         return np.frombuffer(mapping, dtype=dt, count=n).reshape(shape_t)
 
     # -- device memory (docs/gpu.md) -------------------------------------------------------
@@ -631,11 +657,12 @@ class Client:
         end = addr + arr.nbytes
         with self._lock:
             i = bisect.bisect_right(self._region_starts, addr) - 1
-            if i < 0:
-                return None
-            region = self._regions[i]
-            if end <= region.end and region.ref() is not None:
-                return region.buffer_id, addr - region.start
+            # The innermost live region holding it: a part before the slab it lies in (parts
+            # already gone are skipped, a few at most before the list is pruned).
+            for j in range(i, max(i - 64, -1), -1):
+                region = self._regions[j]
+                if end <= region.end and region.ref() is not None:
+                    return region.buffer_id, addr - region.start
         return None
 
     def _stream_slot(self, stream: Any) -> _streams.Slot:

@@ -127,7 +127,7 @@ absl::StatusOr<std::shared_ptr<UcxRail>> UcxRail::Create(Config config) {
   {
     absl::MutexLock lock(&rail->join_mu_);
     rail->thread_ = std::thread([rail] {
-      NameThisThread("ry-ucx-rail");
+      NameDataPlaneThread("ry-ucx-rail");
       rail->Run();
     });
   }

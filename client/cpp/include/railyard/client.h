@@ -22,6 +22,7 @@ namespace railyard {
 
 class ClientCore;  // shared state between Client, Buffer, Comm and Work (client.cc)
 namespace internal {
+class SmallPool;
 class PendingRequest;
 }  // namespace internal
 namespace v1 {
@@ -45,10 +46,16 @@ struct ClientOptions {
   // How operations given a stream (CollectiveOptions::stream) are ordered on it
   // (railyard/stream_ops.h). Null: CUDA's, looked up when first needed.
   std::shared_ptr<StreamOps> stream_ops;
+  // Allocate() carves allocations of at most 256 KiB from larger pooled buffers, each registered
+  // as a part of one (each mapping costs the daemon one of the kernel's, of which each job has
+  // a share). False: every Allocate() maps a memfd of its own.
+  bool pool_small_buffers = true;
 };
 
 // A shared-memory allocation registered with the daemon. Movable, not copyable; released (and
-// unmapped in both processes) when destroyed.
+// unmapped in both processes) when destroyed. A small one (at most 256 KiB) is a chunk of a
+// larger buffer the Client pools, registered as a part of it (each mapping costs the daemon one
+// of the kernel's, of which each job has a share): released, it goes back to the pool.
 class Buffer {
  public:
   Buffer() = default;
@@ -80,6 +87,8 @@ class Buffer {
   uint64_t id_ = 0;
   int device_ = -1;
   std::shared_ptr<void> device_memory_;  // what AllocateDevice allocated, freed last
+  // A pooled chunk (registered as a part of a pooled buffer): the lease that gives it back.
+  std::shared_ptr<void> chunk_;
 };
 
 // A region of a Buffer: the buffer and a byte offset into it.
@@ -243,9 +252,12 @@ class Client {
   const std::string& node_name() const;
 
  private:
-  explicit Client(std::shared_ptr<ClientCore> core);
+  Client(std::shared_ptr<ClientCore> core, bool pool_small_buffers);
   Buffer DeviceBuffer(uint64_t id, void* device_ptr, size_t size, int device) const;
+  // A buffer of its own (a memfd registered on its own), whatever its size.
+  absl::StatusOr<Buffer> AllocateRegistered(size_t size);
   std::shared_ptr<ClientCore> core_;
+  std::unique_ptr<internal::SmallPool> pool_;  // small Allocate()s
 };
 
 }  // namespace railyard
