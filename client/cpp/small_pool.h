@@ -35,7 +35,7 @@ class SmallPool {
   struct Chunk {
     uint64_t buffer_id = 0;  // the slab's
     std::byte* data = nullptr;
-    size_t offset = 0;           // in the slab
+    size_t offset = 0;            // in the slab
     std::shared_ptr<void> lease;  // gives the chunk back when it goes
   };
 

@@ -77,7 +77,7 @@ TEST(SmallPoolTest, ASlabOutlivesThePoolWhileAChunkOfItLives) {
     auto other = pool.Take(100000);  // its own class and slab, no chunk kept
     ASSERT_TRUE(other.ok());
   }
-  EXPECT_EQ(slabs.freed, 1);  // the slab no chunk holds
+  EXPECT_EQ(slabs.freed, 1);    // the slab no chunk holds
   kept.data[0] = std::byte{1};  // still mapped
   kept.lease.reset();
   EXPECT_EQ(slabs.freed, 2);
