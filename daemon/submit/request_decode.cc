@@ -131,9 +131,11 @@ namespace {
 
 // Resolves one buffer reference of `bytes` bytes. Returns null for "not given" (buffer_id 0)
 // only when that is allowed: the region is empty.
+// check_resident: also check that its pages are there (MappedSegment::CheckResident); false when
+// the same region was just checked (an in-place operation's receive).
 absl::Status Resolve(const v1::BufferRef& ref, const char* which, uint64_t bytes, size_t esize,
                      const Session& session, std::shared_ptr<MappedSegment>* segment,
-                     std::byte** ptr) {
+                     std::byte** ptr, bool check_resident = true) {
   if (ref.buffer_id() == 0) {
     if (bytes == 0) return absl::OkStatus();
     return absl::InvalidArgumentError(
@@ -162,7 +164,8 @@ absl::Status Resolve(const v1::BufferRef& ref, const char* which, uint64_t bytes
     return absl::InvalidArgumentError(
         absl::StrCat(which, " buffer ", ref.buffer_id(), ": ", s.message()));
   }
-  if (absl::Status s = (*segment)->CheckResident(offset, bytes); !s.ok()) {
+  if (absl::Status s = check_resident ? (*segment)->CheckResident(offset, bytes) : absl::OkStatus();
+      !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat(which, " buffer ", ref.buffer_id(), ": ", s.message()));
   }
@@ -255,8 +258,12 @@ absl::StatusOr<std::unique_ptr<PendingRequest>> DecodeSubmit(const v1::SubmitReq
     }
   }
   if (extents->needs_recv) {
+    // In place (the receive is the send's region or a prefix of it): its pages were just checked.
+    const bool in_place = extents->needs_send && in.recv().buffer_id() == in.send().buffer_id() &&
+                          in.recv().offset() == in.send().offset() &&
+                          extents->recv_bytes <= extents->send_bytes;
     if (auto s = Resolve(in.recv(), "recv", extents->recv_bytes, esize, session, &out->recv_segment,
-                         &r.recv);
+                         &r.recv, /*check_resident=*/!in_place);
         !s.ok()) {
       return s;
     }
