@@ -254,10 +254,11 @@ def attack_look_for_buffers(a):
 
 def attack_shrink_grow(a):
     """Registers a good buffer, then tries to shrink it (the old SIGBUS kill), grow it and punch
-    a hole in it, and runs an out-of-place AllReduce on it."""
+    a hole in it, and runs an out-of-place AllReduce on it (2 MiB regions: the daemon checks
+    regions of 1 MiB and more for released pages)."""
     s = Raw(a["socket"], a["job"], a["token"])
     assert s.session, s.error
-    size = 1 << 20
+    size = 4 << 20
     fd = memfd(size)
     reply = s.put([fd])
     buf = s.register(reply[1], size)
