@@ -159,19 +159,23 @@ void ClientListener::Run() {
 
 void ClientListener::SweepLocked() {
   for (auto it = conns_.begin(); it != conns_.end();) {
-    if (InodeOf(it->first) == it->second.inode) {
-      ++it;
-      continue;
-    }
-    if (it->second.refusing) {
-      --counts_.refusing;
-      reasons_.erase(it->first);
-    } else {
-      shares_.Give(it->second.uid);
-      --counts_.open;
-    }
-    it = conns_.erase(it);
+    const int fd = it->first;
+    ++it;
+    if (InodeOf(fd) != conns_[fd].inode) ForgetLocked(fd);
   }
+}
+
+void ClientListener::ForgetLocked(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  if (it->second.refusing) {
+    --counts_.refusing;
+    reasons_.erase(fd);
+  } else {
+    shares_.Give(it->second.uid);
+    --counts_.open;
+  }
+  conns_.erase(it);
 }
 
 void ClientListener::ShedOne() {
@@ -209,6 +213,9 @@ void ClientListener::AcceptAll() {
     bool admit = false;
     {
       absl::MutexLock lock(&mu_);
+      // The kernel reuses descriptor numbers: one still in the table was closed by gRPC since
+      // the last sweep. Forget it before this connection takes its place.
+      ForgetLocked(fd);
       if (static_cast<uint64_t>(fd) + options_.fd_reserve >= fd_limit_) {
         SweepLocked();
         ++counts_.refused_descriptors;

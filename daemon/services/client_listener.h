@@ -87,6 +87,8 @@ class ClientListener {
   void AcceptAll();
   // Forgets connections gRPC has closed.
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the connection on descriptor fd, if any (its share back).
+  void ForgetLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes one connection off the queue and closes it (the table is full: EMFILE).
   void ShedOne();
 

@@ -26,7 +26,8 @@ class MappingBudget {
   static size_t KernelLimit();
 
   // One mapping for `job`, held until the returned object goes (after the munmap: keep it in
-  // the MappedSegment). RESOURCE_EXHAUSTED naming the share or the budget and its flag.
+  // the MappedSegment; it may outlive the budget). RESOURCE_EXHAUSTED naming the share or the
+  // budget and its flag.
   absl::StatusOr<std::shared_ptr<void>> Take(const std::string& job);
 
   size_t total() const { return total_; }
@@ -35,12 +36,15 @@ class MappingBudget {
   size_t held_by(const std::string& job) const;
 
  private:
-  void Give(const std::string& job);
+  struct State {
+    State(size_t total, size_t per_job) : shares(total, per_job) {}
+    mutable absl::Mutex mu;
+    CallerShares<std::string> shares ABSL_GUARDED_BY(mu);
+  };
 
   const size_t total_;
   const size_t per_job_;
-  mutable absl::Mutex mu_;
-  CallerShares<std::string> shares_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<State> state_;
 };
 
 }  // namespace railyard
