@@ -13,11 +13,11 @@
 #include "absl/time/clock.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
-#include "daemon/transport/inproc/inproc_transport.h"
 #include "daemon/util/deadline_timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/fakes.h"
+#include "tests/unit/inproc_nodes.h"
 
 namespace railyard {
 namespace {
@@ -339,14 +339,6 @@ TEST_F(CommunicatorTest, SendsWaitingForTheirPeerPastTheQuotaAreRefusedUntilMatc
 // of 1 rail. Each daemon gives each communicator its own tag slot.
 class TwoDaemonsTest : public CommunicatorTest {
  protected:
-  void SetUp() override {
-    fabric_ = transport::InProcFabric::Create();
-    for (int n = 0; n < 2; ++n) {
-      auto t = fabric_->NewTransport("node" + std::to_string(n), 1);
-      ASSERT_TRUE(t.ok()) << t.status();
-      transports_[n] = *std::move(t);
-    }
-  }
   // The communicator of job on node `me`, 2 nodes x ranks_per_node ranks, forced algo.
   // wrap: an endpoint around this node's endpoint to its peer (a hostile peer's sends).
   using WrapFn =
@@ -362,17 +354,13 @@ class TwoDaemonsTest : public CommunicatorTest {
     net.endpoints.assign(2, {});
     const int peer = 1 - me;
     net.endpoints[peer].resize(1);
-    auto addr = transports_[peer]->LocalAddress(0);
-    EXPECT_TRUE(addr.ok());
-    auto ep = transports_[me]->Connect(*addr, 0);
-    EXPECT_TRUE(ep.ok()) << ep.status();
-    net.endpoints[peer][0] = wrap ? wrap(*ep) : *ep;
+    std::shared_ptr<transport::Endpoint> ep = nodes_.Connect(me, peer);
+    net.endpoints[peer][0] = wrap ? wrap(ep) : ep;
     net.node_slots = node_slots;
     return std::make_shared<Communicator>(id, "job-" + id, Env(algo), std::move(net));
   }
 
-  std::shared_ptr<transport::InProcFabric> fabric_;
-  std::unique_ptr<transport::InProcTransport> transports_[2];
+  testing::InProcNodes nodes_;
 };
 
 TEST_F(TwoDaemonsTest, AllReduceAcrossNodesWithEachForcedAlgorithm) {
@@ -866,7 +854,7 @@ TEST_F(TwoDaemonsTest, ADeadPeerFailsTheRunningOperationWithUnavailable) {
   JoinAll(*comm, {0});
   RankBuffer b{std::vector<float>(4096, 1.0f)};
   ASSERT_TRUE(comm->Submit(b.Request(1, 0, OpKind::kAllReduce, sink_)).ok());
-  ASSERT_TRUE(fabric_->Kill("node1").ok());
+  ASSERT_TRUE(nodes_.fabric().Kill("node1").ok());
   const auto c = sink_->Wait(1);
   EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
   EXPECT_TRUE(comm->failed());

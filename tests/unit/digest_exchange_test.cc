@@ -10,9 +10,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/scheduler/tags.h"
-#include "daemon/transport/inproc/inproc_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/inproc_nodes.h"
 
 namespace railyard {
 namespace {
@@ -36,20 +36,7 @@ struct Outcome {
 class DigestExchangeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    fabric_ = transport::InProcFabric::Create();
-    for (int n = 0; n < 2; ++n) {
-      auto t = fabric_->NewTransport("node" + std::to_string(n), 1);
-      ASSERT_TRUE(t.ok()) << t.status();
-      transports_[n] = *std::move(t);
-    }
-    for (int me = 0; me < 2; ++me) {
-      endpoints_[me].assign(2, {});
-      auto addr = transports_[1 - me]->LocalAddress(0);
-      ASSERT_TRUE(addr.ok());
-      auto ep = transports_[me]->Connect(*addr, 0);
-      ASSERT_TRUE(ep.ok()) << ep.status();
-      endpoints_[me][1 - me] = {*ep};
-    }
+    for (int me = 0; me < 2; ++me) endpoints_[me] = nodes_.EndpointsOf(me);
     for (int me = 0; me < 2; ++me) {
       DigestExchange::Env env;
       env.comm_id = "c1";
@@ -100,8 +87,7 @@ class DigestExchangeTest : public ::testing::Test {
   std::shared_ptr<const scheduler::NodeSchedule> schedule_ =
       std::make_shared<scheduler::NodeSchedule>();
   scheduler::RankMemory memory_;
-  std::shared_ptr<transport::InProcFabric> fabric_;
-  std::unique_ptr<transport::InProcTransport> transports_[2];
+  testing::InProcNodes nodes_;
   scheduler::EndpointTable endpoints_[2];
   scheduler::NodeRun runs_[2];
   Outcome outcome_[2];

@@ -15,10 +15,10 @@
 #include "daemon/comm/communicator.h"
 #include "daemon/comm/pending_request.h"
 #include "daemon/scheduler/executor.h"
-#include "daemon/transport/inproc/inproc_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/fakes.h"
+#include "tests/unit/inproc_nodes.h"
 
 namespace railyard {
 namespace {
@@ -75,15 +75,7 @@ PeerIdentity Claims() { return PeerIdentity{}; }  // --peer_insecure: trusted as
 
 class PeerPlaneTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    fabric_ = transport::InProcFabric::Create();
-    for (int n = 0; n < 2; ++n) {
-      auto t = fabric_->NewTransport("node" + std::to_string(n), 1);
-      ASSERT_TRUE(t.ok()) << t.status();
-      transports_[n] = *std::move(t);
-    }
-    comm_ = Register("job", "ry1-c@10.0.0.0:7070");
-  }
+  void SetUp() override { comm_ = Register("job", "ry1-c@10.0.0.0:7070"); }
   void TearDown() override {
     plane_.Stop();
     for (auto& c : comms_.Close()) c->Abort(absl::CancelledError("test over"));
@@ -98,9 +90,7 @@ class PeerPlaneTest : public ::testing::Test {
     net.node_addresses = {"10.0.0.0:7070", "10.0.0.1:7070"};
     net.endpoints.assign(2, {});
     net.endpoints[1].resize(1);
-    auto ep = transports_[0]->Connect(*transports_[1]->LocalAddress(0), 0);
-    EXPECT_TRUE(ep.ok()) << ep.status();
-    net.endpoints[1][0] = *ep;
+    net.endpoints[1][0] = nodes_.Connect(0, 1);
     net.node_slots = {1, 2};
     CommEnv env;
     env.executor = &executor_;
@@ -140,8 +130,7 @@ class PeerPlaneTest : public ::testing::Test {
   testing::FakeClock clock_;
   DeadlineTimer timer_{&clock_};
   scheduler::Executor executor_{1};
-  std::shared_ptr<transport::InProcFabric> fabric_;
-  std::unique_ptr<transport::InProcTransport> transports_[2];
+  testing::InProcNodes nodes_;
   CommRegistry comms_;
   FakePeers peers_;
   PeerPlane plane_{{"node0", absl::Seconds(1), absl::Seconds(10)},

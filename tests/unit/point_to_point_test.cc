@@ -11,10 +11,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/scheduler/executor.h"
-#include "daemon/transport/inproc/inproc_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/fakes.h"
+#include "tests/unit/inproc_nodes.h"
 
 namespace railyard {
 namespace {
@@ -197,24 +197,10 @@ TEST_F(PointToPointTest, ADrainFailsEveryQueuedSideWithTheStatus) {
 class RemotePointToPointTest : public PointToPointTest {
  protected:
   void SetUp() override {
-    fabric_ = transport::InProcFabric::Create();
-    for (int n = 0; n < 2; ++n) {
-      auto t = fabric_->NewTransport("node" + std::to_string(n), 1);
-      ASSERT_TRUE(t.ok()) << t.status();
-      transports_[n] = *std::move(t);
-    }
-    for (int me = 0; me < 2; ++me) {
-      endpoints_[me].assign(2, {});
-      auto addr = transports_[1 - me]->LocalAddress(0);
-      ASSERT_TRUE(addr.ok());
-      auto ep = transports_[me]->Connect(*addr, 0);
-      ASSERT_TRUE(ep.ok()) << ep.status();
-      endpoints_[me][1 - me] = {*ep};
-    }
+    for (int me = 0; me < 2; ++me) endpoints_[me] = nodes_.EndpointsOf(me);
   }
   const scheduler::CommLayout layout_ = scheduler::CommLayout::Uniform(2, 1, 1);
-  std::shared_ptr<transport::InProcFabric> fabric_;
-  std::unique_ptr<transport::InProcTransport> transports_[2];
+  testing::InProcNodes nodes_;
   scheduler::EndpointTable endpoints_[2];
 };
 
