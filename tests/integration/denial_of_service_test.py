@@ -11,6 +11,7 @@ Run by CTest (denial_of_service_test) with RAILYARDD, RAILCTL and PYTHONPATH (th
 client) in the environment.
 """
 
+import contextlib
 import json
 import os
 import resource
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -26,7 +28,8 @@ import numpy as np
 import pytest
 
 import railyard
-from railyard.v1 import admin_pb2, local_pb2
+from railyard.v1 import admin_pb2
+from virtual_nodes import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NOBODY = 65534
@@ -42,16 +45,6 @@ def railctl(*args):
                          timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
-
-
-def wait_for(what, fn, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def cpu_seconds(pid):
@@ -121,24 +114,32 @@ def victim_served(victim):
     assert not victim["client"].closed
 
 
-def newcomer_served(node, job="newcomer"):
-    """A job that connects now: a 2-rank communicator of two sessions, an exact AllReduce."""
+@contextlib.contextmanager
+def two_ranks(node, job):
+    """Two sessions of `job` joined in one 2-rank communicator: yields (clients, comms)."""
     t = token(node, job)
-    a = railyard.connect(node["socket"], job, t, connect_timeout=10)
-    b = railyard.connect(node["socket"], job, t, connect_timeout=10)
+    clients = [railyard.connect(node["socket"], job, t, connect_timeout=10) for _ in range(2)]
     try:
-        comm_id = a.new_comm_id()
-        import threading
+        comm_id = clients[0].new_comm_id()
         comms = [None, None]
 
-        def join(i, c):
-            comms[i] = c.comm(comm_id, i, 2)
-        threads = [threading.Thread(target=join, args=(i, c)) for i, c in enumerate((a, b))]
+        def join(i):
+            comms[i] = clients[i].comm(comm_id, i, 2)
+        threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
         for th in threads:
             th.start()
         for th in threads:
             th.join(30)
         assert comms[0] is not None and comms[1] is not None
+        yield clients, comms
+    finally:
+        for c in clients:
+            c.close()
+
+
+def newcomer_served(node, job="newcomer"):
+    """A job that connects now: a 2-rank communicator of two sessions, an exact AllReduce."""
+    with two_ranks(node, job) as ((a, b), comms):
         xs = [a.empty(2048, np.float32), b.empty(2048, np.float32)]
         xs[0][:] = 1.5
         xs[1][:] = 2.0
@@ -147,9 +148,6 @@ def newcomer_served(node, job="newcomer"):
             w.wait()
         for x in xs:
             assert np.all(x == 3.5)
-    finally:
-        a.close()
-        b.close()
 
 
 class Attack:
@@ -276,21 +274,7 @@ def test_pages_a_tenant_released_are_not_faulted_in_on_the_daemons_account(node,
 def test_a_requests_own_timeout_is_capped_by_op_timeout(node):
     """A rank asks for a 49-day timeout on a collective its peer never submits: it fails after
     --op_timeout, not after 49 days."""
-    t = token(node, "patient")
-    a = railyard.connect(node["socket"], "patient", t)
-    b = railyard.connect(node["socket"], "patient", t)
-    try:
-        import threading
-        comm_id = a.new_comm_id()
-        comms = [None, None]
-
-        def join(i, c):
-            comms[i] = c.comm(comm_id, i, 2)
-        threads = [threading.Thread(target=join, args=(i, c)) for i, c in enumerate((a, b))]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(30)
+    with two_ranks(node, "patient") as ((a, _), comms):
         x = a.empty(16, np.float32)
         start = time.monotonic()
         with pytest.raises(railyard.RailyardError) as e:
@@ -298,9 +282,6 @@ def test_a_requests_own_timeout_is_capped_by_op_timeout(node):
         took = time.monotonic() - start
         assert e.value.code.name == "DEADLINE_EXCEEDED", e.value
         assert took < OP_TIMEOUT_S + 3, took
-    finally:
-        a.close()
-        b.close()
 
 
 def test_one_jobs_mappings_stop_at_its_share_and_pooled_small_arrays_never_meet_it(node, victim):
