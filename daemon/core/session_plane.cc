@@ -127,12 +127,7 @@ absl::StatusOr<uint64_t> SessionPlane::RegisterBuffer(Session& session, uint64_t
     return s;
   }
   absl::StatusOr<std::shared_ptr<MappedSegment>> seg;
-  std::shared_ptr<void> mapping;
-  if (memory != v1::MEMORY_KIND_CUDA) {
-    absl::StatusOr<std::shared_ptr<void>> taken = mappings_.Take(session.job());
-    if (!taken.ok()) return taken.status();
-    mapping = *std::move(taken);
-  }
+  std::shared_ptr<void> mapping;  // host memory's place in the mapping budget
   if (memory == v1::MEMORY_KIND_CUDA) {
     absl::StatusOr<std::shared_ptr<device::DeviceMapping>> mapping =
         ipc ? devices_->ImportIpc(device, cuda_ipc_handle, cuda_ipc_offset, size,
@@ -144,6 +139,9 @@ absl::StatusOr<uint64_t> SessionPlane::RegisterBuffer(Session& session, uint64_t
       seg = mapping.status();
     }
   } else {
+    absl::StatusOr<std::shared_ptr<void>> taken = mappings_.Take(session.job());
+    if (!taken.ok()) return taken.status();
+    mapping = *std::move(taken);
     seg = MappedSegment::MapMemfd(*std::move(fd), size);
   }
   if (!seg.ok()) {
