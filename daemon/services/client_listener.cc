@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "daemon/session/peer_cred.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_name.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -202,12 +203,12 @@ void ClientListener::AcceptAll() {
       ::poll(nullptr, 0, kAcceptBackoffMs);
       return;
     }
-    ucred uc{};
-    socklen_t len = sizeof(uc);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) != 0) {
+    const std::optional<PeerCred> peer = PeerCredOf(fd);
+    if (!peer.has_value()) {
       ::close(fd);
       continue;
     }
+    const PeerCred& cred = *peer;
     const ino_t inode = InodeOf(fd);
     std::string why;
     bool admit = false;
@@ -222,10 +223,10 @@ void ClientListener::AcceptAll() {
         why = absl::StrCat("railyardd keeps ", options_.fd_reserve, " of its ", fd_limit_,
                            " descriptors free and has no more for clients: try again shortly");
       } else {
-        auto verdict = shares_.Take(uc.uid);
+        auto verdict = shares_.Take(cred.uid);
         if (verdict != CallerShares<uid_t>::Refusal::kNone) {
           SweepLocked();  // closed connections may have left room
-          verdict = shares_.Take(uc.uid);
+          verdict = shares_.Take(cred.uid);
         }
         switch (verdict) {
           case CallerShares<uid_t>::Refusal::kNone:
@@ -233,7 +234,7 @@ void ClientListener::AcceptAll() {
             break;
           case CallerShares<uid_t>::Refusal::kCallerShare:
             ++counts_.refused_share;
-            why = absl::StrCat("uid ", uc.uid, " has ", shares_.of(uc.uid),
+            why = absl::StrCat("uid ", cred.uid, " has ", shares_.of(cred.uid),
                                " connections open to railyardd's client socket, its share "
                                "(--max_client_connections_per_uid): close some");
             break;
@@ -246,13 +247,13 @@ void ClientListener::AcceptAll() {
         }
       }
       if (admit) {
-        conns_[fd] = Conn{inode, uc.uid, false};
+        conns_[fd] = Conn{inode, cred.uid, false};
         ++counts_.open;
       } else {
         const absl::Time now = absl::Now();
         if (now - last_refusal_log_ >= kRefusalLogEvery) {
           Log(LogLevel::kWarning, "listener", "client connection refused",
-              {F("pid", uc.pid), F("uid", uc.uid), F("reason", why),
+              {F("pid", cred.pid), F("uid", cred.uid), F("reason", why),
                F("refused_since_last_log", unlogged_refusals_)});
           last_refusal_log_ = now;
           unlogged_refusals_ = 0;
@@ -263,7 +264,7 @@ void ClientListener::AcceptAll() {
           ::close(fd);
           continue;
         }
-        conns_[fd] = Conn{inode, uc.uid, true};
+        conns_[fd] = Conn{inode, cred.uid, true};
         reasons_[fd] = why;
         ++counts_.refusing;
       }

@@ -226,13 +226,12 @@ void FdChannelServer::AcceptAll() {
   for (int round = 0; round < 64; ++round) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a connection that died on the way in
-    ucred uc{};
-    socklen_t len = sizeof(uc);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) != 0) {
+    const std::optional<PeerCred> peer = PeerCredOf(fd);
+    if (!peer.has_value()) {
       ::close(fd);
       continue;
     }
-    const PeerCred cred{uc.pid, uc.uid, uc.gid};
+    const PeerCred cred = *peer;
     {
       absl::MutexLock lock(&mu_);
       std::string full;
