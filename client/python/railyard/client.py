@@ -207,7 +207,9 @@ class Client:
         self._closing = False
         self._end_error: Optional[RailyardError] = None
         self._regions: List[_Region] = []
+        self._region_keys: List[Tuple[int, int]] = []  # (start, -end): the regions' order
         self._region_starts: List[int] = []
+        self._regions_live = 0  # regions left by the last pruning
         self._to_release: collections.deque = collections.deque()
         # Staging slots for arrays not in shared memory (see _staging).
         self._staging = _staging.Pool(self._allocate)
@@ -521,13 +523,21 @@ class Client:
 
     def _add_region(self, region: "_Region") -> None:
         with self._lock:
-            # Drop regions whose owner is gone (their address range may be reused). A part lies
-            # inside its slab's region: sorted after it, it is what a lookup finds first.
-            live = [r for r in self._regions if r.ref() is not None]
-            live.append(region)
-            live.sort(key=lambda r: (r.start, -r.end))
-            self._regions = live
-            self._region_starts = [r.start for r in live]
+            # Regions whose owner is gone (their address range may be reused) are dropped once
+            # the list has doubled since the last time, not on every allocation: a lookup skips
+            # them (_locate), and a new region with the same range sorts after the dead one.
+            if len(self._regions) >= 2 * self._regions_live + 64:
+                self._regions = [r for r in self._regions if r.ref() is not None]
+                self._region_keys = [(r.start, -r.end) for r in self._regions]
+                self._region_starts = [r.start for r in self._regions]
+                self._regions_live = len(self._regions)
+            # A part lies inside its slab's region: sorted after it, it is what a lookup finds
+            # first.
+            key = (region.start, -region.end)
+            i = bisect.bisect_right(self._region_keys, key)
+            self._regions.insert(i, region)
+            self._region_keys.insert(i, key)
+            self._region_starts.insert(i, region.start)
 
     def _flush_releases(self) -> None:
         while self._to_release:
