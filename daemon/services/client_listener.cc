@@ -164,6 +164,14 @@ void ClientListener::SweepLocked() {
     ++it;
     if (InodeOf(fd) != conns_[fd].inode) ForgetLocked(fd);
   }
+  while (!refusing_order_.empty()) {  // drop the order's stale head
+    auto it = conns_.find(refusing_order_.front().first);
+    if (it != conns_.end() && it->second.refusing &&
+        it->second.seq == refusing_order_.front().second) {
+      break;
+    }
+    refusing_order_.pop_front();
+  }
 }
 
 void ClientListener::ForgetLocked(int fd) {
@@ -172,11 +180,26 @@ void ClientListener::ForgetLocked(int fd) {
   if (it->second.refusing) {
     --counts_.refusing;
     reasons_.erase(fd);
+    if (it->second.own_fd >= 0) ::close(it->second.own_fd);
   } else {
     shares_.Give(it->second.uid);
     --counts_.open;
   }
   conns_.erase(it);
+}
+
+void ClientListener::CutOldestRefusalLocked() {
+  while (!refusing_order_.empty()) {
+    const auto [fd, seq] = refusing_order_.front();
+    refusing_order_.pop_front();
+    auto it = conns_.find(fd);
+    if (it == conns_.end() || !it->second.refusing || it->second.seq != seq) continue;
+    // gRPC sees the connection end and closes its descriptor; the caller has had its answer.
+    ::shutdown(it->second.own_fd, SHUT_RDWR);
+    ForgetLocked(fd);
+    ++counts_.refusals_cut;
+    return;
+  }
 }
 
 void ClientListener::ShedOne() {
@@ -260,11 +283,20 @@ void ClientListener::AcceptAll() {
         } else {
           ++unlogged_refusals_;
         }
-        if (counts_.refusing >= options_.max_refusing || refusals_ == nullptr) {
+        if (refusals_ == nullptr || options_.max_refusing == 0) {
           ::close(fd);
           continue;
         }
-        conns_[fd] = Conn{inode, cred.uid, true};
+        if (counts_.refusing >= options_.max_refusing) SweepLocked();
+        if (counts_.refusing >= options_.max_refusing) CutOldestRefusalLocked();
+        const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (own < 0) {  // no descriptor to keep a handle on it: close it unanswered
+          ::close(fd);
+          continue;
+        }
+        const uint64_t seq = next_seq_++;
+        conns_[fd] = Conn{inode, cred.uid, true, own, seq};
+        refusing_order_.emplace_back(fd, seq);
         reasons_[fd] = why;
         ++counts_.refusing;
       }

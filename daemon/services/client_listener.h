@@ -5,9 +5,11 @@
 // only while a reserve of descriptors stays free for everything else (memfds, UCX, the peer and
 // admin sockets). An admitted connection is handed to the Local server
 // (grpc::AddInsecureChannelFromFd); a refused one to a small refusal server whose every call is
-// RESOURCE_EXHAUSTED naming the limit and its flag, and which drops it after two seconds, or,
-// when that one is full too, closed at once. The listener never spins: on EMFILE it frees a
-// spare descriptor, takes the connection off the queue, closes it and backs off.
+// RESOURCE_EXHAUSTED naming the limit and its flag, and which drops it after two seconds. At
+// most max_refusing connections wait there: a newer refusal shuts the oldest down, so the latest
+// caller always hears why (a flood cannot make a refused caller see a bare broken pipe). The
+// listener never spins: on EMFILE it frees a spare descriptor, takes the connection off the queue,
+// closes it and backs off.
 //
 // It learns that gRPC closed a connection by sweeping its table: each admitted descriptor is
 // kept with the socket's inode, and a descriptor that no longer names that inode was closed.
@@ -17,10 +19,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -46,7 +50,7 @@ class ClientListener {
     // Descriptors kept free: a connection whose descriptor number reaches the soft
     // RLIMIT_NOFILE minus this is refused.
     size_t fd_reserve = 256;
-    size_t max_refusing = 64;  // refused connections answered at once (more: closed)
+    size_t max_refusing = 64;  // refused connections answered at once (more: the oldest shut)
   };
   struct Counts {
     size_t open = 0;             // admitted, not yet closed by gRPC
@@ -55,6 +59,7 @@ class ClientListener {
     uint64_t refused_pool = 0;
     uint64_t refused_descriptors = 0;
     uint64_t accept_failures = 0;  // EMFILE/ENFILE and the like
+    uint64_t refusals_cut = 0;     // refusing connections shut early for a newer refusal
   };
 
   // Binds and listens (UNAVAILABLE naming the path when it cannot).
@@ -82,6 +87,10 @@ class ClientListener {
     ino_t inode = 0;
     uid_t uid = 0;
     bool refusing = false;
+    // A refusing connection: our duplicate of its descriptor (gRPC owns the original, so only
+    // this one may be shut down or closed here), and its place in refusing_order_.
+    int own_fd = -1;
+    uint64_t seq = 0;
   };
   void Run();
   void AcceptAll();
@@ -89,6 +98,8 @@ class ClientListener {
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the connection on descriptor fd, if any (its share back).
   void ForgetLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shuts the oldest refusing connection down, to make room for a newer refusal.
+  void CutOldestRefusalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes one connection off the queue and closes it (the table is full: EMFILE).
   void ShedOne();
 
@@ -106,6 +117,9 @@ class ClientListener {
   std::map<int, Conn> conns_ ABSL_GUARDED_BY(mu_);  // by descriptor
   CallerShares<uid_t> shares_ ABSL_GUARDED_BY(mu_){options_.max_connections, options_.max_per_uid};
   std::map<int, std::string> reasons_ ABSL_GUARDED_BY(mu_);  // refusing connections' why
+  std::deque<std::pair<int, uint64_t>> refusing_order_
+      ABSL_GUARDED_BY(mu_);  // (fd, seq), oldest 1st
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   Counts counts_ ABSL_GUARDED_BY(mu_);
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t unlogged_refusals_ ABSL_GUARDED_BY(mu_) = 0;
