@@ -71,6 +71,9 @@ class ClientRings {
       : base_(base), bytes_(bytes), sq_entries_(sq), cq_entries_(cq), spin_(spin) {}
   size_t DrainLocked();
   void WakeDaemonIfWaiting();
+  // One wait for room in a full submission ring (Publish, without sq_mu_): reads completions,
+  // else spins up to spin_ after `started`, else sleeps on the completion doorbell (bounded).
+  void AwaitRoom(std::chrono::steady_clock::time_point started);
   uint64_t* Word64(size_t off) const { return reinterpret_cast<uint64_t*>(base_ + off); }
   uint32_t* Word32(size_t off) const { return reinterpret_cast<uint32_t*>(base_ + off); }
 

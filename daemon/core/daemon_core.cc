@@ -202,6 +202,7 @@ v1::StatusResponse DaemonCore::Status() {
       ss->set_ring_refused(rs.refused);
       ss->set_ring_completed(rs.completed);
       ss->set_ring_client_wakes(rs.client_wakes);
+      ss->set_ring_daemon_wakeups(rs.wakeups);
     }
     ss->set_connected_seconds(absl::ToDoubleSeconds(absl::Now() - s->connected_at()));
     v1::JobStatus& j = jobs[s->job()];

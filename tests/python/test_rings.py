@@ -125,6 +125,53 @@ def test_a_loop_that_waits_for_its_own_operations_costs_the_daemon_no_wake_ups(d
         assert after.ring_client_wakes - before.ring_client_wakes <= n // 8
 
 
+def test_a_full_ring_waiting_for_its_peer_leaves_the_daemon_asleep(pair, daemon):
+    """More operations than the rings hold, whose peer has not come yet: the submitting thread
+    blocks for room. It must sleep on the completion doorbell, not wake the daemon's ring thread
+    every 50 us (it did: ~3,700 wake-ups a second under a deep queue on the fabric). When the
+    peer comes, every operation runs and the waiting submissions go in."""
+    a, b = pair
+    cid = a.new_comm_id()
+    comms = [None, None]
+    joins = [threading.Thread(target=lambda i=i, c=c: comms.__setitem__(i, c.comm(cid, i, 2)))
+             for i, c in enumerate(pair)]
+    for t in joins:
+        t.start()
+    for t in joins:
+        t.join(60)
+    assert all(comms), "the two sessions did not form a communicator"
+    n = _ring.DEFAULT_CQ_ENTRIES + _ring.DEFAULT_SQ_ENTRIES + 64  # both rings full, and more
+    xs = [a.zeros(4, np.float32), b.zeros(4, np.float32)]
+    xs[0][:] = 1.0
+    xs[1][:] = 2.0
+    works = [[], []]
+
+    def submit(i):
+        for _ in range(n):
+            works[i].append(comms[i].all_reduce(xs[i], railyard.ReduceOp.MAX, async_op=True))
+
+    first = threading.Thread(target=submit, args=(0,))
+    first.start()
+    deadline = time.monotonic() + 30
+    while _session(daemon, a).ring_submitted < _ring.DEFAULT_CQ_ENTRIES:
+        assert time.monotonic() < deadline, _session(daemon, a)
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert first.is_alive() and len(works[0]) < n  # blocked for room
+    before = _session(daemon, a).ring_daemon_wakeups
+    time.sleep(1.0)
+    after = _session(daemon, a).ring_daemon_wakeups
+    assert after - before <= 5, (before, after)
+    second = threading.Thread(target=submit, args=(1,))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert len(works[0]) == n and len(works[1]) == n
+    for w in works[0] + works[1]:
+        w.wait(60)
+    assert list(xs[0]) == [2.0] * 4 and list(xs[1]) == [2.0] * 4
+
+
 def _dozing_reader(daemon, monkeypatch, job):
     """A client whose background reader has gone into a 30 s doze (after a few operations the
     thread waited for itself): what it then does promptly is not the reader's doing."""

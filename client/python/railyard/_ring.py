@@ -394,14 +394,24 @@ class Rings:
         return head
 
     def _await_room(self, started: float) -> None:
-        """One wait for room in a full submission ring: the daemon takes entries only while
-        their completions fit, so read those; if there were none, make sure it is awake, then
-        yield the CPU for the spin time after ``started``, sleep after."""
-        if self.drain() == 0:
-            self._poke_daemon()
-            # time.sleep(0) is a ~90 us system call here: spin by yielding, then sleep
-            if time.monotonic() - started >= self.spin_s or not _spin_yield():
-                time.sleep(50e-6)
+        """One wait for room in a full submission ring. Only a completion read makes room (the
+        daemon takes an entry once its completion fits), and the read that makes it wakes the
+        daemon (drain), so nothing here pokes it: a poke per spin woke its ring thread thousands
+        of times a second while a deep queue waited on the network. Reads completions; else
+        yields the CPU for the spin time after ``started``; else sleeps on the completion
+        doorbell (10 ms at most: a lost wake-up costs that)."""
+        if self.drain() > 0:
+            return
+        # time.sleep(0) is a ~90 us system call here: spin by yielding, then sleep
+        if time.monotonic() - started < self.spin_s and _spin_yield():
+            return
+        self._add_waiter(1)
+        try:
+            ring = self._cq_doorbell.value
+            if self.drain() == 0 and not self._closed:
+                self._wait(self._cq_doorbell_addr, ring, 0.01)
+        finally:
+            self._add_waiter(-1)
 
     def _check_owner(self) -> None:
         if self._forked:
