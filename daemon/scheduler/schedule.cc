@@ -25,6 +25,22 @@ int CommLayout::rail_of_rank(int rank) const {
   return local_index_of_rank[rank] % std::max(1, rails);
 }
 
+int CommLayout::rail_for(int rank, uint64_t stripe) const {
+  const int r = std::max(1, rails);
+  const int g = static_cast<int>(ranks_of_node[node_of_rank[rank]].size());
+  const int local = local_index_of_rank[rank];
+  if (g >= r) return local % r;
+  const int mine = (r - local + g - 1) / g;  // rails local, local + g, ... below r
+  return local + g * static_cast<int>(stripe % static_cast<uint64_t>(mine));
+}
+
+bool CommLayout::rail_serves(int rank, int rail) const {
+  const int r = std::max(1, rails);
+  const int g = static_cast<int>(ranks_of_node[node_of_rank[rank]].size());
+  if (g >= r) return rail == rail_of_rank(rank);
+  return rail >= 0 && rail < r && rail % g == local_index_of_rank[rank];
+}
+
 CommLayout CommLayout::Uniform(int nnodes, int ranks_per_node, int rails) {
   std::vector<int> node_of_rank;
   for (int k = 0; k < nnodes; ++k) node_of_rank.insert(node_of_rank.end(), ranks_per_node, k);
@@ -100,6 +116,8 @@ NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, con
   // This node's completion step of each transfer (-1: the transfer does not touch this node).
   std::vector<int64_t> step_of(transfers.size(), -1);
   std::vector<uint64_t> sent_to(layout.nnodes, 0), recv_from(layout.nnodes, 0);
+  // Inter-node transfers so far per (source, destination) rank: their rails (rail_for).
+  std::map<std::pair<int, int>, uint64_t> stripes;
 
   const auto local_deps = [&](const Transfer& t) {
     Deps deps;
@@ -128,7 +146,7 @@ NodeSchedule Project(const RankSchedule& schedule, const CommLayout& layout, con
       step_of[i] = add(std::move(step));
       continue;
     }
-    const int rail = layout.rail_of_rank(t.src.rank);
+    const int rail = layout.rail_for(t.src.rank, stripes[{t.src.rank, t.dst.rank}]++);
     if (sn == node) {
       NodeStep send;
       send.kind = NodeStep::Kind::kSend;

@@ -39,6 +39,14 @@ struct CommLayout {
   int ranks_per_node() const;
   // Rail a rank sends and receives on: its local index modulo rails (rail alignment).
   int rail_of_rank(int rank) const;
+  // The rail of the stripe-th inter-node transfer of a stream from `rank` (Project counts them
+  // per source and destination rank, so both ends agree). A node with at least as many ranks as
+  // rails keeps each rank on its own rail (rail_of_rank); one with fewer gives each rank every
+  // rail r with r mod G = its local index, in turn: one rank per node uses all of them (as NCCL
+  // spreads a GPU's channels over the NICs it reaches).
+  int rail_for(int rank, uint64_t stripe) const;
+  // Whether rail_for can give `rank` this rail (a transfer into it on another rail crosses rails).
+  bool rail_serves(int rank, int rail) const;
   // K nodes x G ranks, rank r on node r / G (the layout tests and the simulator use).
   static CommLayout Uniform(int nnodes, int ranks_per_node, int rails);
   // Any layout: rank r on node node_of_rank[r], local indices in rank order within a node.

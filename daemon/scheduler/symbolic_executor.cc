@@ -409,7 +409,7 @@ class Run {
     if (s.bytes > 0) std::memcpy(dst->ptr, msg.data.data(), s.bytes);
     preds_[g].push_back(msg.send_step);
     stats_.rank_net_bytes_received[s.dst.rank] += s.bytes;
-    if (layout_.rail_of_rank(s.dst.rank) != s.rail) stats_.cross_rail_bytes += s.bytes;
+    if (!layout_.rail_serves(s.dst.rank, s.rail)) stats_.cross_rail_bytes += s.bytes;
     Finish(g);
     return absl::OkStatus();
   }

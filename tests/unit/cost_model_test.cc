@@ -38,6 +38,25 @@ void ExpectWithin1Pct(double got, double want) {
   EXPECT_NEAR(got, want, 0.01 * std::fabs(want)) << "got " << got << ", want " << want;
 }
 
+// One rank per node on R rails stripes over all of them: ring's bandwidth term is 1/R of one
+// rail's, and with 2 ranks on 4 rails hier's inter phase has 2 rails per rank.
+TEST(ClosedForm, FewerRanksThanRailsUseEveryRail) {
+  const double m = 64e6;
+  FabricSpec f = Flat(4, 50e-6, 125e6);
+  f.kind = FabricKind::kRailOptimized;
+  const double one = ByName(OpKind::kAllReduce, m, f)["ring"].bandwidth_s;
+  ExpectWithin1Pct(one, 2.0 * 3 / 4 * m / 125e6);
+  f.rails = 2;
+  ExpectWithin1Pct(ByName(OpKind::kAllReduce, m, f)["ring"].bandwidth_s, one / 2);
+  f.ranks_per_node = 2;
+  f.intra = {2e-6, 4e9};
+  const double hier2 = ByName(OpKind::kAllReduce, m, f)["hier"].bandwidth_s;
+  f.rails = 4;
+  const double hier4 = ByName(OpKind::kAllReduce, m, f)["hier"].bandwidth_s;
+  const double intra = 2 * 0.5 * m / 4e9;
+  ExpectWithin1Pct(hier4 - intra, (hier2 - intra) / 2);
+}
+
 TEST(ClosedForm, RingVsTreeAt64Ranks) {
   // N = 64, M = 1 MB, alpha = 10 us, beta = 10 GB/s.
   auto e = ByName(OpKind::kAllReduce, 1e6, Flat(64, 10e-6, 10e9));

@@ -1058,3 +1058,63 @@ TEST(Example, FourNodesTwoRanksOneMiB) {
 
 }  // namespace
 }  // namespace railyard::scheduler
+
+namespace railyard::scheduler {
+namespace {
+
+TEST(CommLayout, FewerRanksThanRailsStripeOverTheRanksRails) {
+  const CommLayout one = CommLayout::Uniform(4, 1, 2);
+  EXPECT_EQ(one.rail_for(0, 0), 0);
+  EXPECT_EQ(one.rail_for(0, 1), 1);
+  EXPECT_EQ(one.rail_for(0, 2), 0);
+  EXPECT_TRUE(one.rail_serves(3, 0));
+  EXPECT_TRUE(one.rail_serves(3, 1));
+  const CommLayout two = CommLayout::Uniform(2, 2, 4);  // local 0: rails 0, 2; local 1: 1, 3
+  EXPECT_EQ(two.rail_for(0, 0), 0);
+  EXPECT_EQ(two.rail_for(0, 1), 2);
+  EXPECT_EQ(two.rail_for(1, 0), 1);
+  EXPECT_EQ(two.rail_for(1, 1), 3);
+  EXPECT_EQ(two.rail_for(1, 2), 1);
+  EXPECT_TRUE(two.rail_serves(2, 2));
+  EXPECT_FALSE(two.rail_serves(2, 1));
+  const CommLayout three = CommLayout::Uniform(2, 2, 3);  // local 0: 0, 2; local 1: 1
+  EXPECT_EQ(three.rail_for(1, 5), 1);
+  EXPECT_EQ(three.rail_for(0, 5), 2);
+  // As many ranks as rails, or more: each keeps its own rail whatever the stripe.
+  const CommLayout full = CommLayout::Uniform(2, 4, 2);
+  for (uint64_t s = 0; s < 4; ++s) EXPECT_EQ(full.rail_for(3, s), 1);
+  EXPECT_FALSE(full.rail_serves(3, 0));
+}
+
+// One rank per node on two rails: a ring AllReduce's inter-node bytes split evenly over both
+// rails on every link, sender and receiver agree on each chunk's rail (the symbolic executor
+// checks every message's rail), nothing crosses rails, and the result is exact.
+TEST(Example, OneRankPerNodeUsesEveryRail) {
+  for (int rails : {2, 3}) {
+    SCOPED_TRACE(rails);
+    Case c;
+    c.algo = kAlgoRing;
+    c.op = OpKind::kAllReduce;
+    c.layout = CommLayout::Uniform(4, 1, rails);
+    c.count = (6 << 20) / 4;
+    c.dtype = DataType::kFloat32;
+    c.chunk_bytes = 64 * 1024;
+    const Outcome o = RunCase(c);
+    ASSERT_FALSE(HasFailure());
+    EXPECT_EQ(o.stats.cross_rail_bytes, 0u);
+    std::map<int, uint64_t> by_rail;
+    for (const auto& [key, link] : o.stats.links) by_rail[key.rail] += link.bytes;
+    ASSERT_EQ(by_rail.size(), static_cast<size_t>(rails));
+    const uint64_t total = 2 * 3 * (6ull << 20);  // 4 ranks x 2(K-1)/K M
+    uint64_t sum = 0;
+    for (const auto& [rail, bytes] : by_rail) {
+      sum += bytes;
+      EXPECT_NEAR(static_cast<double>(bytes), static_cast<double>(total) / rails, 0.02 * total)
+          << "rail " << rail;
+    }
+    EXPECT_EQ(sum, total);
+  }
+}
+
+}  // namespace
+}  // namespace railyard::scheduler

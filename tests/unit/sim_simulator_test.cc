@@ -280,6 +280,29 @@ TEST(SimContention, RanksSharingANicSlowTheInterPhase) {
   }
 }
 
+// One rank per node on R rails: the daemon stripes a rank's chunks over every rail
+// (CommLayout::rail_for), so a ring AllReduce's bandwidth term is R times one rail's. The
+// simulator routes each flow as the daemon does and the closed form agrees.
+TEST(SimContention, OneRankPerNodeStripesOverEveryRail) {
+  const int k = 4;
+  const double alpha = 50e-6, beta = 125e6, m = 64e6;
+  double one = 0;
+  for (int rails : {1, 2, 4}) {
+    const FabricSpec f = Fabric(FabricKind::kRailOptimized, k, 1, rails, alpha, beta);
+    JobSpec j = Job(OpKind::kAllReduce, "ring", m, k);
+    j.chunk_bytes = 256 << 10;
+    SimResult r;
+    const double t = SimTime(f, {j}, &r);
+    if (rails == 1) one = t;
+    const double bw = 2.0 * (k - 1) / k * m / (beta * rails);
+    EXPECT_GT(t, bw) << rails;
+    EXPECT_LT(t, 1.1 * bw + 2 * (k - 1) * alpha) << rails;
+    if (rails > 1) {
+      EXPECT_NEAR(one / t, rails, 0.1 * rails) << rails;
+    }
+  }
+}
+
 // PRIMER section 4: AllToAll across an R:1 oversubscribed spine is bounded by the bisection,
 // BW_bisect = N BW_inject / (2R); inside one rack nothing changes. (Each of the direct
 // exchange's two waves, see above, meets the larger of the injection and bisection bounds.)

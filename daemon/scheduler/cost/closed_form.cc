@@ -23,6 +23,13 @@ struct Links {
   double o = 0;
 };
 
+// The NIC bandwidth one rank has across nodes, in NICs: with at least as many ranks per node as
+// rails, G/R ranks share each rail (R/G); with fewer, each rank stripes its transfers over
+// floor(R/G) rails or more (CommLayout::rail_for), so the slowest has floor(R/G).
+double NicShare(int r, int g) {
+  return g >= r ? static_cast<double>(r) / g : static_cast<double>(r / g);
+}
+
 Links Derive(const FabricSpec& f) {
   Links l;
   l.k = std::max(1, f.nodes);
@@ -34,18 +41,20 @@ Links Derive(const FabricSpec& f) {
   l.a_intra = f.intra.beta_bytes_per_s > 0 ? f.intra.alpha_s : l.a;
   l.b_intra = f.intra.beta_bytes_per_s > 0 ? f.intra.beta_bytes_per_s : l.b;
   l.o = f.overhead_s;
-  const double nic_share = std::min(1.0, static_cast<double>(l.r) / l.g);
+  const double nic_share = NicShare(l.r, l.g);
   if (l.k == 1) {
     l.a_hop = l.a_intra;
     l.b_hop = l.b_intra;
     l.b_cross = l.b_intra;
   } else if (l.g == 1) {
+    // One rank per node: its transfers go over every rail in turn.
     l.a_hop = l.a;
-    l.b_hop = l.b;
-    l.b_cross = l.b;
+    l.b_hop = l.b * l.r;
+    l.b_cross = l.b * l.r;
   } else {
+    // A flat algorithm's node-crossing hop is one rank's: its rails (at least one).
     l.a_hop = std::max(l.a_intra, l.a);
-    l.b_hop = std::min(l.b_intra, l.b);
+    l.b_hop = std::min(l.b_intra, l.b * std::max(1.0, nic_share));
     l.b_cross = std::min(l.b_intra, l.b * nic_share);
   }
   return l;
@@ -76,14 +85,15 @@ Estimate Make(const char* name, double steps, double step_s, double bytes, doubl
 // Hierarchical: intra phase(s), inter phase among the K ranks of one local index on their rail,
 // PRIMER section 3. `intra_phases` is 2 for AllReduce (RS + AG), 1 for RS/AG.
 Estimate Hier(const Links& l, double m, int intra_phases, double inter_factor, double inter_steps) {
-  const double nic_share = std::min(1.0, static_cast<double>(l.r) / l.g);
+  const double nic_share = NicShare(l.r, l.g);
   Estimate e;
   e.algorithm = "hier";
   e.latency_s = intra_phases * (l.g - 1) * (l.a_intra + l.o) + inter_steps * (l.a + l.o);
   e.bandwidth_s = intra_phases * (l.g - 1.0) / l.g * m / l.b_intra +
                   inter_factor * (m / l.g) / (l.b * nic_share);
-  e.formula = absl::StrCat(intra_phases, "(G-1)(a_intra+o) + ", inter_steps, "(a+o) + ",
-                           intra_phases, "(G-1)/G M/b_intra + inter M/G / (b min(1,R/G))");
+  e.formula =
+      absl::StrCat(intra_phases, "(G-1)(a_intra+o) + ", inter_steps, "(a+o) + ", intra_phases,
+                   "(G-1)/G M/b_intra + inter M/G / (b s), s = R/G (R < G) or floor(R/G) rails");
   return e;
 }
 
@@ -100,11 +110,11 @@ Estimate Rhd(const Links& l, double m) {
   e.algorithm = "rhd";
   e.latency_s = (2 * CeilLog2(p) + (fold ? 2 : 0)) * (l.a_hop + l.o);
   if (l.k > 1 && l.g > 1 && g_pow2 && !fold) {
-    const double nic_share = std::min(1.0, static_cast<double>(l.r) / l.g);
+    const double nic_share = NicShare(l.r, l.g);
     e.bandwidth_s = 2 * (1 - 1.0 / l.g) * m / l.b_intra +
                     2 * (1.0 / l.g) * (1 - 1.0 / l.k) * m / (l.b * nic_share);
     e.formula =
-        "2 log2(N)(a+o) + 2(1-1/G) M/b_intra + 2(1/G)(1-1/K) M/(b min(1,R/G)) (first log2 G "
+        "2 log2(N)(a+o) + 2(1-1/G) M/b_intra + 2(1/G)(1-1/K) M/(b s) (s as hier; first log2 G "
         "rounds inside the node)";
   } else {
     e.bandwidth_s = 2.0 * (p - 1) / p * m / (l.k > 1 ? l.b_cross : l.b_intra);
@@ -232,12 +242,13 @@ absl::StatusOr<std::vector<Estimate>> ClosedForms(OpKind op, double m, const Fab
       out.push_back(Make("direct", 1, l.a_hop + (n - 1) * l.o, (n - 1) * m, l.b_hop,
                          "(a + (N-1)o) + (N-1) M/b (root's port)"));
       if (hier) {
-        const double nic_share = std::min(1.0, static_cast<double>(l.r) / l.g);
+        const double nic_share = NicShare(l.r, l.g);
         Estimate h;
         h.algorithm = "hier";
         h.latency_s = 2 * (l.a_intra + l.o) + (l.k - 1) * (l.a + l.o);
         h.bandwidth_s = 2 * (l.g - 1.0) / l.g * m / l.b_intra + (m / l.g) / (l.b * nic_share);
-        h.formula = "2(a_intra+o) + (K-1)(a+o) + 2(G-1)/G M/b_intra + M/G / (b min(1,R/G))";
+        h.formula =
+            "2(a_intra+o) + (K-1)(a+o) + 2(G-1)/G M/b_intra + M/G / (b s), s: rails per rank";
         out.push_back(h);
       }
       break;
@@ -247,13 +258,14 @@ absl::StatusOr<std::vector<Estimate>> ClosedForms(OpKind op, double m, const Fab
       out.push_back(Make("direct", n - 1, hop, (n - 1) / n * m, l.k > 1 ? l.b_cross : l.b_intra,
                          "(N-1)(a+o) + (N-1)/N M/b (pairwise exchange)"));
       if (hier) {
-        const double nic_share = std::min(1.0, static_cast<double>(l.r) / l.g);
+        const double nic_share = NicShare(l.r, l.g);
         Estimate h;
         h.algorithm = "hier";
         h.latency_s = 2 * (l.a_intra + l.o) + (l.k - 1) * (l.a + l.o);
         h.bandwidth_s =
             2 * (l.g - 1.0) / l.g * m / l.b_intra + (l.k - 1.0) / l.k * m / (l.b * nic_share);
-        h.formula = "2(a_intra+o) + (K-1)(a+o) + 2(G-1)/G M/b_intra + (K-1)/K M / (b min(1,R/G))";
+        h.formula =
+            "2(a_intra+o) + (K-1)(a+o) + 2(G-1)/G M/b_intra + (K-1)/K M / (b s), s: rails per rank";
         out.push_back(h);
       }
       break;

@@ -109,7 +109,7 @@ std::string FabricModel::Name(uint32_t link) const {
 }
 
 void FabricModel::Route(int32_t src, int32_t dst, std::vector<uint32_t>* route, bool* inter,
-                        uint32_t* tiers) const {
+                        uint32_t* tiers, uint16_t stripe) const {
   *tiers = 0;
   if (src == kSwitch || dst == kSwitch) {
     // Rank <-> in-network switch: the rank's NIC on its rail, one direction.
@@ -149,7 +149,7 @@ void FabricModel::Route(int32_t src, int32_t dst, std::vector<uint32_t>* route, 
     *tiers = 1u << kTierTorus;
     return;
   }
-  const int rail = ss % r_;
+  const int rail = Rail(src, stripe);
   route->push_back(Nic(sn, rail, 0));
   *tiers = 1u << kTierNic;
   if (f_.kind == FabricKind::kThreeTier) {
@@ -222,6 +222,7 @@ absl::Status AppendJob(FlowGraph* g, size_t n, const FlowOf& flow_of, const Deps
 absl::Status FlowGraph::AddSchedule(const RankSchedule& schedule, const std::vector<int32_t>& frank,
                                     uint32_t job) {
   const auto n = static_cast<int32_t>(frank.size());
+  absl::flat_hash_map<uint64_t, uint16_t> stripes;  // per (src, dst) fabric rank
   return AppendJob(
       this, schedule.transfers.size(),
       [&](size_t i, Flow* f) {
@@ -236,6 +237,9 @@ absl::Status FlowGraph::AddSchedule(const RankSchedule& schedule, const std::vec
         f->src = frank[t.src.rank];
         f->dst = frank[t.dst.rank];
         f->job = job;
+        // Counting intra-node flows too changes nothing: only inter-node ones take a rail.
+        f->stripe = stripes[static_cast<uint64_t>(static_cast<uint32_t>(f->src)) << 32 |
+                            static_cast<uint32_t>(f->dst)]++;
         return absl::OkStatus();
       },
       [&](size_t i) -> const Deps& { return schedule.transfers[i].deps; });
@@ -445,9 +449,15 @@ class Engine {
     double start = 0;  // posted + alpha: the earliest its bytes may move
   };
 
-  static PairKey KeyOf(const Flow& fl) {
+  // Messages of one job from src to dst on one rail go in order, one at a time (one connection
+  // per rail, as the daemon's per-rail endpoints).
+  PairKey KeyOf(const Flow& fl) const {
+    const auto& f = m_.fabric();
+    const bool inter = fl.src != kSwitch && fl.dst != kSwitch &&
+                       fl.src / f.ranks_per_node != fl.dst / f.ranks_per_node;
+    const uint32_t rail = inter ? static_cast<uint32_t>(m_.Rail(fl.src, fl.stripe)) : 0;
     return {(uint64_t{static_cast<uint32_t>(fl.src)} << 32) | static_cast<uint32_t>(fl.dst),
-            fl.job};
+            fl.job << 8 | rail};
   }
 
   // Posts every ready flow at time t, in flow order (the order a rank issues its schedule;
@@ -562,7 +572,7 @@ class Engine {
     route_.clear();
     bool inter = false;
     uint32_t tiers = 0;
-    m_.Route(fl.src, fl.dst, &route_, &inter, &tiers);
+    m_.Route(fl.src, fl.dst, &route_, &inter, &tiers, fl.stripe);
     auto& jt = res_->job_tiers[fl.job];
     for (int k = 0; k < kNumTiers; ++k) {
       if ((tiers & (1u << k)) != 0) {

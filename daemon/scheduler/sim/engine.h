@@ -35,8 +35,15 @@ class FabricModel {
 
   // The links of a flow from src to dst (fabric ranks or kSwitch, not both; src != dst) appended
   // to route; *inter: whether it pays the inter-node alpha; *tiers: bit (1 << tier) per tier.
-  void Route(int32_t src, int32_t dst, std::vector<uint32_t>* route, bool* inter,
-             uint32_t* tiers) const;
+  void Route(int32_t src, int32_t dst, std::vector<uint32_t>* route, bool* inter, uint32_t* tiers,
+             uint16_t stripe = 0) const;
+  // The rail a flow from fabric rank src (not kSwitch) takes across nodes: its own (local index
+  // mod R), or with fewer ranks per node than rails its rails in turn by stripe
+  // (CommLayout::rail_for).
+  int Rail(int32_t src, uint16_t stripe) const {
+    const int ss = src % g_;
+    return g_ >= r_ ? ss % r_ : ss + g_ * (stripe % ((r_ - ss + g_ - 1) / g_));
+  }
 
  private:
   uint32_t Intra(int node, int slot, int dir) const {
@@ -72,6 +79,9 @@ struct Flow {
   int32_t dst = 0;
   uint32_t job = 0;
   uint8_t flags = 0;
+  // Inter-node flows of its (src, dst) stream before this one (AddSchedule): picks the rail
+  // when a node has fewer ranks than rails, as CommLayout::rail_for does in the daemon.
+  uint16_t stripe = 0;
 };
 
 // Flows with their dependencies as counts (ndeps) and the reverse edges in CSR form.

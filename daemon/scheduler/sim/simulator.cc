@@ -106,6 +106,10 @@ absl::Status CheckFabric(const FabricSpec& f) {
         absl::StrCat("fabric needs >= 1 node, rank per node and rail (", f.nodes, ", ",
                      f.ranks_per_node, ", ", f.rails, ")"));
   }
+  if (f.rails > 255) {  // the engine keys a connection by job and rail (8 bits)
+    return absl::InvalidArgumentError(
+        absl::StrCat("fabric with ", f.rails, " rails per node: at most 255"));
+  }
   if (static_cast<int64_t>(f.nodes) * f.ranks_per_node > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(
         absl::StrCat("fabric of ", f.nodes, " x ", f.ranks_per_node, " ranks is too large"));
