@@ -34,6 +34,15 @@ constexpr int kPolledSleepMs = 1;
 // the owner's other duties: a rail under steady traffic still expires grace periods and erases
 // released peers, and a polling thread returns to its own work (its session's submissions).
 constexpr int kProgressCallsPerPass = 64;
+// Event moderation (a NIC's interrupt coalescing, here for the progress thread): while at least
+// kCoalesceMinBytes are in flight on the rail, a wake-up for socket events is followed by up to
+// kCoalesceNs more asleep (a command still wakes it at once), so that one progress pass handles
+// what the kernel moved meanwhile instead of one pass per segment. On a 200 Mbit/s rail the
+// thread woke ~2,100 times a second for 21 MB/s. The sockets' buffers (hundreds of KiB to MiB,
+// autotuned) hold far more than a link moves in kCoalesceNs (62 KB at 1 Gbit/s), so the wire
+// does not idle; with less in flight (a latency-bound operation) it is off.
+constexpr size_t kCoalesceMinBytes = 1 << 20;
+constexpr int64_t kCoalesceNs = 500000;
 
 absl::Status UcxError(absl::string_view what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
@@ -642,24 +651,46 @@ void UcxRail::WaitForEvents() {
     }
   }
   if (unarmed) timeout_ms = timeout_ms < 0 ? kPolledSleepMs : std::min(timeout_ms, kPolledSleepMs);
-  Sleep(timeout_ms, /*arm=*/!unarmed);
+  const bool events = Sleep(timeout_ms, /*arm=*/!unarmed);
+  if (events && !unarmed && active_bytes_ >= kCoalesceMinBytes) CoalesceEvents();
   absl::MutexLock lock(&mu_);
   sleeping_ = false;
   wake_pending_ = false;
   sleep_unarmed_ = false;
 }
 
-void UcxRail::Sleep(int timeout_ms, bool arm) {
+void UcxRail::CoalesceEvents() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!commands_.empty() || stop_requested_ || wake_pending_) return;
+  }
+  Disown();
+  pollfd fd{wake_fd_, POLLIN, 0};
+  const timespec wait{0, kCoalesceNs};
+  const bool woken = ppoll(&fd, 1, &wait, nullptr) == 1 && (fd.revents & POLLIN) != 0;
+  Own();
+  if (woken) {
+    uint64_t value;
+    (void)!read(wake_fd_, &value, sizeof(value));
+  }
+}
+
+bool UcxRail::Sleep(int timeout_ms, bool arm) {
   bool woken = false;
+  bool events = false;
   if (arm) {
     const ucs_status_t status = ucp_worker_arm(worker_);
-    if (status == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress them first
+    if (status == UCS_ERR_BUSY) return false;  // events arrived meanwhile: progress them first
     // Without an armed event fd nothing would wake us for UCX events: poll instead.
     if (status != UCS_OK) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
     Disown();
-    epoll_event events[2];
-    const int n = epoll_wait(epoll_fd_, events, 2, timeout_ms);
-    for (int i = 0; i < n; ++i) woken = woken || events[i].data.fd == wake_fd_;
+    epoll_event ready[2];
+    const int n = epoll_wait(epoll_fd_, ready, 2, timeout_ms);
+    for (int i = 0; i < n; ++i) {
+      woken = woken || ready[i].data.fd == wake_fd_;
+      events = events || ready[i].data.fd != wake_fd_;
+    }
+    events = events && !woken;
   } else {
     Disown();
     pollfd fd{wake_fd_, POLLIN, 0};
@@ -670,6 +701,7 @@ void UcxRail::Sleep(int timeout_ms, bool arm) {
     uint64_t value;
     (void)!read(wake_fd_, &value, sizeof(value));
   }
+  return events;
 }
 
 UcxRail::Peer* UcxRail::FindPeer(uint64_t id) {
@@ -692,6 +724,7 @@ void UcxRail::Start(Op* op) {
   op->peer = peer;
   peer->ops.insert(op);
   ++active_ops_;
+  active_bytes_ += op->size;
 
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -771,6 +804,7 @@ void UcxRail::Complete(Op* op, ucs_status_t status, size_t length) {
   }
   peer->ops.erase(op);
   --active_ops_;
+  active_bytes_ -= op->size;
   absl::Status result = StatusFor(*op, status, length);
   RecvCompletionFn done = std::move(op->done);
   delete op;
@@ -881,6 +915,7 @@ void UcxRail::ExpireGracePeriods(bool all) {
       op->peer = nullptr;
       orphans_.insert(op);
       --active_ops_;
+      active_bytes_ -= op->size;
       late.emplace_back(std::move(op->done), peer->failure);
     }
     peer->ops.clear();

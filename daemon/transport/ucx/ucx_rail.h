@@ -108,7 +108,11 @@ class UcxRail {
   void BusyPoll();  // polls up to config_.busy_poll, returning early on any activity
   // Waits up to timeout_ms (-1: forever) for the wake eventfd and, when `arm`, the worker's
   // events (arming it first), without owning the rail meanwhile.
-  void Sleep(int timeout_ms, bool arm = true);
+  // Returns whether UCX's events (and not the wake eventfd) ended the sleep.
+  bool Sleep(int timeout_ms, bool arm = true);
+  // Event moderation (kCoalesceNs in ucx_rail.cc): up to that long asleep on the wake eventfd
+  // alone, unless a command or stop is already waiting.
+  void CoalesceEvents();
   void Start(Op* op);
   void Complete(Op* op, ucs_status_t status, size_t length);
   absl::Status StatusFor(const Op& op, ucs_status_t status, size_t length) const;
@@ -175,6 +179,7 @@ class UcxRail {
   std::vector<uint64_t> sweep_;      // peers that may have become erasable
   std::unordered_set<Op*> orphans_;  // failed already; UCX still holds their request
   size_t active_ops_ = 0;
+  size_t active_bytes_ = 0;           // their sizes (event moderation: kCoalesceMinBytes)
   int grace_peers_ = 0;               // peers waiting for cancel_grace to expire
   bool congestion_reported_ = false;  // a change was reported
   bool congestion_warned_ = false;    // a refusal was reported
