@@ -12,6 +12,9 @@
 # ry-rings threads spun at ~90% of a core each (8 spinning threads on 2 cores, plus the veths'
 # packets): priority alone does not keep the control plane answering here; the rings' polling
 # must stop costing a core while the network works (the frugal-progress issue).
+# After that issue's fixes (clients no longer poke a ring thread per 50 us while they wait for
+# ring room; rails moderate their events), same machine, 1 rep, 25 s: nice 0: slowest Status
+# 3 ms, 0 of 2 jobs aborted, 0 peer-silence aborts; nice 5: 3 ms, 0, 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-2}

@@ -383,7 +383,39 @@ absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
   return absl::OkStatus();
 }
 
+void Server::ExportListenerMetrics() {
+  metrics::Registry& reg = core_->metrics().registry();
+  metrics::Family<metrics::Gauge>& conns = reg.AddGauge(
+      "railyard_client_connections",
+      "Connections to the client socket: open (admitted) and refusing (being told why they were "
+      "refused, about two seconds each)");
+  metrics::Family<metrics::Counter>& refused = reg.AddCounter(
+      "railyard_client_connections_refused_total",
+      "Client-socket connections refused, by reason: uid_share "
+      "(--max_client_connections_per_uid), pool (--max_client_connections), descriptors (the "
+      "daemon's descriptor reserve), accept_failed (EMFILE and the like: shed unanswered)");
+  for (const char* reason : {"uid_share", "pool", "descriptors", "accept_failed"}) {
+    refused.Add({{"reason", reason}});  // every series from the start, at 0
+  }
+  auto last = std::make_shared<ClientListener::Counts>();
+  reg.AddCollectHook([this, &conns, &refused, last] {
+    if (listener_ == nullptr) return;
+    const ClientListener::Counts c = listener_->counts();
+    conns.Add({{"state", "open"}}).Set(static_cast<double>(c.open));
+    conns.Add({{"state", "refusing"}}).Set(static_cast<double>(c.refusing));
+    const auto add = [&](const char* reason, uint64_t now, uint64_t* seen) {
+      refused.Add({{"reason", reason}}).Increment(static_cast<double>(now - *seen));
+      *seen = now;
+    };
+    add("uid_share", c.refused_share, &last->refused_share);
+    add("pool", c.refused_pool, &last->refused_pool);
+    add("descriptors", c.refused_descriptors, &last->refused_descriptors);
+    add("accept_failed", c.accept_failures, &last->accept_failures);
+  });
+}
+
 absl::Status Server::StartMetrics() {
+  ExportListenerMetrics();
   metrics_http_ = std::make_unique<metrics::HttpServer>(&core_->metrics().registry(),
                                                         [this] { return serving_.load(); });
   absl::StatusOr<std::string> bound = metrics_http_->Start(config_.metrics_listen);

@@ -67,6 +67,8 @@ class Server {
   std::string metrics_address_;
   std::atomic<bool> serving_{false};  // what /readyz reports: the gRPC APIs are up
 
+  // The client listener's counts on /metrics (railyard_client_connections...).
+  void ExportListenerMetrics();
   absl::Status StartMetrics();
   absl::Status StartAdmin();
   // Who may connect as which job, from the config's files.

@@ -17,11 +17,13 @@ import os
 import resource
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -69,8 +71,12 @@ def node():
     def limit_descriptors():
         resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
+    with socket.socket() as probe:  # a free port for /metrics
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
     proc = subprocess.Popen(
         [os.environ["RAILYARDD"], f"--socket={sock}", f"--token_key_file={key}",
+         f"--metrics_listen=127.0.0.1:{metrics_port}",
          "--node_name=dos", "--worker_threads=2", f"--op_timeout={OP_TIMEOUT_S}s",
          f"--max_mappings={MAX_MAPPINGS}", f"--max_mappings_per_job={MAPPINGS_PER_JOB}"],
         stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_descriptors)
@@ -79,7 +85,8 @@ def node():
     assert proc.poll() is None, open(log.name).read()
     # The attacker runs as nobody with group root: the sockets are 0660 root:root.
     os.chmod(sock, 0o660)
-    info = {"tmp": tmp, "socket": sock, "key": key, "proc": proc, "log": log.name}
+    info = {"tmp": tmp, "socket": sock, "key": key, "proc": proc, "log": log.name,
+            "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     yield info
     alive = proc.poll() is None
     proc.terminate()
@@ -88,6 +95,16 @@ def node():
     text = open(log.name).read()
     shutil.rmtree(tmp, ignore_errors=True)
     assert alive, "railyardd died during the attacks:\n" + text
+
+
+def metric(node, name, labels):
+    """The value of one series on the daemon's /metrics (None when absent)."""
+    text = urllib.request.urlopen(node["metrics"], timeout=10).read().decode()
+    want = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return None
 
 
 def token(node, job):
@@ -186,6 +203,12 @@ def test_a_connection_flood_without_a_token_leaves_the_socket_serving_everyone_e
         assert held["fresh_call"][0] == "RESOURCE_EXHAUSTED", held
         assert "--max_client_connections_per_uid" in held["fresh_call"][1]
         assert f"uid {NOBODY}" in held["fresh_call"][1]
+        # Operators see it: the refusals by reason, and how many wait to hear why (bounded).
+        assert metric(node, "railyard_client_connections_refused_total",
+                      {"reason": "uid_share"}) >= 2000
+        assert metric(node, "railyard_client_connections", {"state": "refusing"}) <= 64
+        assert metric(node, "railyard_client_connections_refused_total",
+                      {"reason": "pool"}) == 0
         # The daemon holds far fewer descriptors than its limit, and does not spin.
         assert open_fds(pid) < FD_LIMIT - 200, open_fds(pid)
         cpu = cpu_seconds(pid)
