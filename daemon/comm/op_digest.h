@@ -1,12 +1,12 @@
 // What every daemon of a multi-node communicator must agree on before its run of one collective
-// means anything: op, dtype, count, root, reduction and the algorithm. Each daemon sends its
-// 64-byte digest to every other member as it starts the run (one small message per peer, beside
-// the schedule's own, on rail 0 with the reserved step tag tags::kDigestStep; it carries the
-// schedule's first message to that peer when that one is small: kMaxCarriedBytes) and checks the
-// ones it receives: a disagreement fails the operation on every node at once with
-// INVALID_ARGUMENT naming both sides, instead of leaving the schedules waiting for messages the
-// other side never sends until the deadline. A digest comes from another daemon: untrusted input,
-// decoded with every field checked.
+// means anything: op, dtype, count, root, reduction and the algorithm. The daemons gather their
+// 64-byte digests by recursive doubling as they start the run (digest_exchange.h: ceil(log2 N)
+// small messages per daemon, beside the schedule's own, on rail 0 with the reserved step tag
+// tags::kDigestStep; one that leaves as the run starts carries the schedule's first message to
+// that peer when that one is small: kMaxCarriedBytes): a disagreement fails the operation on every
+// node with INVALID_ARGUMENT naming both sides, instead of leaving the schedules waiting for
+// messages the other side never sends until the deadline. A digest comes from another daemon:
+// untrusted input, decoded with every field checked.
 #pragma once
 
 #include <array>
@@ -30,7 +30,6 @@ struct OpDigest {
   // nothing (Communicator::StartDigestExchange): a small operation then sends one message per
   // peer, not two. The receiver tells from the length.
   static constexpr size_t kMaxCarriedBytes = 1024;
-  using Received = std::array<std::byte, kBytes + kMaxCarriedBytes>;
 
   scheduler::OpKind op = scheduler::OpKind::kBarrier;
   kernels::DataType dtype = kernels::DataType::kFloat32;

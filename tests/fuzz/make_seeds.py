@@ -352,6 +352,28 @@ def ring_entry_seeds():
     write(t, "regress_alltoallv_no_vectors", entry(op=7, ext=0, vec_len=0))
 
 
+def digest_summary_seeds():
+    t = "digest_summary_fuzz"
+    # daemon/comm/op_digest.cc: magic "RYDG", version 1, op, dtype, red_op, root at 8, count at
+    # 16, seq at 24, algorithm at 32 (24 bytes), codec at 56, its parameter at 60.
+    def digest(count=1024, op=0, algo=b"ring"):
+        return struct.pack("<IBBBBiIQQ24sB3sI", 0x47445952, 1, op, 0, 0, 0, 0, count, 7, algo, 0,
+                           b"", 0)
+    # daemon/comm/digest_summary.h: kind, 3 zero bytes, a, b, 4 zero bytes, then the digests.
+    def head(kind, a, b):
+        return struct.pack("<B3xII4x", kind, a, b)
+    nodes = bytes([8])
+    write(t, "agree", nodes + head(1, 0, 0xFFFFFFFF) + digest())
+    write(t, "agree_carrying", nodes + head(1, 3, 0xFFFFFFFF) + digest() + bytes(range(40)))
+    write(t, "disagree", nodes + head(2, 1, 6) + digest(1024) + digest(2048))
+    write(t, "disagree_equal", nodes + head(2, 1, 6) + digest() + digest())
+    write(t, "unreadable", nodes + head(3, 2, 5) + bytes(64) +
+          b"a 10-byte operation digest, not 80".ljust(64, b"\0"))
+    write(t, "missing", nodes + head(4, 2, 5) + bytes(64) + b"UNAVAILABLE: gone".ljust(64, b"\0"))
+    write(t, "node_out_of_range", bytes([2]) + head(1, 3, 0xFFFFFFFF) + digest())
+    write(t, "short", nodes + head(1, 0, 0xFFFFFFFF) + digest()[:20])
+
+
 def main():
     if CORPUS.exists():
         shutil.rmtree(CORPUS)
@@ -367,6 +389,7 @@ def main():
         fd_channel_seeds()
         signed_token_seeds()
         ring_entry_seeds()
+        digest_summary_seeds()
     total = sum(f.stat().st_size for f in CORPUS.rglob("*") if f.is_file())
     count = sum(1 for f in CORPUS.rglob("*") if f.is_file())
     print(f"make_seeds: {count} files, {total} bytes under {CORPUS.relative_to(ROOT)}")

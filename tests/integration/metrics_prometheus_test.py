@@ -181,7 +181,7 @@ SHAPES = {("allreduce", "1048576"): (MSG_BYTES // 4, "float32"),
           ("barrier", "0"): (0, "float32")}
 
 
-DIGEST_BYTES = 64
+DIGEST_BYTES = 80  # an agreeing digest summary (daemon/comm/digest_summary.h)
 
 
 def expected_links(ops, names):
@@ -199,7 +199,7 @@ def expected_links(ops, names):
             for key in ((src, dst, rail, "tx"), (dst, src, rail, "rx")):
                 want[key] = want.get(key, 0) + n * link["bytes"]
         # Beside its schedule, each daemon sends the other its operation digest on rail0
-        # (daemon/comm/op_digest.h).
+        # (daemon/comm/digest_exchange.h: with two nodes, one message each way).
         for src, dst in ((names[0], names[1]), (names[1], names[0])):
             for key in ((src, dst, "rail0", "tx"), (dst, src, "rail0", "rx")):
                 want[key] = want.get(key, 0) + n * DIGEST_BYTES

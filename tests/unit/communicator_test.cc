@@ -759,7 +759,7 @@ TEST_F(TwoDaemonsTest, ASmallOperationsFirstMessageRidesInTheDigest) {
         const int per_op = count * sizeof(float) <= OpDigest::kMaxCarriedBytes ? 1 : 2;
         for (int n = 0; n < 2; ++n) {
           EXPECT_EQ(messages[n].load(), 3 * per_op) << "node " << n;
-          EXPECT_EQ(bytes[n].load(), 3 * (OpDigest::kBytes + count * sizeof(float)))
+          EXPECT_EQ(bytes[n].load(), 3 * (DigestSummary::kAgreeBytes + count * sizeof(float)))
               << "node " << n;
         }
       }

@@ -1,10 +1,11 @@
-// Two "daemons" in one process for unit tests: an in-process fabric with one 1-rail transport
-// per node ("node0", "node1"), and endpoints from one node to the other. The fabric can kill a
-// node (fabric().Kill("node1")) to stand in for a dead peer.
+// "Daemons" in one process for unit tests (two unless told): an in-process fabric with one
+// 1-rail transport per node ("node0", "node1", ...), and endpoints from one node to the others. The
+// fabric can kill a node (fabric().Kill("node1")) to stand in for a dead peer.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/scheduler/node_executor.h"
 #include "daemon/transport/inproc/inproc_transport.h"
@@ -14,8 +15,8 @@ namespace railyard::testing {
 
 class InProcNodes {
  public:
-  InProcNodes() {
-    for (int n = 0; n < 2; ++n) {
+  explicit InProcNodes(int nodes = 2) : transports_(static_cast<size_t>(nodes)) {
+    for (int n = 0; n < nodes; ++n) {
       auto t = fabric_->NewTransport("node" + std::to_string(n), 1);
       EXPECT_TRUE(t.ok()) << t.status();
       if (t.ok()) transports_[n] = *std::move(t);
@@ -33,10 +34,12 @@ class InProcNodes {
     return ep.ok() ? *std::move(ep) : nullptr;
   }
 
-  // endpoints[node][rail] as node `me` holds them: one to the other node, none to itself.
+  // endpoints[node][rail] as node `me` holds them: one to each other node, none to itself.
   scheduler::EndpointTable EndpointsOf(int me) {
-    scheduler::EndpointTable table(2);
-    table[1 - me] = {Connect(me, 1 - me)};
+    scheduler::EndpointTable table(transports_.size());
+    for (int n = 0; n < static_cast<int>(transports_.size()); ++n) {
+      if (n != me) table[n] = {Connect(me, n)};
+    }
     return table;
   }
 
@@ -44,7 +47,7 @@ class InProcNodes {
 
  private:
   std::shared_ptr<transport::InProcFabric> fabric_ = transport::InProcFabric::Create();
-  std::unique_ptr<transport::InProcTransport> transports_[2];
+  std::vector<std::unique_ptr<transport::InProcTransport>> transports_;
 };
 
 }  // namespace railyard::testing
