@@ -327,6 +327,7 @@ absl::Status Server::StartPeerService(const v1::NodeTopology& topology) {
     transport::UcxTransport::Rail r;
     r.device = rail.device();
     if (!rail.transports().empty()) r.tls = rail.transports();
+    if (rail.speed_gbps() > 0) r.speed_bytes_per_s = rail.speed_gbps() * 1e9 / 8;
     opts.rails.push_back(r);
   }
   absl::StatusOr<std::unique_ptr<transport::UcxTransport>> transport =

@@ -36,13 +36,26 @@ constexpr int kPolledSleepMs = 1;
 constexpr int kProgressCallsPerPass = 64;
 // Event moderation (a NIC's interrupt coalescing, here for the progress thread): while at least
 // kCoalesceMinBytes are in flight on the rail, a wake-up for socket events is followed by up to
-// kCoalesceNs more asleep (a command still wakes it at once), so that one progress pass handles
-// what the kernel moved meanwhile instead of one pass per segment. On a 200 Mbit/s rail the
-// thread woke ~2,100 times a second for 21 MB/s. The sockets' buffers (hundreds of KiB to MiB,
-// autotuned) hold far more than a link moves in kCoalesceNs (62 KB at 1 Gbit/s), so the wire
-// does not idle; with less in flight (a latency-bound operation) it is off.
+// the rail's window more asleep (a command still wakes it at once), so that one progress pass
+// handles what the kernel moved meanwhile instead of one pass per segment. On a 200 Mbit/s rail
+// the thread woke ~2,100 times a second for 21 MB/s. The window is the time the link takes to
+// move kCoalesceBytes, at most kCoalesceMaxNs: far less than the sockets' buffers (hundreds of
+// KiB to MiB, autotuned) hold, so the wire does not idle. A link of unknown rate (no speed_gbps
+// in the topology, such as lo) or one fast enough that the window would be under kCoalesceMinNs
+// is not moderated: on loopback a fixed 500 us window made a lone 2 MiB AllReduce between two
+// daemons 1.8x slower (bench/sidebyside.sh case 3). With less in flight (a latency-bound
+// operation) it is off too.
 constexpr size_t kCoalesceMinBytes = 1 << 20;
-constexpr int64_t kCoalesceNs = 500000;
+constexpr double kCoalesceBytes = 64 << 10;
+constexpr int64_t kCoalesceMaxNs = 500000;
+constexpr int64_t kCoalesceMinNs = 50000;
+
+int64_t CoalesceWindowNs(double bytes_per_s) {
+  if (!(bytes_per_s > 0)) return 0;
+  const double ns = kCoalesceBytes / bytes_per_s * 1e9;
+  if (ns < static_cast<double>(kCoalesceMinNs)) return 0;
+  return ns > static_cast<double>(kCoalesceMaxNs) ? kCoalesceMaxNs : static_cast<int64_t>(ns);
+}
 
 absl::Status UcxError(absl::string_view what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
@@ -114,7 +127,8 @@ struct UcxRail::Op {
   size_t inline_length = 0;
 };
 
-UcxRail::UcxRail(Config config) : config_(std::move(config)) {}
+UcxRail::UcxRail(Config config)
+    : config_(std::move(config)), coalesce_ns_(CoalesceWindowNs(config_.rail.speed_bytes_per_s)) {}
 
 UcxRail::~UcxRail() {
   {
@@ -652,7 +666,9 @@ void UcxRail::WaitForEvents() {
   }
   if (unarmed) timeout_ms = timeout_ms < 0 ? kPolledSleepMs : std::min(timeout_ms, kPolledSleepMs);
   const bool events = Sleep(timeout_ms, /*arm=*/!unarmed);
-  if (events && !unarmed && active_bytes_ >= kCoalesceMinBytes) CoalesceEvents();
+  if (events && !unarmed && coalesce_ns_ > 0 && active_bytes_ >= kCoalesceMinBytes) {
+    CoalesceEvents();
+  }
   absl::MutexLock lock(&mu_);
   sleeping_ = false;
   wake_pending_ = false;
@@ -666,7 +682,7 @@ void UcxRail::CoalesceEvents() {
   }
   Disown();
   pollfd fd{wake_fd_, POLLIN, 0};
-  const timespec wait{0, kCoalesceNs};
+  const timespec wait{0, static_cast<long>(coalesce_ns_)};
   const bool woken = ppoll(&fd, 1, &wait, nullptr) == 1 && (fd.revents & POLLIN) != 0;
   Own();
   if (woken) {

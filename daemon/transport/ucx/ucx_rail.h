@@ -110,8 +110,8 @@ class UcxRail {
   // events (arming it first), without owning the rail meanwhile.
   // Returns whether UCX's events (and not the wake eventfd) ended the sleep.
   bool Sleep(int timeout_ms, bool arm = true);
-  // Event moderation (kCoalesceNs in ucx_rail.cc): up to that long asleep on the wake eventfd
-  // alone, unless a command or stop is already waiting.
+  // Event moderation (ucx_rail.cc): up to coalesce_ns_ asleep on the wake eventfd alone,
+  // unless a command or stop is already waiting.
   void CoalesceEvents();
   void Start(Op* op);
   void Complete(Op* op, ucs_status_t status, size_t length);
@@ -137,6 +137,8 @@ class UcxRail {
   static void EndpointErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   const Config config_;
+  // Event moderation's window for this rail's rate; 0: off (unknown or fast link).
+  const int64_t coalesce_ns_;
   std::string address_;  // written before Create returns, then read-only
   std::atomic<uint64_t> next_peer_id_{1};
 

@@ -75,6 +75,10 @@ class UcxTransport : public Transport {
     // Measured between two processes on one host (tools/ucx-pingpong): the same lanes, so the
     // same numbers as "tcp" within noise (64 MiB at 1.0-4.1 GB/s on a shared 2-vCPU VM).
     std::string tls = "tcp";
+    // The link's rate in bytes per second (the topology's speed_gbps); 0 when unknown. Sets how
+    // long event moderation may hold the progress thread (ucx_rail.cc: what the link moves in
+    // that time must fit the sockets' buffers); unknown or fast links are not moderated.
+    double speed_bytes_per_s = 0;
   };
 
   struct Options {
