@@ -106,9 +106,17 @@ absl::StatusOr<OpDigest> OpDigest::Decode(const Wire& w) {
   const uint8_t codec = Get<uint8_t>(w, kOffCodec);
   if (codec >= kNumCodecs) return bad(absl::StrCat("codec ", codec, " out of range"));
   d.codec.kind = static_cast<kernels::CodecKind>(codec);
-  if (d.codec.kind == kernels::CodecKind::kInt8) d.codec.block = Get<uint32_t>(w, kOffCodecParam);
+  if (d.codec.kind == kernels::CodecKind::kInt8) {
+    d.codec.block = Get<uint32_t>(w, kOffCodecParam);
+    if (d.codec.block < 8 || d.codec.block > 65536) {
+      return bad(absl::StrCat("int8 block ", d.codec.block, " out of range"));
+    }
+  }
   if (d.codec.kind == kernels::CodecKind::kTopK) {
-    d.codec.topk_ratio = Get<float>(w, kOffCodecParam);
+    const float ratio = Get<float>(w, kOffCodecParam);
+    // Also refuses NaN, which would differ even from itself.
+    if (!(ratio > 0.0f && ratio <= 1.0f)) return bad("topk ratio out of (0, 1]");
+    d.codec.topk_ratio = ratio;
   }
   return d;
 }

@@ -18,12 +18,16 @@
 namespace railyard {
 namespace {
 
-bool Same(const DigestSummary& x, const DigestSummary& y) {
-  if (x.kind != y.kind || x.a != y.a || x.b != y.b || x.reason != y.reason) return false;
+// How y differs from x ("" when it does not).
+std::string Differs(const DigestSummary& x, const DigestSummary& y) {
+  if (x.kind != y.kind || x.a != y.a || x.b != y.b || x.reason != y.reason) return "header";
   const bool has_da =
       x.kind == DigestSummary::Kind::kAgree || x.kind == DigestSummary::Kind::kDisagree;
-  if (has_da && !x.da.Differs(y.da).empty()) return false;
-  return x.kind != DigestSummary::Kind::kDisagree || x.db.Differs(y.db).empty();
+  if (has_da && !x.da.Differs(y.da).empty()) return "da " + x.da.Differs(y.da);
+  if (x.kind == DigestSummary::Kind::kDisagree && !x.db.Differs(y.db).empty()) {
+    return "db " + x.db.Differs(y.db);
+  }
+  return "";
 }
 
 }  // namespace
@@ -64,7 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(len == took, absl::StrCat(len, " vs ", took));
   auto again = DigestSummary::Decode(w.data(), len, nodes);
   FUZZ_CHECK(again.ok(), again.status().ToString());
-  FUZZ_CHECK(railyard::Same(again->first, s), "a different summary after a round trip");
+  const std::string differs = railyard::Differs(s, again->first);
+  FUZZ_CHECK(differs.empty(), "a different summary after a round trip: " + differs);
   const DigestSummary mine =
       DigestSummary::Of(0, s.kind == DigestSummary::Kind::kAgree ? s.da : railyard::OpDigest());
   const auto name = [](int n) { return absl::StrCat("node", n); };

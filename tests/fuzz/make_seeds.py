@@ -356,9 +356,9 @@ def digest_summary_seeds():
     t = "digest_summary_fuzz"
     # daemon/comm/op_digest.cc: magic "RYDG", version 1, op, dtype, red_op, root at 8, count at
     # 16, seq at 24, algorithm at 32 (24 bytes), codec at 56, its parameter at 60.
-    def digest(count=1024, op=0, algo=b"ring"):
-        return struct.pack("<IBBBBiIQQ24sB3sI", 0x47445952, 1, op, 0, 0, 0, 0, count, 7, algo, 0,
-                           b"", 0)
+    def digest(count=1024, op=0, algo=b"ring", codec=0, param=0):
+        return struct.pack("<IBBBBiIQQ24sB3sI", 0x47445952, 1, op, 0, 0, 0, 0, count, 7, algo,
+                           codec, b"", param)
     # daemon/comm/digest_summary.h: kind, 3 zero bytes, a, b, 4 zero bytes, then the digests.
     def head(kind, a, b):
         return struct.pack("<B3xII4x", kind, a, b)
@@ -372,6 +372,10 @@ def digest_summary_seeds():
     write(t, "missing", nodes + head(4, 2, 5) + bytes(64) + b"UNAVAILABLE: gone".ljust(64, b"\0"))
     write(t, "node_out_of_range", bytes([2]) + head(1, 3, 0xFFFFFFFF) + digest())
     write(t, "short", nodes + head(1, 0, 0xFFFFFFFF) + digest()[:20])
+    # Found by the target: a topk ratio of NaN (codec 4, float bits 0x7fc00000) decoded, and a
+    # digest carrying it differed from itself after a round trip.
+    write(t, "regress_nan_topk_ratio", nodes + head(2, 1, 6) + digest() +
+          digest(codec=4, param=0x7FC00000))
 
 
 def main():

@@ -3,6 +3,7 @@
 #include "daemon/comm/op_digest.h"
 
 #include <cstring>
+#include <limits>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -109,6 +110,30 @@ TEST(OpDigestTest, WhatNoDaemonSendsIsRefusedSayingWhat) {
   }
   OpDigest::Wire zeros{};
   EXPECT_FALSE(OpDigest::Decode(zeros).ok());
+  // Codec parameters no codec takes: an int8 block outside [8, 65536], a topk ratio outside
+  // (0, 1] or NaN (found by digest_summary_fuzz: a NaN ratio differs even from itself).
+  const auto with_param = [&](uint8_t codec, uint32_t bits) {
+    OpDigest::Wire w = good;
+    w[56] = std::byte{codec};
+    std::memcpy(w.data() + 60, &bits, sizeof bits);
+    return OpDigest::Decode(w);
+  };
+  const auto float_bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    return b;
+  };
+  const uint8_t int8 = static_cast<uint8_t>(kernels::CodecKind::kInt8);
+  const uint8_t topk = static_cast<uint8_t>(kernels::CodecKind::kTopK);
+  EXPECT_TRUE(with_param(int8, 64).ok());
+  EXPECT_THAT(with_param(int8, 4).status().message(), HasSubstr("int8 block 4 out of range"));
+  EXPECT_THAT(with_param(int8, 1u << 20).status().message(), HasSubstr("out of range"));
+  EXPECT_TRUE(with_param(topk, float_bits(0.01f)).ok());
+  for (float bad : {0.0f, -0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_THAT(with_param(topk, float_bits(bad)).status().message(),
+                HasSubstr("topk ratio out of (0, 1]"))
+        << bad;
+  }
 }
 
 TEST(OpDigestTest, ADisagreementNamesBothSidesRanksAndWhatDiffers) {
