@@ -287,10 +287,16 @@ void DigestExchange::OnPeerMessage(int node, const absl::Status& status, size_t 
       if (!InSendersGroup(decoded->first.a, stages_[stage]) ||
           (decoded->first.b >= 0 && !InSendersGroup(decoded->first.b, stages_[stage]))) {
         why = "an operation digest naming a node it has not heard from";
-      } else if (carried > 0 && recv_step < 0) {
+      } else if (carried > 0 && recv_step < 0 &&
+                 decoded->first.kind == DigestSummary::Kind::kAgree &&
+                 decoded->first.da.Differs(mine_).empty()) {
+        // Bytes this node does not expect from a peer that submitted the same operation. (From
+        // one that did not, they are what its other size carries: the disagreement says it,
+        // the same on both sides.)
         why = absl::StrCat(carried, " bytes with its operation digest, where ", NodeName(me),
                            " receives none");
       } else {
+        if (recv_step < 0) carried = 0;
         got = std::move(decoded->first);
       }
     }

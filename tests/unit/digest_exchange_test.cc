@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,125 +39,6 @@ struct Outcome {
   }
 };
 
-class DigestExchangeTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    for (int me = 0; me < 2; ++me) endpoints_[me] = nodes_.EndpointsOf(me);
-    for (int me = 0; me < 2; ++me) {
-      DigestExchange::Env env;
-      env.comm_id = "c1";
-      env.job = "job";
-      env.layout = &layout_;
-      env.my_node = me;
-      env.endpoints = &endpoints_[me];
-      env.node_slots = &slots_;
-      env.node_names = &names_;
-      env.run = &runs_[me];
-      Outcome* o = &outcome_[me];
-      env.abort_transfers = [o](const absl::Status& s) {
-        absl::MutexLock lock(&o->mu);
-        o->aborts.push_back(s);
-      };
-      env.done = [o](const absl::Status& s) {
-        absl::MutexLock lock(&o->mu);
-        EXPECT_FALSE(o->done) << "done twice";
-        o->done = true;
-        o->status = s;
-      };
-      exchange_[me] = std::make_unique<DigestExchange>(std::move(env));
-    }
-  }
-
-  static OpDigest Digest(uint64_t count, uint64_t seq = 7) {
-    scheduler::RankRequest r;
-    r.op = scheduler::OpKind::kAllReduce;
-    r.dtype = kernels::DataType::kFloat32;
-    r.count = count;
-    return OpDigest::Of(r, seq, "ring");
-  }
-
-  // Runs one operation: each node's digest, then the run's own status on each node.
-  void Run(const OpDigest (&mine)[2], const absl::Status (&run)[2]) {
-    for (int me = 0; me < 2; ++me) {
-      exchange_[me]->Prepare(mine[me], schedule_, /*gated=*/false);
-      EXPECT_NE(exchange_[me]->carried(), nullptr);
-      exchange_[me]->Arm();
-      exchange_[me]->RunDone(run[me]);
-    }
-    for (int me = 0; me < 2; ++me) exchange_[me]->Exchange(memory_);
-  }
-
-  const scheduler::CommLayout layout_ = scheduler::CommLayout::Uniform(2, 1, 1);
-  const std::vector<uint16_t> slots_{3, 4};
-  const std::vector<std::string> names_{"alpha", "beta"};
-  std::shared_ptr<const scheduler::NodeSchedule> schedule_ =
-      std::make_shared<scheduler::NodeSchedule>();
-  scheduler::RankMemory memory_;
-  testing::InProcNodes nodes_;
-  scheduler::EndpointTable endpoints_[2];
-  scheduler::NodeRun runs_[2];
-  Outcome outcome_[2];
-  std::unique_ptr<DigestExchange> exchange_[2];
-};
-
-TEST_F(DigestExchangeTest, AgreeingNodesCompleteWithTheRunsStatus) {
-  Run({Digest(1024), Digest(1024)}, {absl::OkStatus(), absl::DataLossError("crc")});
-  EXPECT_TRUE(outcome_[0].Wait().ok());
-  EXPECT_EQ(outcome_[1].Wait(), absl::DataLossError("crc"));
-  EXPECT_TRUE(outcome_[0].aborts.empty());
-}
-
-TEST_F(DigestExchangeTest, ADisagreementNamesBothNodesBeforeTheRunsErrorAndFailsTransfers) {
-  Run({Digest(1024), Digest(2048)}, {absl::OkStatus(), absl::UnavailableError("peer gone")});
-  for (int me = 0; me < 2; ++me) {
-    const absl::Status s = outcome_[me].Wait();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("alpha"));
-    EXPECT_THAT(std::string(s.message()), HasSubstr("beta"));
-    EXPECT_THAT(std::string(s.message()), HasSubstr("count"));
-    absl::MutexLock lock(&outcome_[me].mu);
-    ASSERT_EQ(outcome_[me].aborts.size(), 1u);
-    EXPECT_EQ(outcome_[me].aborts[0], s);
-  }
-}
-
-TEST_F(DigestExchangeTest, AShortDigestFromAPeerIsRefusedAsUnreadable) {
-  // Node 0 runs the exchange; "node 1" is a hostile peer that sends 10 bytes with the digest tag.
-  exchange_[0]->Prepare(Digest(64), schedule_, false);
-  exchange_[0]->Arm();
-  exchange_[0]->RunDone(absl::OkStatus());
-  exchange_[0]->Exchange(memory_);
-  std::vector<std::byte> junk(10, std::byte{0x5a});
-  const transport::Tag tag =
-      scheduler::tags::CollectiveTag(slots_[0], 1, 7, scheduler::tags::kDigestStep);
-  endpoints_[1][0][0]->Send(tag, junk.data(), junk.size(), [](absl::Status) {});
-  // And drains node 0's digest so that its send completes.
-  std::vector<std::byte> sink(DigestSummary::kMaxBytes + OpDigest::kMaxCarriedBytes);
-  endpoints_[1][0][0]->Recv(
-      scheduler::tags::CollectiveTag(slots_[1], 0, 7, scheduler::tags::kDigestStep), sink.data(),
-      sink.size(), [](absl::Status) {});
-  const absl::Status s = outcome_[0].Wait();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("seq 7: beta sent a 10-byte operation digest"));
-}
-
-TEST_F(DigestExchangeTest, WithNoPeerTheRunAloneCompletesTheCollective) {
-  const scheduler::CommLayout one = scheduler::CommLayout::Uniform(1, 2, 1);
-  Outcome outcome;
-  DigestExchange::Env env;
-  env.layout = &one;
-  env.done = [&](const absl::Status& s) {
-    absl::MutexLock lock(&outcome.mu);
-    outcome.done = true;
-    outcome.status = s;
-  };
-  DigestExchange alone(std::move(env));
-  EXPECT_EQ(alone.carried(), nullptr);
-  alone.Arm();
-  alone.RunDone(absl::AbortedError("x"));
-  EXPECT_EQ(outcome.Wait(), absl::AbortedError("x"));
-}
-
 // An endpoint that counts the messages sent through it.
 class CountingEndpoint : public transport::Endpoint {
  public:
@@ -181,7 +63,8 @@ class CountingEndpoint : public transport::Endpoint {
 // N nodes, one rank each, every one running the exchange for one operation.
 class Cluster {
  public:
-  explicit Cluster(int n)
+  // Node i is names[i] ("node<i>" without names).
+  explicit Cluster(int n, std::vector<std::string> names = {})
       : n_(n),
         layout_(scheduler::CommLayout::Uniform(n, 1, 1)),
         nodes_(n),
@@ -191,7 +74,8 @@ class Cluster {
         sends_(n) {
     for (int me = 0; me < n; ++me) {
       slots_.push_back(static_cast<uint16_t>(10 + me));
-      names_.push_back("node" + std::to_string(me));
+      names_.push_back(me < static_cast<int>(names.size()) ? names[me]
+                                                           : "node" + std::to_string(me));
       runs_[me] = std::make_unique<scheduler::NodeRun>();
       outcome_[me] = std::make_unique<Outcome>();
       sends_[me] = std::make_unique<std::atomic<int>>(0);
@@ -227,15 +111,17 @@ class Cluster {
     }
   }
 
-  // Runs one operation with node i's digest digests[i]; the runs themselves succeed. Nodes in
-  // `skip` take no part (the test speaks for them).
-  void Run(const std::vector<OpDigest>& digests, const std::vector<int>& skip = {}) {
+  // Runs one operation with node i's digest digests[i] and its run's status runs[i] (OK for
+  // those not given). Nodes in `skip` take no part (the test speaks for them).
+  void Run(const std::vector<OpDigest>& digests, const std::vector<int>& skip = {},
+           const std::vector<absl::Status>& runs = {}) {
     auto skipped = [&](int me) { return std::find(skip.begin(), skip.end(), me) != skip.end(); };
     for (int me = 0; me < n_; ++me) {
       if (skipped(me)) continue;
       exchange_[me]->Prepare(digests[me], schedule_, /*gated=*/false);
+      EXPECT_NE(exchange_[me]->carried(), nullptr);
       exchange_[me]->Arm();
-      exchange_[me]->RunDone(absl::OkStatus());
+      exchange_[me]->RunDone(me < static_cast<int>(runs.size()) ? runs[me] : absl::OkStatus());
     }
     for (int me = 0; me < n_; ++me) {
       if (!skipped(me)) exchange_[me]->Exchange(memory_);
@@ -281,6 +167,81 @@ int CeilLog2(int n) {
   int k = 0;
   while ((1 << k) < n) ++k;
   return k;
+}
+
+TEST(DigestExchangeTest, AgreeingNodesCompleteWithTheRunsStatus) {
+  Cluster c(2, {"alpha", "beta"});
+  c.Run({Count(1024), Count(1024)}, {}, {absl::OkStatus(), absl::DataLossError("crc")});
+  EXPECT_TRUE(c.Wait(0).ok());
+  EXPECT_EQ(c.Wait(1), absl::DataLossError("crc"));
+  EXPECT_TRUE(c.aborts(0).empty());
+}
+
+TEST(DigestExchangeTest, ADisagreementNamesBothNodesBeforeTheRunsErrorAndFailsTransfers) {
+  Cluster c(2, {"alpha", "beta"});
+  c.Run({Count(1024), Count(2048)}, {}, {absl::OkStatus(), absl::UnavailableError("peer gone")});
+  for (int me = 0; me < 2; ++me) {
+    const absl::Status s = c.Wait(me);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("alpha"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("beta"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("count"));
+    const std::vector<absl::Status> aborts = c.aborts(me);
+    ASSERT_EQ(aborts.size(), 1u);
+    EXPECT_EQ(aborts[0], s);
+  }
+}
+
+TEST(DigestExchangeTest, AShortDigestFromAPeerIsRefusedAsUnreadable) {
+  // Node 0 runs the exchange; "node 1" is a hostile peer that sends 10 bytes with the digest tag.
+  Cluster c(2, {"alpha", "beta"});
+  c.Run({Count(64), Count(64)}, /*skip=*/{1});
+  std::vector<std::byte> junk(10, std::byte{0x5a});
+  c.endpoint(1, 0).Send(c.TagTo(0, 1, 7), junk.data(), junk.size(), [](absl::Status) {});
+  // And drains node 0's digest so that its send completes.
+  std::vector<std::byte> sink(DigestSummary::kMaxBytes + OpDigest::kMaxCarriedBytes);
+  const transport::Segment in{sink.data(), sink.size()};
+  c.endpoint(1, 0).RecvV(c.TagTo(1, 0, 7), &in, 1, [](absl::Status, size_t) {});
+  const absl::Status s = c.Wait(0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("seq 7: beta sent a 10-byte operation digest"));
+}
+
+TEST(DigestExchangeTest, PayloadFromAnAgreeingPeerWhereNoneIsExpectedIsRefused) {
+  // "beta" submitted the same operation but sends 8 bytes with its digest that alpha's schedule
+  // has no receive for (from a peer that disagrees, such bytes are its other size's: the
+  // disagreement names both sides instead, TwoDaemonsTest.NodesThatDisagreeOnASmallCount...).
+  Cluster c(2, {"alpha", "beta"});
+  c.Run({Count(64), Count(64)}, /*skip=*/{1});
+  DigestSummary::Wire w;
+  const size_t len = DigestSummary::Of(1, Count(64)).Encode(&w);
+  std::vector<std::byte> msg(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(len));
+  msg.resize(len + 8, std::byte{0x11});
+  c.endpoint(1, 0).Send(c.TagTo(0, 1, 7), msg.data(), msg.size(), [](absl::Status) {});
+  std::vector<std::byte> sink(DigestSummary::kMaxBytes + OpDigest::kMaxCarriedBytes);
+  const transport::Segment in{sink.data(), sink.size()};
+  c.endpoint(1, 0).RecvV(c.TagTo(1, 0, 7), &in, 1, [](absl::Status, size_t) {});
+  const absl::Status s = c.Wait(0);
+  EXPECT_EQ(s,
+            absl::InvalidArgumentError(
+                "seq 7: beta sent 8 bytes with its operation digest, where alpha receives none"));
+}
+
+TEST(DigestExchangeTest, WithNoPeerTheRunAloneCompletesTheCollective) {
+  const scheduler::CommLayout one = scheduler::CommLayout::Uniform(1, 2, 1);
+  Outcome outcome;
+  DigestExchange::Env env;
+  env.layout = &one;
+  env.done = [&](const absl::Status& s) {
+    absl::MutexLock lock(&outcome.mu);
+    outcome.done = true;
+    outcome.status = s;
+  };
+  DigestExchange alone(std::move(env));
+  EXPECT_EQ(alone.carried(), nullptr);
+  alone.Arm();
+  alone.RunDone(absl::AbortedError("x"));
+  EXPECT_EQ(outcome.Wait(), absl::AbortedError("x"));
 }
 
 TEST(DigestExchangeShapeTest, EachNodeSendsAtMostCeilLog2NMessages) {
