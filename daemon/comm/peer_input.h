@@ -36,8 +36,10 @@ inline constexpr size_t kMaxCostModelTextBytes = 256;
 // change two daemons must agree on to exchange data: the frame trailer, the tag layout, the
 // operation digest and what it carries, a schedule generator's messages. Daemons of different
 // versions (a rolling upgrade half done) refuse to form a communicator, naming both versions,
-// instead of misreading each other's messages.
-inline constexpr uint32_t kDataPlaneVersion = 1;
+// instead of misreading each other's messages. 2: the digests gathered by recursive doubling
+// (digest_summary.h) and a node's chunks striped over its rails when it has fewer ranks than
+// rails (CommLayout::rail_for).
+inline constexpr uint32_t kDataPlaneVersion = 2;
 
 // INVALID_ARGUMENT "<field> ..." unless name is a node name as above.
 absl::Status CheckNodeName(absl::string_view name, absl::string_view field);
