@@ -14,11 +14,8 @@ build=${RAILYARD_BUILD_DIR:-build}
 [ -x "$build/bench/bootstrap_time" ] || ninja -C "$build" bootstrap_time railyardd
 out=$(mktemp -d /tmp/railyard-boot.XXXXXX)
 pids=()
-stop_daemons() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
+# shellcheck source=scripts/lib/daemons.sh
+. scripts/lib/daemons.sh
 trap 'stop_daemons; rm -rf "$out"' EXIT
 
 names=()

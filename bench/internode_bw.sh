@@ -58,11 +58,8 @@ veth=(rybwa$$ rybwb$$)
 addr=(10.252.0.1 10.252.0.2)
 pids=()
 netns_up=0
-stop_daemons() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
+# shellcheck source=scripts/lib/daemons.sh
+. scripts/lib/daemons.sh
 cleanup() {
   stop_daemons
   if [ "$netns_up" = 1 ]; then

@@ -45,11 +45,8 @@ done
 command -v "$mpirun" >/dev/null || { echo "scale: $mpirun not found (openmpi-bin)" >&2; exit 2; }
 out=$(mktemp -d /tmp/railyard-scale.XXXXXX)
 pids=()
-stop_daemons() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
+# shellcheck source=scripts/lib/daemons.sh
+. scripts/lib/daemons.sh
 cleanup() {
   stop_daemons
   [[ " $where_list " == *" fabric "* ]] && scripts/fabric.sh down --dir "$fabric_dir" >/dev/null 2>&1
@@ -181,18 +178,12 @@ done
 
 # shellcheck disable=SC2086 # nodes_list is a list
 /usr/bin/python3 - "$out" "$reps" "${before:+1}" "$where_list" $nodes_list <<'PY'
-import os, statistics, sys
+import statistics, sys
+sys.path.insert(0, "bench")
+import perf_rows
 out, reps, has_before = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 wheres, nodes = sys.argv[4].split(), sys.argv[5:]
-def load(path, ry):
-    rows = {}
-    for line in open(path):
-        f = line.split()
-        if not f or not f[0].isdigit():
-            continue
-        # railyard-perf: size count type redop root time ...; mpi_allreduce: size time ...
-        rows[int(f[0])] = float(f[5] if ry else f[1])
-    return rows
+load = perf_rows.time_per_op
 def med(where, tool, n, size):
     return statistics.median(load(f"{out}/{where}-{tool}-{n}-{r}.txt", tool != "om")[size]
                              for r in range(1, reps + 1))

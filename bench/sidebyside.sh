@@ -68,11 +68,8 @@ out=$(mktemp -d /tmp/railyard-sidebyside.XXXXXX)
 chmod 755 "$out"  # ranks in other namespaces run as root too, but keep the dir traversable
 pids=()
 ns_a="" ns_b=""
-stop_daemons() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
+# shellcheck source=scripts/lib/daemons.sh
+. scripts/lib/daemons.sh
 cleanup() {
   stop_daemons
   [ -n "$ns_a" ] && ip netns del "$ns_a" 2>/dev/null
@@ -334,6 +331,8 @@ done
 # shellcheck disable=SC2086 # cases is a list
 /usr/bin/python3 - "$out" "$reps" "$skip4" $cases <<'PY'
 import statistics, sys
+sys.path.insert(0, "bench")
+import perf_rows
 out, reps, skip4, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 names = {
     "1": "1 daemon, 2 ranks vs vader np2",
@@ -341,16 +340,7 @@ names = {
     "3": "2 daemons x 1 rank, tcp on lo vs btl tcp np2",
     "4": "2 daemons x 1 rank, netns + veth vs btl tcp np2",
 }
-def load(path, ry):
-    rows = {}
-    for line in open(path):
-        f = line.split()
-        if not f or not f[0].isdigit():
-            continue
-        # railyard-perf: size count type redop root time algbw busbw ... (out-of-place first);
-        # mpi_allreduce: size time algbw busbw.
-        rows[int(f[0])] = float(f[5] if ry else f[1])
-    return rows
+load = perf_rows.time_per_op
 sizes = [8, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20]
 us = lambda t: f"{t:.2f}" if t < 10 else f"{t:.1f}"
 def samples(c, tool):
