@@ -24,32 +24,36 @@ DigestExchange::DigestExchange(Env env) : env_(std::move(env)) {
 }
 
 int DigestExchange::MessagesPerOperation(int nodes, int me) {
-  if (nodes < 2) return 0;
-  const int p = LargestPow2AtMost(nodes);
-  if (me >= p) return 1;
-  int rounds = 0;
-  while ((1 << rounds) < p) ++rounds;
-  return rounds + (me + p < nodes ? 1 : 0);
+  int sends = 0;
+  for (const Stage& st : Plan(nodes, me)) sends += st.send ? 1 : 0;
+  return sends;
+}
+
+std::vector<DigestExchange::Stage> DigestExchange::Plan(int nodes, int me) {
+  std::vector<Stage> stages;
+  if (nodes < 2) return stages;
+  const int pow2 = LargestPow2AtMost(nodes);
+  if (me >= pow2) {
+    // An extra: its digest to its partner now, the final summary from it at the end.
+    stages.push_back({me - pow2, true, false, Stage::Merge::kNone, -1});
+    stages.push_back({me - pow2, false, true, Stage::Merge::kFinal, -1});
+    return stages;
+  }
+  const int extra = me + pow2 < nodes ? me + pow2 : -1;
+  if (extra >= 0) stages.push_back({extra, false, true, Stage::Merge::kFold, -1});
+  for (int r = 0; (1 << r) < pow2; ++r) {
+    const bool lower = (me & (1 << r)) == 0;
+    stages.push_back(
+        {me ^ (1 << r), true, true, lower ? Stage::Merge::kLower : Stage::Merge::kUpper, r});
+  }
+  if (extra >= 0) stages.push_back({extra, true, false, Stage::Merge::kNone, -1});
+  return stages;
 }
 
 void DigestExchange::PlanStages() {
-  const int nodes = env_.layout->nnodes, me = env_.my_node;
+  const int nodes = env_.layout->nnodes;
   pow2_ = LargestPow2AtMost(nodes);
-  stages_.clear();
-  if (me >= pow2_) {
-    // An extra: its digest to its partner now, the final summary from it at the end.
-    stages_.push_back({me - pow2_, true, false, Stage::Merge::kNone, -1});
-    stages_.push_back({me - pow2_, false, true, Stage::Merge::kFinal, -1});
-  } else {
-    const int extra = me + pow2_ < nodes ? me + pow2_ : -1;
-    if (extra >= 0) stages_.push_back({extra, false, true, Stage::Merge::kFold, -1});
-    for (int r = 0; (1 << r) < pow2_; ++r) {
-      const bool lower = (me & (1 << r)) == 0;
-      stages_.push_back(
-          {me ^ (1 << r), true, true, lower ? Stage::Merge::kLower : Stage::Merge::kUpper, r});
-    }
-    if (extra >= 0) stages_.push_back({extra, true, false, Stage::Merge::kNone, -1});
-  }
+  stages_ = Plan(nodes, env_.my_node);
   recv_stage_.assign(static_cast<size_t>(nodes), -1);
   sends_ = recvs_ = 0;
   for (size_t i = 0; i < stages_.size(); ++i) {

@@ -94,6 +94,8 @@ class DigestExchange {
     int round = -1;  // kLower / kUpper: which round (the sender's group)
   };
 
+  // Node me's stages for `nodes` nodes, in order.
+  static std::vector<Stage> Plan(int nodes, int me);
   int peers() const { return env_.layout->nnodes - 1; }
   std::string NodeName(int node) const;
   std::vector<int> RanksOf(int node) const;

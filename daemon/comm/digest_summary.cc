@@ -26,12 +26,18 @@ T Get(const std::byte* data, size_t off) {
   return v;
 }
 
-std::string Printable(const std::string& s) {
-  std::string out = s.substr(0, DigestSummary::kMaxReason);
-  for (char& c : out) {
+// A summary that `by` found something wrong with what `of` sent (or did not): why, cut to
+// kMaxReason bytes and made printable.
+DigestSummary Problem(DigestSummary::Kind kind, int by, int of, const std::string& why) {
+  DigestSummary s;
+  s.kind = kind;
+  s.a = by;
+  s.b = of;
+  s.reason = why.substr(0, DigestSummary::kMaxReason);
+  for (char& c : s.reason) {
     if (c < 0x20 || c > 0x7e) c = '?';
   }
-  return out;
+  return s;
 }
 
 int Rank(DigestSummary::Kind k) {
@@ -58,21 +64,11 @@ DigestSummary DigestSummary::Of(int node, const OpDigest& digest) {
 }
 
 DigestSummary DigestSummary::Unreadable(int by, int of, const std::string& why) {
-  DigestSummary s;
-  s.kind = Kind::kUnreadable;
-  s.a = by;
-  s.b = of;
-  s.reason = Printable(why);
-  return s;
+  return Problem(Kind::kUnreadable, by, of, why);
 }
 
 DigestSummary DigestSummary::Missing(int by, int of, const absl::Status& why) {
-  DigestSummary s;
-  s.kind = Kind::kMissing;
-  s.a = by;
-  s.b = of;
-  s.reason = Printable(why.ToString());
-  return s;
+  return Problem(Kind::kMissing, by, of, why.ToString());
 }
 
 size_t DigestSummary::Encode(Wire* out) const {
