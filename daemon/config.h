@@ -131,6 +131,15 @@ struct DaemonConfig {
   transport::TcpCongestionPolicy rail_tcp_congestion;  // --rail_tcp_congestion
   // How long shutdown waits for RPCs in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
+  // Take the node over from the railyardd serving --socket (docs/restarts.md): its listening
+  // sockets come over "<socket>.handover"; it hands its sessions over and exits.
+  bool takeover = false;
+  // How long a takeover may take to start serving: the new daemon's wait for the old one's
+  // answers, and the old one's wait for the new one's Ready.
+  absl::Duration takeover_timeout = absl::Seconds(60);
+  // How long a daemon handing over lets the collectives its ranks all submitted finish before it
+  // ends the sessions anyway.
+  absl::Duration handover_drain = absl::Seconds(30);
   // Persistent state: calibration.json (the cost model's fitted link classes).
   std::string state_dir = "/var/lib/railyard";
   // What this daemon asks for on the wire of its communicators' inter-node transfers: "none" or

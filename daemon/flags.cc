@@ -190,6 +190,16 @@ ABSL_FLAG(std::string, rail_tcp_congestion, "auto",
           "(e.g. cubic,reno); docs/data-plane.md");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "How long shutdown waits for RPCs in flight before cancelling them");
+ABSL_FLAG(bool, takeover, false,
+          "Take the node over from the railyardd serving --socket, without failing its clients' "
+          "jobs: its listening sockets come over <socket>.handover, its clients move here and it "
+          "exits (docs/restarts.md). Start it with the same flags");
+ABSL_FLAG(absl::Duration, takeover_timeout, absl::Seconds(60),
+          "How long a takeover may take: the new railyardd's wait for the old one, and the old "
+          "one's wait for the new one to serve");
+ABSL_FLAG(absl::Duration, handover_drain, absl::Seconds(30),
+          "How long a railyardd handing over lets running collectives finish before it ends "
+          "its sessions anyway");
 ABSL_FLAG(std::string, integrity, "none",
           "End-to-end check of inter-node transfers this daemon asks for in its communicators: "
           "none, or crc32c (a CRC-32C per chunk, verified on receipt; a mismatch fails the "
@@ -288,6 +298,9 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "ucx_busy_poll",
                                    "rail_tcp_congestion",
                                    "shutdown_grace",
+                                   "takeover",
+                                   "takeover_timeout",
+                                   "handover_drain",
                                    "log_level",
                                    "topology",
                                    "algo",
@@ -529,6 +542,15 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   }
   c.fake_gpus = static_cast<int>(fake_gpus);
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  c.takeover = absl::GetFlag(FLAGS_takeover);
+  c.takeover_timeout = absl::GetFlag(FLAGS_takeover_timeout);
+  c.handover_drain = absl::GetFlag(FLAGS_handover_drain);
+  if (c.takeover_timeout < absl::Seconds(1) || c.takeover_timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError("--takeover_timeout must be in [1s, 1h]");
+  }
+  if (c.handover_drain < absl::ZeroDuration() || c.handover_drain > absl::Hours(1)) {
+    return absl::InvalidArgumentError("--handover_drain must be in [0, 1h]");
+  }
   c.state_dir = absl::GetFlag(FLAGS_state_dir);
   c.ucx_busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll);
   if (c.ucx_busy_poll < absl::ZeroDuration() || c.ucx_busy_poll > absl::Seconds(1)) {

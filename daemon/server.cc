@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 
@@ -15,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "daemon/auth/signed_token.h"
 #include "daemon/comm/peer_input.h"
+#include "daemon/handover/handover.h"
 #include "daemon/session/job_policy.h"
 #include "daemon/session/job_tokens.h"
 #include "daemon/topology/discovery.h"
@@ -50,7 +52,8 @@ bool SomeoneListens(const std::string& path) {
   return ok;
 }
 
-absl::Status PrepareSocketPath(const std::string& path) {
+// taking_over: the socket is another railyardd's, handed over (--takeover): only its directory.
+absl::Status PrepareSocketPath(const std::string& path, bool taking_over) {
   if (path.empty()) return absl::InvalidArgumentError("--socket is empty");
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("--socket path is ", path.size(),
@@ -65,13 +68,16 @@ absl::Status PrepareSocketPath(const std::string& path) {
         absl::StrCat("cannot create socket directory ", dir.string(), ": ", ec.message()));
   }
   struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
+  if (!taking_over && ::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
     }
     if (SomeoneListens(path)) {
-      return absl::AlreadyExistsError(absl::StrCat("another daemon is already serving ", path));
+      return absl::AlreadyExistsError(
+          absl::StrCat("another daemon is already serving ", path,
+                       " (to replace it without failing its jobs: railyardd --takeover with the "
+                       "same flags)"));
     }
     ::unlink(path.c_str());  // stale socket of a daemon that died
   }
@@ -126,6 +132,19 @@ absl::Status Server::Start() {
        F("max_client_connections_per_uid", config_.max_client_connections_per_uid)});
   absl::StatusOr<SessionAuth> auth = LoadAuth();
   if (!auth.ok()) return auth.status();
+  if (config_.takeover) {
+    // Before anything is bound: the old daemon's sockets are what this one will serve.
+    absl::StatusOr<handover::Takeover> takeover =
+        handover::Takeover::Begin(config_.socket, config_.takeover_timeout);
+    if (!takeover.ok()) {
+      return absl::Status(takeover.status().code(),
+                          absl::StrCat("--takeover: ", takeover.status().message()));
+    }
+    Log(LogLevel::kInfo, "handover", "taking over",
+        {F("from_pid", takeover->old_pid()), F("from_version", takeover->old_version()),
+         F("protocol", takeover->old_protocol())});
+    takeover_.emplace(*std::move(takeover));
+  }
   v1::NodeTopology topology = topology::DefaultNodeTopology();
   if (!config_.topology_file.empty()) {
     auto loaded = topology::LoadNodeTopology(config_.topology_file);
@@ -167,7 +186,7 @@ absl::Status Server::Start() {
   }
   const std::string fd_socket = fdproto::SocketPath(config_.socket);
   for (const std::string& path : {config_.socket, fd_socket, config_.admin_socket}) {
-    if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
+    if (absl::Status s = PrepareSocketPath(path, takeover_.has_value()); !s.ok()) return s;
   }
   // Test builds only (RunDaemon refuses the flags without the hooks): bit flips on every link.
   transport::LinkStack::WireLayer wire_layer;
@@ -189,7 +208,10 @@ absl::Status Server::Start() {
   if (config_.quotas.max_sessions != 0) {
     fd_options.max_connections = config_.quotas.max_sessions + fd_options.max_unbound;
   }
-  absl::StatusOr<std::unique_ptr<FdChannelServer>> fd_channels = FdChannelServer::Start(fd_options);
+  absl::StatusOr<std::unique_ptr<FdChannelServer>> fd_channels =
+      takeover_.has_value()
+          ? FdChannelServer::Adopt(fd_options, takeover_->Take(handover::kSideChannel).Release())
+          : FdChannelServer::Start(fd_options);
   if (!fd_channels.ok()) return fd_channels.status();
   fd_channels_ = *std::move(fd_channels);
   core_->SetFdChannels(fd_channels_.get());
@@ -208,7 +230,10 @@ absl::Status Server::Start() {
   listen.path = config_.socket;
   listen.max_connections = config_.max_client_connections;
   listen.max_per_uid = config_.max_client_connections_per_uid;
-  absl::StatusOr<std::unique_ptr<ClientListener>> listener = ClientListener::Bind(listen);
+  absl::StatusOr<std::unique_ptr<ClientListener>> listener =
+      takeover_.has_value()
+          ? ClientListener::Adopt(listen, takeover_->Take(handover::kClientSocket).Release())
+          : ClientListener::Bind(listen);
   if (!listener.ok()) return listener.status();
   listener_ = *std::move(listener);
   socket_created_ = true;
@@ -225,9 +250,22 @@ absl::Status Server::Start() {
   }
   refusals_ = std::make_unique<RefusalServer>(listener_.get());
   listener_->Start(grpc_.get(), refusals_->server());
+  if (takeover_.has_value()) {
+    // Serving: the old daemon stops accepting (and frees its metrics port) before it answers.
+    absl::StatusOr<uint32_t> moving = takeover_->Ready(config_.takeover_timeout);
+    takeover_.reset();
+    if (!moving.ok()) {
+      // Both serve the sockets now; this one goes on (the old one's clients move on its exit).
+      Log(LogLevel::kWarning, "handover", "no Released from the old railyardd",
+          {F("reason", moving.status().message())});
+    } else {
+      Log(LogLevel::kInfo, "handover", "took over", {F("sessions_moving", *moving)});
+    }
+  }
   if (!config_.metrics_listen.empty()) {
     if (absl::Status s = StartMetrics(); !s.ok()) return s;
   }
+  if (absl::Status s = StartHandover(); !s.ok()) return s;
   serving_ = true;
   Log(LogLevel::kInfo, "daemon", "serving",
       {F("version", kRailyardVersion), F("socket", config_.socket),
@@ -428,10 +466,45 @@ absl::Status Server::StartMetrics() {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartHandover() {
+  handover::HandoverServer::Hooks hooks;
+  hooks.offer = [this] {
+    return std::vector<std::pair<std::string, int>>{
+        {handover::kClientSocket, listener_->listen_fd()},
+        {handover::kSideChannel, fd_channels_->listen_fd()}};
+  };
+  hooks.release = [this]() -> uint32_t {
+    serving_ = false;  // /readyz of this one: 503 (the port goes to the new one below)
+    listener_->Release();
+    if (metrics_http_ != nullptr) metrics_http_->Stop();
+    // The paths are the new daemon's now: nothing here removes them.
+    socket_created_ = false;
+    admin_socket_created_ = false;
+    return static_cast<uint32_t>(core_->session_count());
+  };
+  hooks.hand_over = [this] {
+    fd_channels_->Release();
+    core_->HandOver(config_.handover_drain);
+    // Exits through the signal loop of RunDaemon (Shutdown, without the socket files).
+    ::kill(::getpid(), SIGTERM);
+  };
+  absl::StatusOr<std::unique_ptr<handover::HandoverServer>> server =
+      handover::HandoverServer::Start(handover::HandoverPath(config_.socket), config_.socket,
+                                      config_.takeover_timeout, std::move(hooks));
+  if (!server.ok()) return server.status();
+  handover_ = *std::move(server);
+  return absl::OkStatus();
+}
+
 void Server::Shutdown() {
   if (core_ == nullptr) return;
   serving_ = false;  // /readyz: 503 from here on
   Log(LogLevel::kInfo, "daemon", "shutting down", {F("socket", config_.socket)});
+  if (handover_ != nullptr) {
+    handover_->Stop();
+    // Handed over, the path holds the new daemon's handover socket.
+    if (!handover_->handed_over()) ::unlink(handover::HandoverPath(config_.socket).c_str());
+  }
   core_->Shutdown();
   if (listener_ != nullptr) listener_->Stop();  // no new clients; removes --socket
   if (peer_grpc_ != nullptr) {

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "daemon/config.h"
 #include "daemon/core/daemon_core.h"
+#include "daemon/handover/handover.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/services/admin_refusal.h"
 #include "daemon/services/admin_service.h"
@@ -64,6 +65,10 @@ class Server {
   // The peer plane's mutual TLS material; nullopt with --peer_insecure or without --peer_listen.
   std::optional<auth::PeerTlsPem> peer_tls_;
   std::unique_ptr<metrics::HttpServer> metrics_http_;
+  // --takeover: the old daemon's offer, until this one serves.
+  std::optional<handover::Takeover> takeover_;
+  // "<socket>.handover": a later railyardd --takeover takes the node over from this one.
+  std::unique_ptr<handover::HandoverServer> handover_;
   std::string metrics_address_;
   std::atomic<bool> serving_{false};  // what /readyz reports: the gRPC APIs are up
 
@@ -71,6 +76,7 @@ class Server {
   void ExportListenerMetrics();
   absl::Status StartMetrics();
   absl::Status StartAdmin();
+  absl::Status StartHandover();
   // Who may connect as which job, from the config's files.
   absl::StatusOr<SessionAuth> LoadAuth() const;
 

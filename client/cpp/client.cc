@@ -96,6 +96,16 @@ v1::RedOp ToProto(RedOp op) {
   return v1::RED_OP_UNSPECIFIED;
 }
 
+// True when the two regions' buffers share memory (the whole buffers are compared: what an
+// operation writes of its output is not worked out here).
+bool Overlap(BufferRef a, BufferRef b) {
+  if (a.buffer == nullptr || b.buffer == nullptr) return false;
+  const auto* a0 = static_cast<const std::byte*>(a.buffer->data());
+  const auto* b0 = static_cast<const std::byte*>(b.buffer->data());
+  if (a0 == nullptr || b0 == nullptr) return a.buffer == b.buffer;
+  return a0 < b0 + b.buffer->size() && b0 < a0 + a.buffer->size();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -227,6 +237,9 @@ Work Comm::Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
     request->set_error_feedback(true);
     request->set_compression_key(*opts.compression_key);
   }
+  // After a daemon crash it runs again only if it cannot have overwritten its own input: its
+  // output lies in other memory than its input (docs/restarts.md).
+  work.state_->rerun_safe = !Overlap(send, recv);
   if (group_depth > 0) {
     group_ops.push_back({core_, std::move(*request), work.state_});
     return work;
@@ -524,5 +537,7 @@ absl::StatusOr<Comm> Client::InitComm(const std::string& comm_id, int rank, int 
 const std::string& Client::session_id() const { return core_->session_id(); }
 
 const std::string& Client::node_name() const { return core_->node_name(); }
+
+uint64_t Client::reconnects() const { return core_->reconnects(); }
 
 }  // namespace railyard

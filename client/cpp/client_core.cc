@@ -1,5 +1,6 @@
 #include "client_core.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -32,6 +33,17 @@ constexpr std::chrono::milliseconds kInitDefaultTimeout{10 * 60 * 1000};
 constexpr std::chrono::milliseconds kDisconnectTimeout{5000};
 // Waits longer than this are treated as unbounded (avoids overflowing time_point arithmetic).
 constexpr std::chrono::milliseconds kForever{std::chrono::hours(24 * 365)};
+// How long a session is waited for after a handover at least, whatever $RAILYARD_RECONNECT_S.
+constexpr std::chrono::seconds kHandoverWindow{60};
+// A reconnect's Connect attempts: each bounded by this, and this far apart.
+constexpr std::chrono::milliseconds kReconnectAttempt{5000};
+constexpr std::chrono::milliseconds kReconnectPause{50};
+// The daemon's marker of a request handed back untaken (grpc error_details of Submit).
+constexpr char kMovedDetails[] = "railyard.dev/moved";
+
+bool IsCollective(const v1::SubmitRequest& r) {
+  return r.op() != v1::COLLECTIVE_OP_SEND && r.op() != v1::COLLECTIVE_OP_RECV;
+}
 
 std::string EnvOr(const char* name, const std::string& fallback) {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): read at Connect only; this library never sets env.
@@ -122,33 +134,67 @@ void PendingRequest::SetSeq(uint64_t seq) {
   if (seq_ == 0) seq_ = seq;
 }
 
+void PendingRequest::SetRings(std::shared_ptr<ClientRings> rings) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rings_ = std::move(rings);
+  }
+  cv_.notify_all();
+}
+
 absl::Status PendingRequest::Wait(std::chrono::milliseconds timeout) {
-  if (rings_ != nullptr && !done()) {
-    if (rings_->forked()) {
+  const auto deadline = timeout >= kForever ? std::chrono::steady_clock::time_point::max()
+                                            : std::chrono::steady_clock::now() +
+                                                  std::max(timeout, std::chrono::milliseconds(0));
+  auto timed_out = [&] {
+    return absl::DeadlineExceededError(
+        absl::StrCat("operation not complete after ", timeout.count(),
+                     " ms (it keeps running in the daemon; wait again or give up)"));
+  };
+  while (true) {
+    std::shared_ptr<ClientRings> rings;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return status_;
+      rings = rings_;
+    }
+    if (rings != nullptr && rings->forked()) {
       return absl::FailedPreconditionError(
           "this operation was submitted by the process this one was forked from: its completion "
           "is the parent's to read");
     }
-    const auto deadline = timeout >= kForever ? std::chrono::steady_clock::time_point::max()
-                                              : std::chrono::steady_clock::now() +
-                                                    std::max(timeout, std::chrono::milliseconds(0));
-    // The rings end with the session, whose end completes this request: no wait is unbounded.
-    rings_->WaitUntil([this] { return done(); }, deadline);
+    if (rings != nullptr && !rings->closed()) {
+      // Its completion comes on these rings, read here; they close when their session ends (and
+      // the request then moves to the next session's rings, or completes).
+      rings->WaitUntil(
+          [&] {
+            std::lock_guard<std::mutex> lock(mu_);
+            return done_ || rings_ != rings;
+          },
+          deadline);
+    } else {
+      // On the Connect stream, or between sessions: completed by another thread, or given rings.
+      std::unique_lock<std::mutex> lock(mu_);
+      auto changed = [&] { return done_ || rings_ != rings; };
+      if (deadline == std::chrono::steady_clock::time_point::max()) {
+        cv_.wait(lock, changed);
+      } else {
+        cv_.wait_until(lock, deadline, changed);
+      }
+    }
+    if (done()) continue;
+    if (std::chrono::steady_clock::now() >= deadline) return timed_out();
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  if (timeout >= kForever) {
-    cv_.wait(lock, [this] { return done_; });
-  } else if (!cv_.wait_for(lock, std::max(timeout, std::chrono::milliseconds(0)),
-                           [this] { return done_; })) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("operation not complete after ", timeout.count(),
-                     " ms (it keeps running in the daemon; wait again or give up)"));
-  }
-  return status_;
 }
 
 bool PendingRequest::Test() {
-  if (!done() && rings_ != nullptr) rings_->Drain();
+  std::shared_ptr<ClientRings> rings;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return true;
+    rings = rings_;
+  }
+  if (rings != nullptr) rings->Drain();
   return done();
 }
 
@@ -169,6 +215,33 @@ absl::Status FromGrpc(const grpc::Status& status) {
 
 }  // namespace internal
 
+// One session with one daemon. The fields below `stream` are guarded by the core's mu_.
+struct ClientCore::Link {
+  std::string session_id;
+  std::string node_name;
+  std::unique_ptr<internal::FdChannelClient> fd_channel;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Local::Stub> stub;
+  grpc::ClientContext stream_ctx;
+  std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> stream;
+  std::thread reader;
+  std::shared_ptr<internal::ClientRings> rings;  // set once, right after Connected
+  bool connected = false;                        // the Connected event arrived
+  bool ended = false;                            // the reader saw the end of the stream
+  bool moving = false;  // the daemon said it hands the node over (SessionEvent.moving)
+  absl::Status end;     // why the stream ended (valid once ended)
+
+  ~Link() {
+    if (!reader.joinable()) return;
+    stream_ctx.TryCancel();
+    if (reader.get_id() == std::this_thread::get_id()) {
+      reader.detach();  // the reader held the last reference: it is returning
+    } else {
+      reader.join();
+    }
+  }
+};
+
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOptions& options) {
   // In a child forked after this, the last reference to the core must not destroy it: that
   // would disconnect the parent's session over the parent's gRPC channel and join threads that
@@ -180,8 +253,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
                       ? options.socket
                       : internal::EnvOr("RAILYARD_SOCKET", "/run/railyard/railyard.sock");
   core->job_ = !options.job.empty() ? options.job : internal::EnvOr("RAILYARD_JOB", "default");
-  const std::string token =
-      !options.token.empty() ? options.token : internal::EnvOr("RAILYARD_TOKEN", "");
+  core->token_ = !options.token.empty() ? options.token : internal::EnvOr("RAILYARD_TOKEN", "");
   core->stream_ops_ = options.stream_ops;
   core->default_algo_ = internal::EnvOr("RAILYARD_ALGO", "");
   core->default_compression_ = internal::EnvOr("RAILYARD_COMPRESSION", "");
@@ -192,179 +264,222 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOpti
         absl::StrCat("integrity \"", core->integrity_,
                      "\" (option or $RAILYARD_INTEGRITY): expected none or crc32c"));
   }
+  const std::string reconnect = internal::EnvOr("RAILYARD_RECONNECT_S", "");
+  if (!reconnect.empty()) {
+    char* end = nullptr;
+    errno = 0;
+    const long s = std::strtol(reconnect.c_str(), &end, 10);
+    if (end == reconnect.c_str() || *end != '\0' || errno != 0 || s < 0 || s > 86400) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RAILYARD_RECONNECT_S=", reconnect,
+          ": expected seconds in [0, 86400] (how long a client waits for railyardd to come back; "
+          "0: not at all)"));
+    }
+    core->reconnect_window_ = std::chrono::seconds(s);
+  }
+  core->fastpath_env_ = internal::EnvOr("RAILYARD_FASTPATH", "");
+  const std::string spin_env = internal::EnvOr("RAILYARD_SPIN_US", "");
+  if (!spin_env.empty()) {
+    char* end = nullptr;
+    const long spin_us = std::strtol(spin_env.c_str(), &end, 10);
+    if (end == spin_env.c_str() || *end != '\0' || spin_us < 0 || spin_us > 1000000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RAILYARD_SPIN_US=", spin_env, ": expected microseconds in [0, 1000000]"));
+    }
+    core->spin_ = std::chrono::microseconds(spin_us);
+  }
   if (absl::Status st = internal::CheckSocketPath(core->socket_); !st.ok()) return st;
-  absl::StatusOr<grpc::ChannelArguments> channel_args =
-      internal::SessionChannelArgs(&core->keepalive_ms_);
-  if (!channel_args.ok()) return channel_args.status();
+  absl::StatusOr<std::shared_ptr<Link>> link = core->OpenLink(options.connect_timeout);
+  if (!link.ok()) return link.status();
+  {
+    std::lock_guard<std::mutex> lock(core->mu_);
+    core->link_ = *link;
+    core->session_id_ = (*link)->session_id;
+    core->node_name_ = (*link)->node_name;
+  }
+  return core;
+}
 
+absl::StatusOr<std::shared_ptr<ClientCore::Link>> ClientCore::OpenLink(
+    std::chrono::milliseconds timeout) {
+  absl::StatusOr<grpc::ChannelArguments> channel_args =
+      internal::SessionChannelArgs(&keepalive_ms_);
+  if (!channel_args.ok()) return channel_args.status();
+  auto link = std::make_shared<Link>();
   // The side channel first: its ticket names, in Connect, the connection whose peer credentials
   // the daemon records and over which this session's buffers travel.
-  const auto side_timeout = options.connect_timeout >= internal::kForever
+  const auto side_timeout = timeout >= internal::kForever
                                 ? internal::kRpcTimeout
-                                : std::max(options.connect_timeout, std::chrono::milliseconds(1));
+                                : std::max(timeout, std::chrono::milliseconds(1));
   absl::StatusOr<std::unique_ptr<internal::FdChannelClient>> side =
-      internal::FdChannelClient::Connect(core->socket_, side_timeout);
+      internal::FdChannelClient::Connect(socket_, side_timeout);
   if (!side.ok()) {
     if (side.status().code() == absl::StatusCode::kDeadlineExceeded) {
-      return absl::UnavailableError(absl::StrCat("railyardd not reachable at ", core->socket_, ": ",
-                                                 side.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat("railyardd not reachable at ", socket_, ": ", side.status().message()));
     }
     return side.status();
   }
-  core->fd_channel_ = *std::move(side);
-
-  core->channel_ = grpc::CreateCustomChannel("unix:" + core->socket_,
-                                             grpc::InsecureChannelCredentials(), *channel_args);
-  core->stub_ = v1::Local::NewStub(core->channel_);
+  link->fd_channel = *std::move(side);
+  link->channel = grpc::CreateCustomChannel("unix:" + socket_, grpc::InsecureChannelCredentials(),
+                                            *channel_args);
+  link->stub = v1::Local::NewStub(link->channel);
 
   v1::ConnectRequest request;
-  request.set_job_id(core->job_);
-  request.set_token(token);
-  request.set_fd_ticket(core->fd_channel_->ticket());
+  request.set_job_id(job_);
+  request.set_token(token_);
+  request.set_fd_ticket(link->fd_channel->ticket());
   request.set_pid(getpid());
   request.set_client("railyard-cpp/" RAILYARD_VERSION);
   // The reader thread opens the stream itself: opening can block while the channel connects, and
-  // TryCancel() from here bounds that wait too.
-  core->reader_ = std::thread([raw = core.get(), request] {
-    raw->stream_ = raw->stub_->Connect(&raw->stream_ctx_, request);
-    raw->ReadEvents();
+  // TryCancel() bounds that wait too.
+  link->reader = std::thread([this, l = link.get(), weak = std::weak_ptr<Link>(link), request] {
+    l->stream = l->stub->Connect(&l->stream_ctx, request);
+    // The link outlives its reader (~Link joins it): lock() fails only during that join.
+    std::shared_ptr<Link> self = weak.lock();
+    if (self == nullptr) {
+      v1::SessionEvent ignored;
+      while (l->stream->Read(&ignored)) {
+      }
+      (void)l->stream->Finish();
+      return;
+    }
+    ReadEvents(self);
   });
 
-  std::unique_lock<std::mutex> lock(core->mu_);
-  auto answered_pred = [&] { return core->connected_ || core->stream_ended_; };
+  std::unique_lock<std::mutex> lock(mu_);
+  auto answered_pred = [&] { return link->connected || link->ended; };
   bool answered = true;
-  if (options.connect_timeout >= internal::kForever) {
-    core->connected_cv_.wait(lock, answered_pred);
+  if (timeout >= internal::kForever) {
+    cv_.wait(lock, answered_pred);
   } else {
-    answered = core->connected_cv_.wait_for(
-        lock, std::max(options.connect_timeout, std::chrono::milliseconds(0)), answered_pred);
+    answered = cv_.wait_for(lock, std::max(timeout, std::chrono::milliseconds(0)), answered_pred);
   }
-  if (core->connected_) {
+  if (link->connected) {
     lock.unlock();
     // The fast path: on unless RAILYARD_FASTPATH=0; "1" makes a failure to set it up an error.
-    const std::string fastpath = internal::EnvOr("RAILYARD_FASTPATH", "");
-    if (fastpath != "0") {
-      const std::string spin_env = internal::EnvOr("RAILYARD_SPIN_US", "");
-      long spin_us = 10;
-      if (!spin_env.empty()) {
-        char* end = nullptr;
-        spin_us = std::strtol(spin_env.c_str(), &end, 10);
-        if (end == spin_env.c_str() || *end != '\0' || spin_us < 0 || spin_us > 1000000) {
-          core->Shutdown();
-          return absl::InvalidArgumentError(absl::StrCat(
-              "RAILYARD_SPIN_US=", spin_env, ": expected microseconds in [0, 1000000]"));
-        }
-      }
-      if (absl::Status st = core->OpenRings(std::chrono::microseconds(spin_us));
-          !st.ok() && fastpath == "1") {
-        core->Shutdown();
+    if (fastpath_env_ != "0") {
+      if (absl::Status st = OpenRings(*link); !st.ok() && fastpath_env_ == "1") {
+        link->stream_ctx.TryCancel();
         return absl::Status(st.code(), absl::StrCat("RAILYARD_FASTPATH=1: the session rings "
                                                     "could not be opened: ",
                                                     st.message()));
       }
     }
-    return core;
+    return link;
   }
   absl::Status error;
   if (!answered) {
-    error = absl::UnavailableError(absl::StrCat("railyardd not reachable at ", core->socket_,
-                                                ": no answer within ",
-                                                options.connect_timeout.count(), " ms"));
-  } else if (core->end_status_.code() == absl::StatusCode::kUnavailable ||
-             core->end_status_.code() == absl::StatusCode::kDeadlineExceeded) {
-    error = absl::UnavailableError(absl::StrCat("railyardd not reachable at ", core->socket_, ": ",
-                                                core->end_status_.message()));
+    error = absl::UnavailableError(absl::StrCat("railyardd not reachable at ", socket_,
+                                                ": no answer within ", timeout.count(), " ms"));
+  } else if (link->end.code() == absl::StatusCode::kUnavailable ||
+             link->end.code() == absl::StatusCode::kDeadlineExceeded) {
+    error = absl::UnavailableError(
+        absl::StrCat("railyardd not reachable at ", socket_, ": ", link->end.message()));
   } else {
     // The daemon refused the session (token, job id): its message says why.
-    error = core->end_status_;
+    error = link->end;
   }
   lock.unlock();
-  core->Shutdown();
+  link->stream_ctx.TryCancel();
   return error;
 }
 
 ClientCore::~ClientCore() { Shutdown(); }
 
-absl::Status ClientCore::OpenRings(std::chrono::microseconds spin) {
+absl::Status ClientCore::OpenRings(Link& link) {
   int memfd = -1;
   absl::StatusOr<std::unique_ptr<internal::ClientRings>> rings = internal::ClientRings::Create(
-      job_, ringproto::kDefaultSqEntries, ringproto::kDefaultCqEntries, spin, &memfd);
+      job_, ringproto::kDefaultSqEntries, ringproto::kDefaultCqEntries, spin_, &memfd);
   if (!rings.ok()) return rings.status();
-  absl::StatusOr<uint64_t> handle = fd_channel_->Put(memfd, internal::kRpcTimeout);
+  absl::StatusOr<uint64_t> handle = link.fd_channel->Put(memfd, internal::kRpcTimeout);
   close(memfd);
   if (!handle.ok()) return handle.status();
   grpc::ClientContext ctx;
   SetDeadline(&ctx, internal::kRpcTimeout);
   v1::OpenRingsRequest request;
-  request.set_session_id(session_id_);
+  request.set_session_id(link.session_id);
   request.set_fd_handle(*handle);
   request.set_sq_entries((*rings)->sq_entries());
   request.set_cq_entries((*rings)->cq_entries());
   v1::OpenRingsResponse response;
-  grpc::Status status = stub_->OpenRings(&ctx, request, &response);
+  grpc::Status status = link.stub->OpenRings(&ctx, request, &response);
   if (!status.ok()) return RpcError("OpenRings", status);
   std::shared_ptr<internal::ClientRings> shared = *std::move(rings);
-  shared->SetOnCompletion([this](uint64_t request_id, absl::Status st, uint64_t seq) {
-    OnRingCompletion(request_id, std::move(st), seq);
-  });
+  shared->SetOnCompletion(
+      [this](uint64_t request_id, absl::Status st, uint64_t seq, uint32_t flags) {
+        OnCompletion(request_id, std::move(st), seq, flags);
+      });
   {
-    // The reader thread looks at rings_ when the session ends, which may be now.
+    // The reader thread looks at the rings when the session ends, which may be now.
     std::lock_guard<std::mutex> lock(mu_);
-    rings_ = std::move(shared);
+    link.rings = std::move(shared);
   }
   return absl::OkStatus();
 }
 
-void ClientCore::OnRingCompletion(uint64_t request_id, absl::Status status, uint64_t seq) {
+bool ClientCore::fastpath() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return link_ != nullptr && link_->rings != nullptr;
+}
+
+uint64_t ClientCore::reconnects() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+void ClientCore::OnCompletion(uint64_t request_id, absl::Status status, uint64_t seq,
+                              uint32_t flags) {
   std::shared_ptr<internal::PendingRequest> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find(request_id);
     if (it == pending_.end()) return;  // not ours (or a refusal the daemon could not attribute)
-    pending = std::move(it->second);
+    if ((flags & ringproto::kCqFlagMoved) != 0) {
+      // Handed back untaken: sent again once the session is rebuilt on the next daemon.
+      it->second.moved = true;
+      return;
+    }
+    if (status.ok() && internal::IsCollective(it->second.request)) {
+      auto c = comms_.find(it->second.request.comm_handle());
+      if (c != comms_.end()) c->second.next_seq = std::max(c->second.next_seq, seq + 1);
+    }
+    pending = std::move(it->second.pending);
     pending_.erase(it);
   }
   pending->Complete(std::move(status), seq);
 }
 
-void ClientCore::ReadEvents() {
+void ClientCore::ReadEvents(const std::shared_ptr<Link>& link) {
   v1::SessionEvent event;
-  while (stream_->Read(&event)) {
+  while (link->stream->Read(&event)) {
     if (event.has_connected()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (connected_) continue;  // only the first one counts
-        session_id_ = event.connected().session_id();
-        node_name_ = event.connected().node_name();
-        connected_ = true;
+        if (link->connected) continue;  // only the first one counts
+        link->session_id = event.connected().session_id();
+        link->node_name = event.connected().node_name();
+        link->connected = true;
       }
-      connected_cv_.notify_all();
+      cv_.notify_all();
     } else if (event.has_completion()) {
-      const v1::Completion& completion = event.completion();
-      std::shared_ptr<internal::PendingRequest> pending;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = pending_.find(completion.request_id());
-        if (it == pending_.end()) continue;  // e.g. its Submit timed out on our side
-        pending = std::move(it->second);
-        pending_.erase(it);
-      }
-      pending->Complete(
-          absl::Status(internal::CodeFromInt(completion.code()), completion.message()),
-          completion.seq());
+      const v1::Completion& c = event.completion();
+      OnCompletion(c.request_id(), absl::Status(internal::CodeFromInt(c.code()), c.message()),
+                   c.seq(), (c.flags() & v1::COMPLETION_MOVED) != 0 ? ringproto::kCqFlagMoved : 0);
+    } else if (event.has_moving()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      link->moving = true;
     }
   }
-  grpc::Status finish = stream_->Finish();
+  grpc::Status finish = link->stream->Finish();
   // Completions the daemon wrote before the session ended are outcomes, not orphans (a
-  // shutdown fails the operations first, then ends the sessions).
+  // shutdown fails the operations first, then ends the sessions; a handover hands them back).
   std::shared_ptr<internal::ClientRings> rings;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    rings = rings_;
+    rings = link->rings;
   }
   if (rings != nullptr) rings->Drain();
-
-  std::unordered_map<uint64_t, std::shared_ptr<internal::PendingRequest>> orphans;
   absl::Status end;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -375,7 +490,7 @@ void ClientCore::ReadEvents() {
     } else {
       end = absl::Status(internal::CodeFromInt(static_cast<int>(finish.error_code())),
                          absl::StrCat("daemon closed the session: ", finish.error_message()));
-      if (!connected_) {
+      if (!link->connected) {
         end = internal::FromGrpc(finish);  // refused: keep the daemon's words
       } else if (absl::StrContains(finish.error_message(), "keepalive")) {
         end = absl::UnavailableError(absl::StrCat(
@@ -384,42 +499,586 @@ void ClientCore::ReadEvents() {
             finish.error_message(), "; $RAILYARD_KEEPALIVE_MS sets it)"));
       }
     }
-    end_status_ = end;
-    stream_ended_ = true;
-    orphans.swap(pending_);
   }
-  connected_cv_.notify_all();
-  if (rings != nullptr) rings->Close();
-  for (auto& [id, pending] : orphans) pending->Complete(end, 0);
+  OnLinkEnded(link, std::move(end));
+}
+
+void ClientCore::OnLinkEnded(const std::shared_ptr<Link>& link, absl::Status end) {
+  std::thread previous;
+  bool rebuild = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    link->ended = true;
+    link->end = end;
+    cv_.notify_all();
+    // Not (or no longer) the session: OpenLink's caller or the rebuild in progress sees it.
+    if (link != link_ || dead_ || state_ == State::kRebuilding) return;
+    const bool handover = link->moving;
+    rebuild = !shutting_down_ && link->connected && (handover || reconnect_window_.count() > 0);
+    if (rebuild) {
+      state_ = State::kRebuilding;
+      const auto window =
+          handover ? std::max<std::chrono::seconds>(reconnect_window_, internal::kHandoverWindow)
+                   : reconnect_window_;
+      previous = std::move(rebuild_thread_);
+      rebuild_thread_ = std::thread(
+          [this, deadline = std::chrono::steady_clock::now() + window] { RebuildLoop(deadline); });
+    }
+  }
+  if (previous.joinable()) previous.join();
+  if (!rebuild) Die(std::move(end));
+}
+
+void ClientCore::Die(absl::Status status) {
+  std::map<uint64_t, Outstanding> orphans;
+  std::shared_ptr<Link> link;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!dead_) {
+      dead_ = true;
+      end_status_ = status;
+    }
+    state_ = State::kLive;
+    orphans.swap(pending_);
+    link = link_;
+  }
+  cv_.notify_all();
+  if (link != nullptr && link->rings != nullptr) link->rings->Close();
+  for (auto& [id, o] : orphans) o.pending->Complete(status, 0);
+}
+
+void ClientCore::RebuildLoop(std::chrono::steady_clock::time_point deadline) {
+  while (true) {
+    std::shared_ptr<Link> old;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_ || dead_) return;
+      old = link_;
+    }
+    if (!RebuildOnce(old, deadline)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_ || dead_ || state_ == State::kLive) return;
+    // The new session ended already: once more, within the same window.
+  }
+}
+
+bool ClientCore::RebuildOnce(const std::shared_ptr<Link>& old,
+                             std::chrono::steady_clock::time_point deadline) {
+  if (old->reader.joinable() && old->reader.get_id() != std::this_thread::get_id()) {
+    old->reader.join();
+  }
+  // 1. What the old daemon took of the rings: its head. Nothing is published on them after this.
+  uint64_t head = 0;
+  if (old->rings != nullptr) {
+    old->rings->Drain();
+    old->rings->Close();
+    old->rings->FenceSubmissions();
+    head = old->rings->ConsumedHead();
+  }
+  const bool handover = old->moving;
+  std::vector<std::pair<std::shared_ptr<internal::PendingRequest>, absl::Status>> failed;
+  std::map<uint64_t, uint64_t> resume;  // by comm: the seq its next collective would have had
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<uint64_t, std::vector<uint64_t>> taken;  // by comm: collectives the daemon took
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Outstanding& o = it->second;
+      const uint64_t slot = o.pending->sq_first.load();
+      // On the rings only what the daemon's head passed was taken; over gRPC what was sent.
+      const bool was_taken =
+          !o.unsent && !o.moved &&
+          (o.via_rings ? slot != internal::PendingRequest::kUnpublished && slot < head : true);
+      if (!was_taken) {
+        o.unsent = true;  // never taken, or handed back: the next daemon runs it
+        o.moved = false;
+        ++it;
+        continue;
+      }
+      if (internal::IsCollective(o.request)) {
+        taken[o.request.comm_handle()].push_back(it->first);
+        ++it;
+        continue;
+      }
+      // A send or receive the daemon had taken may have moved its bytes: not run twice.
+      failed.emplace_back(
+          o.pending,
+          absl::UnavailableError(absl::StrCat(
+              "railyardd at ", socket_, " restarted during this ",
+              v1::CollectiveOp_Name(o.request.op()),
+              " (it had taken it; a send or receive is not run twice, its peer's matching "
+              "operation fails too or times out); the communicator goes on")));
+      it = pending_.erase(it);
+    }
+    for (auto& [vid, c] : comms_) resume[vid] = c.next_seq;
+    for (auto& [comm, ids] : taken) {
+      bool safe = true;
+      for (uint64_t id : ids) safe = safe && pending_.at(id).pending->rerun_safe;
+      if (safe) {
+        for (uint64_t id : ids) pending_.at(id).unsent = true;  // run again from its inputs
+        continue;
+      }
+      for (uint64_t id : ids) {
+        Outstanding& o = pending_.at(id);
+        failed.emplace_back(
+            o.pending,
+            absl::UnavailableError(absl::StrCat(
+                "railyardd at ", socket_, " restarted during this ",
+                v1::CollectiveOp_Name(o.request.op()),
+                " (it had taken it, and running it again is not safe: its output may have "
+                "overwritten its input); the communicator goes on")));
+        pending_.erase(id);
+      }
+      resume[comm] += ids.size();
+    }
+  }
+  for (auto& [p, st] : failed) p->Complete(st, 0);
+  failed.clear();
+
+  // 2. A session with the daemon at the socket now (a new one, or the same one back).
+  std::shared_ptr<Link> link;
+  absl::Status last = absl::UnavailableError("no attempt");
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_) return false;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    const auto attempt = std::min<std::chrono::milliseconds>(
+        internal::kReconnectAttempt,
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    absl::StatusOr<std::shared_ptr<Link>> made = OpenLink(attempt);
+    if (made.ok()) {
+      link = *std::move(made);
+      break;
+    }
+    last = made.status();
+    if (last.code() == absl::StatusCode::kPermissionDenied ||
+        last.code() == absl::StatusCode::kInvalidArgument ||
+        last.code() == absl::StatusCode::kUnauthenticated) {
+      break;  // the daemon refuses this session: waiting will not change that
+    }
+    std::this_thread::sleep_for(internal::kReconnectPause);
+  }
+  if (link == nullptr) {
+    Die(absl::UnavailableError(
+        absl::StrCat("railyardd at ", socket_, handover ? " handed the node over" : " went away",
+                     " and no daemon took this session back in time ($RAILYARD_RECONNECT_S): ",
+                     last.message())));
+    return false;
+  }
+
+  // 3. Buffers again, in the order they were registered (a part after its parent).
+  std::vector<std::pair<uint64_t, v1::RegisterBufferRequest>> regs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [vid, b] : buffers_) {
+      v1::RegisterBufferRequest r;
+      r.set_size_bytes(b.size);
+      if (b.parent != 0) {
+        r.set_parent_buffer_id(b.parent);  // translated below
+        r.set_parent_offset(b.parent_offset);
+      } else if (!b.ipc_handle.empty()) {
+        r.set_memory(v1::MEMORY_KIND_CUDA);
+        r.set_device(b.device);
+        r.set_cuda_ipc_handle(b.ipc_handle);
+        r.set_cuda_ipc_offset(b.ipc_offset);
+      } else if (b.device >= 0) {
+        r.set_memory(v1::MEMORY_KIND_CUDA);
+        r.set_device(b.device);
+      }
+      regs.emplace_back(vid, std::move(r));
+    }
+  }
+  std::map<uint64_t, uint64_t> new_ids;
+  for (auto& [vid, r] : regs) {
+    if (r.parent_buffer_id() != 0) r.set_parent_buffer_id(new_ids[r.parent_buffer_id()]);
+    if (r.parent_buffer_id() == 0 && r.cuda_ipc_handle().empty()) {
+      int fd = -1;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        fd = buffers_.at(vid).fd.get();
+      }
+      absl::StatusOr<uint64_t> handle = link->fd_channel->Put(fd, internal::kRpcTimeout);
+      if (!handle.ok()) {
+        Die(absl::Status(handle.status().code(),
+                         absl::StrCat("reconnecting: buffer ", vid,
+                                      " could not be passed again: ", handle.status().message())));
+        return false;
+      }
+      r.set_fd_handle(*handle);
+    }
+    absl::StatusOr<uint64_t> id = RegisterOn(*link, r);
+    if (!id.ok()) {
+      Die(absl::Status(id.status().code(),
+                       absl::StrCat("reconnecting: buffer ", vid,
+                                    " could not be registered again: ", id.status().message())));
+      return false;
+    }
+    new_ids[vid] = *id;
+  }
+
+  // 4. Communicators again, all at once (every rank of each rejoins; an order could deadlock).
+  struct Rejoin {
+    uint64_t vid = 0;
+    std::string comm_id;
+    int rank = 0, nranks = 0;
+    uint64_t resume_seq = 0;
+    absl::StatusOr<v1::InitCommResponse> result = absl::UnknownError("not run");
+  };
+  std::vector<Rejoin> rejoins;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [vid, c] : comms_) {
+      if (!c.broken.ok()) continue;
+      rejoins.push_back({vid, c.comm_id, c.rank, c.nranks, resume[vid]});
+    }
+  }
+  {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::max(deadline - std::chrono::steady_clock::now(),
+                 std::chrono::steady_clock::duration(std::chrono::seconds(5))));
+    std::vector<std::thread> threads;
+    for (Rejoin& r : rejoins) {
+      threads.emplace_back([&, rp = &r] {
+        rp->result = InitCommOn(*link, rp->comm_id, rp->rank, rp->nranks, left, rp->resume_seq);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [vid, id] : new_ids) buffers_.at(vid).id = id;
+    for (Rejoin& r : rejoins) {
+      CommRecord& c = comms_.at(r.vid);
+      if (!r.result.ok()) {
+        c.broken =
+            absl::Status(r.result.status().code(), absl::StrCat("communicator ", c.comm_id,
+                                                                " could not be joined "
+                                                                "again after railyardd restarted: ",
+                                                                r.result.status().message()));
+        continue;
+      }
+      c.handle = r.result->comm_handle();
+      const uint64_t first = r.result->first_seq();
+      uint64_t lost = first > r.resume_seq ? first - r.resume_seq : 0;
+      c.next_seq = first;
+      // Another rank's copy of the collectives in between failed in the restart: so do ours.
+      for (auto it = pending_.begin(); lost > 0 && it != pending_.end();) {
+        Outstanding& o = it->second;
+        if (o.unsent && o.request.comm_handle() == r.vid && internal::IsCollective(o.request)) {
+          failed.emplace_back(
+              o.pending,
+              absl::UnavailableError(absl::StrCat(
+                  "railyardd restarted during this ", v1::CollectiveOp_Name(o.request.op()),
+                  " on another rank of communicator ", c.comm_id,
+                  ", which could not run it again; the communicator goes on")));
+          it = pending_.erase(it);
+          --lost;
+          continue;
+        }
+        ++it;
+      }
+    }
+    // Operations on a communicator that is gone fail with why.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      auto c = comms_.find(it->second.request.comm_handle());
+      if (it->second.unsent && c != comms_.end() && !c->second.broken.ok()) {
+        failed.emplace_back(it->second.pending, c->second.broken);
+        it = pending_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    link_ = link;
+    ++generation_;
+    translating_.store(true);
+    session_id_ = link->session_id;
+    node_name_ = link->node_name;
+  }
+  cv_.notify_all();
+  for (auto& [p, st] : failed) p->Complete(st, 0);
+  // 5. What was not taken, handed back, or is safe to run again: in the order it was submitted.
+  SendUnsent();
+  return true;
+}
+
+void ClientCore::SendUnsent() {
+  while (true) {
+    std::vector<uint64_t> ids;
+    std::shared_ptr<Link> link;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_ || dead_ || link_->ended) return;
+      for (auto& [id, o] : pending_) {
+        if (o.unsent) ids.push_back(id);
+      }
+      if (ids.empty()) {
+        // Under the lock that found nothing held: what is submitted from now on goes straight.
+        state_ = State::kLive;
+        cv_.notify_all();
+        return;
+      }
+      link = link_;
+    }
+    SendOn(link, ids, false);
+  }
+}
+
+uint64_t ClientCore::BufferIdLocked(uint64_t id) const {
+  auto it = buffers_.find(id);
+  return it == buffers_.end() ? ~uint64_t{0} : it->second.id;  // unknown: refused by the daemon
+}
+
+v1::SubmitRequest ClientCore::TranslatedLocked(const v1::SubmitRequest& request) const {
+  v1::SubmitRequest r = request;
+  auto c = comms_.find(request.comm_handle());
+  r.set_comm_handle(c == comms_.end() ? ~uint64_t{0} : c->second.handle);
+  if (r.has_send() && r.send().buffer_id() != 0) {
+    r.mutable_send()->set_buffer_id(BufferIdLocked(r.send().buffer_id()));
+  }
+  if (r.has_recv() && r.recv().buffer_id() != 0) {
+    r.mutable_recv()->set_buffer_id(BufferIdLocked(r.recv().buffer_id()));
+  }
+  if (r.has_stream_sync() && r.stream_sync().words().buffer_id() != 0) {
+    r.mutable_stream_sync()->mutable_words()->set_buffer_id(
+        BufferIdLocked(r.stream_sync().words().buffer_id()));
+  }
+  return r;
+}
+
+void ClientCore::SendOn(const std::shared_ptr<Link>& link, const std::vector<uint64_t>& ids,
+                        bool group) {
+  if (link->rings == nullptr) {
+    // gRPC: one Submit each, in order.
+    for (uint64_t id : ids) {
+      v1::SubmitRequest request;
+      std::shared_ptr<internal::PendingRequest> pending;
+      uint64_t generation = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(id);
+        if (it == pending_.end()) continue;
+        it->second.unsent = false;
+        it->second.via_rings = false;
+        it->second.generation = generation = generation_;
+        pending = it->second.pending;
+        request = translating_.load() ? TranslatedLocked(it->second.request) : it->second.request;
+        pending->SetRings(nullptr);
+      }
+      request.set_session_id(link->session_id);
+      request.set_request_id(id);
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, internal::kRpcTimeout);
+      v1::SubmitResponse response;
+      grpc::Status status = link->stub->Submit(&ctx, request, &response);
+      if (status.ok()) {
+        pending->SetSeq(response.seq());
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end() || it->second.generation != generation) continue;
+      if (status.error_details() == internal::kMovedDetails) {
+        it->second.moved = true;  // handed back untaken: the next session sends it again
+        continue;
+      }
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+          (state_ == State::kRebuilding || link->ended)) {
+        continue;  // the daemon went away meanwhile: the rebuild decides
+      }
+      pending_.erase(it);
+      absl::Status st = internal::FromGrpc(status);
+      if (st.code() == absl::StatusCode::kUnavailable) {
+        st = absl::UnavailableError(
+            absl::StrCat("Submit: railyardd at ", socket_, " unavailable: ", st.message()));
+      }
+      pending->Complete(st, 0);
+    }
+    return;
+  }
+  std::vector<std::byte> entries;
+  std::vector<std::pair<std::shared_ptr<internal::PendingRequest>, uint64_t>> slots;
+  std::vector<uint64_t> sent;
+  std::vector<std::pair<std::shared_ptr<internal::PendingRequest>, absl::Status>> refused;
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = generation_;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto it = pending_.find(ids[i]);
+      if (it == pending_.end()) continue;
+      Outstanding& o = it->second;
+      const size_t before = entries.size();
+      v1::SubmitRequest translated;
+      const v1::SubmitRequest& request =
+          translating_.load() ? (translated = TranslatedLocked(o.request)) : o.request;
+      if (absl::Status st =
+              internal::ClientRings::Encode(request, group && i + 1 < ids.size(), &entries);
+          !st.ok()) {
+        entries.resize(before);
+        refused.emplace_back(o.pending, st);
+        pending_.erase(it);
+        continue;
+      }
+      o.unsent = false;
+      o.via_rings = true;
+      o.generation = generation;
+      o.pending->sq_first.store(internal::PendingRequest::kUnpublished);
+      o.pending->SetRings(link->rings);
+      slots.emplace_back(o.pending, before / ringproto::kSqEntryBytes);
+      sent.push_back(ids[i]);
+    }
+  }
+  for (auto& [p, st] : refused) p->Complete(st, 0);
+  if (entries.empty()) return;
+  absl::Status st = link->rings->Publish(entries, [&](uint64_t first) {
+    for (auto& [p, offset] : slots) p->sq_first.store(first + offset);
+  });
+  if (st.ok()) return;
+  std::vector<std::shared_ptr<internal::PendingRequest>> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool rebuilding = state_ == State::kRebuilding || link->ended;
+    for (uint64_t id : sent) {
+      auto it = pending_.find(id);
+      if (it == pending_.end() || it->second.generation != generation) continue;
+      if (rebuilding) {
+        it->second.unsent = true;  // never published: the rebuild sends it
+        continue;
+      }
+      lost.push_back(it->second.pending);
+      pending_.erase(it);
+    }
+    if (dead_) st = end_status_;
+  }
+  for (auto& p : lost) p->Complete(st, 0);
+}
+
+void ClientCore::SubmitGroup(
+    std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> requests) {
+  std::vector<uint64_t> ids;
+  std::shared_ptr<Link> link;
+  absl::Status closed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) {
+      closed = absl::FailedPreconditionError("the client is disconnected");
+    } else if (dead_) {
+      closed = end_status_;
+    } else {
+      // Registered before it is submitted, so that the completion can never arrive unknown;
+      // while the session is rebuilt it waits here, unsent, in its place in the order.
+      const bool hold = state_ == State::kRebuilding;
+      for (auto& [request, pending] : requests) {
+        const uint64_t id = next_request_id_.fetch_add(1);
+        request.set_request_id(id);
+        Outstanding o;
+        o.pending = pending;
+        o.request = std::move(request);
+        o.unsent = hold;
+        o.via_rings = link_->rings != nullptr;
+        auto c = comms_.find(o.request.comm_handle());
+        if (c != comms_.end() && !c->second.broken.ok()) {
+          pending->Complete(c->second.broken, 0);
+          continue;
+        }
+        pending_.emplace(id, std::move(o));
+        if (!hold) ids.push_back(id);
+      }
+      link = link_;
+    }
+  }
+  if (!closed.ok()) {
+    for (auto& [request, pending] : requests) pending->Complete(closed, 0);
+    return;
+  }
+  if (!ids.empty()) SendOn(link, ids, true);
+}
+
+void ClientCore::Submit(v1::SubmitRequest request,
+                        const std::shared_ptr<internal::PendingRequest>& pending) {
+  std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> one;
+  one.emplace_back(std::move(request), pending);
+  SubmitGroup(std::move(one));
+}
+
+absl::StatusOr<std::shared_ptr<ClientCore::Link>> ClientCore::AcquireLink() {
+  if (absl::Status st = SessionError(); !st.ok()) return st;
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto limit = std::max<std::chrono::seconds>(reconnect_window_, internal::kHandoverWindow) +
+                     std::chrono::seconds(30);
+  if (!cv_.wait_for(lock, limit,
+                    [&] { return state_ == State::kLive || dead_ || shutting_down_; })) {
+    return absl::UnavailableError(absl::StrCat("railyardd at ", socket_, " is being reconnected"));
+  }
+  if (shutting_down_) return absl::FailedPreconditionError("the client is disconnected");
+  if (dead_) return end_status_;
+  return link_;
+}
+
+template <typename T>
+absl::StatusOr<T> ClientCore::WithLink(const std::function<absl::StatusOr<T>(Link&)>& fn) {
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<std::shared_ptr<Link>> link = AcquireLink();
+    if (!link.ok()) return link.status();
+    absl::StatusOr<T> result = fn(**link);
+    if (result.ok() || result.status().code() != absl::StatusCode::kUnavailable || attempt >= 2) {
+      return result;
+    }
+    // The daemon went away during the call: once the session is back, on the new daemon.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(2),
+                 [&] { return (*link)->ended || dead_ || shutting_down_; });
+    if (!(*link)->ended || dead_ || shutting_down_) return result;
+  }
 }
 
 void ClientCore::Shutdown() {
   if (forked()) return;  // the parent's session, threads and channel: nothing to end here
   std::call_once(shutdown_once_, [this] {
+    std::shared_ptr<Link> link;
     bool disconnect = false;
+    std::thread rebuild;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      disconnect = connected_ && !stream_ended_;
+      link = link_;
+      disconnect = link != nullptr && link->connected && !link->ended && !dead_;
       shutting_down_ = true;
+      rebuild = std::move(rebuild_thread_);
+      for (grpc::ClientContext* ctx : joining_) ctx->TryCancel();
     }
+    cv_.notify_all();
     if (disconnect) {
       grpc::ClientContext ctx;
       SetDeadline(&ctx, internal::kDisconnectTimeout);
       v1::DisconnectRequest request;
-      request.set_session_id(session_id_);
+      request.set_session_id(link->session_id);
       v1::DisconnectResponse response;
-      (void)stub_->Disconnect(&ctx, request, &response);  // the session ends either way
+      (void)link->stub->Disconnect(&ctx, request, &response);  // the session ends either way
     }
-    stream_ctx_.TryCancel();
-    if (reader_.joinable()) reader_.join();
-    if (rings_ != nullptr) rings_->Close();
+    if (link != nullptr) {
+      link->stream_ctx.TryCancel();
+      if (link->reader.joinable()) link->reader.join();
+    }
+    if (rebuild.joinable()) rebuild.join();
+    std::shared_ptr<Link> last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = link_;
+    }
+    if (last != nullptr && last != link) {
+      last->stream_ctx.TryCancel();
+      if (last->reader.joinable()) last->reader.join();
+    }
+    Die(absl::CancelledError("the client disconnected"));
   });
 }
 
 bool ClientCore::alive() const {
   if (forked()) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  return connected_ && !stream_ended_ && !shutting_down_;
+  return link_ != nullptr && !dead_ && !shutting_down_;
 }
 
 void ClientCore::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) {
@@ -435,7 +1094,7 @@ absl::Status ClientCore::SessionError() const {
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return absl::FailedPreconditionError("the client is disconnected");
-  if (stream_ended_) return end_status_;
+  if (dead_) return end_status_;
   return absl::OkStatus();
 }
 
@@ -454,187 +1113,210 @@ absl::Status ClientCore::RpcError(const char* rpc, const grpc::Status& status) c
   return st;
 }
 
-absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size, int device) {
-  if (absl::Status st = SessionError(); !st.ok()) return st;
-  absl::StatusOr<uint64_t> handle = fd_channel_->Put(memfd, internal::kRpcTimeout);
-  if (!handle.ok()) return handle.status();
-  v1::RegisterBufferRequest request;
-  request.set_fd_handle(*handle);
-  request.set_size_bytes(size);
-  if (device >= 0) {
-    request.set_memory(v1::MEMORY_KIND_CUDA);
-    request.set_device(device);
+uint64_t ClientCore::NewIdLocked(uint64_t daemon_id, uint64_t* next) {
+  // The daemon's own ids while they are fresh (the first session): nothing to translate. Once
+  // one is not (after a reconnect), ids of our own, translated on every call.
+  uint64_t id = daemon_id;
+  if (translating_.load() || daemon_id < *next) {
+    id = *next;
+    translating_.store(true);
   }
-  return SendRegisterBuffer(&request);
+  *next = std::max(*next, id + 1);
+  return id;
 }
 
-absl::StatusOr<uint64_t> ClientCore::RegisterCudaIpc(std::string_view handle, uint64_t offset,
-                                                     uint64_t size, int device) {
-  if (absl::Status st = SessionError(); !st.ok()) return st;
-  v1::RegisterBufferRequest request;
-  request.set_size_bytes(size);
-  request.set_memory(v1::MEMORY_KIND_CUDA);
-  request.set_device(device);
-  request.set_cuda_ipc_handle(std::string(handle));
-  request.set_cuda_ipc_offset(offset);
-  return SendRegisterBuffer(&request);
-}
-
-absl::StatusOr<uint64_t> ClientCore::SendRegisterBuffer(v1::RegisterBufferRequest* request) {
+absl::StatusOr<uint64_t> ClientCore::RegisterOn(Link& link, v1::RegisterBufferRequest request) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, internal::kRpcTimeout);
-  request->set_session_id(session_id_);
+  request.set_session_id(link.session_id);
   v1::RegisterBufferResponse response;
-  grpc::Status status = stub_->RegisterBuffer(&ctx, *request, &response);
+  grpc::Status status = link.stub->RegisterBuffer(&ctx, request, &response);
   if (!status.ok()) return RpcError("RegisterBuffer", status);
   return response.buffer_id();
 }
 
+absl::StatusOr<uint64_t> ClientCore::RegisterBuffer(int memfd, uint64_t size, int device) {
+  internal::OwnedFd copy(::fcntl(memfd, F_DUPFD_CLOEXEC, 0));
+  if (copy.get() < 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot keep the buffer's descriptor: ", internal::ErrnoText(errno)));
+  }
+  absl::StatusOr<uint64_t> id = WithLink<uint64_t>([&](Link& link) -> absl::StatusOr<uint64_t> {
+    absl::StatusOr<uint64_t> handle = link.fd_channel->Put(memfd, internal::kRpcTimeout);
+    if (!handle.ok()) return handle.status();
+    v1::RegisterBufferRequest request;
+    request.set_fd_handle(*handle);
+    request.set_size_bytes(size);
+    if (device >= 0) {
+      request.set_memory(v1::MEMORY_KIND_CUDA);
+      request.set_device(device);
+    }
+    return RegisterOn(link, request);
+  });
+  if (!id.ok()) return id.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t vid = NewIdLocked(*id, &next_buffer_id_);
+  BufferRecord& b = buffers_[vid];
+  b.fd = std::move(copy);
+  b.size = size;
+  b.device = device;
+  b.id = *id;
+  return vid;
+}
+
+absl::StatusOr<uint64_t> ClientCore::RegisterCudaIpc(std::string_view handle, uint64_t offset,
+                                                     uint64_t size, int device) {
+  absl::StatusOr<uint64_t> id = WithLink<uint64_t>([&](Link& link) {
+    v1::RegisterBufferRequest request;
+    request.set_size_bytes(size);
+    request.set_memory(v1::MEMORY_KIND_CUDA);
+    request.set_device(device);
+    request.set_cuda_ipc_handle(std::string(handle));
+    request.set_cuda_ipc_offset(offset);
+    return RegisterOn(link, request);
+  });
+  if (!id.ok()) return id.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t vid = NewIdLocked(*id, &next_buffer_id_);
+  BufferRecord& b = buffers_[vid];
+  b.ipc_handle = std::string(handle);
+  b.ipc_offset = offset;
+  b.size = size;
+  b.device = device;
+  b.id = *id;
+  return vid;
+}
+
 absl::StatusOr<uint64_t> ClientCore::RegisterPart(uint64_t parent, uint64_t offset, uint64_t size) {
-  v1::RegisterBufferRequest request;
-  request.set_parent_buffer_id(parent);
-  request.set_parent_offset(offset);
-  request.set_size_bytes(size);
-  return SendRegisterBuffer(&request);
+  absl::StatusOr<uint64_t> id = WithLink<uint64_t>([&](Link& link) -> absl::StatusOr<uint64_t> {
+    v1::RegisterBufferRequest request;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request.set_parent_buffer_id(BufferIdLocked(parent));
+    }
+    request.set_parent_offset(offset);
+    request.set_size_bytes(size);
+    return RegisterOn(link, request);
+  });
+  if (!id.ok()) return id.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t vid = NewIdLocked(*id, &next_buffer_id_);
+  BufferRecord& b = buffers_[vid];
+  b.parent = parent;
+  b.parent_offset = offset;
+  b.size = size;
+  b.id = *id;
+  return vid;
 }
 
 absl::Status ClientCore::ReleaseBuffer(uint64_t buffer_id) {
-  if (absl::Status st = SessionError(); !st.ok()) return st;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, internal::kRpcTimeout);
-  v1::ReleaseBufferRequest request;
-  request.set_session_id(session_id_);
-  request.set_buffer_id(buffer_id);
-  v1::ReleaseBufferResponse response;
-  grpc::Status status = stub_->ReleaseBuffer(&ctx, request, &response);
-  if (!status.ok()) return RpcError("ReleaseBuffer", status);
-  return absl::OkStatus();
+  absl::StatusOr<bool> done = WithLink<bool>([&](Link& link) -> absl::StatusOr<bool> {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, internal::kRpcTimeout);
+    v1::ReleaseBufferRequest request;
+    request.set_session_id(link.session_id);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request.set_buffer_id(BufferIdLocked(buffer_id));
+    }
+    v1::ReleaseBufferResponse response;
+    grpc::Status status = link.stub->ReleaseBuffer(&ctx, request, &response);
+    if (!status.ok()) return RpcError("ReleaseBuffer", status);
+    return true;
+  });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.erase(buffer_id);
+  }
+  return done.status();
 }
 
 absl::StatusOr<std::string> ClientCore::CreateCommId() {
-  if (absl::Status st = SessionError(); !st.ok()) return st;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, internal::kRpcTimeout);
-  v1::CreateCommIdRequest request;
-  request.set_session_id(session_id_);
-  v1::CreateCommIdResponse response;
-  grpc::Status status = stub_->CreateCommId(&ctx, request, &response);
-  if (!status.ok()) return RpcError("CreateCommId", status);
-  return response.comm_id();
+  return WithLink<std::string>([&](Link& link) -> absl::StatusOr<std::string> {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, internal::kRpcTimeout);
+    v1::CreateCommIdRequest request;
+    request.set_session_id(link.session_id);
+    v1::CreateCommIdResponse response;
+    grpc::Status status = link.stub->CreateCommId(&ctx, request, &response);
+    if (!status.ok()) return RpcError("CreateCommId", status);
+    return response.comm_id();
+  });
 }
 
-absl::StatusOr<v1::InitCommResponse> ClientCore::InitComm(const std::string& comm_id, int rank,
-                                                          int nranks,
-                                                          std::chrono::milliseconds timeout) {
-  if (absl::Status st = SessionError(); !st.ok()) return st;
-  if (timeout.count() < 0 || timeout.count() > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("InitComm timeout ", timeout.count(), " ms out of range"));
-  }
+absl::StatusOr<v1::InitCommResponse> ClientCore::InitCommOn(Link& link, const std::string& comm_id,
+                                                            int rank, int nranks,
+                                                            std::chrono::milliseconds timeout,
+                                                            uint64_t resume_seq) {
   grpc::ClientContext ctx;
   SetDeadline(
       &ctx, timeout.count() == 0 ? internal::kInitDefaultTimeout : timeout + internal::kInitMargin);
   v1::InitCommRequest request;
-  request.set_session_id(session_id_);
+  request.set_session_id(link.session_id);
   request.set_comm_id(comm_id);
   request.set_rank(rank);
   request.set_nranks(nranks);
   request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   request.set_integrity(integrity_);
+  request.set_resume_seq(resume_seq);
   v1::InitCommResponse response;
-  grpc::Status status = stub_->InitComm(&ctx, request, &response);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::FailedPreconditionError("the client is disconnected");
+    joining_.insert(&ctx);  // Shutdown cancels it: a join may wait long for the other ranks
+  }
+  grpc::Status status = link.stub->InitComm(&ctx, request, &response);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    joining_.erase(&ctx);
+  }
   if (!status.ok()) return RpcError("InitComm", status);
   return response;
 }
 
-absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
-  if (absl::Status st = SessionError(); !st.ok()) return st;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, internal::kRpcTimeout);
-  v1::DestroyCommRequest request;
-  request.set_session_id(session_id_);
-  request.set_comm_handle(comm_handle);
-  v1::DestroyCommResponse response;
-  grpc::Status status = stub_->DestroyComm(&ctx, request, &response);
-  if (!status.ok()) return RpcError("DestroyComm", status);
-  return absl::OkStatus();
-}
-
-bool ClientCore::Register(uint64_t request_id,
-                          const std::shared_ptr<internal::PendingRequest>& pending) {
-  // Registered before it is submitted, so that the completion can never arrive unknown.
+absl::StatusOr<v1::InitCommResponse> ClientCore::InitComm(const std::string& comm_id, int rank,
+                                                          int nranks,
+                                                          std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0 || timeout.count() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("InitComm timeout ", timeout.count(), " ms out of range"));
+  }
+  absl::StatusOr<v1::InitCommResponse> response = WithLink<v1::InitCommResponse>(
+      [&](Link& link) { return InitCommOn(link, comm_id, rank, nranks, timeout, 0); });
+  if (!response.ok()) return response;
   std::lock_guard<std::mutex> lock(mu_);
-  if (shutting_down_ || stream_ended_) {
-    absl::Status closed =
-        shutting_down_ ? absl::FailedPreconditionError("the client is disconnected") : end_status_;
-    pending->Complete(closed, 0);
-    return false;
-  }
-  pending_.emplace(request_id, pending);
-  return true;
+  const uint64_t vid = NewIdLocked(response->comm_handle(), &next_comm_id_);
+  CommRecord& c = comms_[vid];
+  c.comm_id = comm_id;
+  c.rank = rank;
+  c.nranks = nranks;
+  c.handle = response->comm_handle();
+  c.next_seq = response->first_seq();
+  response->set_comm_handle(vid);
+  return response;
 }
 
-void ClientCore::SubmitGroup(
-    std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> requests) {
-  if (rings_ == nullptr) {
-    for (size_t i = 0; i < requests.size(); ++i) {
-      requests[i].first.set_group_next(i + 1 < requests.size());
-      Submit(std::move(requests[i].first), requests[i].second);
-    }
-    return;
-  }
-  std::vector<std::byte> entries;
-  std::vector<uint64_t> ids;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    auto& [request, pending] = requests[i];
-    const uint64_t request_id = next_request_id_.fetch_add(1);
-    request.set_request_id(request_id);
-    const size_t before = entries.size();
-    if (absl::Status st = internal::ClientRings::Encode(request, i + 1 < requests.size(), &entries);
-        !st.ok()) {
-      entries.resize(before);
-      pending->Complete(st, 0);
-      continue;
-    }
-    pending->SetRings(rings_);
-    if (!Register(request_id, pending)) {
-      entries.resize(before);
-      continue;
-    }
-    ids.push_back(request_id);
-  }
-  if (entries.empty()) return;
-  if (absl::Status st = rings_->Publish(entries); !st.ok()) {
-    if (absl::Status session = SessionError(); !session.ok()) st = session;
-    for (uint64_t id : ids) OnRingCompletion(id, st, 0);
-  }
-}
-
-void ClientCore::Submit(v1::SubmitRequest request,
-                        const std::shared_ptr<internal::PendingRequest>& pending) {
-  if (rings_ != nullptr) {
-    std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> one;
-    one.emplace_back(std::move(request), pending);
-    SubmitGroup(std::move(one));
-    return;
-  }
-  const uint64_t request_id = next_request_id_.fetch_add(1);
-  request.set_session_id(session_id_);
-  request.set_request_id(request_id);
-  if (!Register(request_id, pending)) return;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, internal::kRpcTimeout);
-  v1::SubmitResponse response;
-  grpc::Status status = stub_->Submit(&ctx, request, &response);
-  if (!status.ok()) {
+absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
+  absl::StatusOr<bool> done = WithLink<bool>([&](Link& link) -> absl::StatusOr<bool> {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, internal::kRpcTimeout);
+    v1::DestroyCommRequest request;
+    request.set_session_id(link.session_id);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pending_.erase(request_id);
+      auto c = comms_.find(comm_handle);
+      request.set_comm_handle(c == comms_.end() ? comm_handle : c->second.handle);
     }
-    pending->Complete(RpcError("Submit", status), 0);
-    return;
+    v1::DestroyCommResponse response;
+    grpc::Status status = link.stub->DestroyComm(&ctx, request, &response);
+    if (!status.ok()) return RpcError("DestroyComm", status);
+    return true;
+  });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_.erase(comm_handle);
   }
-  pending->SetSeq(response.seq());
+  return done.status();
 }
 
 absl::StatusOr<internal::StreamWords*> ClientCore::StreamWords() {

@@ -135,7 +135,14 @@ absl::Status ClientRings::Encode(const v1::SubmitRequest& req, bool group_next,
   return absl::OkStatus();
 }
 
-absl::Status ClientRings::Publish(const std::vector<std::byte>& entries) {
+uint64_t ClientRings::ConsumedHead() const {
+  const uint64_t head = __atomic_load_n(Word64(rp::kOffSqHead), __ATOMIC_ACQUIRE);
+  std::lock_guard<std::mutex> lock(sq_mu_);
+  return head < sq_tail_ ? head : sq_tail_;
+}
+
+absl::Status ClientRings::Publish(const std::vector<std::byte>& entries,
+                                  const std::function<void(uint64_t first_slot)>& on_slot) {
   const uint64_t need = entries.size() / rp::kSqEntryBytes;
   if (need > sq_entries_) {
     return absl::InvalidArgumentError(
@@ -165,6 +172,7 @@ absl::Status ClientRings::Publish(const std::vector<std::byte>& entries) {
     AwaitRoom(started);
     lock.lock();
   }
+  if (on_slot) on_slot(sq_tail_);
   std::byte* sq = base_ + rp::SqOffset();
   for (uint64_t i = 0; i < need; ++i) {
     std::memcpy(sq + ((sq_tail_ + i) & (sq_entries_ - 1)) * rp::kSqEntryBytes,
@@ -236,8 +244,9 @@ size_t ClientRings::DrainLocked() {
     const std::byte* e = cq + (cq_head_ & (cq_entries_ - 1)) * rp::kCqEntryBytes;
     uint64_t request_id, seq;
     int32_t code;
-    uint32_t len;
+    uint32_t len, flags;
     std::memcpy(&request_id, e + rp::kCqRequestId, 8);
+    std::memcpy(&flags, e + rp::kCqFlags, 4);
     std::memcpy(&seq, e + rp::kCqSeq, 8);
     std::memcpy(&code, e + rp::kCqCode, 4);
     std::memcpy(&len, e + rp::kCqMessageLen, 4);
@@ -249,7 +258,7 @@ size_t ClientRings::DrainLocked() {
                         std::string(reinterpret_cast<const char*>(e + rp::kCqMessageOffset), len));
     ++cq_head_;
     ++n;
-    if (on_completion_) on_completion_(request_id, std::move(status), seq);
+    if (on_completion_) on_completion_(request_id, std::move(status), seq, flags);
   }
   if (n > 0) __atomic_store_n(Word64(rp::kOffCqHead), cq_head_, __ATOMIC_RELEASE);
   return n;

@@ -26,8 +26,10 @@ uint64_t ForkGeneration();
 
 class ClientRings {
  public:
-  // Called for every completion read, with the ring's lock held (it must not submit).
-  using OnCompletion = std::function<void(uint64_t request_id, absl::Status status, uint64_t seq)>;
+  // Called for every completion read, with the ring's lock held (it must not submit). flags:
+  // ringproto::kCqFlag* (kCqFlagMoved: handed back untaken, not an outcome).
+  using OnCompletion =
+      std::function<void(uint64_t request_id, absl::Status status, uint64_t seq, uint32_t flags)>;
 
   // Creates the rings memfd (sealed like a buffer) and writes its header. *memfd is the
   // descriptor to PUT on the side channel (the caller closes it afterwards).
@@ -48,7 +50,16 @@ class ClientRings {
                              std::vector<std::byte>* out);
   // Publishes encoded entries (whole groups at once), waiting for room while reading completions.
   // FAILED_PRECONDITION once closed; INVALID_ARGUMENT when they could never fit the ring.
-  absl::Status Publish(const std::vector<std::byte>& entries);
+  // on_slot, if set, hears the first entry's slot index before the daemon can see the entries.
+  absl::Status Publish(const std::vector<std::byte>& entries,
+                       const std::function<void(uint64_t first_slot)>& on_slot = nullptr);
+  // After Close(): returns once no Publish is writing entries; every entry published has had its
+  // on_slot, every later Publish fails.
+  void FenceSubmissions() { std::lock_guard<std::mutex> lock(sq_mu_); }
+  // The daemon's head: entries at slots below it were taken by the daemon; the rest never were
+  // (it copies an entry out, and moves its head past it, before it acts on it). Clamped to what
+  // this client published.
+  uint64_t ConsumedHead() const;
 
   // Reads the completions there are; returns how many.
   size_t Drain();
@@ -86,7 +97,7 @@ class ClientRings {
   std::atomic<bool> closed_{false};
   const uint64_t fork_generation_ = ForkGeneration();
 
-  std::mutex sq_mu_;
+  mutable std::mutex sq_mu_;
   uint64_t sq_tail_ = 0;  // guarded by sq_mu_
   std::mutex cq_mu_;
   uint64_t cq_head_ = 0;  // guarded by cq_mu_

@@ -7,6 +7,18 @@ namespace railyard {
 CollectiveQueue::CollectiveQueue(const std::vector<int>* local_ranks)
     : local_ranks_(local_ranks), next_seq_(local_ranks->size(), 0) {}
 
+size_t CollectiveQueue::CompletePrefix() const {
+  size_t n = 0;
+  while (n < entries_.size() && entries_[n].merge.complete()) ++n;
+  return n;
+}
+
+void CollectiveQueue::Rebase(uint64_t seq) {
+  if (!entries_.empty()) return;
+  base_seq_ = seq;
+  std::fill(next_seq_.begin(), next_seq_.end(), seq);
+}
+
 absl::Status CollectiveQueue::Add(int li, std::unique_ptr<PendingRequest> request, Added* added) {
   const uint64_t seq = next_seq_[li];
   added->seq = seq;

@@ -48,7 +48,12 @@ class CollectiveQueue {
   // anything after it for that sequence number.
   bool CompletesNext(int li) const;
 
+  // Starts every local rank's sequence at seq (a communicator rejoined after a restart, before
+  // anything was added).
+  void Rebase(uint64_t seq);
   bool empty() const { return entries_.empty(); }
+  // How many entries from the front are complete (every local rank's request is in).
+  size_t CompletePrefix() const;
   size_t size() const { return entries_.size(); }
   // Sequence number of the front entry (the next to run).
   uint64_t front_seq() const { return base_seq_; }

@@ -95,7 +95,13 @@ absl::Duration Communicator::TimeoutOf(const PendingRequest& r) const {
   return railyard::TimeoutOf(r, env_.op_timeout);
 }
 
-absl::Status Communicator::Join(int rank, absl::Duration timeout, JoinDone done) {
+uint64_t Communicator::first_seq() const {
+  absl::MutexLock lock(&mu_);
+  return first_seq_;
+}
+
+absl::Status Communicator::Join(int rank, absl::Duration timeout, JoinDone done,
+                                uint64_t resume_seq) {
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
@@ -118,6 +124,7 @@ absl::Status Communicator::Join(int rank, absl::Duration timeout, JoinDone done)
     }
     members_[li].joined = true;
     members_[li].join_done = std::move(done);
+    first_seq_ = std::max(first_seq_, resume_seq);
     if (++joined_ == 1) {
       std::weak_ptr<Communicator> weak = weak_from_this();
       join_timer_ = env_.timer->Schedule(env_.timer->Now() + timeout, [weak] {
@@ -126,6 +133,7 @@ absl::Status Communicator::Join(int rank, absl::Duration timeout, JoinDone done)
     }
     if (joined_ == static_cast<int>(local_ranks_.size())) {
       state_ = State::kReady;
+      collectives_.Rebase(first_seq_);
       env_.timer->Cancel(join_timer_);
       for (auto& m : members_) out.joins.push_back(std::move(m.join_done));
       out.join_status = absl::OkStatus();
@@ -180,9 +188,30 @@ std::vector<absl::StatusOr<uint64_t>> Communicator::SubmitBatch(
   return results;
 }
 
+void Communicator::BeginHandover(const std::string& why) {
+  Outcomes out;
+  {
+    absl::MutexLock lock(&mu_);
+    handover_ = why.empty() ? std::string("railyardd is handing over") : why;
+    const absl::Status moved = MovedStatus(handover_);
+    CollectiveQueue::Drained drained = collectives_.DrainFrom(collectives_.CompletePrefix());
+    for (DeadlineTimer::Id id : drained.timers) env_.timer->Cancel(id);
+    for (auto& [seq, r] : drained.requests) out.completions.push_back({std::move(r), moved, seq});
+    p2p_.DrainLocked(moved, &out);
+  }
+  Deliver(out);
+}
+
+bool Communicator::idle() const {
+  absl::MutexLock lock(&mu_);
+  return !collective_running_ && collectives_.empty() && p2p_.in_flight_locked() == 0 &&
+         p2p_.queued_locked() == 0;
+}
+
 absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingRequest> request,
                                                     Outcomes* out) {
   {
+    if (!handover_.empty()) return MovedStatus(handover_);
     if (state_ == State::kFailed) {
       // A peer's notice can fail the communicator before this rank submits the very collective
       // it is about (another node found a disagreement first): that one fails, once, as the

@@ -127,8 +127,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Adds rank; done(OK) runs for every rank once all have joined, or done(DEADLINE_EXCEEDED)
   // naming the missing ranks when timeout passes first. Immediate errors are returned (and done
   // is not called): INVALID_ARGUMENT for a rank out of range, ALREADY_EXISTS when the rank has
-  // joined already, FAILED_PRECONDITION when the communicator failed.
-  absl::Status Join(int rank, absl::Duration timeout, JoinDone done);
+  // joined already, FAILED_PRECONDITION when the communicator failed. resume_seq: the sequence
+  // number the rank's next collective had before its daemon restarted (0 for a new member); the
+  // communicator's collectives go on from the highest of its local ranks' (first_seq()).
+  absl::Status Join(int rank, absl::Duration timeout, JoinDone done, uint64_t resume_seq = 0);
+  // The sequence number of the first collective once every rank joined (see Join).
+  uint64_t first_seq() const;
 
   // Accepts a rank's operation and returns its sequence number; the completion is posted to the
   // request's session. Errors are returned immediately and consume nothing: ABORTED when the
@@ -156,6 +160,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void Abort(const absl::Status& status, bool notify = true, bool transfers_now = true);
 
   bool failed() const;
+  // The daemon hands its node over (railyardd --takeover, docs/restarts.md): the collectives
+  // every local rank submitted still run, in order; the rest, the sends and receives waiting for
+  // their partner, and every later submission go back to their clients untaken (MovedStatus).
+  void BeginHandover(const std::string& why);
+  // Nothing runs and nothing waits: its ranks' sessions may end.
+  bool idle() const;
   bool all_left() const;
   bool multi_node() const { return multi_node_; }
   // The tuner and layout operations are chosen with (the tuner is null for a one-node
@@ -255,6 +265,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   uint64_t noticed_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string handover_ ABSL_GUARDED_BY(mu_);  // BeginHandover's why; empty: not handing over  //
+                                               // the highest resume_seq of a joined rank
   DeadlineTimer::Id join_timer_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Collectives by sequence number, merged across the local ranks.

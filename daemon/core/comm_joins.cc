@@ -145,11 +145,11 @@ void CommJoins::OnLayout(const std::weak_ptr<Session>& weak_session, const v1::I
                          const absl::StatusOr<v1::JoinCommResponse>& layout, InitDone done) {
   std::shared_ptr<Session> session = weak_session.lock();
   if (session == nullptr) {
-    done(absl::CancelledError("the session ended while joining"), handle, 0);
+    done(absl::CancelledError("the session ended while joining"), handle, 0, 0);
     return;
   }
   if (!layout.ok()) {
-    done(layout.status(), handle, 0);
+    done(layout.status(), handle, 0, 0);
     return;
   }
   // From another daemon (untrusted) unless this one coordinates: checked before anything is
@@ -166,7 +166,7 @@ void CommJoins::OnLayout(const std::weak_ptr<Session>& weak_session, const v1::I
   if (!checked.ok()) {
     Log(LogLevel::kWarning, "comm", "layout refused",
         {F("comm", req.comm_id()), F("reason", checked.status().message())});
-    done(checked.status(), handle, 0);
+    done(checked.status(), handle, 0, 0);
     return;
   }
   const int my_node = *checked;
@@ -177,7 +177,7 @@ void CommJoins::OnLayout(const std::weak_ptr<Session>& weak_session, const v1::I
     JoinBuilt(weak_session, req, handle, nnodes, comm, done);
   };
   if (shutting_down()) {
-    done(absl::UnavailableError("railyardd is shutting down"), handle, 0);
+    done(absl::UnavailableError("railyardd is shutting down"), handle, 0, 0);
     return;
   }
   std::shared_ptr<Communicator> comm;
@@ -217,12 +217,12 @@ void CommJoins::JoinBuilt(const std::weak_ptr<Session>& weak_session,
                           const absl::StatusOr<std::shared_ptr<Communicator>>& made,
                           InitDone done) {
   if (!made.ok()) {
-    done(made.status(), handle, 0);
+    done(made.status(), handle, 0, 0);
     return;
   }
   std::shared_ptr<Session> session = weak_session.lock();
   if (session == nullptr) {
-    done(absl::CancelledError("the session ended while joining"), handle, 0);
+    done(absl::CancelledError("the session ended while joining"), handle, 0, 0);
     return;
   }
   const std::shared_ptr<Communicator>& comm = *made;
@@ -230,26 +230,29 @@ void CommJoins::JoinBuilt(const std::weak_ptr<Session>& weak_session,
     done(absl::InvalidArgumentError(absl::StrCat("communicator ", req.comm_id(), " has ",
                                                  comm->nranks(), " ranks, rank ", req.rank(),
                                                  " asked for ", req.nranks())),
-         handle, 0);
+         handle, 0, 0);
     return;
   }
   if (absl::Status s = session->AddMembership(handle, {comm, req.rank()}); !s.ok()) {
-    done(s, handle, 0);
+    done(s, handle, 0, 0);
     return;
   }
-  absl::Status s = comm->Join(req.rank(), config_.init_timeout,
-                              [done, handle, nnodes, weak_session](const absl::Status& status) {
-                                if (!status.ok()) {
-                                  if (auto sess = weak_session.lock()) {
-                                    sess->RemoveMembership(handle);
-                                  }
-                                }
-                                done(status, handle, status.ok() ? nnodes : 0);
-                              });
+  std::weak_ptr<Communicator> weak_comm = comm;
+  absl::Status s = comm->Join(
+      req.rank(), config_.init_timeout,
+      [done, handle, nnodes, weak_session, weak_comm](const absl::Status& status) {
+        if (!status.ok()) {
+          if (auto sess = weak_session.lock()) sess->RemoveMembership(handle);
+        }
+        const std::shared_ptr<Communicator> joined = weak_comm.lock();
+        const uint64_t first_seq = status.ok() && joined != nullptr ? joined->first_seq() : 0;
+        done(status, handle, status.ok() ? nnodes : 0, first_seq);
+      },
+      req.resume_seq());
   if (!s.ok()) {
     session->RemoveMembership(handle);
     if (comm->all_left()) deps_.comms->Retire(comm);
-    done(s, handle, 0);
+    done(s, handle, 0, 0);
     return;
   }
   Log(LogLevel::kDebug, "comm", "rank joined",

@@ -38,7 +38,9 @@ class CommJoins {
  public:
   // handle: the rank's communicator handle; nnodes: the daemons the communicator spans (0 on
   // error).
-  using InitDone = std::function<void(const absl::Status&, uint64_t handle, int nnodes)>;
+  // first_seq: InitCommResponse.first_seq (the communicator's next collective).
+  using InitDone =
+      std::function<void(const absl::Status&, uint64_t handle, int nnodes, uint64_t first_seq)>;
   // Everything here must outlive this object (the daemon's members).
   struct Deps {
     CommRegistry* comms = nullptr;

@@ -244,6 +244,39 @@ v1::StatusResponse DaemonCore::Status() {
   return out;
 }
 
+size_t DaemonCore::HandOver(absl::Duration drain) {
+  const std::string why = "railyardd is handing this node over to a new railyardd (--takeover)";
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return 0;
+  }
+  const absl::Time started = absl::Now();
+  // Joins in progress fail (UNAVAILABLE): their clients join again on the new daemon.
+  joins_.Shutdown();
+  for (auto& comm : comms_.Snapshot()) comm->BeginHandover(why);
+  // What the clients had published is taken now and handed back by the communicators.
+  for (auto& s : sessions_.Snapshot()) {
+    if (std::shared_ptr<SessionRings> rings = s->rings()) rings->Quiesce();
+  }
+  const absl::Time deadline = started + drain;
+  size_t running = 0;
+  while (true) {
+    running = 0;
+    for (auto& comm : comms_.Snapshot()) running += comm->idle() ? 0 : 1;
+    if (running == 0 || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_.Snapshot();
+  for (auto& s : sessions) {
+    s->SendMoving(why, kRailyardVersion);
+    session_plane_.Close(s, why, grpc::Status::OK);
+  }
+  Log(running == 0 ? LogLevel::kInfo : LogLevel::kWarning, "handover", "sessions handed over",
+      {F("sessions", sessions.size()), F("still_running", running),
+       F("drain_ms", absl::ToInt64Milliseconds(absl::Now() - started))});
+  return sessions.size();
+}
+
 void DaemonCore::Shutdown() {
   {
     absl::MutexLock lock(&mu_);

@@ -101,6 +101,7 @@ class DaemonCore {
   void SetFdChannels(FdChannelServer* channels) { session_plane_.SetFdChannels(channels); }
   // Sessions, their buffers, rings and memberships (daemon/core/session_plane.h).
   SessionPlane& sessions() { return session_plane_; }
+  size_t session_count() const { return sessions_.Snapshot().size(); }
 
   // The GPUs this daemon serves device memory on, before serving: a runtime, or why there is
   // none (then device memory is refused with FAILED_PRECONDITION saying so).
@@ -122,6 +123,12 @@ class DaemonCore {
 
   // Fails every communicator with CANCELLED and closes every session. Idempotent.
   void Shutdown();
+  // railyardd --takeover serves the node now (docs/restarts.md): every communicator finishes the
+  // collectives its local ranks all submitted and hands the rest back (MovedStatus), each
+  // session's rings are emptied the same way, and once nothing runs (or `drain` passed: what
+  // still runs then fails UNAVAILABLE with the sessions) each session hears Moving and ends.
+  // Returns how many sessions were handed over.
+  size_t HandOver(absl::Duration drain);
 
  private:
   // What the metrics' daemon and job gauges show, sampled at scrape time.

@@ -96,6 +96,33 @@ absl::StatusOr<std::unique_ptr<ClientListener>> ClientListener::Bind(Options opt
   return l;
 }
 
+absl::StatusOr<std::unique_ptr<ClientListener>> ClientListener::Adopt(Options options,
+                                                                      int listen_fd) {
+  std::unique_ptr<ClientListener> l(new ClientListener(std::move(options)));
+  l->listen_fd_ = listen_fd;
+  int type = 0;
+  int listening = 0;
+  socklen_t len = sizeof(type);
+  socklen_t len2 = sizeof(listening);
+  if (listen_fd < 0 || ::getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+      ::getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len2) != 0 ||
+      type != SOCK_STREAM || listening == 0) {
+    return absl::InvalidArgumentError(
+        "the client socket handed over is not a listening Unix stream socket");
+  }
+  ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
+  l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  l->spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  rlimit rl{};
+  l->fd_limit_ = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
+  return l;
+}
+
+void ClientListener::Release() {
+  options_.path.clear();
+  Stop();
+}
+
 ClientListener::~ClientListener() { Stop(); }
 
 void ClientListener::Start(grpc::Server* server, grpc::Server* refusals) {
@@ -119,7 +146,7 @@ void ClientListener::Stop() {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
-  ::unlink(options_.path.c_str());
+  if (!options_.path.empty()) ::unlink(options_.path.c_str());
 }
 
 ClientListener::Counts ClientListener::counts() {

@@ -64,6 +64,13 @@ class ClientListener {
 
   // Binds and listens (UNAVAILABLE naming the path when it cannot).
   static absl::StatusOr<std::unique_ptr<ClientListener>> Bind(Options options);
+  // Serves a listening socket at options.path that another railyardd handed over (railyardd
+  // --takeover): owns listen_fd. INVALID_ARGUMENT when it is not a listening Unix stream socket.
+  static absl::StatusOr<std::unique_ptr<ClientListener>> Adopt(Options options, int listen_fd);
+  // The listening socket (to hand over; the listener keeps it).
+  int listen_fd() const { return listen_fd_; }
+  // Stops accepting and leaves the socket file to the daemon that took it over. Idempotent.
+  void Release();
   ~ClientListener();  // Stop()
   ClientListener(const ClientListener&) = delete;
   ClientListener& operator=(const ClientListener&) = delete;
@@ -103,7 +110,7 @@ class ClientListener {
   // Takes one connection off the queue and closes it (the table is full: EMFILE).
   void ShedOne();
 
-  const Options options_;
+  Options options_;  // path cleared by Release()
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   int spare_fd_ = -1;  // /dev/null, given up to shed a connection on EMFILE

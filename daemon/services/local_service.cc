@@ -86,10 +86,12 @@ grpc::ServerUnaryReactor* LocalService::InitComm(grpc::CallbackServerContext* ct
   if (!session.ok()) return Done(ctx, session.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = core_->joins().InitComm(
-      *session, *req, [reactor, resp](const absl::Status& st, uint64_t handle, int nnodes) {
+      *session, *req,
+      [reactor, resp](const absl::Status& st, uint64_t handle, int nnodes, uint64_t first_seq) {
         if (st.ok()) {
           resp->set_comm_handle(handle);
           resp->set_nnodes(nnodes);
+          resp->set_first_seq(first_seq);
         }
         reactor->Finish(ToGrpc(st));
       });
@@ -104,6 +106,13 @@ grpc::ServerUnaryReactor* LocalService::Submit(grpc::CallbackServerContext* ctx,
   if (!session.ok()) return Done(ctx, session.status());
   absl::StatusOr<uint64_t> seq = core_->submitter().Submit(*session, *req, nullptr);
   if (seq.ok()) resp->set_seq(*seq);
+  if (!seq.ok() && IsMoved(seq.status())) {
+    // Handed back untaken (a handover): the client submits it again to the new daemon.
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(seq.status().message()),
+                                 std::string(kMovedPayload)));
+    return reactor;
+  }
   return Done(ctx, seq.status());
 }
 

@@ -5,8 +5,21 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 
 namespace railyard {
+
+// A request handed back untaken while the daemon hands its node over (railyardd --takeover): not
+// an outcome. UNAVAILABLE, marked so that the sinks set COMPLETION_MOVED (local.proto) and a
+// client that knows it submits the request again to the daemon that takes over.
+inline constexpr char kMovedPayload[] = "railyard.dev/moved";
+inline absl::Status MovedStatus(absl::string_view why) {
+  absl::Status s = absl::UnavailableError(why);
+  s.SetPayload(kMovedPayload, absl::Cord("1"));
+  return s;
+}
+inline bool IsMoved(const absl::Status& s) { return s.GetPayload(kMovedPayload).has_value(); }
 
 class CompletionSink {
  public:

@@ -1,5 +1,6 @@
 #include "daemon/session/fd_channel.h"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -113,6 +114,34 @@ absl::StatusOr<std::unique_ptr<FdChannelServer>> FdChannelServer::Start(Options 
     return absl::UnavailableError(
         absl::StrCat("cannot serve the fd side channel at ", path, ": ", std::strerror(errno)));
   }
+  return Serve(std::move(s));
+}
+
+absl::StatusOr<std::unique_ptr<FdChannelServer>> FdChannelServer::Adopt(Options options,
+                                                                        int listen_fd) {
+  std::unique_ptr<FdChannelServer> s(new FdChannelServer(std::move(options)));
+  s->listen_fd_ = listen_fd;
+  int type = 0;
+  int listening = 0;
+  socklen_t len = sizeof(type);
+  socklen_t len2 = sizeof(listening);
+  if (listen_fd < 0 || ::getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+      ::getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len2) != 0 ||
+      type != SOCK_SEQPACKET || listening == 0) {
+    return absl::InvalidArgumentError(
+        "the side channel socket handed over is not a listening SOCK_SEQPACKET socket");
+  }
+  ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
+  return Serve(std::move(s));
+}
+
+void FdChannelServer::Release() {
+  options_.path.clear();
+  Stop();
+}
+
+absl::StatusOr<std::unique_ptr<FdChannelServer>> FdChannelServer::Serve(
+    std::unique_ptr<FdChannelServer> s) {
   s->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   s->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (s->epoll_fd_ < 0 || s->wake_fd_ < 0) {

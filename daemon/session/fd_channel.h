@@ -72,6 +72,13 @@ class FdChannelServer {
   };
   // Binds (mode 0660) and starts serving. UNAVAILABLE naming the path when it cannot.
   static absl::StatusOr<std::unique_ptr<FdChannelServer>> Start(Options options);
+  // The same on a listening socket at options.path that another railyardd handed over (railyardd
+  // --takeover): owns listen_fd. INVALID_ARGUMENT when it is not a listening SOCK_SEQPACKET.
+  static absl::StatusOr<std::unique_ptr<FdChannelServer>> Adopt(Options options, int listen_fd);
+  // The listening socket (to hand over; the server keeps it).
+  int listen_fd() const { return listen_fd_; }
+  // Stop(), leaving the socket file to the daemon that took it over.
+  void Release();
   ~FdChannelServer();
   FdChannelServer(const FdChannelServer&) = delete;
   FdChannelServer& operator=(const FdChannelServer&) = delete;
@@ -93,7 +100,9 @@ class FdChannelServer {
   void DropConnection(int fd, const char* why);
   void SweepUnbound(absl::Time now);
 
-  const Options options_;
+  Options options_;  // path cleared by Release()
+  // Start/Adopt's common part: the epoll set and the thread.
+  static absl::StatusOr<std::unique_ptr<FdChannelServer>> Serve(std::unique_ptr<FdChannelServer> s);
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;

@@ -110,6 +110,7 @@ v1::SessionEvent CompletionEvent(uint64_t request_id, const absl::Status& status
   c->set_code(static_cast<int32_t>(status.code()));
   c->set_message(std::string(status.message()));
   c->set_seq(seq);
+  if (IsMoved(status)) c->set_flags(v1::COMPLETION_MOVED);
   return event;
 }
 
@@ -123,6 +124,14 @@ void Session::Close(const grpc::Status& status) {
   absl::MutexLock lock(&mu_);
   closed_ = true;
   if (stream_ != nullptr) stream_->Close(status);
+}
+
+void Session::SendMoving(const std::string& why, const std::string& daemon_version) {
+  v1::SessionEvent event;
+  event.mutable_moving()->set_reason(why);
+  event.mutable_moving()->set_daemon_version(daemon_version);
+  absl::MutexLock lock(&mu_);
+  if (stream_ != nullptr) stream_->Send(std::move(event));
 }
 
 bool Session::closed() const {

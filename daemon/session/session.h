@@ -92,6 +92,9 @@ class Session : public CompletionSink {
   void PostCompletion(uint64_t request_id, const absl::Status& status, uint64_t seq) override;
   // Marks the session closed and finishes its stream (if any) with status.
   void Close(const grpc::Status& status);
+  // Tells the client the daemon hands the node over (SessionEvent.moving): the events queued
+  // before it (its completions) reach the client first.
+  void SendMoving(const std::string& why, const std::string& daemon_version);
   bool closed() const;
 
   // Buffers.

@@ -337,6 +337,8 @@ void SessionRings::PostLocked(uint64_t request_id, const absl::Status& status, u
   std::memcpy(e + rp::kCqSeq, &seq, 8);
   std::memcpy(e + rp::kCqCode, &code, 4);
   std::memcpy(e + rp::kCqMessageLen, &len, 4);
+  const uint32_t flags = IsMoved(status) ? rp::kCqFlagMoved : 0;
+  std::memcpy(e + rp::kCqFlags, &flags, 4);
   if (len > 0) std::memcpy(e + rp::kCqMessageOffset, msg.data(), len);
   ++cq_tail_;
   ++stats_.completed;

@@ -2,11 +2,16 @@
 //   cases   run the whole correctness matrix (rank_cases.h); prints "PASS <n>" or the failures.
 //   idle    join the communicator, print READY, then sleep (to be killed, or to never submit).
 //   submit  submit one float32 allreduce (count --count, --timeout_ms), print RESULT code= msg=.
+//   restart  for --duration_s, the correctness matrix (rank_cases.h) over and over, while the test
+//           restarts the daemon under it: an operation that fails is counted (and printed with its
+//           code) and the next one goes on; a wrong result is counted. Prints "RESTART ok=N
+//           failed=F wrong=W reconnects=R cases=C".
 //   lockstep  --iters in-place float32 sum allreduces of --count elements, each checked against
 //           the value only this job's ranks can produce (from --seed); prints "LOCKSTEP <iters>"
 //           or the first wrong element.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -30,6 +35,7 @@ ABSL_FLAG(int, linger_s, 0,
 ABSL_FLAG(int, timeout_ms, 0, "daemon-side wait for the other ranks (submit mode)");
 ABSL_FLAG(int, iters, 100, "allreduces (lockstep mode)");
 ABSL_FLAG(int, seed, 1, "job-specific base of the values (lockstep mode)");
+ABSL_FLAG(int, duration_s, 10, "how long to run (restart mode)");
 
 namespace {
 
@@ -53,8 +59,9 @@ int main(int argc, char** argv) {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int nranks = absl::GetFlag(FLAGS_nranks);
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  const size_t bytes = mode == "cases" ? railyard::testing::ScratchBytes(nranks)
-                                       : absl::GetFlag(FLAGS_count) * sizeof(float) * nranks + 64;
+  const size_t bytes = mode == "cases" || mode == "restart"
+                           ? railyard::testing::ScratchBytes(nranks)
+                           : absl::GetFlag(FLAGS_count) * sizeof(float) * nranks + 64;
   auto buf = (*client)->Allocate(bytes);
   if (!buf.ok()) return Fail("allocate", buf.status());
   auto comm = (*client)->InitComm(absl::GetFlag(FLAGS_comm_id), rank, nranks);
@@ -118,6 +125,41 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("LOCKSTEP %d nodes %d\n", iters, comm->nnodes());
+    return 0;
+  }
+  if (mode == "restart") {
+    const auto cases = railyard::testing::AllCases(nranks);
+    const auto end =
+        std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_duration_s));
+    uint64_t ok = 0, failed = 0, wrong = 0, n = 0;
+    // Every rank runs the same number of cases (a deadline alone would let them stop apart).
+    for (size_t i = 0; std::chrono::steady_clock::now() < end || i % cases.size() != 0; ++i) {
+      const auto& c = cases[i % cases.size()];
+      auto result = railyard::testing::RunCase(*comm, *buf, c);
+      ++n;
+      if (!result.ok()) {
+        ++failed;
+        std::printf("FAILED rank=%d iter=%zu %s code=%d: %s\n", rank, i, c.Describe().c_str(),
+                    static_cast<int>(result.status().code()),
+                    std::string(result.status().message()).c_str());
+        std::fflush(stdout);
+        continue;
+      }
+      if (*result > 0) {
+        ++wrong;
+        std::printf("WRONG rank=%d iter=%zu %s: %llu elements\n", rank, i, c.Describe().c_str(),
+                    static_cast<unsigned long long>(*result));
+        std::fflush(stdout);
+        continue;
+      }
+      ++ok;
+    }
+    std::printf("RESTART ok=%llu failed=%llu wrong=%llu reconnects=%llu cases=%llu\n",
+                static_cast<unsigned long long>(ok), static_cast<unsigned long long>(failed),
+                static_cast<unsigned long long>(wrong),
+                static_cast<unsigned long long>((*client)->reconnects()),
+                static_cast<unsigned long long>(n));
+    std::fflush(stdout);
     return 0;
   }
   const auto cases = railyard::testing::AllCases(nranks);

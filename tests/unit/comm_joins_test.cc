@@ -59,7 +59,7 @@ struct Joined {
   uint64_t handle = 0;
   int nnodes = -1;
   CommJoins::InitDone Fn() {
-    return [this](const absl::Status& s, uint64_t h, int n) {
+    return [this](const absl::Status& s, uint64_t h, int n, uint64_t /*first_seq*/) {
       status = s;
       handle = h;
       nnodes = n;

@@ -183,7 +183,7 @@ class DaemonBacklogTest : public ::testing::Test {
     auto joined = std::make_shared<Joined>();
     EXPECT_TRUE(core_->joins()
                     .InitComm(r.session, init,
-                              [joined](const absl::Status& st, uint64_t handle, int) {
+                              [joined](const absl::Status& st, uint64_t handle, int, uint64_t) {
                                 joined->status = st;
                                 joined->handle = handle;
                                 joined->done.Notify();

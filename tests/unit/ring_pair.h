@@ -107,6 +107,7 @@ class FakeSubmit {
 struct Outcome {
   absl::Status status;
   uint64_t seq = 0;
+  uint32_t flags = 0;  // ringproto::kCqFlag*
   int times = 0;
 };
 
@@ -155,11 +156,12 @@ class RingPair {
     auto client = internal::ClientRings::Create("unit", sq, cq, spin, &fd);
     EXPECT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
-    client_->SetOnCompletion([this](uint64_t id, absl::Status st, uint64_t seq) {
+    client_->SetOnCompletion([this](uint64_t id, absl::Status st, uint64_t seq, uint32_t flags) {
       std::lock_guard<std::mutex> lock(mu_);
       Outcome& o = outcomes_[id];
       o.status = std::move(st);
       o.seq = seq;
+      o.flags = flags;
       ++o.times;
     });
     auto seg = MappedSegment::MapMemfd(UniqueFd(fd), rp::RingBytes(sq, cq));

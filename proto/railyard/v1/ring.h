@@ -41,7 +41,7 @@
 //
 // Completion entry (kCqEntryBytes):
 //    0 u64 request_id    8 u64 seq    16 i32 code (google.rpc.Code)   20 u32 message_len
-//   24 u64 reserved      32 message bytes (at most kCqMessageBytes, cut there)
+//   24 u32 flags (kCqFlagMoved)   28 u32 reserved   32 message bytes (at most kCqMessageBytes)
 //
 // Back-pressure: the daemon takes a submission only while it can promise its completion a slot
 // (completions unread + accepted requests not yet completed < cq_entries), so the completion
@@ -120,6 +120,10 @@ inline constexpr size_t kCqRequestId = 0;
 inline constexpr size_t kCqSeq = 8;
 inline constexpr size_t kCqCode = 16;
 inline constexpr size_t kCqMessageLen = 20;
+inline constexpr size_t kCqFlags = 24;
+// Completion flags: the request is handed back untaken (local.proto COMPLETION_MOVED); its code
+// is UNAVAILABLE for a client that does not know the bit. Once reserved (zero): version 2 still.
+inline constexpr uint32_t kCqFlagMoved = 1;
 
 inline constexpr uint64_t SqOffset() { return kHeaderBytes; }
 inline constexpr uint64_t CqOffset(uint32_t sq_entries) {

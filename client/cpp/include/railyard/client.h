@@ -250,6 +250,10 @@ class Client {
 
   const std::string& session_id() const;
   const std::string& node_name() const;
+  // How many times the client moved its session to another railyardd: a handover (railyardd
+  // --takeover) or a restart it waited out ($RAILYARD_RECONNECT_S; docs/restarts.md). Its
+  // buffers, communicators and operations move with it.
+  uint64_t reconnects() const;
 
  private:
   Client(std::shared_ptr<ClientCore> core, bool pool_small_buffers);

@@ -1,0 +1,140 @@
+"""railyardd restarts and upgrades under running jobs (docs/restarts.md).
+
+Two ranks of one job run the correctness matrix (every collective, dtype, reduction, in and out of
+place, send/recv; each result checked exactly) over and over on one daemon while the test:
+  1. hands the node over twice (railyardd --takeover with the same flags): no operation fails,
+     no result is wrong, both ranks move (Client::reconnects);
+  2. SIGKILLs the daemon and starts a fresh one on the same socket at once: the ranks wait for it
+     (RAILYARD_RECONNECT_S) and go on; only an operation the dead daemon had taken and could not
+     run again fails, with UNAVAILABLE saying the daemon restarted during it;
+  3. checks that RAILYARD_RECONNECT_S=0 restores the old behaviour (the session ends with the
+     daemon), and that a second --takeover refuses a socket nobody serves.
+
+Run by CTest (restart_test) with RAILYARDD and RANK_PATH in the environment.
+"""
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from virtual_nodes import stop, wait_for
+
+
+def start(tmp, name, extra=()):
+    sock = os.path.join(tmp, "r.sock")
+    log = os.path.join(tmp, f"{name}.log")
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            [os.environ["RAILYARDD"], f"--socket={sock}", f"--admin_socket={tmp}/admin.sock",
+             f"--state_dir={tmp}", "--insecure_first_session_token", "--worker_threads=2",
+             *extra], stdout=f, stderr=subprocess.STDOUT)
+    wait_for(f"{name} to serve", lambda: proc.poll() is None and "msg=serving" in open(log).read()
+             or (proc.poll() is not None and pytest.fail(open(log).read())), 30)
+    node = re.search(r"msg=serving .*node=(\S+)", open(log).read()).group(1)
+    return proc, sock, node, log
+
+
+def ranks(sock, node, seconds, env_extra=None):
+    comm = f"ry1-{secrets.token_hex(16)}@local:{node}"
+    env = dict(os.environ, **(env_extra or {}))
+    return [subprocess.Popen(
+        [os.environ["RANK_PATH"], "--mode=restart", f"--socket={sock}", f"--comm_id={comm}",
+         f"--rank={r}", "--nranks=2", f"--duration_s={seconds}", "--job=restart"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+
+
+def results(procs, timeout):
+    out = []
+    for p in procs:
+        text, _ = p.communicate(timeout=timeout)
+        m = re.search(r"RESTART ok=(\d+) failed=(\d+) wrong=(\d+) reconnects=(\d+) cases=(\d+)",
+                      text)
+        assert m, text[-3000:]
+        out.append(({k: int(v) for k, v in zip(("ok", "failed", "wrong", "reconnects", "cases"),
+                                                m.groups())}, text))
+    return out
+
+
+def test_handovers_fail_nothing_and_a_crash_fails_only_what_was_taken():
+    tmp = tempfile.mkdtemp(prefix="ry-restart-")
+    daemons = []
+    try:
+        old, sock, node, _ = start(tmp, "d0")
+        daemons.append(old)
+        procs = ranks(sock, node, 14)
+        for i in (1, 2):
+            time.sleep(3)
+            new, _, _, log = start(tmp, f"d{i}", ["--takeover"])
+            daemons.append(new)
+            old.wait(timeout=30)  # the old daemon hands its sessions over and exits
+            assert old.returncode == 0
+            assert "took over" in open(log).read()
+            old = new
+        time.sleep(3)
+        os.kill(old.pid, signal.SIGKILL)
+        old.wait(timeout=10)
+        new, _, _, _ = start(tmp, "d3")  # the socket file is stale: a plain start replaces it
+        daemons.append(new)
+        outs = results(procs, 120)
+        for counts, text in outs:
+            print("rank:", counts, re.findall(r"FAILED .*", text))
+            assert counts["wrong"] == 0, text[-3000:]
+            assert counts["reconnects"] == 3, text[-3000:]
+            assert counts["ok"] >= 100, text[-3000:]  # ran before, between and after
+            failures = re.findall(r"FAILED .* code=(\d+): (.*)", text)
+            # Handovers fail nothing; at the kill only what the daemon had taken, UNAVAILABLE.
+            assert len(failures) <= 4, text[-3000:]
+            for code, msg in failures:
+                assert code == "14" and "restarted during this" in msg, text[-3000:]
+    finally:
+        for d in daemons:
+            stop(d)
+
+
+def test_reconnect_zero_ends_the_session_with_the_daemon():
+    tmp = tempfile.mkdtemp(prefix="ry-restart0-")
+    d, sock, node, _ = start(tmp, "d0")
+    try:
+        procs = ranks(sock, node, 6, {"RAILYARD_RECONNECT_S": "0"})
+        time.sleep(2)
+        os.kill(d.pid, signal.SIGKILL)
+        d.wait(timeout=10)
+        for counts, text in results(procs, 60):
+            assert counts["reconnects"] == 0, text[-2000:]
+            assert counts["failed"] > 0 and counts["wrong"] == 0, text[-2000:]
+            assert re.search(r"code=14: .*(daemon closed the session|unavailable)", text), \
+                text[-2000:]
+    finally:
+        stop(d)
+
+
+def test_takeover_without_a_daemon_to_take_over_from_says_so():
+    tmp = tempfile.mkdtemp(prefix="ry-restart-none-")
+    out = subprocess.run(
+        [os.environ["RAILYARDD"], f"--socket={tmp}/r.sock", f"--admin_socket={tmp}/a.sock",
+         f"--state_dir={tmp}", "--insecure_first_session_token", "--takeover",
+         "--takeover_timeout=1s"], capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
+    assert "--takeover: no railyardd to take over from at" in out.stdout + out.stderr, \
+        out.stdout + out.stderr
+
+
+def test_a_second_daemon_without_takeover_is_refused_and_names_the_flag():
+    tmp = tempfile.mkdtemp(prefix="ry-restart-twice-")
+    d, sock, _, _ = start(tmp, "d0")
+    try:
+        out = subprocess.run(
+            [os.environ["RAILYARDD"], f"--socket={sock}", f"--admin_socket={tmp}/a2.sock",
+             f"--state_dir={tmp}", "--insecure_first_session_token"],
+            capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0
+        assert "railyardd --takeover" in out.stdout + out.stderr, out.stdout + out.stderr
+        assert d.poll() is None
+    finally:
+        stop(d)
