@@ -134,6 +134,12 @@ struct DaemonConfig {
   // Take the node over from the railyardd serving --socket (docs/restarts.md): its listening
   // sockets come over "<socket>.handover"; it hands its sessions over and exits.
   bool takeover = false;
+  // Take over when a railyardd serves --socket, else start as usual (a DaemonSet pod: the first
+  // on its node starts, a newer one beside it takes over).
+  bool takeover_if_serving = false;
+  // After handing over: exit (systemd, a shell), or stay idle until SIGTERM (a pod replaced by a
+  // RollingUpdate: a container that exits is restarted by the kubelet).
+  bool exit_after_handover = true;
   // How long a takeover may take to start serving: the new daemon's wait for the old one's
   // answers, and the old one's wait for the new one's Ready.
   absl::Duration takeover_timeout = absl::Seconds(60);

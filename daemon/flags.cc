@@ -194,6 +194,13 @@ ABSL_FLAG(bool, takeover, false,
           "Take the node over from the railyardd serving --socket, without failing its clients' "
           "jobs: its listening sockets come over <socket>.handover, its clients move here and it "
           "exits (docs/restarts.md). Start it with the same flags");
+ABSL_FLAG(bool, takeover_if_serving, false,
+          "Take over as --takeover does when a railyardd serves --socket, else start as usual "
+          "(the DaemonSet's pods: the first on a node starts, the next one takes over)");
+ABSL_FLAG(std::string, after_handover, "exit",
+          "What a railyardd does once it handed the node over: exit, or wait (idle, serving "
+          "nothing, until SIGTERM: a pod replaced by a RollingUpdate, which the kubelet would "
+          "restart if it exited)");
 ABSL_FLAG(absl::Duration, takeover_timeout, absl::Seconds(60),
           "How long a takeover may take: the new railyardd's wait for the old one, and the old "
           "one's wait for the new one to serve");
@@ -300,6 +307,8 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "shutdown_grace",
                                    "takeover",
                                    "takeover_timeout",
+                                   "takeover_if_serving",
+                                   "after_handover",
                                    "handover_drain",
                                    "log_level",
                                    "topology",
@@ -544,6 +553,13 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   c.takeover = absl::GetFlag(FLAGS_takeover);
   c.takeover_timeout = absl::GetFlag(FLAGS_takeover_timeout);
+  c.takeover_if_serving = absl::GetFlag(FLAGS_takeover_if_serving);
+  const std::string after = absl::GetFlag(FLAGS_after_handover);
+  if (after != "exit" && after != "wait") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--after_handover=", after, ": expected exit or wait"));
+  }
+  c.exit_after_handover = after == "exit";
   c.handover_drain = absl::GetFlag(FLAGS_handover_drain);
   if (c.takeover_timeout < absl::Seconds(1) || c.takeover_timeout > absl::Hours(1)) {
     return absl::InvalidArgumentError("--takeover_timeout must be in [1s, 1h]");

@@ -132,6 +132,10 @@ absl::Status Server::Start() {
        F("max_client_connections_per_uid", config_.max_client_connections_per_uid)});
   absl::StatusOr<SessionAuth> auth = LoadAuth();
   if (!auth.ok()) return auth.status();
+  if (config_.takeover_if_serving && !config_.takeover &&
+      SomeoneListens(handover::HandoverPath(config_.socket))) {
+    config_.takeover = true;
+  }
   if (config_.takeover) {
     // Before anything is bound: the old daemon's sockets are what this one will serve.
     absl::StatusOr<handover::Takeover> takeover =
@@ -485,6 +489,13 @@ absl::Status Server::StartHandover() {
   hooks.hand_over = [this] {
     fd_channels_->Release();
     core_->HandOver(config_.handover_drain);
+    // Its clients' connections end here: a client reconnecting must reach the new daemon, not
+    // find this one's connection still open.
+    if (grpc_ != nullptr) grpc_->Shutdown(absl::ToChronoTime(absl::Now() + config_.shutdown_grace));
+    if (!config_.exit_after_handover) {
+      Log(LogLevel::kInfo, "handover", "handed over; idle until SIGTERM (--after_handover=wait)");
+      return;
+    }
     // Exits through the signal loop of RunDaemon (Shutdown, without the socket files).
     ::kill(::getpid(), SIGTERM);
   };

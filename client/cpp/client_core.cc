@@ -75,6 +75,9 @@ absl::StatusOr<grpc::ChannelArguments> SessionChannelArgs(long* keepalive_ms) {
     }
   }
   *keepalive_ms = ms;
+  // A channel of its own connection: after a handover the next session must reach the daemon
+  // now accepting on the socket, not a connection to the old one that gRPC would share.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (ms == 0) return args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(ms));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(ms));
@@ -957,6 +960,11 @@ void ClientCore::SendOn(const std::shared_ptr<Link>& link, const std::vector<uin
 
 void ClientCore::SubmitGroup(
     std::vector<std::pair<v1::SubmitRequest, std::shared_ptr<internal::PendingRequest>>> requests) {
+  if (forked()) {  // before the lock, which a thread of the parent may have held at the fork
+    const absl::Status st = SessionError();
+    for (auto& [request, pending] : requests) pending->Complete(st, 0);
+    return;
+  }
   std::vector<uint64_t> ids;
   std::shared_ptr<Link> link;
   absl::Status closed;

@@ -84,6 +84,9 @@ bool HandoverServer::Serve(int fd) {
     return false;
   }
   absl::StatusOr<Received> hello = Receive(fd, absl::Now() + kStepTimeout);
+  if (!hello.ok() && hello.status().code() == absl::StatusCode::kUnavailable) {
+    return false;  // closed before a word: a probe of whether a daemon serves (takeover_if_serving)
+  }
   if (!hello.ok() || !hello->message.has_hello()) {
     const std::string why = hello.ok() ? "expected Hello" : std::string(hello.status().message());
     Log(LogLevel::kWarning, "handover", "refused", {F("reason", why)});

@@ -73,6 +73,22 @@ def test_daemonset_pod_placement_and_host_namespaces(deployment):
     assert ds["spec"]["updateStrategy"]["type"] in ("OnDelete", "RollingUpdate")
 
 
+def test_rolling_updates_hand_each_node_over(deployment):
+    # The new pod starts beside the old one and takes the node over (docs/restarts.md): a
+    # surge of one and no unavailable node; the pods take over when a daemon serves, and the one
+    # handed over idles (a container that exited would be restarted and take the node back).
+    name, objects = deployment
+    ds = dm.only(objects, "DaemonSet")
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate", name
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}, name
+    args = dm.parse_args(dm.daemon_container(objects)["args"])
+    assert args.get("takeover_if_serving") == "true", name
+    assert args.get("after_handover") == "wait", name
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert "hostPath" in volumes["socket-dir"], "the handover socket lives beside the client socket"
+
+
 def test_daemonset_selector_selects_its_pods(deployment):
     _, objects = deployment
     ds = dm.only(objects, "DaemonSet")

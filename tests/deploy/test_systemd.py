@@ -50,7 +50,9 @@ def test_unit_shape():
     u = unit_sections()
     assert set(u.sections()) == {"Unit", "Service", "Install"}
     s = u["Service"]
-    assert s["Type"] == "simple", "railyardd does not call sd_notify"
+    # READY=1 once serving; a successor started by reload (SIGUSR2) says MAINPID= itself.
+    assert s["Type"] == "notify" and s["NotifyAccess"] == "all"
+    assert s["ExecReload"].split() == ["/bin/kill", "-USR2", "$MAINPID"], "reload by handover"
     assert s["Restart"] == "on-failure"
     assert s["KillSignal"] == "SIGTERM"
     assert s["RuntimeDirectory"].split() == ["railyard", "railyard-admin"]

@@ -590,8 +590,12 @@ TEST(LifecycleTest, AStoppedDaemonEndsItsClientsWaitsAfterTheKeepalive) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.ready()) << daemon.Log();
   ASSERT_EQ(::setenv("RAILYARD_KEEPALIVE_MS", "1000", 1), 0);
+  // The keepalive ends the session; without a reconnect window that ends the client too (with
+  // one it would wait for a daemon to answer again: restart_test).
+  ASSERT_EQ(::setenv("RAILYARD_RECONNECT_S", "0", 1), 0);
   auto client = Client::Connect(daemon.Options("stopped"));
   ::unsetenv("RAILYARD_KEEPALIVE_MS");
+  ::unsetenv("RAILYARD_RECONNECT_S");
   ASSERT_TRUE(client.ok()) << client.status();
   auto buf = (*client)->Allocate(4 * sizeof(float));
   ASSERT_TRUE(buf.ok());

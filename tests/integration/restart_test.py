@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -138,3 +139,67 @@ def test_a_second_daemon_without_takeover_is_refused_and_names_the_flag():
         assert d.poll() is None
     finally:
         stop(d)
+
+
+def test_sigusr2_reloads_by_handover_and_tells_systemd_the_new_main_pid():
+    # systemctl reload: SIGUSR2 starts the binary at the daemon's path with --takeover; the new
+    # process says MAINPID= on $NOTIFY_SOCKET (Type=notify, NotifyAccess=all).
+    tmp = tempfile.mkdtemp(prefix="ry-restart-usr2-")
+    notify_path = os.path.join(tmp, "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    notify.settimeout(30)
+    os.environ["NOTIFY_SOCKET"] = notify_path
+    try:
+        d, sock, node, _ = start(tmp, "d0")
+    finally:
+        del os.environ["NOTIFY_SOCKET"]
+    successor = None
+    try:
+        assert notify.recv(4096).decode() == f"MAINPID={d.pid}\nREADY=1"
+        procs = ranks(sock, node, 6)
+        time.sleep(2)
+        os.kill(d.pid, signal.SIGUSR2)
+        m = re.fullmatch(r"MAINPID=(\d+)\nREADY=1", notify.recv(4096).decode())
+        assert m
+        successor = int(m.group(1))
+        assert successor != d.pid
+        d.wait(timeout=30)  # handed over, exited
+        assert d.returncode == 0
+        for counts, text in results(procs, 60):
+            assert counts["failed"] == 0 and counts["wrong"] == 0, text[-2000:]
+            assert counts["reconnects"] == 1, text[-2000:]
+    finally:
+        stop(d)
+        if successor is not None:
+            os.kill(successor, signal.SIGTERM)  # started by the daemon this test started
+            wait_for("the successor to exit", lambda: not os.path.exists(f"/proc/{successor}"),
+                     20)
+        notify.close()
+
+
+def test_a_daemonset_pod_takes_over_when_one_serves_and_the_old_one_idles():
+    # --takeover_if_serving: the first pod on a node starts, the next one takes over; the one
+    # handed over (--after_handover=wait) stays up, serving nothing, until SIGTERM.
+    tmp = tempfile.mkdtemp(prefix="ry-restart-ds-")
+    flags = ["--takeover_if_serving=true", "--after_handover=wait"]
+    old, sock, node, _ = start(tmp, "d0", flags)
+    new = None
+    try:
+        procs = ranks(sock, node, 6)
+        time.sleep(2)
+        new, _, _, log = start(tmp, "d1", flags)
+        assert "took over" in open(log).read()
+        for counts, text in results(procs, 60):
+            assert counts["failed"] == 0 and counts["wrong"] == 0, text[-2000:]
+            assert counts["reconnects"] == 1, text[-2000:]
+        assert old.poll() is None, "the old daemon idles until SIGTERM"
+        stop(old)
+        # Its stop leaves the sockets to the new daemon, which still serves a new job.
+        assert os.path.exists(sock) and os.path.exists(sock + ".handover")
+        for counts, text in results(ranks(sock, node, 1), 60):
+            assert counts["ok"] > 0 and counts["failed"] == 0, text[-2000:]
+    finally:
+        stop(old)
+        if new is not None:
+            stop(new)
