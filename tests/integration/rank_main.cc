@@ -6,11 +6,15 @@
 //           restarts the daemon under it: an operation that fails is counted (and printed with its
 //           code) and the next one goes on; a wrong result is counted. Prints "RESTART ok=N
 //           failed=F wrong=W reconnects=R cases=C".
+//   latency  out-of-place float32 sum allreduces of --bytes for --duration_s, one at a time; writes
+//           one line per operation to --trace: its start (µs since the epoch), its latency (µs)
+//           and its status code (bench/restart_pause.sh). Results are spot-checked.
 //   lockstep  --iters in-place float32 sum allreduces of --count elements, each checked against
 //           the value only this job's ranks can produce (from --seed); prints "LOCKSTEP <iters>"
 //           or the first wrong element.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -35,7 +39,9 @@ ABSL_FLAG(int, linger_s, 0,
 ABSL_FLAG(int, timeout_ms, 0, "daemon-side wait for the other ranks (submit mode)");
 ABSL_FLAG(int, iters, 100, "allreduces (lockstep mode)");
 ABSL_FLAG(int, seed, 1, "job-specific base of the values (lockstep mode)");
-ABSL_FLAG(int, duration_s, 10, "how long to run (restart mode)");
+ABSL_FLAG(int, duration_s, 10, "how long to run (restart and latency modes)");
+ABSL_FLAG(uint64_t, bytes, 8, "bytes per operation (latency mode)");
+ABSL_FLAG(std::string, trace, "", "where latency mode writes its operations");
 
 namespace {
 
@@ -59,9 +65,10 @@ int main(int argc, char** argv) {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int nranks = absl::GetFlag(FLAGS_nranks);
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  const size_t bytes = mode == "cases" || mode == "restart"
-                           ? railyard::testing::ScratchBytes(nranks)
-                           : absl::GetFlag(FLAGS_count) * sizeof(float) * nranks + 64;
+  const size_t bytes =
+      mode == "cases" || mode == "restart" ? railyard::testing::ScratchBytes(nranks)
+      : mode == "latency" ? 2 * std::max<uint64_t>(absl::GetFlag(FLAGS_bytes), 8) + 64
+                          : absl::GetFlag(FLAGS_count) * sizeof(float) * nranks + 64;
   auto buf = (*client)->Allocate(bytes);
   if (!buf.ok()) return Fail("allocate", buf.status());
   auto comm = (*client)->InitComm(absl::GetFlag(FLAGS_comm_id), rank, nranks);
@@ -126,6 +133,45 @@ int main(int argc, char** argv) {
     }
     std::printf("LOCKSTEP %d nodes %d\n", iters, comm->nnodes());
     return 0;
+  }
+  if (mode == "latency") {
+    const uint64_t count = std::max<uint64_t>(absl::GetFlag(FLAGS_bytes), 8) / sizeof(float);
+    auto* data = static_cast<float*>(buf->data());
+    const size_t recv_offset = (count * sizeof(float) + 63) / 64 * 64;
+    auto* out = reinterpret_cast<float*>(static_cast<char*>(buf->data()) + recv_offset);
+    FILE* trace = std::fopen(absl::GetFlag(FLAGS_trace).c_str(), "w");
+    if (trace == nullptr) return Fail("trace", absl::InvalidArgumentError("cannot open --trace"));
+    const auto end =
+        std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_duration_s));
+    uint64_t wrong = 0, n = 0;
+    for (uint64_t i = 0; std::chrono::steady_clock::now() < end; ++i) {
+      const float v = static_cast<float>(i % 1024);
+      for (uint64_t k = 0; k < count; k += 1024) data[k] = v + static_cast<float>(rank);
+      data[count - 1] = v + static_cast<float>(rank);
+      const auto t0 = std::chrono::system_clock::now();
+      const auto s0 = std::chrono::steady_clock::now();
+      absl::Status s =
+          comm->AllReduce(railyard::BufferRef(*buf, 0), railyard::BufferRef(*buf, recv_offset),
+                          count, railyard::DataType::kFloat32, railyard::RedOp::kSum)
+              .wait(std::chrono::seconds(120));
+      const auto lat = std::chrono::steady_clock::now() - s0;
+      const float want =
+          static_cast<float>(nranks) * v + static_cast<float>(nranks * (nranks - 1) / 2);
+      if (s.ok() && (out[0] != want || out[count - 1] != want)) ++wrong;
+      std::fprintf(
+          trace, "%lld %lld %d\n",
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::microseconds>(t0.time_since_epoch()).count()),
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::microseconds>(lat).count()),
+          static_cast<int>(s.code()));
+      ++n;
+    }
+    std::fclose(trace);
+    std::printf("LATENCY ops=%llu wrong=%llu reconnects=%llu\n", static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(wrong),
+                static_cast<unsigned long long>((*client)->reconnects()));
+    return wrong == 0 ? 0 : 1;
   }
   if (mode == "restart") {
     const auto cases = railyard::testing::AllCases(nranks);

@@ -169,6 +169,58 @@ TEST_F(CommunicatorTest, LocalSendRecvPairsMatchInOrder) {
 }
 
 // Quotas of the sessions that submit (daemon/session/quota.h): a job's accounts with small limits.
+TEST_F(CommunicatorTest, AHandoverRunsWhatEveryRankSubmittedAndHandsBackTheRest) {
+  auto comm = std::make_shared<Communicator>("c6", "job", 2, Env());
+  JoinAll(*comm, {0, 1});
+  RankBuffer a{std::vector<float>(64, 1.0f)}, b{std::vector<float>(64, 2.0f)};
+  RankBuffer c{std::vector<float>(64, 5.0f)};
+  RankBuffer s{std::vector<float>(8, 7.0f)};
+  // seq 0: both ranks in (complete); seq 1: rank 0 only; a send still waiting for its receive.
+  ASSERT_TRUE(comm->Submit(a.Request(1, 0, OpKind::kAllReduce, sink_)).ok());
+  ASSERT_TRUE(comm->Submit(b.Request(2, 1, OpKind::kAllReduce, sink_)).ok());
+  ASSERT_TRUE(comm->Submit(c.Request(3, 0, OpKind::kAllReduce, sink_)).ok());
+  auto send = s.Request(4, 0, OpKind::kSend, sink_);
+  send->req.root = 1;
+  ASSERT_TRUE(comm->Submit(std::move(send)).ok());
+  comm->BeginHandover("handing over (test)");
+  // The complete one ran, exactly; the rest came back marked moved, untouched.
+  ASSERT_TRUE(sink_->Wait(1).status.ok());
+  ASSERT_TRUE(sink_->Wait(2).status.ok());
+  for (float v : a.data) ASSERT_EQ(v, 3.0f);
+  for (uint64_t id : {3, 4}) {
+    const auto moved = sink_->Wait(id);
+    EXPECT_EQ(moved.status.code(), absl::StatusCode::kUnavailable) << moved.status;
+    EXPECT_TRUE(IsMoved(moved.status)) << moved.status;
+    EXPECT_EQ(sink_->Count(id), 1u);
+  }
+  for (float v : c.data) ASSERT_EQ(v, 5.0f);
+  // What comes after goes back too, and nothing is left running.
+  auto later = comm->Submit(b.Request(5, 1, OpKind::kAllReduce, sink_));
+  EXPECT_TRUE(IsMoved(later.status())) << later.status();
+  for (int i = 0; i < 100 && !comm->idle(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(comm->idle());
+}
+
+TEST_F(CommunicatorTest, RejoinedRanksGoOnFromTheHighestResumeSeq) {
+  auto comm = std::make_shared<Communicator>("c7", "job", 2, Env());
+  // Rank 0's copy of seq 5 failed in a restart (it resumes at 6); rank 1 would run 5 next.
+  ASSERT_TRUE(comm->Join(
+                      0, absl::Seconds(5), [](const absl::Status&) {}, 6)
+                  .ok());
+  ASSERT_TRUE(comm->Join(
+                      1, absl::Seconds(5), [](const absl::Status&) {}, 5)
+                  .ok());
+  EXPECT_EQ(comm->first_seq(), 6u);
+  RankBuffer a{std::vector<float>(16, 1.0f)}, b{std::vector<float>(16, 2.0f)};
+  auto s0 = comm->Submit(a.Request(1, 0, OpKind::kAllReduce, sink_));
+  auto s1 = comm->Submit(b.Request(2, 1, OpKind::kAllReduce, sink_));
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  EXPECT_EQ(*s0, 6u);
+  EXPECT_EQ(*s1, 6u);
+  EXPECT_EQ(sink_->Wait(1).seq, 6u);
+  for (float v : a.data) ASSERT_EQ(v, 3.0f);
+}
+
 struct Quotas {
   explicit Quotas(uint64_t ops_per_session, uint64_t ops_per_job, uint64_t p2p_per_session = 0,
                   uint64_t p2p_per_job = 0) {
