@@ -37,6 +37,7 @@ start_daemon() {  # NAME [FLAGS...] -> appends the pid to pids
   "$build/daemon/railyardd" --socket="$dir/r.sock" --admin_socket="$dir/a.sock" \
     --state_dir="$dir" --insecure_first_session_token "$@" >"$dir/$name.log" 2>&1 &
   pids+=($!)
+  local _
   for _ in $(seq 400); do grep -q "msg=serving" "$dir/$name.log" && return 0; sleep 0.025; done
   cat "$dir/$name.log" >&2
   echo "restart_pause: railyardd $name did not start" >&2
@@ -44,7 +45,7 @@ start_daemon() {  # NAME [FLAGS...] -> appends the pid to pids
 }
 
 launch() {  # KIND SIZE -> prints one row: kind size base_p50 base_p99 near_p50 near_p99 pause failed ops
-  local kind=$1 size=$2
+  local kind=$1 size=$2 r
   rm -f "$dir"/r.sock* "$dir"/t*.txt
   start_daemon d0
   local comm
@@ -85,6 +86,10 @@ base = [lat for t, lat, c in ops if t < event - 500_000]
 near = [lat for t, lat, c in ops if event - 1_000_000 <= t + lat and t <= event + 1_000_000]
 pause = max((lat for t, lat, c in ops if t <= event + 2_000_000 and t + lat >= event), default=0)
 failed = sum(1 for t, lat, c in ops if c != 0)
+codes = sorted({c for t, lat, c in ops if c != 0})
+if codes:
+    print(f"failed codes {codes} at", [round((t - event) / 1e6, 3) for t, lat, c in ops if c != 0],
+          file=sys.stderr)
 print(f"{kind} {size} {pct(base, .5)} {pct(base, .99)} {pct(near, .5)} {pct(near, .99)} {pause} {failed} {len(ops)}")
 EOF
 }

@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -96,14 +98,80 @@ v1::RedOp ToProto(RedOp op) {
   return v1::RED_OP_UNSPECIFIED;
 }
 
-// True when the two regions' buffers share memory (the whole buffers are compared: what an
-// operation writes of its output is not worked out here).
-bool Overlap(BufferRef a, BufferRef b) {
-  if (a.buffer == nullptr || b.buffer == nullptr) return false;
-  const auto* a0 = static_cast<const std::byte*>(a.buffer->data());
-  const auto* b0 = static_cast<const std::byte*>(b.buffer->data());
-  if (a0 == nullptr || b0 == nullptr) return a.buffer == b.buffer;
-  return a0 < b0 + b.buffer->size() && b0 < a0 + a.buffer->size();
+uint64_t ElementBytes(v1::DataType dtype) {
+  switch (dtype) {
+    case v1::DATA_TYPE_FLOAT64:
+    case v1::DATA_TYPE_INT64:
+    case v1::DATA_TYPE_UINT64:
+      return 8;
+    case v1::DATA_TYPE_FLOAT32:
+    case v1::DATA_TYPE_INT32:
+    case v1::DATA_TYPE_UINT32:
+      return 4;
+    case v1::DATA_TYPE_FLOAT16:
+    case v1::DATA_TYPE_BFLOAT16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// Bytes an operation reads from its send region and writes to its receive region (NCCL's
+// shapes); nullopt where it cannot be worked out (a bad request, an overflow): then assume the
+// worst.
+std::optional<std::pair<uint64_t, uint64_t>> Extents(const v1::SubmitRequest& r, int nranks) {
+  const uint64_t e = ElementBytes(r.dtype());
+  const uint64_t n = static_cast<uint64_t>(nranks);
+  if (r.count() > (uint64_t{1} << 48) || n == 0) return std::nullopt;
+  const uint64_t one = r.count() * e;
+  switch (r.op()) {
+    case v1::COLLECTIVE_OP_ALL_REDUCE:
+    case v1::COLLECTIVE_OP_BROADCAST:
+    case v1::COLLECTIVE_OP_REDUCE:
+      return std::make_pair(one, one);
+    case v1::COLLECTIVE_OP_REDUCE_SCATTER:
+      return std::make_pair(one * n, one);
+    case v1::COLLECTIVE_OP_ALL_GATHER:
+      return std::make_pair(one, one * n);
+    case v1::COLLECTIVE_OP_ALL_TO_ALL:
+      return std::make_pair(one * n, one * n);
+    case v1::COLLECTIVE_OP_ALL_TO_ALL_V: {
+      auto end = [&](const auto& counts, const auto& displs) -> std::optional<uint64_t> {
+        if (counts.size() != displs.size()) return std::nullopt;
+        uint64_t hi = 0;
+        for (int i = 0; i < counts.size(); ++i) {
+          if (counts[i] > (uint64_t{1} << 48) || displs[i] > (uint64_t{1} << 48)) {
+            return std::nullopt;
+          }
+          hi = std::max(hi, (counts[i] + displs[i]) * e);
+        }
+        return hi;
+      };
+      std::optional<uint64_t> s = end(r.send_counts(), r.send_displs());
+      std::optional<uint64_t> d = end(r.recv_counts(), r.recv_displs());
+      if (!s.has_value() || !d.has_value()) return std::nullopt;
+      return std::make_pair(*s, *d);
+    }
+    case v1::COLLECTIVE_OP_BARRIER:
+      return std::make_pair(uint64_t{0}, uint64_t{0});
+    default:
+      return std::nullopt;
+  }
+}
+
+// True when the operation's output may overlap its input: running it again would not start from
+// the same data (the regions as NCCL's shapes size them, at the addresses this process sees).
+bool InputMayBeOverwritten(const v1::SubmitRequest& r, int nranks, BufferRef send,
+                           BufferRef recv) {
+  if (send.buffer == nullptr || recv.buffer == nullptr) return false;  // one side only
+  const std::optional<std::pair<uint64_t, uint64_t>> bytes = Extents(r, nranks);
+  const auto* s0 = static_cast<const std::byte*>(send.buffer->data());
+  const auto* r0 = static_cast<const std::byte*>(recv.buffer->data());
+  if (!bytes.has_value() || s0 == nullptr || r0 == nullptr) return true;
+  const std::byte* s = s0 + send.offset;
+  const std::byte* d = r0 + recv.offset;
+  if (bytes->first == 0 || bytes->second == 0) return false;
+  return s < d + bytes->second && d < s + bytes->first;
 }
 
 }  // namespace
@@ -239,7 +307,7 @@ Work Comm::Submit(v1::SubmitRequest* request, BufferRef send, BufferRef recv,
   }
   // After a daemon crash it runs again only if it cannot have overwritten its own input: its
   // output lies in other memory than its input (docs/restarts.md).
-  work.state_->rerun_safe = !Overlap(send, recv);
+  work.state_->rerun_safe = !InputMayBeOverwritten(*request, nranks_, send, recv);
   if (group_depth > 0) {
     group_ops.push_back({core_, std::move(*request), work.state_});
     return work;
