@@ -766,22 +766,19 @@ bool ClientCore::RebuildOnce(const std::shared_ptr<Link>& old,
       const uint64_t first = r.result->first_seq();
       uint64_t lost = first > r.resume_seq ? first - r.resume_seq : 0;
       c.next_seq = first;
-      // Another rank's copy of the collectives in between failed in the restart: so do ours.
+      // Another rank's copy of the collectives in between failed in the restart: so do ours,
+      // those held here now and, for the rest, the next ones submitted.
       for (auto it = pending_.begin(); lost > 0 && it != pending_.end();) {
         Outstanding& o = it->second;
         if (o.unsent && o.request.comm_handle() == r.vid && internal::IsCollective(o.request)) {
-          failed.emplace_back(
-              o.pending,
-              absl::UnavailableError(absl::StrCat(
-                  "railyardd restarted during this ", v1::CollectiveOp_Name(o.request.op()),
-                  " on another rank of communicator ", c.comm_id,
-                  ", which could not run it again; the communicator goes on")));
+          failed.emplace_back(o.pending, LostStatus(o.request, c.comm_id));
           it = pending_.erase(it);
           --lost;
           continue;
         }
         ++it;
       }
+      c.lost = lost;
     }
     // Operations on a communicator that is gone fail with why.
     for (auto it = pending_.begin(); it != pending_.end();) {
@@ -804,6 +801,13 @@ bool ClientCore::RebuildOnce(const std::shared_ptr<Link>& old,
   // 5. What was not taken, handed back, or is safe to run again: in the order it was submitted.
   SendUnsent();
   return true;
+}
+
+absl::Status ClientCore::LostStatus(const v1::SubmitRequest& request, const std::string& comm_id) {
+  return absl::UnavailableError(
+      absl::StrCat("railyardd restarted during this ", v1::CollectiveOp_Name(request.op()),
+                   " on another rank of communicator ", comm_id,
+                   ", which could not run it again; the communicator goes on"));
 }
 
 void ClientCore::SendUnsent() {
@@ -989,6 +993,11 @@ void ClientCore::SubmitGroup(
         auto c = comms_.find(o.request.comm_handle());
         if (c != comms_.end() && !c->second.broken.ok()) {
           pending->Complete(c->second.broken, 0);
+          continue;
+        }
+        if (c != comms_.end() && c->second.lost > 0 && internal::IsCollective(o.request)) {
+          --c->second.lost;
+          pending->Complete(LostStatus(o.request, c->second.comm_id), 0);
           continue;
         }
         pending_.emplace(id, std::move(o));

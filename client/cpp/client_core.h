@@ -185,6 +185,9 @@ class ClientCore {
     uint64_t handle = 0;    // the daemon's handle in the current session
     uint64_t next_seq = 0;  // one past the highest seq of a collective that completed OK
     absl::Status broken;    // it could not be joined again after a reconnect
+    // Collectives of this rank that another rank's failed copy took with it in a restart and
+    // that were not submitted yet: the next ones submitted fail (InitCommResponse.first_seq).
+    uint64_t lost = 0;
   };
   // An operation submitted and not completed.
   struct Outstanding {
@@ -212,6 +215,8 @@ class ClientCore {
   // One rebuild of the session on the daemon now at the socket; false: given up (Die called).
   bool RebuildOnce(const std::shared_ptr<Link>& old,
                    std::chrono::steady_clock::time_point deadline);
+  // Why a collective fails that another rank's copy, failed in a restart, took with it.
+  static absl::Status LostStatus(const v1::SubmitRequest& request, const std::string& comm_id);
   // Sends what is marked unsent on the current link, until nothing is.
   void SendUnsent();
   // Ends the session for good: every outstanding request fails with status.

@@ -63,10 +63,22 @@ class DaemonProcess {
  public:
   explicit DaemonProcess(std::vector<std::string> extra_flags = {}) : dir_(MakeTempDir()) {
     socket_ = dir_ + "/ry.sock";
+    Start(std::move(extra_flags));
+  }
+  // SIGKILL, as an OOM kill or a liveness restart would: the socket file stays behind, stale.
+  void Kill() {
+    if (stopped_) return;
+    stopped_ = true;
+    proc_->Signal(SIGKILL);
+    stop_code_ = proc_->Wait(std::chrono::seconds(15)).value_or(-1);
+  }
+  // Starts railyardd on this socket (again, after Stop or Kill) and waits until it accepts.
+  void Start(std::vector<std::string> extra_flags = {}) {
     std::vector<std::string> argv = {RailyarddPathFor(extra_flags), "--socket=" + socket_,
                                      "--node_name=itest", "--insecure_first_session_token"};
     argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     proc_ = std::make_unique<Process>(argv, dir_ + "/railyardd.log");
+    stopped_ = false;
     for (int i = 0; i < 1000 && !SocketAccepts(socket_); ++i) {
       if (proc_->Wait(std::chrono::milliseconds(10)).has_value()) break;
     }
