@@ -734,6 +734,14 @@ bool ClientCore::RebuildOnce(const std::shared_ptr<Link>& old,
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [vid, c] : comms_) {
       if (!c.broken.ok()) continue;
+      if (c.nnodes > 1) {
+        // Its other daemons do not pause it while this one restarts (not yet): it failed there.
+        c.broken = absl::UnavailableError(absl::StrCat(
+            "communicator ", c.comm_id, " spans ", c.nnodes,
+            " nodes, and communicators spanning nodes are not carried across a restart of one "
+            "of their daemons yet (docs/restarts.md): create it again"));
+        continue;
+      }
       rejoins.push_back({vid, c.comm_id, c.rank, c.nranks, resume[vid]});
     }
   }
@@ -1307,6 +1315,7 @@ absl::StatusOr<v1::InitCommResponse> ClientCore::InitComm(const std::string& com
   c.comm_id = comm_id;
   c.rank = rank;
   c.nranks = nranks;
+  c.nnodes = std::max(1, response->nnodes());
   c.handle = response->comm_handle();
   c.next_seq = response->first_seq();
   response->set_comm_handle(vid);

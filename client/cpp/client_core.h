@@ -182,6 +182,7 @@ class ClientCore {
     std::string comm_id;
     int rank = 0;
     int nranks = 0;
+    int nnodes = 1;
     uint64_t handle = 0;    // the daemon's handle in the current session
     uint64_t next_seq = 0;  // one past the highest seq of a collective that completed OK
     absl::Status broken;    // it could not be joined again after a reconnect
