@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/session/peer_cred.h"
+#include "daemon/util/listening_socket.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_name.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -89,28 +90,21 @@ absl::StatusOr<std::unique_ptr<ClientListener>> ClientListener::Bind(Options opt
     return absl::UnavailableError(
         absl::StrCat("cannot listen on unix:", path, ": ", std::strerror(err)));
   }
-  l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  l->spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  rlimit rl{};
-  l->fd_limit_ = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
-  return l;
+  return Ready(std::move(l));
 }
 
 absl::StatusOr<std::unique_ptr<ClientListener>> ClientListener::Adopt(Options options,
                                                                       int listen_fd) {
   std::unique_ptr<ClientListener> l(new ClientListener(std::move(options)));
   l->listen_fd_ = listen_fd;
-  int type = 0;
-  int listening = 0;
-  socklen_t len = sizeof(type);
-  socklen_t len2 = sizeof(listening);
-  if (listen_fd < 0 || ::getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
-      ::getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len2) != 0 ||
-      type != SOCK_STREAM || listening == 0) {
-    return absl::InvalidArgumentError(
-        "the client socket handed over is not a listening Unix stream socket");
+  if (absl::Status s = CheckHandedOverListener(listen_fd, SOCK_STREAM, "client socket"); !s.ok()) {
+    return s;
   }
-  ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
+  return Ready(std::move(l));
+}
+
+absl::StatusOr<std::unique_ptr<ClientListener>> ClientListener::Ready(
+    std::unique_ptr<ClientListener> l) {
   l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   l->spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   rlimit rl{};

@@ -89,6 +89,8 @@ class ClientListener {
   static uint64_t RaiseDescriptorLimit();
 
  private:
+  // Bind and Adopt's common part, once listen_fd_ listens.
+  static absl::StatusOr<std::unique_ptr<ClientListener>> Ready(std::unique_ptr<ClientListener> l);
   explicit ClientListener(Options options) : options_(std::move(options)) {}
   struct Conn {
     ino_t inode = 0;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "daemon/util/listening_socket.h"
 #include "daemon/util/log.h"
 #include "daemon/util/random_id.h"
 #include "daemon/util/thread_name.h"
@@ -121,17 +122,10 @@ absl::StatusOr<std::unique_ptr<FdChannelServer>> FdChannelServer::Adopt(Options 
                                                                         int listen_fd) {
   std::unique_ptr<FdChannelServer> s(new FdChannelServer(std::move(options)));
   s->listen_fd_ = listen_fd;
-  int type = 0;
-  int listening = 0;
-  socklen_t len = sizeof(type);
-  socklen_t len2 = sizeof(listening);
-  if (listen_fd < 0 || ::getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
-      ::getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len2) != 0 ||
-      type != SOCK_SEQPACKET || listening == 0) {
-    return absl::InvalidArgumentError(
-        "the side channel socket handed over is not a listening SOCK_SEQPACKET socket");
+  if (absl::Status st = CheckHandedOverListener(listen_fd, SOCK_SEQPACKET, "side channel socket");
+      !st.ok()) {
+    return st;
   }
-  ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
   return Serve(std::move(s));
 }
 

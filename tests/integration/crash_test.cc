@@ -65,6 +65,17 @@ void ExpectSum(Ranks& r, bool in_place) {
   }
 }
 
+// One more AllReduce on both ranks: both complete, as the same collective, exactly.
+void BothExact(Ranks& r, bool in_place) {
+  Fill(r);
+  Work a = AllReduce(r, 0, in_place);
+  Work b = AllReduce(r, 1, in_place);
+  ASSERT_TRUE(a.wait(std::chrono::seconds(30)).ok()) << a.wait();
+  ASSERT_TRUE(b.wait(std::chrono::seconds(30)).ok()) << b.wait();
+  ExpectSum(r, in_place);
+  EXPECT_EQ(a.seq(), b.seq());
+}
+
 // The daemon took rank 0's collective (it waits in the communicator for rank 1's copy): kill it
 // and start a new one on the same socket.
 void CrashWithRankZerosCollectiveTaken(DaemonProcess& daemon) {
@@ -113,13 +124,7 @@ TEST(CrashTest, ATakenInPlaceCollectiveFailsOnEveryRankAndTheCommunicatorGoesOn)
   EXPECT_EQ(s1.code(), absl::StatusCode::kUnavailable) << s1;
   EXPECT_THAT(s1.message(), HasSubstr("on another rank"));
   // And the communicator goes on, exact.
-  Fill(r);
-  Work a = AllReduce(r, 0, true);
-  Work b = AllReduce(r, 1, true);
-  ASSERT_TRUE(a.wait(std::chrono::seconds(30)).ok()) << a.wait();
-  ASSERT_TRUE(b.wait(std::chrono::seconds(30)).ok()) << b.wait();
-  ExpectSum(r, true);
-  EXPECT_EQ(a.seq(), b.seq());
+  ASSERT_NO_FATAL_FAILURE(BothExact(r, true));
 }
 
 TEST(CrashTest, ATakenSendFailsAndIsNotSentTwice) {
@@ -134,12 +139,7 @@ TEST(CrashTest, ATakenSendFailsAndIsNotSentTwice) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("restarted during this"));
   // Collectives go on.
-  Fill(r);
-  Work a = AllReduce(r, 0, false);
-  Work b = AllReduce(r, 1, false);
-  ASSERT_TRUE(a.wait(std::chrono::seconds(30)).ok()) << a.wait();
-  ASSERT_TRUE(b.wait(std::chrono::seconds(30)).ok()) << b.wait();
-  ExpectSum(r, false);
+  ASSERT_NO_FATAL_FAILURE(BothExact(r, false));
 }
 
 TEST(CrashTest, WithoutAReconnectWindowTheSessionEndsWithTheDaemon) {
