@@ -161,8 +161,7 @@ std::optional<std::pair<uint64_t, uint64_t>> Extents(const v1::SubmitRequest& r,
 
 // True when the operation's output may overlap its input: running it again would not start from
 // the same data (the regions as NCCL's shapes size them, at the addresses this process sees).
-bool InputMayBeOverwritten(const v1::SubmitRequest& r, int nranks, BufferRef send,
-                           BufferRef recv) {
+bool InputMayBeOverwritten(const v1::SubmitRequest& r, int nranks, BufferRef send, BufferRef recv) {
   if (send.buffer == nullptr || recv.buffer == nullptr) return false;  // one side only
   const std::optional<std::pair<uint64_t, uint64_t>> bytes = Extents(r, nranks);
   const auto* s0 = static_cast<const std::byte*>(send.buffer->data());
