@@ -16,34 +16,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client_link.h"
 #include "memfd_buffer.h"
 #include "proto/railyard/v1/ring.h"
 
 namespace railyard {
 namespace internal {
 namespace {
-
-// Deadline of every unary call but InitComm.
-constexpr std::chrono::milliseconds kRpcTimeout{30000};
-// InitComm waits for the other ranks: its own timeout plus this margin, or kInitDefaultTimeout
-// when the daemon's default applies (its value is not known here).
-constexpr std::chrono::milliseconds kInitMargin{5000};
-constexpr std::chrono::milliseconds kInitDefaultTimeout{10 * 60 * 1000};
-// How long Shutdown waits for the daemon to acknowledge Disconnect.
-constexpr std::chrono::milliseconds kDisconnectTimeout{5000};
-// Waits longer than this are treated as unbounded (avoids overflowing time_point arithmetic).
-constexpr std::chrono::milliseconds kForever{std::chrono::hours(24 * 365)};
-// How long a session is waited for after a handover at least, whatever $RAILYARD_RECONNECT_S.
-constexpr std::chrono::seconds kHandoverWindow{60};
-// A reconnect's Connect attempts: each bounded by this, and this far apart.
-constexpr std::chrono::milliseconds kReconnectAttempt{5000};
-constexpr std::chrono::milliseconds kReconnectPause{50};
-// The daemon's marker of a request handed back untaken (grpc error_details of Submit).
-constexpr char kMovedDetails[] = "railyard.dev/moved";
-
-bool IsCollective(const v1::SubmitRequest& r) {
-  return r.op() != v1::COLLECTIVE_OP_SEND && r.op() != v1::COLLECTIVE_OP_RECV;
-}
 
 std::string EnvOr(const char* name, const std::string& fallback) {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): read at Connect only; this library never sets env.
@@ -218,33 +197,6 @@ absl::Status FromGrpc(const grpc::Status& status) {
 
 }  // namespace internal
 
-// One session with one daemon. The fields below `stream` are guarded by the core's mu_.
-struct ClientCore::Link {
-  std::string session_id;
-  std::string node_name;
-  std::unique_ptr<internal::FdChannelClient> fd_channel;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Local::Stub> stub;
-  grpc::ClientContext stream_ctx;
-  std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> stream;
-  std::thread reader;
-  std::shared_ptr<internal::ClientRings> rings;  // set once, right after Connected
-  bool connected = false;                        // the Connected event arrived
-  bool ended = false;                            // the reader saw the end of the stream
-  bool moving = false;  // the daemon said it hands the node over (SessionEvent.moving)
-  absl::Status end;     // why the stream ended (valid once ended)
-
-  ~Link() {
-    if (!reader.joinable()) return;
-    stream_ctx.TryCancel();
-    if (reader.get_id() == std::this_thread::get_id()) {
-      reader.detach();  // the reader held the last reference: it is returning
-    } else {
-      reader.join();
-    }
-  }
-};
-
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(const ClientOptions& options) {
   // In a child forked after this, the last reference to the core must not destroy it: that
   // would disconnect the parent's session over the parent's gRPC channel and join threads that
@@ -351,7 +303,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Link>> ClientCore::OpenLink(
   });
 
   std::unique_lock<std::mutex> lock(mu_);
-  auto answered_pred = [&] { return link->connected || link->ended; };
+  auto answered_pred = [&] { return link->connected || link->ended || shutting_down_; };
   bool answered = true;
   if (timeout >= internal::kForever) {
     cv_.wait(lock, answered_pred);
@@ -372,7 +324,9 @@ absl::StatusOr<std::shared_ptr<ClientCore::Link>> ClientCore::OpenLink(
     return link;
   }
   absl::Status error;
-  if (!answered) {
+  if (!link->connected && !link->ended && shutting_down_) {
+    error = absl::FailedPreconditionError("the client is disconnected");
+  } else if (!answered) {
     error = absl::UnavailableError(absl::StrCat("railyardd not reachable at ", socket_,
                                                 ": no answer within ", timeout.count(), " ms"));
   } else if (link->end.code() == absl::StatusCode::kUnavailable ||
@@ -383,6 +337,8 @@ absl::StatusOr<std::shared_ptr<ClientCore::Link>> ClientCore::OpenLink(
     // The daemon refused the session (token, job id): its message says why.
     error = link->end;
   }
+  if (error.ok())
+    error = absl::UnavailableError(absl::StrCat("railyardd at ", socket_, " ended the session"));
   lock.unlock();
   link->stream_ctx.TryCancel();
   return error;
@@ -550,296 +506,6 @@ void ClientCore::Die(absl::Status status) {
   for (auto& [id, o] : orphans) o.pending->Complete(status, 0);
 }
 
-void ClientCore::RebuildLoop(std::chrono::steady_clock::time_point deadline) {
-  while (true) {
-    std::shared_ptr<Link> old;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (shutting_down_ || dead_) return;
-      old = link_;
-    }
-    if (!RebuildOnce(old, deadline)) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (shutting_down_ || dead_ || state_ == State::kLive) return;
-    // The new session ended already: once more, within the same window.
-  }
-}
-
-bool ClientCore::RebuildOnce(const std::shared_ptr<Link>& old,
-                             std::chrono::steady_clock::time_point deadline) {
-  if (old->reader.joinable() && old->reader.get_id() != std::this_thread::get_id()) {
-    old->reader.join();
-  }
-  // 1. What the old daemon took of the rings: its head. Nothing is published on them after this.
-  uint64_t head = 0;
-  if (old->rings != nullptr) {
-    old->rings->Drain();
-    old->rings->Close();
-    old->rings->FenceSubmissions();
-    head = old->rings->ConsumedHead();
-  }
-  const bool handover = old->moving;
-  std::vector<std::pair<std::shared_ptr<internal::PendingRequest>, absl::Status>> failed;
-  std::map<uint64_t, uint64_t> resume;  // by comm: the seq its next collective would have had
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::map<uint64_t, std::vector<uint64_t>> taken;  // by comm: collectives the daemon took
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      Outstanding& o = it->second;
-      const uint64_t slot = o.pending->sq_first.load();
-      // On the rings only what the daemon's head passed was taken; over gRPC what was sent.
-      const bool was_taken =
-          !o.unsent && !o.moved &&
-          (o.via_rings ? slot != internal::PendingRequest::kUnpublished && slot < head : true);
-      if (!was_taken) {
-        o.unsent = true;  // never taken, or handed back: the next daemon runs it
-        o.moved = false;
-        ++it;
-        continue;
-      }
-      if (internal::IsCollective(o.request)) {
-        taken[o.request.comm_handle()].push_back(it->first);
-        ++it;
-        continue;
-      }
-      // A send or receive the daemon had taken may have moved its bytes: not run twice.
-      failed.emplace_back(
-          o.pending,
-          absl::UnavailableError(absl::StrCat(
-              "railyardd at ", socket_, " restarted during this ",
-              v1::CollectiveOp_Name(o.request.op()),
-              " (it had taken it; a send or receive is not run twice, its peer's matching "
-              "operation fails too or times out); the communicator goes on")));
-      it = pending_.erase(it);
-    }
-    for (auto& [vid, c] : comms_) resume[vid] = c.next_seq;
-    for (auto& [comm, ids] : taken) {
-      bool safe = true;
-      for (uint64_t id : ids) safe = safe && pending_.at(id).pending->rerun_safe;
-      if (safe) {
-        for (uint64_t id : ids) pending_.at(id).unsent = true;  // run again from its inputs
-        continue;
-      }
-      for (uint64_t id : ids) {
-        Outstanding& o = pending_.at(id);
-        failed.emplace_back(
-            o.pending,
-            absl::UnavailableError(absl::StrCat(
-                "railyardd at ", socket_, " restarted during this ",
-                v1::CollectiveOp_Name(o.request.op()),
-                " (it had taken it, and running it again is not safe: its output may have "
-                "overwritten its input); the communicator goes on")));
-        pending_.erase(id);
-      }
-      resume[comm] += ids.size();
-    }
-  }
-  for (auto& [p, st] : failed) p->Complete(st, 0);
-  failed.clear();
-
-  // 2. A session with the daemon at the socket now (a new one, or the same one back).
-  std::shared_ptr<Link> link;
-  absl::Status last = absl::UnavailableError("no attempt");
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (shutting_down_) return false;
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) break;
-    const auto attempt = std::min<std::chrono::milliseconds>(
-        internal::kReconnectAttempt,
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-    absl::StatusOr<std::shared_ptr<Link>> made = OpenLink(attempt);
-    if (made.ok()) {
-      link = *std::move(made);
-      break;
-    }
-    last = made.status();
-    if (last.code() == absl::StatusCode::kPermissionDenied ||
-        last.code() == absl::StatusCode::kInvalidArgument ||
-        last.code() == absl::StatusCode::kUnauthenticated) {
-      break;  // the daemon refuses this session: waiting will not change that
-    }
-    std::this_thread::sleep_for(internal::kReconnectPause);
-  }
-  if (link == nullptr) {
-    Die(absl::UnavailableError(
-        absl::StrCat("railyardd at ", socket_, handover ? " handed the node over" : " went away",
-                     " and no daemon took this session back in time ($RAILYARD_RECONNECT_S): ",
-                     last.message())));
-    return false;
-  }
-
-  // 3. Buffers again, in the order they were registered (a part after its parent).
-  std::vector<std::pair<uint64_t, v1::RegisterBufferRequest>> regs;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [vid, b] : buffers_) {
-      v1::RegisterBufferRequest r;
-      r.set_size_bytes(b.size);
-      if (b.parent != 0) {
-        r.set_parent_buffer_id(b.parent);  // translated below
-        r.set_parent_offset(b.parent_offset);
-      } else if (!b.ipc_handle.empty()) {
-        r.set_memory(v1::MEMORY_KIND_CUDA);
-        r.set_device(b.device);
-        r.set_cuda_ipc_handle(b.ipc_handle);
-        r.set_cuda_ipc_offset(b.ipc_offset);
-      } else if (b.device >= 0) {
-        r.set_memory(v1::MEMORY_KIND_CUDA);
-        r.set_device(b.device);
-      }
-      regs.emplace_back(vid, std::move(r));
-    }
-  }
-  std::map<uint64_t, uint64_t> new_ids;
-  for (auto& [vid, r] : regs) {
-    if (r.parent_buffer_id() != 0) r.set_parent_buffer_id(new_ids[r.parent_buffer_id()]);
-    if (r.parent_buffer_id() == 0 && r.cuda_ipc_handle().empty()) {
-      int fd = -1;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        fd = buffers_.at(vid).fd.get();
-      }
-      absl::StatusOr<uint64_t> handle = link->fd_channel->Put(fd, internal::kRpcTimeout);
-      if (!handle.ok()) {
-        Die(absl::Status(handle.status().code(),
-                         absl::StrCat("reconnecting: buffer ", vid,
-                                      " could not be passed again: ", handle.status().message())));
-        return false;
-      }
-      r.set_fd_handle(*handle);
-    }
-    absl::StatusOr<uint64_t> id = RegisterOn(*link, r);
-    if (!id.ok()) {
-      Die(absl::Status(id.status().code(),
-                       absl::StrCat("reconnecting: buffer ", vid,
-                                    " could not be registered again: ", id.status().message())));
-      return false;
-    }
-    new_ids[vid] = *id;
-  }
-
-  // 4. Communicators again, all at once (every rank of each rejoins; an order could deadlock).
-  struct Rejoin {
-    uint64_t vid = 0;
-    std::string comm_id;
-    int rank = 0, nranks = 0;
-    uint64_t resume_seq = 0;
-    absl::StatusOr<v1::InitCommResponse> result = absl::UnknownError("not run");
-  };
-  std::vector<Rejoin> rejoins;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [vid, c] : comms_) {
-      if (!c.broken.ok()) continue;
-      if (c.nnodes > 1) {
-        // Its other daemons do not pause it while this one restarts (not yet): it failed there.
-        c.broken = absl::UnavailableError(absl::StrCat(
-            "communicator ", c.comm_id, " spans ", c.nnodes,
-            " nodes, and communicators spanning nodes are not carried across a restart of one "
-            "of their daemons yet (docs/restarts.md): create it again"));
-        continue;
-      }
-      rejoins.push_back({vid, c.comm_id, c.rank, c.nranks, resume[vid]});
-    }
-  }
-  {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::max(deadline - std::chrono::steady_clock::now(),
-                 std::chrono::steady_clock::duration(std::chrono::seconds(5))));
-    std::vector<std::thread> threads;
-    for (Rejoin& r : rejoins) {
-      threads.emplace_back([&, rp = &r] {
-        rp->result = InitCommOn(*link, rp->comm_id, rp->rank, rp->nranks, left, rp->resume_seq);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [vid, id] : new_ids) buffers_.at(vid).id = id;
-    for (Rejoin& r : rejoins) {
-      CommRecord& c = comms_.at(r.vid);
-      if (!r.result.ok()) {
-        c.broken =
-            absl::Status(r.result.status().code(), absl::StrCat("communicator ", c.comm_id,
-                                                                " could not be joined "
-                                                                "again after railyardd restarted: ",
-                                                                r.result.status().message()));
-        continue;
-      }
-      c.handle = r.result->comm_handle();
-      const uint64_t first = r.result->first_seq();
-      uint64_t lost = first > r.resume_seq ? first - r.resume_seq : 0;
-      c.next_seq = first;
-      // Another rank's copy of the collectives in between failed in the restart: so do ours,
-      // those held here now and, for the rest, the next ones submitted.
-      for (auto it = pending_.begin(); lost > 0 && it != pending_.end();) {
-        Outstanding& o = it->second;
-        if (o.unsent && o.request.comm_handle() == r.vid && internal::IsCollective(o.request)) {
-          failed.emplace_back(o.pending, LostStatus(o.request, c.comm_id));
-          it = pending_.erase(it);
-          --lost;
-          continue;
-        }
-        ++it;
-      }
-      c.lost = lost;
-    }
-    // Operations on a communicator that is gone fail with why.
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      auto c = comms_.find(it->second.request.comm_handle());
-      if (it->second.unsent && c != comms_.end() && !c->second.broken.ok()) {
-        failed.emplace_back(it->second.pending, c->second.broken);
-        it = pending_.erase(it);
-        continue;
-      }
-      ++it;
-    }
-    link_ = link;
-    ++generation_;
-    translating_.store(true);
-    session_id_ = link->session_id;
-    node_name_ = link->node_name;
-  }
-  cv_.notify_all();
-  for (auto& [p, st] : failed) p->Complete(st, 0);
-  // 5. What was not taken, handed back, or is safe to run again: in the order it was submitted.
-  SendUnsent();
-  return true;
-}
-
-absl::Status ClientCore::LostStatus(const v1::SubmitRequest& request, const std::string& comm_id) {
-  return absl::UnavailableError(
-      absl::StrCat("railyardd restarted during this ", v1::CollectiveOp_Name(request.op()),
-                   " on another rank of communicator ", comm_id,
-                   ", which could not run it again; the communicator goes on"));
-}
-
-void ClientCore::SendUnsent() {
-  while (true) {
-    std::vector<uint64_t> ids;
-    std::shared_ptr<Link> link;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (shutting_down_ || dead_ || link_->ended) return;
-      for (auto& [id, o] : pending_) {
-        if (o.unsent) ids.push_back(id);
-      }
-      if (ids.empty()) {
-        // Under the lock that found nothing held: what is submitted from now on goes straight.
-        state_ = State::kLive;
-        cv_.notify_all();
-        return;
-      }
-      link = link_;
-    }
-    SendOn(link, ids, false);
-  }
-}
-
 uint64_t ClientCore::BufferIdLocked(uint64_t id) const {
   auto it = buffers_.find(id);
   return it == buffers_.end() ? ~uint64_t{0} : it->second.id;  // unknown: refused by the daemon
@@ -898,8 +564,14 @@ void ClientCore::SendOn(const std::shared_ptr<Link>& link, const std::vector<uin
         it->second.moved = true;  // handed back untaken: the next session sends it again
         continue;
       }
-      if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-          (state_ == State::kRebuilding || link->ended)) {
+      const bool leaving = state_ == State::kRebuilding || link->ended || link->moving;
+      if (leaving && (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+                      status.error_code() == grpc::StatusCode::CANCELLED)) {
+        // The session was gone (unknown session id) or ending when it arrived: not taken.
+        it->second.moved = true;
+        continue;
+      }
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE && leaving) {
         continue;  // the daemon went away meanwhile: the rebuild decides
       }
       pending_.erase(it);
@@ -1235,6 +907,15 @@ absl::StatusOr<uint64_t> ClientCore::RegisterPart(uint64_t parent, uint64_t offs
 }
 
 absl::Status ClientCore::ReleaseBuffer(uint64_t buffer_id) {
+  {
+    // Between sessions there is no daemon to tell: forgotten here, it is not registered again
+    // (and a destructor never waits out a reconnect).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kRebuilding || dead_) {
+      buffers_.erase(buffer_id);
+      return dead_ ? end_status_ : absl::OkStatus();
+    }
+  }
   absl::StatusOr<bool> done = WithLink<bool>([&](Link& link) -> absl::StatusOr<bool> {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, internal::kRpcTimeout);
@@ -1323,6 +1004,14 @@ absl::StatusOr<v1::InitCommResponse> ClientCore::InitComm(const std::string& com
 }
 
 absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
+  {
+    // Between sessions: forgotten here, it is not joined again (see ReleaseBuffer).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kRebuilding || dead_) {
+      comms_.erase(comm_handle);
+      return dead_ ? end_status_ : absl::OkStatus();
+    }
+  }
   absl::StatusOr<bool> done = WithLink<bool>([&](Link& link) -> absl::StatusOr<bool> {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, internal::kRpcTimeout);

@@ -183,9 +183,11 @@ class ClientCore {
     int rank = 0;
     int nranks = 0;
     int nnodes = 1;
-    uint64_t handle = 0;    // the daemon's handle in the current session
-    uint64_t next_seq = 0;  // one past the highest seq of a collective that completed OK
-    absl::Status broken;    // it could not be joined again after a reconnect
+    uint64_t handle = 0;  // the daemon's handle in the current session
+    // The sequence number this rank's next collective gets: one past the highest of a collective
+    // that completed OK, plus those a restart failed after the daemon had taken them.
+    uint64_t next_seq = 0;
+    absl::Status broken;  // it could not be joined again after a reconnect
     // Collectives of this rank that another rank's failed copy took with it in a restart and
     // that were not submitted yet: the next ones submitted fail (InitCommResponse.first_seq).
     uint64_t lost = 0;
@@ -213,11 +215,18 @@ class ClientCore {
   void OnLinkEnded(const std::shared_ptr<Link>& link, absl::Status end);
   // Runs on rebuild_thread_: sessions again until one holds or the window closes.
   void RebuildLoop(std::chrono::steady_clock::time_point deadline);
-  // One rebuild of the session on the daemon now at the socket; false: given up (Die called).
-  bool RebuildOnce(const std::shared_ptr<Link>& old,
-                   std::chrono::steady_clock::time_point deadline);
+  // One rebuild of the session on the daemon now at the socket: done (the new session serves),
+  // again (the new daemon went away meanwhile: another attempt within the window), or given
+  // up (Die called).
+  enum class Rebuilt { kDone, kAgain, kGaveUp };
+  Rebuilt RebuildOnce(const std::shared_ptr<Link>& old,
+                      std::chrono::steady_clock::time_point deadline);
   // Why a collective fails that another rank's copy, failed in a restart, took with it.
   static absl::Status LostStatus(const v1::SubmitRequest& request, const std::string& comm_id);
+  // True when a call on link failed because its daemon went away while the session was being
+  // rebuilt, and the window allows another attempt.
+  bool GoneAgain(Link& link, const absl::Status& status,
+                 std::chrono::steady_clock::time_point deadline);
   // Sends what is marked unsent on the current link, until nothing is.
   void SendUnsent();
   // Ends the session for good: every outstanding request fails with status.
