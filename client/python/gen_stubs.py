@@ -100,7 +100,7 @@ WIRE_HEADERS = (
         "kSqCompressionKey",
         "kFlagGroupNext", "kFlagErrorFeedback", "kFlagStreamSync",
         "kSyncBuffer", "kSyncOffset", "kSyncValue",
-        "kCqRequestId", "kCqSeq", "kCqCode", "kCqMessageLen")),
+        "kCqRequestId", "kCqSeq", "kCqCode", "kCqMessageLen", "kCqFlags", "kCqFlagMoved")),
     ("fd_channel.h", "FD_", (
         "kMagic", "kVersion", "kHeaderBytes", "kMaxPayload", "kMaxMessage", "kTicketChars",
         "Type::kHello", "Type::kPut", "Type::kPutOk", "Type::kError")),

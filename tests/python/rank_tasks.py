@@ -1043,3 +1043,160 @@ def torch_cuda_collectives(rank: int, n: int, store_path: str) -> Dict[str, Any]
     finally:
         dist.destroy_process_group()
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Daemon handovers and restarts under running ranks (test_restart.py). The test steers the ranks
+# through files in a control directory: "stop" ends the loop, "pause-p2p" holds sends and
+# receives (the ranks say they hold none in flight with "paused-<rank>").
+
+
+def _agree(comm: Any, flags: np.ndarray, agreed: np.ndarray) -> np.ndarray:
+    """Sums every rank's flags: each rank decides on the same values (a collective never comes
+    out differently on two ranks, not even across a restart), so all run the same operations."""
+    comm.all_reduce(flags, out=agreed, timeout=OP_TIMEOUT)
+    return agreed
+
+
+def restart_loop(rank: int, n: int, comm_id: str, control: str, max_s: float) -> Dict[str, Any]:
+    """Checked all_reduces (in place, out of place, and through the staging of a plain numpy
+    array) and a ring of send/recv, over and over, while the test hands the daemon over or kills
+    it. Returns the times of the completed iterations and of the completed exchanges, every
+    failure (time, operation, code, message), every wrong result, and the client's reconnects."""
+    import time
+
+    import railyard
+    c = railyard.connect(job=os.environ.get("RAILYARD_JOB", "pytest"))
+    count = 4096
+    base = np.arange(count, dtype=np.float32)
+
+    def value(i: int, r: int) -> np.ndarray:  # small integers: float32 sums are exact
+        return base + float((i * 31 + r * 7) % 1000)
+
+    def total(i: int) -> np.ndarray:
+        return sum(value(i, r) for r in range(n))
+
+    out: Dict[str, Any] = {"iterations": [], "exchanges": [], "failures": [], "wrong": []}
+
+    def run(what: str, work: Any) -> bool:
+        try:
+            work.wait(OP_TIMEOUT + 10)
+            return True
+        except railyard.RailyardError as e:
+            out["failures"].append((time.time(), what, e.code.name, e.message))
+            return False
+
+    def check(what: str, i: int, got: np.ndarray, want: np.ndarray) -> None:
+        if not np.array_equal(got, want):
+            bad = int(np.argmax(got != want))
+            out["wrong"].append((time.time(), what, i, bad, float(got[bad]), float(want[bad])))
+
+    try:
+        comm = c.comm(comm_id, rank, n, timeout=OP_TIMEOUT)
+        inplace = c.empty(count, np.float32)
+        src, dst = c.empty(count, np.float32), c.empty(count, np.float32)
+        plain_src, plain_dst = np.empty(count, np.float32), np.empty(count, np.float32)
+        sbuf, rbuf = c.empty(count, np.float32), c.empty(count, np.float32)
+        flags, agreed = c.empty(2, np.float32), c.empty(2, np.float32)
+        to, frm = (rank + 1) % n, (rank - 1) % n
+        deadline = time.monotonic() + max_s
+        paused_file = os.path.join(control, f"paused-{rank}")
+        i = 0
+        while True:
+            flags[0] = os.path.exists(os.path.join(control, "stop")) or time.monotonic() > deadline
+            flags[1] = os.path.exists(os.path.join(control, "pause-p2p"))
+            try:
+                _agree(comm, flags, agreed)
+            except railyard.RailyardError as e:
+                out["failures"].append((time.time(), "agree", e.code.name, e.message))
+                continue
+            if agreed[0] > 0:
+                break
+            paused = agreed[1] > 0
+            if paused and not os.path.exists(paused_file):
+                open(paused_file, "w").close()  # no send or receive of this rank is in flight
+            elif not paused and os.path.exists(paused_file):
+                os.unlink(paused_file)
+            inplace[:] = value(i, rank)
+            src[:] = value(i + 1, rank)
+            plain_src[:] = value(i + 2, rank)
+            works = [("all_reduce in place", comm.all_reduce(inplace, async_op=True,
+                                                             timeout=OP_TIMEOUT)),
+                     ("all_reduce out of place", comm.all_reduce(src, out=dst, async_op=True,
+                                                                 timeout=OP_TIMEOUT)),
+                     ("all_reduce staged", comm.all_reduce(plain_src, out=plain_dst,
+                                                           async_op=True, timeout=OP_TIMEOUT))]
+            results = [run(what, w) for what, w in works]
+            if results[0]:
+                check("all_reduce in place", i, inplace, total(i))
+            if results[1]:
+                check("all_reduce out of place", i, dst, total(i + 1))
+                check("all_reduce out of place: its input", i, src, value(i + 1, rank))
+            if results[2]:
+                check("all_reduce staged", i, plain_dst, total(i + 2))
+            ok = all(results)
+            if not paused:
+                sbuf[:] = value(i + 3, rank)
+                ws = comm.send(sbuf, to, async_op=True, timeout=OP_TIMEOUT)
+                wr = comm.recv(rbuf, frm, async_op=True, timeout=OP_TIMEOUT)
+                sent, got = run("send", ws), run("recv", wr)
+                if got:
+                    check("recv", i, rbuf, value(i + 3, frm))
+                if sent and got:
+                    out["exchanges"].append(time.time())
+                ok = ok and sent and got
+            if ok:
+                out["iterations"].append(time.time())
+            i += 1
+        comm.close()
+    finally:
+        out["reconnects"] = c.reconnects
+        c.close()
+    return out
+
+
+def ddp_across_handover(rank: int, n: int, store_path: str, steps: int,
+                        control: Optional[str]) -> Dict[str, Any]:
+    """A small DDP training loop on the railyard backend. With ``control``, rank 0 says when
+    the loop is under way ("training") and both ranks wait, a little later, for the test to have
+    handed the daemon over ("handed-over"): the handover lands among the loop's steps, its
+    bucketed all_reduces in flight. Returns the losses, the final parameters and the session's
+    reconnects."""
+    import time
+
+    import torch
+    from railyard.torch.process_group import shared_client
+    dist = _init_torch(rank, n, "railyard", store_path)
+    ddp = loss = None
+    try:
+        torch.manual_seed(1234)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 1))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        gen = torch.Generator().manual_seed(99 + rank)
+        losses: List[float] = []
+        for step in range(steps):
+            if control is not None and step == 2 and rank == 0:
+                open(os.path.join(control, "training"), "w").close()
+            if control is not None and step == steps - 3:
+                give_up = time.monotonic() + 60
+                while not os.path.exists(os.path.join(control, "handed-over")):
+                    assert time.monotonic() < give_up, "the test never handed the daemon over"
+                    time.sleep(0.01)
+            x = torch.randn(32, 16, generator=gen)
+            y = x.sum(dim=1, keepdim=True).tanh()
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            losses.append(mean.item())
+            if control is not None:
+                time.sleep(0.01)  # the handover lands among steps, not after the last
+        params = [p.detach().numpy().copy() for p in model.parameters()]
+    finally:
+        ddp = loss = None
+        dist.destroy_process_group()
+    return {"losses": losses, "params": params, "reconnects": shared_client().reconnects}

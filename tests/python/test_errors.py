@@ -178,7 +178,10 @@ def test_peer_leaves_comm(ranks, client):
     assert "rank 1" in res["error"]["message"], res["error"]
 
 
-def test_daemon_dies_mid_operation(fresh_daemon):
+def test_daemon_dies_mid_operation(fresh_daemon, monkeypatch):
+    # RAILYARD_RECONNECT_S=0: the session ends with the daemon (the default waits for the next
+    # one; test_restart.py).
+    monkeypatch.setenv("RAILYARD_RECONNECT_S", "0")
     a = railyard.connect(fresh_daemon.socket, job="dies")
     b = railyard.connect(fresh_daemon.socket, job="dies")
     comm_id = a.new_comm_id()
@@ -214,10 +217,14 @@ def _stopped(pid: int) -> bool:
 def test_daemon_that_stops_answering_ends_waits_after_the_keepalive(fresh_daemon, monkeypatch):
     # A stopped (or wedged) daemon answers nothing, not even by closing the socket: the session
     # channel's HTTP/2 keepalive ends the session, so waits end with UNAVAILABLE, not never.
+    # RAILYARD_RECONNECT_S=0: the session is over then (by default the client would wait for a
+    # daemon to answer on the socket again, and this one is stopped).
     monkeypatch.setenv("RAILYARD_KEEPALIVE_MS", "1000")
+    monkeypatch.setenv("RAILYARD_RECONNECT_S", "0")
     a = railyard.connect(fresh_daemon.socket, job="stops")
     b = railyard.connect(fresh_daemon.socket, job="stops")
     monkeypatch.delenv("RAILYARD_KEEPALIVE_MS")
+    monkeypatch.delenv("RAILYARD_RECONNECT_S")
     solo = a.comm(a.new_comm_id(), 0, 1)
     x = a.zeros(4, np.float32)
     solo.all_reduce(x)

@@ -38,8 +38,8 @@ class FakeDaemon:
         self.sq_head = 0
         self.cq_tail = 0
 
-    def _on_completion(self, request_id, code, message, seq):
-        self.seen.append((request_id, code, message, seq))
+    def _on_completion(self, request_id, code, message, seq, flags):
+        self.seen.append((request_id, code, message, seq) + ((flags,) if flags else ()))
 
     def u64(self, off):
         return struct.unpack_from("<Q", self.m, off)[0]
@@ -58,11 +58,11 @@ class FakeDaemon:
         struct.pack_into("<Q", self.m, _ring.OFF_SQ_HEAD, self.sq_head)
         return ids
 
-    def complete(self, request_id, code=0, message=b"", seq=0, length=None):
+    def complete(self, request_id, code=0, message=b"", seq=0, length=None, flags=0):
         off = (_ring.HEADER_BYTES + self.sq * _ring.SQ_ENTRY +
                (self.cq_tail % self.cq) * _ring.CQ_ENTRY)
-        struct.pack_into("<QQiI", self.m, off, request_id, seq, code,
-                         len(message) if length is None else length)
+        struct.pack_into("<QQiII", self.m, off, request_id, seq, code,
+                         len(message) if length is None else length, flags)
         self.m[off + _ring.CQ_MESSAGE_OFFSET:off + _ring.CQ_MESSAGE_OFFSET + len(message)] = message
         self.cq_tail += 1
         struct.pack_into("<Q", self.m, _ring.OFF_CQ_TAIL, self.cq_tail)
@@ -119,11 +119,50 @@ def test_completions_reach_the_callback_in_order_with_their_messages():
     assert d.seen[0][0] == 99 and len(d.seen[0][2]) == _ring.CQ_MESSAGE_BYTES
 
 
+def test_a_moved_completion_carries_its_flag():
+    # A request the daemon hands back untaken (a handover) is not an outcome: the flags word
+    # says so, for the client to submit it again to the next daemon.
+    d = FakeDaemon()
+    d.complete(5, code=14, message=b"handed over", seq=0, flags=_ring.CQ_FLAG_MOVED)
+    d.complete(6, seq=9)
+    assert d.core.drain() == 2
+    assert d.seen == [(5, 14, "handed over", 0, _ring.CQ_FLAG_MOVED), (6, 0, "", 9)]
+
+
+class Owner:
+    _slot = -1
+
+
+def test_publish_tells_its_owner_the_slot_and_the_consumed_head_what_was_taken():
+    # After a crash the client tells from each request's slot, against the daemon's head,
+    # whether the dead daemon had taken it: the slot is known before the entry is visible.
+    d = FakeDaemon(sq=8)
+    owners = [Owner() for _ in range(4)]
+    for i, o in enumerate(owners[:3]):
+        assert d.core.publish(entry(i), o)
+    assert [o._slot for o in owners[:3]] == [0, 1, 2]
+    assert d.core.consumed_head == 0
+    assert d.take() == [0, 1, 2]
+    assert d.core.consumed_head == 3
+    assert d.core.publish(entry(3) + entry(4), owners[3]) and owners[3]._slot == 3
+    assert d.core.publish(entry(5), None) and d.core.sq_tail == 6
+    assert d.core.consumed_head == 3
+    # An owner that cannot take the slot: nothing is published.
+    with pytest.raises(AttributeError):
+        d.core.publish(entry(9), object())
+    assert d.core.sq_tail == 6
+    with pytest.raises(TypeError, match="1 or 2 arguments"):
+        d.core.publish()
+    # A head beyond what the client published (a daemon's garbage) is clamped to its tail.
+    struct.pack_into("<Q", d.m, _ring.OFF_SQ_HEAD, 1000)
+    assert d.core.consumed_head == 6
+
+
 def test_a_callback_that_raises_loses_no_completion():
     m = mmap.mmap(-1, _ring.ring_bytes(8, 8))
     got = []
 
-    def cb(request_id, code, message, seq):
+    def cb(request_id, code, message, seq, flags):
         got.append(request_id)
         if request_id == 1:
             raise RuntimeError("callback bug")
@@ -162,7 +201,7 @@ def test_a_wait_ends_at_its_deadline_on_a_completion_or_when_the_session_closes(
     t.start()
     assert d.core.wait_until(lambda: bool(done), time.monotonic() + 10) is True
     t.join()
-    assert done == [(7, 0, "", 3)]
+    assert done == [(7, 0, "", 3, 0)]
     # While asleep the waiter counted itself in client_waiters, and uncounted itself after.
     assert d.u32(_ring.OFF_CLIENT_WAITERS) == 0
 

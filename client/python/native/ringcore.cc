@@ -36,6 +36,7 @@ struct Completion {
   uint64_t request_id;
   uint64_t seq;
   int32_t code;
+  uint32_t flags;  // rp::kCqFlag* (kCqFlagMoved: handed back untaken, not an outcome)
   std::string message;
 };
 
@@ -51,7 +52,7 @@ struct RingCore {
   // How long after a submission or a foreground wait the background reader leaves the completion
   // ring to the submitting thread (railyard/_ring.py, READER_GRACE_S).
   double grace_s;
-  PyObject* on_completion;  // on_completion(request_id, code, message, seq)
+  PyObject* on_completion;  // on_completion(request_id, code, message, seq, flags)
   bool closed;
   int foreground;           // threads waiting in wait_until
   double foreground_until;  // time.monotonic() until which the reader stays away
@@ -82,6 +83,12 @@ void PokeDaemon(RingCore* self) {
   if (head != self->sq_tail) RingDoorbell(self);
 }
 
+// The attribute publish() sets on its owner: the first entry's slot (see RingCore_publish).
+PyObject* SlotName() {
+  static PyObject* name = PyUnicode_InternFromString("_slot");
+  return name;
+}
+
 // Reads the completions there are, hands each to on_completion. Returns how many, or -1 with a
 // Python exception set (the first a callback raised; every completion read is still handed on).
 Py_ssize_t Drain(RingCore* self) {
@@ -98,6 +105,7 @@ Py_ssize_t Drain(RingCore* self) {
     std::memcpy(&c.seq, e + rp::kCqSeq, 8);
     std::memcpy(&c.code, e + rp::kCqCode, 4);
     std::memcpy(&len, e + rp::kCqMessageLen, 4);
+    std::memcpy(&c.flags, e + rp::kCqFlags, 4);
     if (c.code != 0) {
       if (len > rp::kCqMessageBytes) len = rp::kCqMessageBytes;
       c.message.assign(reinterpret_cast<const char*>(e + rp::kCqMessageOffset), len);
@@ -113,10 +121,11 @@ Py_ssize_t Drain(RingCore* self) {
                                              static_cast<Py_ssize_t>(c.message.size()), "replace");
     PyObject* r = message == nullptr
                       ? nullptr
-                      : PyObject_CallFunction(self->on_completion, "KiOK",
+                      : PyObject_CallFunction(self->on_completion, "KiOKI",
                                               static_cast<unsigned long long>(c.request_id),
                                               static_cast<int>(c.code), message,
-                                              static_cast<unsigned long long>(c.seq));
+                                              static_cast<unsigned long long>(c.seq),
+                                              static_cast<unsigned int>(c.flags));
     Py_XDECREF(message);
     if (r == nullptr) {
       if (type == nullptr) {
@@ -206,12 +215,21 @@ void RingCore_dealloc(RingCore* self) {
   Py_DECREF(type);  // a heap type: each instance holds a reference to it
 }
 
-// publish(entries) -> bool: the whole entries (a multiple of the slot size) at once, or False
-// when the submission ring has no room for them now (or the session has ended).
-PyObject* RingCore_publish(RingCore* self, PyObject* arg) {
+// publish(entries, owner=None) -> bool: the whole entries (a multiple of the slot size) at once,
+// or False when the submission ring has no room for them now (or the session has ended). owner,
+// if given, gets the first entry's slot as owner._slot before the daemon can see the entries: a
+// client that reconnects after a crash tells from it, against the daemon's head, whether the
+// daemon had taken them (consumed_head), so no entry is ever published without its slot known.
+PyObject* RingCore_publish(RingCore* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!Ready(self)) return nullptr;
+  if (nargs < 1 || nargs > 2) {
+    PyErr_Format(PyExc_TypeError, "publish(entries, owner=None) takes 1 or 2 arguments, not %zd",
+                 nargs);
+    return nullptr;
+  }
+  PyObject* owner = nargs == 2 && args[1] != Py_None ? args[1] : nullptr;
   Py_buffer b;
-  if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) != 0) return nullptr;
+  if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) != 0) return nullptr;
   const size_t len = static_cast<size_t>(b.len);
   if (len == 0 || len % rp::kSqEntryBytes != 0) {
     PyBuffer_Release(&b);
@@ -224,6 +242,18 @@ PyObject* RingCore_publish(RingCore* self, PyObject* arg) {
   if (self->closed || self->sq_tail + need - head > self->sq_entries) {
     PyBuffer_Release(&b);
     Py_RETURN_FALSE;
+  }
+  if (owner != nullptr) {
+    // An int (no finalizer to run) set on a plain attribute: the GIL stays held from here to the
+    // tail's store, so close() cannot come in between.
+    PyObject* name = SlotName();
+    PyObject* slot = name == nullptr ? nullptr : PyLong_FromUnsignedLongLong(self->sq_tail);
+    const int set = slot == nullptr ? -1 : PyObject_SetAttr(owner, name, slot);
+    Py_XDECREF(slot);
+    if (set != 0) {
+      PyBuffer_Release(&b);
+      return nullptr;
+    }
   }
   std::byte* sq = self->base + rp::SqOffset();
   const auto* src = static_cast<const std::byte*>(b.buf);
@@ -377,10 +407,20 @@ PyObject* RingCore_get_cq_doorbell(RingCore* self, void*) {
 PyObject* RingCore_get_sq_tail(RingCore* self, void*) {
   return PyLong_FromUnsignedLongLong(self->sq_tail);
 }
+// The daemon's head, clamped to what this client published: entries at slots below it were
+// taken by the daemon (it copies an entry out, and moves its head past it, before it acts on
+// it); the rest never were. Read after close(), once nothing can be published any more.
+PyObject* RingCore_get_consumed_head(RingCore* self, void*) {
+  if (!Ready(self)) return nullptr;
+  const uint64_t head = __atomic_load_n(Word64(self, rp::kOffSqHead), __ATOMIC_ACQUIRE);
+  return PyLong_FromUnsignedLongLong(head < self->sq_tail ? head : self->sq_tail);
+}
 
 PyMethodDef kMethods[] = {
-    {"publish", reinterpret_cast<PyCFunction>(RingCore_publish), METH_O,
-     "publish(entries) -> bool: all at once, or False when they do not fit now"},
+    {"publish", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(RingCore_publish)),
+     METH_FASTCALL,
+     "publish(entries, owner=None) -> bool: all at once (owner._slot = the first one's slot), or "
+     "False when they do not fit now"},
     {"drain", reinterpret_cast<PyCFunction>(RingCore_drain), METH_NOARGS,
      "drain() -> int: reads the completions there are, hands each to on_completion"},
     {"poke", reinterpret_cast<PyCFunction>(RingCore_poke), METH_NOARGS,
@@ -401,6 +441,8 @@ PyGetSetDef kGetSet[] = {
      reinterpret_cast<setter>(RingCore_set_foreground_until), nullptr, nullptr},
     {"cq_doorbell", reinterpret_cast<getter>(RingCore_get_cq_doorbell), nullptr, nullptr, nullptr},
     {"sq_tail", reinterpret_cast<getter>(RingCore_get_sq_tail), nullptr, nullptr, nullptr},
+    {"consumed_head", reinterpret_cast<getter>(RingCore_get_consumed_head), nullptr, nullptr,
+     nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyType_Slot kSlots[] = {

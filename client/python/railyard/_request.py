@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any, List, Optional, Tuple
 
+from . import _ring
 from ._generated import local_pb2
 
 
@@ -44,6 +46,25 @@ class _Request:
         self.recv: Optional[Tuple[int, int]] = None
         self.request_id = 0
         self.stream_sync: Optional[Tuple[int, int, int]] = None  # (buffer id, offset, value)
+
+    @classmethod
+    def from_entry(cls, entry: bytes) -> "_Request":
+        """The request a ring entry (and its extension slots) encodes: for sending an entry
+        again over gRPC, where the session it moved to has no rings."""
+        (request_id, comm, count, send_b, send_o, recv_b, recv_o, op, dtype, red_op, root,
+         timeout_ms, flags, ext, vec_len, algo, compression, key) = _ring.ENTRY.unpack_from(entry)
+        r = cls(comm, op, dtype, red_op, count, root, timeout_ms,
+                algo.rstrip(b"\0").decode(), compression.rstrip(b"\0").decode(),
+                bool(flags & _ring.FLAG_ERROR_FEEDBACK), key)
+        r.request_id = request_id
+        r.send = (send_b, send_o) if send_b else None
+        r.recv = (recv_b, recv_o) if recv_b else None
+        if vec_len:
+            flat = struct.unpack_from(f"<{4 * vec_len}Q", entry, _ring.SQ_ENTRY)
+            r.vectors = tuple(list(flat[i * vec_len:(i + 1) * vec_len]) for i in range(4))
+        if flags & _ring.FLAG_STREAM_SYNC:
+            r.stream_sync = _ring._SYNC.unpack_from(entry, ext * _ring.SQ_ENTRY)
+        return r
 
     def proto(self, session_id: str) -> Any:
         r = local_pb2.SubmitRequest(

@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 import weakref
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from . import _memfd
 from ._generated import common_pb2
@@ -42,6 +42,9 @@ FLAG_ERROR_FEEDBACK = _h.RING_FLAG_ERROR_FEEDBACK
 FLAG_STREAM_SYNC = _h.RING_FLAG_STREAM_SYNC
 DEFAULT_SQ_ENTRIES = _h.RING_DEFAULT_SQ_ENTRIES
 DEFAULT_CQ_ENTRIES = _h.RING_DEFAULT_CQ_ENTRIES
+#: A completion's flags word: the daemon hands the request back untaken (it is handing its node
+#: over to a new railyardd); not an outcome, the request is to be submitted again.
+CQ_FLAG_MOVED = _h.RING_CQ_FLAG_MOVED
 #: How long after a submission or a foreground wait the background reader leaves the completion
 #: ring to the submitting thread; meanwhile it reads the ring only every READER_DOZE_S (a
 #: completion nobody declared interest in, see Rings.background_wanted, may wait that long).
@@ -63,7 +66,7 @@ ALL_TO_ALL_V = common_pb2.COLLECTIVE_OP_ALL_TO_ALL_V
 # red_op, root, timeout_ms, flags, ext_slots, vec_len, algo (16 bytes), compression (16 bytes),
 # compression_key.
 ENTRY = struct.Struct("<QQQQQQQIIIiIIII16s16sQ")
-_CQ_HEAD = struct.Struct("<QQiI")
+_CQ_HEAD = struct.Struct("<QQiII")  # request_id, seq, code, message_len, flags
 # The stream-sync extension slot: words.buffer_id, words.offset, value (the rest zero).
 _SYNC = struct.Struct("<QQI")
 # The header's first words: magic, version, sq_entries, cq_entries.
@@ -95,7 +98,7 @@ def _check_layout() -> None:
                 _h.RING_SQ_VEC_LEN, _h.RING_SQ_ALGO, _h.RING_SQ_COMPRESSION,
                 _h.RING_SQ_COMPRESSION_KEY],
         _CQ_HEAD: [_h.RING_CQ_REQUEST_ID, _h.RING_CQ_SEQ, _h.RING_CQ_CODE,
-                   _h.RING_CQ_MESSAGE_LEN],
+                   _h.RING_CQ_MESSAGE_LEN, _h.RING_CQ_FLAGS],
         _SYNC: [_h.RING_SYNC_BUFFER, _h.RING_SYNC_OFFSET, _h.RING_SYNC_VALUE],
         _GEOMETRY: [_h.RING_OFF_MAGIC, _h.RING_OFF_VERSION, _h.RING_OFF_SQ_ENTRIES,
                     _h.RING_OFF_CQ_ENTRIES],
@@ -221,11 +224,11 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class Rings:
     """This process's end of one session's rings. Thread-safe.
 
-    ``on_completion(request_id, code, message, seq)`` runs for every completion read, on the
-    thread that read it, with no lock of this class held.
+    ``on_completion(request_id, code, message, seq, flags)`` runs for every completion read, on
+    the thread that read it, with no lock of this class held (``flags``: :data:`CQ_FLAG_MOVED`).
     """
 
-    def __init__(self, job: str, on_completion: Callable[[int, int, str, int], None],
+    def __init__(self, job: str, on_completion: Callable[[int, int, str, int, int], None],
                  spin_us: int, sq_entries: int = DEFAULT_SQ_ENTRIES,
                  cq_entries: int = DEFAULT_CQ_ENTRIES) -> None:
         self.sq_entries = sq_entries
@@ -333,9 +336,13 @@ class Rings:
         if stream_sync is not None:
             out += _SYNC.pack(*stream_sync) + bytes(SQ_ENTRY - _SYNC.size)
 
-    def publish(self, entries: bytes) -> None:
+    def publish(self, entries: bytes, owner: Any = None) -> None:
         """Publishes whole entries at once (a group), waiting for room while reading
-        completions. Raises :class:`RingError` once closed or when they can never fit."""
+        completions. Raises :class:`RingError` once closed or when they can never fit.
+
+        ``owner``, if given, gets the first entry's slot as ``owner._slot`` before the daemon
+        can see the entries (a reconnect tells from it, against :meth:`consumed_head`, whether
+        a dead daemon had taken them)."""
         self._check_owner()
         need = len(entries) // SQ_ENTRY
         if need > self.sq_entries:
@@ -343,8 +350,8 @@ class Rings:
                             f"{self.sq_entries}")
         core = self._core
         if core is not None:
-            if not core.publish(entries):
-                self._publish_when_room(core, entries)
+            if not core.publish(entries, owner):
+                self._publish_when_room(core, entries, owner)
             return
         started = time.monotonic()
         with self._sq_lock:
@@ -362,6 +369,8 @@ class Rings:
                     self._sq_lock.acquire()
             if self._closed:
                 raise RingError("the session has ended")
+            if owner is not None:
+                owner._slot = self._tail
             m = self.mapping
             base = HEADER_BYTES
             for i in range(need):
@@ -373,14 +382,30 @@ class Rings:
             self._ring_doorbell()
         self._foreground_until = time.monotonic() + READER_GRACE_S
 
-    def _publish_when_room(self, core, entries: bytes) -> None:
+    def _publish_when_room(self, core, entries: bytes, owner: Any) -> None:
         """The C++ path's full ring: waits for room until the entries fit."""
         started = time.monotonic()
-        while not core.publish(entries):
+        while not core.publish(entries, owner):
             if core.closed:
                 raise RingError("the session has ended")
             self._check_in_step(core.sq_tail)
             self._await_room(started)
+
+    def consumed_head(self) -> int:
+        """The daemon's head, clamped to what this client published: entries at slots below it
+        were taken by the daemon (it copies an entry out, and moves its head past it, before it
+        acts on it), the rest never were. Meaningful once :meth:`close` and
+        :meth:`fence_submissions` have returned (nothing is published any more)."""
+        if self._core is not None:
+            return self._core.consumed_head
+        return min(self._sq_head.value, self._tail)
+
+    def fence_submissions(self) -> None:
+        """After :meth:`close`: returns once no :meth:`publish` is writing entries (every entry
+        published has its owner's slot; later publishes fail). The C++ path publishes under the
+        GIL, which close() took."""
+        with self._sq_lock:
+            pass
 
     def _check_in_step(self, tail: int) -> int:
         """The daemon's head; raises :class:`RingError` when it is where no entry this client
@@ -464,13 +489,13 @@ class Rings:
             m = self.mapping
             while self._head != tail:
                 off = self._cq_base + (self._head & (self.cq_entries - 1)) * CQ_ENTRY
-                request_id, seq, code, length = _CQ_HEAD.unpack_from(m, off)
+                request_id, seq, code, length, flags = _CQ_HEAD.unpack_from(m, off)
                 message = ""
                 if code != 0:
                     length = min(length, CQ_MESSAGE_BYTES)
                     start = off + CQ_MESSAGE_OFFSET
                     message = bytes(m[start:start + length]).decode("utf-8", "replace")
-                got.append((request_id, code, message, seq))
+                got.append((request_id, code, message, seq, flags))
                 self._head += 1
             if got:
                 self._cq_head.value = self._head

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _ring, _staging
 from ._device import DeviceArray
-from ._generated import common_pb2, local_pb2
+from ._generated import common_pb2
 from ._request import _Request
 from ._util import invalid as _invalid
 from .errors import FailedPreconditionError, RailyardError
@@ -101,6 +101,28 @@ class _Staged:
 
 OpResult = Union[np.ndarray, Work, None]
 
+_SEND = common_pb2.COLLECTIVE_OP_SEND
+_RECV = common_pb2.COLLECTIVE_OP_RECV
+
+
+def _disjoint(send: Optional[ArrayLike], recv: Optional[ArrayLike]) -> bool:
+    """True when an operation's output memory (``recv``) shares none with its input's
+    (``send``): running it again after a daemon crash reads intact inputs (a staged array's copy
+    lies in a staging slot of its own, so the arrays themselves decide). Device arrays: by their
+    registration and offsets, as the daemon sees them."""
+    if send is None or recv is None:
+        return True
+    if send is recv:
+        return False
+    if isinstance(send, DeviceArray) or isinstance(recv, DeviceArray):
+        if not (isinstance(send, DeviceArray) and isinstance(recv, DeviceArray)):
+            return True
+        if send._reg is not recv._reg:
+            return True
+        return (send.offset + send.nbytes <= recv.offset or
+                recv.offset + recv.nbytes <= send.offset)
+    return not np.may_share_memory(send, recv)
+
 
 class Comm:
     """This process's rank in a communicator. Create it with :meth:`Client.comm`.
@@ -132,6 +154,8 @@ class Comm:
         self.nranks = nranks
         self.nnodes = nnodes
         self.local_rank: Optional[int] = None
+        # What the client keeps to rejoin it after a reconnect (None: not one it joined).
+        self._state = client._comms.get(handle)
 
     def __repr__(self) -> str:
         return (f"<railyard.Comm rank {self.rank} of {self.nranks} ({self.nnodes} node(s)) "
@@ -141,7 +165,7 @@ class Comm:
         """Leaves the communicator (``DestroyComm``); other ranks' pending operations fail."""
         if self.handle and not self.client.closed:
             handle, self.handle = self.handle, 0
-            self.client._call("DestroyComm", local_pb2.DestroyCommRequest(comm_handle=handle))
+            self.client._destroy_comm(handle)
         self.handle = 0
 
     def __enter__(self) -> "Comm":
@@ -183,6 +207,9 @@ class Comm:
         if client._forked:
             # Before staging: the staging buffers are shared with the parent and the daemon.
             raise client._session_error()  # type: ignore[misc]
+        state = self._state
+        if state is not None and state.broken is not None:
+            raise state.broken.with_traceback(None)  # it could not be joined after a reconnect
         request = _Request(self.handle, op, dtype, red_op, count, root, _timeout_ms(timeout),
                            algo if algo is not None else client.default_algo, **extra)
         staged = _Staged(client)
@@ -207,6 +234,9 @@ class Comm:
             slot = client._stream_slot(stream)
             request.stream_sync = (slot.buffer_id, slot.offset, slot.value)
         work = Work(result, staged.finish if staged.entries else None, slot)
+        if op != _SEND and op != _RECV:
+            work._collective_of = state
+        work._rerun_safe = _disjoint(send, recv)
         client._submit(request, work)
         if async_op:
             return work
@@ -224,8 +254,10 @@ class Comm:
         what is wrong where anything is, runs instead."""
         client = self.client
         rings = client._rings
+        state = self._state
         if (rings is None or not self.handle or client._forked or client.default_algo or
-                client.default_compression or nbytes <= 0):
+                client.default_compression or nbytes <= 0 or
+                (state is not None and state.broken is not None)):
             return None
         slot = client._staging.acquire(nbytes)
         try:
@@ -238,7 +270,8 @@ class Comm:
         except BaseException:
             client._staging.release(slot)  # nothing was submitted: the slot is free
             raise
-        op_ = _HostOp(client, rings, slot, ptr, nbytes, on_done)
+        op_ = _HostOp(client, rings, slot, ptr, nbytes, on_done, entry,
+                      state if op != _SEND and op != _RECV else None)
         client._publish(rings, request_id, entry, op_)
         return op_
 

@@ -41,7 +41,16 @@ def sleep_until_done(work: Any, deadline: Optional[float]) -> bool:
 class _OnRings:
     """What a work submitted on the session rings (``_rings``, or None: over gRPC) does to wait
     for its completion (``_done``) on the calling thread: shared by :class:`Work` and the lean
-    path's :class:`_HostOp`."""
+    path's :class:`_HostOp`.
+
+    Both also carry what the client needs to submit them again on a new session after a daemon
+    handover or restart (railyard.client, "Reconnects"): ``_entry`` (the request as submitted,
+    with the ids the caller holds: a ``_Request`` or an encoded ring entry), ``_link`` (the
+    session a gRPC submission went to), ``_slot`` (the submission-ring slot of its entry, -1:
+    not published; over gRPC 0 once Submit is under way), ``_rerun_safe`` (its output is other
+    memory than its input: running it again after a crash cannot read what it wrote) and
+    ``_collective_of`` (the communicator state whose collective sequence it takes a number of;
+    None for sends and receives)."""
 
     __slots__ = ()
     _rings: Optional[_ring.Rings]
@@ -49,16 +58,20 @@ class _OnRings:
 
     def _drive(self, deadline: Optional[float]) -> None:
         """Reads the session's completion ring on this thread until done or the deadline
-        (``time.monotonic()``)."""
+        (``time.monotonic()``). A work the client submits again on a new session (a reconnect)
+        gets that session's rings: the wait goes on there."""
         rings = self._rings
-        if rings is not None and not self._done:
+        while rings is not None and not self._done:
             try:
-                rings.wait_until(lambda: self._done, deadline)
+                rings.wait_until(lambda: self._done or self._rings is not rings, deadline)
             except _ring.ForkedError:
                 raise FailedPreconditionError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"this operation was submitted by the process that process {os.getpid()} "
                     f"was forked from; it cannot wait for it: {_SPAWN_HINT}") from None
+            if self._rings is rings:
+                return  # done, the deadline, or its session ended (the caller sleeps for it)
+            rings = self._rings
 
     def _poll(self) -> None:
         rings = self._rings
@@ -85,7 +98,8 @@ class Work(_OnRings):
     # _seq). A threading.Event (~2 us to make) exists only once a thread must block for it:
     # a thread on the session rings reads them itself until _done instead.
     __slots__ = ("_done", "_event", "_lock", "_error", "_result", "_finish", "_callbacks",
-                 "_seq", "_rings", "_stream_slot", "__weakref__")
+                 "_seq", "_rings", "_stream_slot", "_entry", "_link", "_slot", "_rerun_safe",
+                 "_collective_of", "__weakref__")
 
     def __init__(self, result: Any = None,
                  finish: Optional[Callable[[bool], None]] = None,
@@ -102,6 +116,12 @@ class Work(_OnRings):
         # Ordered on a stream (stream=): the stream waits for done, which a failure stores here
         # when the daemon may not have (refused before it, the session gone).
         self._stream_slot = stream_slot
+        # For a reconnect (see _OnRings), set as it is submitted.
+        self._entry: Any = None
+        self._link: Any = None
+        self._slot = -1
+        self._rerun_safe = False
+        self._collective_of: Any = None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits until the operation completes and returns its result (the output array).
@@ -211,23 +231,31 @@ class _HostOp(_OnRings):
     result back, returns the staging buffer and calls ``on_done(error)``; the daemon is done
     with the buffer by then, whatever the outcome."""
 
-    __slots__ = ("_client", "_rings", "_slot", "_ptr", "_nbytes", "_on_done", "_done")
+    __slots__ = ("_client", "_rings", "_staged", "_ptr", "_nbytes", "_on_done", "_done", "_entry",
+                 "_link", "_slot", "_rerun_safe", "_collective_of")
 
     def __init__(self, client: "Client", rings: _ring.Rings, slot: _staging.Slot, ptr: int,
-                 nbytes: int, on_done: Callable[[Optional[RailyardError]], None]) -> None:
+                 nbytes: int, on_done: Callable[[Optional[RailyardError]], None],
+                 entry: bytes, collective_of: Any) -> None:
         self._client = client
         self._rings = rings
-        self._slot = slot
+        self._staged = slot
         self._ptr = ptr
         self._nbytes = nbytes
         self._on_done: Optional[Callable[[Optional[RailyardError]], None]] = on_done
         self._done = False
+        # For a reconnect (see _OnRings). In place in its staging slot: never run twice.
+        self._entry = entry
+        self._link = None
+        self._slot = -1
+        self._rerun_safe = False
+        self._collective_of = collective_of
 
     def _complete(self, error: Optional[RailyardError], seq: Optional[int] = None) -> None:
         # Called once: the client hands a completion to the work it pops from its table.
         if error is None:
-            ctypes.memmove(self._ptr, self._slot.address, self._nbytes)
-        self._client._staging.release(self._slot)
+            ctypes.memmove(self._ptr, self._staged.address, self._nbytes)
+        self._client._staging.release(self._staged)
         # Dropped once called: the caller's work usually holds this op (to drive it), so keeping
         # its callback would make a reference cycle per operation, which only the garbage
         # collector frees. Enough of them start full collections (35-45 ms with torch loaded).
