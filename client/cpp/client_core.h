@@ -221,6 +221,8 @@ class ClientCore {
   enum class Rebuilt { kDone, kAgain, kGaveUp };
   Rebuilt RebuildOnce(const std::shared_ptr<Link>& old,
                       std::chrono::steady_clock::time_point deadline);
+  // Why an operation the dead daemon had taken fails (why: why it does not run again).
+  absl::Status RestartedStatus(const v1::SubmitRequest& request, const char* why) const;
   // Why a collective fails that another rank's copy, failed in a restart, took with it.
   static absl::Status LostStatus(const v1::SubmitRequest& request, const std::string& comm_id);
   // True when a call on link failed because its daemon went away while the session was being

@@ -72,13 +72,10 @@ ClientCore::Rebuilt ClientCore::RebuildOnce(const std::shared_ptr<Link>& old,
         continue;
       }
       // A send or receive the daemon had taken may have moved its bytes: not run twice.
-      failed.emplace_back(
-          o.pending,
-          absl::UnavailableError(absl::StrCat(
-              "railyardd at ", socket_, " restarted during this ",
-              v1::CollectiveOp_Name(o.request.op()),
-              " (it had taken it; a send or receive is not run twice, its peer's matching "
-              "operation fails too or times out); the communicator goes on")));
+      failed.emplace_back(o.pending,
+                          RestartedStatus(o.request,
+                                          "a send or receive is not run twice, its peer's "
+                                          "matching operation fails too or times out"));
       it = pending_.erase(it);
     }
     for (auto& [comm, ids] : taken) {
@@ -90,13 +87,10 @@ ClientCore::Rebuilt ClientCore::RebuildOnce(const std::shared_ptr<Link>& old,
       }
       for (uint64_t id : ids) {
         Outstanding& o = pending_.at(id);
-        failed.emplace_back(
-            o.pending,
-            absl::UnavailableError(absl::StrCat(
-                "railyardd at ", socket_, " restarted during this ",
-                v1::CollectiveOp_Name(o.request.op()),
-                " (it had taken it, and running it again is not safe: its output may have "
-                "overwritten its input); the communicator goes on")));
+        failed.emplace_back(o.pending,
+                            RestartedStatus(o.request,
+                                            "running it again is not safe: its output may have "
+                                            "overwritten its input"));
         pending_.erase(id);
       }
       // They took their sequence numbers with them: kept on the communicator, so that a second
@@ -306,6 +300,12 @@ bool ClientCore::GoneAgain(Link& link, const absl::Status& status,
   // Its stream ends within moments of its daemon's end: wait for that, briefly.
   cv_.wait_for(lock, std::chrono::seconds(2), [&] { return link.ended || shutting_down_; });
   return link.ended && !shutting_down_;
+}
+
+absl::Status ClientCore::RestartedStatus(const v1::SubmitRequest& request, const char* why) const {
+  return absl::UnavailableError(absl::StrCat(
+      "railyardd at ", socket_, " restarted during this ", v1::CollectiveOp_Name(request.op()),
+      " (it had taken it; ", why, "); the communicator goes on"));
 }
 
 absl::Status ClientCore::LostStatus(const v1::SubmitRequest& request, const std::string& comm_id) {

@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/util/passed_fds.h"
 #include "daemon/version.h"
 
 namespace railyard::handover {
@@ -51,15 +52,7 @@ absl::Status ReadAll(int fd, char* data, size_t size, absl::Time deadline,
     const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n < 0) return absl::UnavailableError(absl::StrCat("handover socket: ", Errno(errno)));
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int passed = -1;
-        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds->emplace_back(passed);  // owned (closed) whatever happens next
-      }
-    }
+    TakePassedFds(msg, fds);  // owned (closed) whatever happens next
     if ((msg.msg_flags & MSG_CTRUNC) != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("the handover peer sent more than ", kMaxFds, " descriptors"));

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "daemon/util/listening_socket.h"
 #include "daemon/util/log.h"
+#include "daemon/util/passed_fds.h"
 #include "daemon/util/random_id.h"
 #include "daemon/util/thread_name.h"
 #include "proto/railyard/v1/fd_channel.h"
@@ -318,15 +319,7 @@ bool FdChannelServer::ReadFrom(const std::shared_ptr<FdChannel>& channel, int fd
     // record, which reads as end of stream, can carry some (found by fd_channel_fuzz: they
     // leaked).
     std::vector<UniqueFd> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t k = 0; k < count; ++k) {
-        int received = -1;
-        std::memcpy(&received, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
-        fds.emplace_back(received);
-      }
-    }
+    TakePassedFds(msg, &fds);
     if (n == 0) return false;  // the client closed it (or the session ended: Close)
     std::string why;
     std::optional<fdproto::Message> m =
