@@ -32,6 +32,8 @@ struct CommOutcomes {
   absl::Status abort_transfers;                        // non-OK: fail transfers to other daemons,
   bool abort_transfers_now = false;                    // now, or after a grace period
   bool notify_peers = false;                           // and tell those daemons why
+  std::vector<int> departed;                           // local ranks that left cleanly: tell
+  absl::Status departed_why;                           // the other daemons (not a failure)
   std::vector<std::function<void()>> transport_posts;  // Send/Recv to issue, outside the lock
 };
 

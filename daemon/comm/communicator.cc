@@ -29,6 +29,7 @@ Communicator::Communicator(std::string comm_id, std::string job, int nranks, Com
                                 {},
                                 {},
                                 {},
+                                {},
                                 std::move(tuner),
                                 nullptr,
                                 {},
@@ -53,6 +54,7 @@ Communicator::Communicator(std::string comm_id, std::string job, CommEnv env, Mu
                                    [this](const absl::Status& s) { AbortTransfers(s); },
                                    [this](const absl::Status& s) { OnCollectiveDone(s); }}) {
   members_.resize(local_ranks_.size());
+  departed_.assign(static_cast<size_t>(nranks_), false);
   collective_exec_.on_done = [this] { OnCollectiveDone(collective_exec_.status); };
 }
 
@@ -67,6 +69,23 @@ std::vector<std::string> Communicator::PeerAddresses() const {
     if (n != net_.my_node) out.push_back(net_.node_addresses[n]);
   }
   return out;
+}
+
+std::vector<std::string> Communicator::LivePeerAddresses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (int n = 0; n < static_cast<int>(net_.node_addresses.size()); ++n) {
+    if (n == net_.my_node) continue;
+    bool live = false;
+    for (int r : net_.layout.ranks_of_node[n]) live |= !departed_[static_cast<size_t>(r)];
+    if (live) out.push_back(net_.node_addresses[n]);
+  }
+  return out;
+}
+
+int Communicator::NodeOfRank(int rank) const {
+  if (!multi_node_ || rank < 0 || rank >= nranks_) return -1;
+  return net_.layout.node_of_rank[rank];
 }
 
 bool Communicator::HasPeerNode(absl::string_view node_name) const {
@@ -235,6 +254,20 @@ absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingReque
     if (li < 0 || members_[li].left) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request->rank, " has left communicator ", comm_id_));
+    }
+    if (!departure_.ok()) {
+      // A rank left cleanly (see Leave): a collective needs it; a send or receive only its peer.
+      if (!scheduler::IsPointToPoint(request->req.op)) {
+        AbortLocked(departure_, out);
+        return absl::AbortedError(
+            absl::StrCat("communicator ", comm_id_, " was aborted: ", departure_.message()));
+      }
+      const int peer = request->req.root;
+      if (peer >= 0 && peer < nranks_ && departed_[static_cast<size_t>(peer)]) {
+        return absl::AbortedError(absl::StrCat(scheduler::OpName(request->req.op), " of rank ",
+                                               request->rank, " with rank ", peer, ": rank ", peer,
+                                               " has left communicator ", comm_id_));
+      }
     }
     if (multi_node_ && request->req.op == OpKind::kAllToAllv) {
       // Refused here, before anything is queued, rather than failed when it would be planned.
@@ -590,18 +623,56 @@ void Communicator::OnOpDeadline(uint64_t seq) {
   Deliver(out);
 }
 
-void Communicator::Leave(int rank, const absl::Status& why) {
+void Communicator::Leave(int rank, const absl::Status& why, bool graceful) {
   Outcomes out;
   {
     absl::MutexLock lock(&mu_);
     const int li = LocalIndex(rank);
     if (li < 0 || members_[li].left) return;
     members_[li].left = true;
-    bool others = multi_node_;  // ranks on other daemons are always still there to be told
-    for (size_t r = 0; r < members_.size(); ++r) {
-      others |= static_cast<int>(r) != li && members_[r].joined && !members_[r].left;
+    if (graceful && state_ == State::kReady && !PendingLocked(li)) {
+      DepartLocked(rank, why, &out);
+      if (multi_node_ && state_ != State::kFailed) {
+        out.departed.push_back(rank);
+        out.departed_why = why;
+      }
+    } else {
+      bool others = multi_node_;  // ranks on other daemons are always still there to be told
+      for (size_t r = 0; r < members_.size(); ++r) {
+        others |= static_cast<int>(r) != li && members_[r].joined && !members_[r].left;
+      }
+      if (others || state_ == State::kJoining) AbortLocked(why, &out);
     }
-    if (others || state_ == State::kJoining) AbortLocked(why, &out);
+  }
+  Deliver(out);
+}
+
+bool Communicator::PendingLocked(int li) const {
+  if (collectives_.submitted(li) > collectives_.front_seq()) return true;
+  return p2p_.involves_locked(local_ranks_[static_cast<size_t>(li)], /*remote=*/true);
+}
+
+void Communicator::DepartLocked(int rank, const absl::Status& why, Outcomes* out) {
+  departed_[static_cast<size_t>(rank)] = true;
+  if (departure_.ok()) departure_ = why;
+  if (state_ != State::kReady) return;
+  // A collective waiting now needs the rank, which submits no more: it can never complete. So
+  // does a same-daemon send or receive with it. (A transfer to or from it in flight completes:
+  // its side was done before it left.)
+  if (!collectives_.empty() || collective_running_ ||
+      p2p_.involves_locked(rank, /*remote=*/false)) {
+    AbortLocked(why, out);
+  }
+}
+
+void Communicator::RanksDeparted(const std::vector<int>& ranks, const absl::Status& why) {
+  Outcomes out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int r : ranks) {
+      if (r >= 0 && r < nranks_ && LocalIndex(r) < 0) DepartLocked(r, why, &out);
+    }
+    out.notify_peers = false;  // the node that told us knows; the others were told alike
   }
   Deliver(out);
 }
@@ -675,6 +746,9 @@ void Communicator::Deliver(Outcomes& out) {
   }
   out.joins.clear();
   for (auto& post : out.transport_posts) post();
+  if (!out.departed.empty() && net_.notify_departed) {
+    net_.notify_departed(out.departed, out.departed_why);
+  }
   if (!out.abort_transfers.ok()) {
     // The running operation's transfers fail now when a peer is dead; otherwise (a rank left, a
     // peer told us) it gets a grace period, since it usually completes (every daemon already

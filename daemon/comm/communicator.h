@@ -68,6 +68,8 @@ struct MultiNodeEnv {
   scheduler::EndpointTable endpoints;
   // Tells the other daemons that this communicator failed here (Peer.AbortComm).
   std::function<void(const absl::Status&)> notify_peers;
+  // Tells them that these local ranks left it cleanly (AbortCommRequest.departed_ranks).
+  std::function<void(const std::vector<int>&, const absl::Status&)> notify_departed;
   // Picks algorithm and chunk size per operation shape (the coordinator's calibration).
   std::shared_ptr<scheduler::cost::Tuner> tuner;
   // This daemon's slot in its tag namespace for the communicator (held as long as it lives), and
@@ -150,8 +152,15 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
       std::vector<std::unique_ptr<PendingRequest>> requests);
 
   // The rank's process left (destroyed the communicator, disconnected or died). Aborts the
-  // communicator for the other ranks with `why` when they are still members.
-  void Leave(int rank, const absl::Status& why);
+  // communicator for the other ranks with `why` when they are still members, unless the leave is
+  // clean: `graceful` (DestroyComm) with nothing of the rank's pending. Then, as NCCL's
+  // ncclCommDestroy, what does not need the rank goes on (the other ranks' sends and receives
+  // among themselves); a collective waiting, or submitted later, fails with `why` (it needs
+  // every rank), and so does a same-daemon send or receive with it. The other daemons are told.
+  void Leave(int rank, const absl::Status& why, bool graceful = false);
+  // Another daemon's ranks left cleanly (Peer.AbortComm with departed_ranks), as Leave(graceful).
+  // The caller checked that they are that daemon's.
+  void RanksDeparted(const std::vector<int>& ranks, const absl::Status& why);
 
   // Fails every pending operation with status and every later one with ABORTED. Idempotent:
   // the first reason sticks. notify: also tell the other daemons (false when they told us).
@@ -180,6 +189,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   int my_node() const { return net_.my_node; }
   // Peer service addresses of the other daemons (empty for a single-node communicator).
   std::vector<std::string> PeerAddresses() const;
+  // Those of the other daemons that still have a rank in it (not all departed): whom to
+  // heartbeat.
+  std::vector<std::string> LivePeerAddresses() const;
+  // The node index of rank (multi-node), or -1.
+  int NodeOfRank(int rank) const;
   // True when node_name names another node of this (multi-node) communicator, not this daemon's.
   bool HasPeerNode(absl::string_view node_name) const;
   // Name of the node whose Peer service is at address (for messages).
@@ -237,6 +251,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void OnJoinDeadline();
   void AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank left cleanly: recorded, and what can no longer complete fails (see Leave).
+  void DepartLocked(int rank, const absl::Status& why, Outcomes* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when local rank li has a collective or a send/receive not yet completed.
+  bool PendingLocked(int li) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the transfers of the running multi-node operation (if one still runs).
   void AbortTransfers(const absl::Status& status);
   // AbortTransfers once the grace (2 s) has passed: the running operation may still complete,
@@ -264,6 +283,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // INVALID_ARGUMENT, as the ranks that had queued it did. Never matches otherwise.
   uint64_t noticed_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
+  // By global rank: left cleanly (Leave graceful, RanksDeparted); the first one's why.
+  std::vector<bool> departed_ ABSL_GUARDED_BY(mu_);
+  absl::Status departure_ ABSL_GUARDED_BY(mu_);
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::string handover_ ABSL_GUARDED_BY(mu_);  // BeginHandover's why; empty: not handing over  //

@@ -87,6 +87,15 @@ P2PChannels::Drained P2PChannels::DrainAll() {
   return out;
 }
 
+bool P2PChannels::Involves(int rank, bool remote) const {
+  for (const auto& [key, ch] : channels_) {
+    if (key.first != rank && key.second != rank) continue;
+    if (!ch.sends.empty() || !ch.recvs.empty() || ch.busy) return true;
+    if (remote && ch.remote_in_flight > 0) return true;
+  }
+  return false;
+}
+
 uint64_t P2PChannels::queued() const {
   uint64_t n = 0;
   for (const auto& [key, ch] : channels_) n += ch.sends.size() + ch.recvs.size();

@@ -64,6 +64,9 @@ class P2PChannels {
   };
   Drained DrainAll();
 
+  // True when a channel with rank on either end has a request queued or a pair being copied, or
+  // (with remote) a post to the transport in flight.
+  bool Involves(int rank, bool remote) const;
   uint64_t queued() const;  // requests waiting for their other side
   uint64_t busy() const;    // channels copying a pair now
 

@@ -78,6 +78,8 @@ class PointToPoint {
   // For CommStats: pairs being copied plus remote transfers, and sides waiting for a partner.
   uint64_t in_flight_locked() const;
   uint64_t queued_locked() const { return channels_.queued(); }
+  // See P2PChannels::Involves.
+  bool involves_locked(int rank, bool remote) const { return channels_.Involves(rank, remote); }
 
  private:
   // A matched same-daemon pair being copied.

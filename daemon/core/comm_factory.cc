@@ -207,6 +207,18 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCommFactory::MakeMultiNode(
     abort.set_from_node(me);
     for (const auto& [addr, node] : peers) clients->AbortComm(addr, node, abort);
   };
+  net.notify_departed = [clients, peers, job, comm_id, me](const std::vector<int>& ranks,
+                                                           const absl::Status& why) {
+    if (clients == nullptr) return;
+    v1::AbortCommRequest notice;
+    notice.set_job_id(job);
+    notice.set_comm_id(comm_id);
+    notice.set_code(static_cast<int32_t>(absl::StatusCode::kAborted));
+    notice.set_message(std::string(why.message()));
+    notice.set_from_node(me);
+    for (int r : ranks) notice.add_departed_ranks(r);
+    for (const auto& [addr, node] : peers) clients->AbortComm(addr, node, notice);
+  };
   net.tuner = MakeTuner(net.layout, layout.cost_model());
   return std::make_shared<Communicator>(comm_id, job, Env(), std::move(net));
 }

@@ -71,6 +71,26 @@ absl::Status PeerPlane::AbortFromPeer(const PeerIdentity& who, const v1::AbortCo
   const bool known =
       req.code() > 0 && req.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
   const auto code = known ? static_cast<absl::StatusCode>(req.code()) : absl::StatusCode::kAborted;
+  if (req.departed_ranks_size() > 0) {
+    // Ranks that left cleanly: only the sender's own, each once.
+    if (req.departed_ranks_size() > comm->nranks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AbortCommRequest.departed_ranks: ", req.departed_ranks_size(),
+                       " ranks for a ", comm->nranks(), "-rank communicator"));
+    }
+    std::vector<int> ranks;
+    for (int32_t r : req.departed_ranks()) {
+      const int node = comm->NodeOfRank(r);
+      if (node < 0 || comm->node_names()[static_cast<size_t>(node)] != req.from_node()) {
+        return absl::InvalidArgumentError(absl::StrCat("AbortCommRequest.departed_ranks: rank ", r,
+                                                       " of communicator ", req.comm_id(),
+                                                       " is not a rank of node ", req.from_node()));
+      }
+      ranks.push_back(r);
+    }
+    comm->RanksDeparted(ranks, absl::Status(code, req.message().substr(0, 1024)));
+    return absl::OkStatus();
+  }
   comm->Abort(absl::Status(code, req.message().substr(0, 1024)),
               /*notify=*/false, /*transfers_now=*/false);
   return absl::OkStatus();
@@ -115,7 +135,7 @@ void PeerPlane::Tick() {
   std::map<std::string, std::vector<std::shared_ptr<Communicator>>> by_peer;
   for (const auto& comm : deps_.comms->Snapshot()) {
     if (!comm->multi_node() || comm->failed()) continue;
-    for (const auto& addr : comm->PeerAddresses()) by_peer[addr].push_back(comm);
+    for (const auto& addr : comm->LivePeerAddresses()) by_peer[addr].push_back(comm);
   }
   std::vector<std::pair<std::string, std::string>> dead;  // (address, last error)
   {

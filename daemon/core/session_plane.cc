@@ -249,8 +249,10 @@ absl::Status SessionPlane::DestroyComm(Session& session, uint64_t handle) {
   deps_.submit->DropHeld(session, handle,
                          absl::CancelledError(absl::StrCat(
                              "rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
-  m->comm->Leave(m->rank, absl::AbortedError(absl::StrCat(
-                              "rank ", m->rank, " destroyed communicator ", m->comm->comm_id())));
+  m->comm->Leave(m->rank,
+                 absl::AbortedError(absl::StrCat("rank ", m->rank, " destroyed communicator ",
+                                                 m->comm->comm_id())),
+                 /*graceful=*/true);
   RetireCommIfEmpty(m->comm);
   return absl::OkStatus();
 }

@@ -201,6 +201,59 @@ TEST_F(CommunicatorTest, AHandoverRunsWhatEveryRankSubmittedAndHandsBackTheRest)
   EXPECT_TRUE(comm->idle());
 }
 
+// A rank that leaves cleanly (DestroyComm with nothing of its own pending), as NCCL's
+// ncclCommDestroy: the other ranks' sends and receives among themselves go on; a collective,
+// which needs every rank, fails naming the rank that left, as does a send to it.
+TEST_F(CommunicatorTest, ACleanLeaveLetsTheOthersPointToPointFinishAndFailsLaterCollectives) {
+  auto comm = std::make_shared<Communicator>("c9", "job", 3, Env());
+  JoinAll(*comm, {0, 1, 2});
+  RankBuffer s{std::vector<float>(32, 9.0f)}, r{std::vector<float>(32, 0.0f)};
+  auto recv = r.Request(1, 2, OpKind::kRecv, sink_);
+  recv->req.root = 1;
+  ASSERT_TRUE(comm->Submit(std::move(recv)).ok());
+  comm->Leave(0, absl::AbortedError("rank 0 destroyed communicator c9"), /*graceful=*/true);
+  EXPECT_FALSE(comm->failed());
+  auto send = s.Request(2, 1, OpKind::kSend, sink_);
+  send->req.root = 2;
+  ASSERT_TRUE(comm->Submit(std::move(send)).ok());
+  ASSERT_TRUE(sink_->Wait(1).status.ok());
+  ASSERT_TRUE(sink_->Wait(2).status.ok());
+  EXPECT_EQ(r.data, s.data);
+  auto to_gone = s.Request(3, 1, OpKind::kSend, sink_);
+  to_gone->req.root = 0;
+  const auto refused = comm->Submit(std::move(to_gone));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("rank 0 has left communicator c9"));
+  EXPECT_FALSE(comm->failed());
+  const auto coll = comm->Submit(s.Request(4, 1, OpKind::kAllReduce, sink_));
+  EXPECT_EQ(coll.status().code(), absl::StatusCode::kAborted) << coll.status();
+  EXPECT_THAT(coll.status().message(), HasSubstr("rank 0 destroyed communicator c9"));
+  EXPECT_TRUE(comm->failed());
+}
+
+TEST_F(CommunicatorTest, ACleanLeaveFailsACollectiveAlreadyWaitingAndALeaveWithWorkAborts) {
+  {
+    auto comm = std::make_shared<Communicator>("c10", "job", 2, Env());
+    JoinAll(*comm, {0, 1});
+    RankBuffer a{std::vector<float>(16, 1.0f)};
+    ASSERT_TRUE(comm->Submit(a.Request(1, 0, OpKind::kAllReduce, sink_)).ok());
+    comm->Leave(1, absl::AbortedError("rank 1 destroyed communicator c10"), /*graceful=*/true);
+    const auto c = sink_->Wait(1);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kAborted) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("rank 1 destroyed communicator c10"));
+  }
+  {
+    // Rank 0 leaves with its own collective queued: not clean, the communicator aborts.
+    auto comm = std::make_shared<Communicator>("c11", "job", 2, Env());
+    JoinAll(*comm, {0, 1});
+    RankBuffer a{std::vector<float>(16, 1.0f)};
+    ASSERT_TRUE(comm->Submit(a.Request(11, 0, OpKind::kAllReduce, sink_)).ok());
+    comm->Leave(0, absl::AbortedError("rank 0 destroyed communicator c11"), /*graceful=*/true);
+    EXPECT_TRUE(comm->failed());
+    EXPECT_EQ(sink_->Wait(11).status.code(), absl::StatusCode::kAborted);
+  }
+}
+
 TEST_F(CommunicatorTest, RejoinedRanksGoOnFromTheHighestResumeSeq) {
   auto comm = std::make_shared<Communicator>("c7", "job", 2, Env());
   // Rank 0's copy of seq 5 failed in a restart (it resumes at 6); rank 1 would run 5 next.
@@ -933,6 +986,24 @@ TEST_F(TwoDaemonsTest, TheCollectiveAPeersNoticeIsAboutFailsWithItsCodeLaterOnes
   auto p2p = b.Request(3, 0, OpKind::kSend, sink_);
   p2p->req.root = 0;
   EXPECT_EQ(comm->Submit(std::move(p2p)).status().code(), absl::StatusCode::kAborted);
+}
+
+// A peer's ranks left cleanly (Peer.AbortComm with departed_ranks): not a failure; the next
+// collective fails naming why, and the peer is no longer heartbeated.
+TEST_F(TwoDaemonsTest, APeersCleanDepartureFailsOnlyWhatNeedsItsRanks) {
+  std::shared_ptr<Communicator> comm = Make(0, "departed", 1, {1, 2}, "ring");
+  JoinAll(*comm, {0});
+  EXPECT_EQ(comm->LivePeerAddresses(), std::vector<std::string>{"a1"});
+  comm->RanksDeparted({1}, absl::AbortedError("rank 1 destroyed communicator departed"));
+  EXPECT_FALSE(comm->failed());
+  EXPECT_TRUE(comm->LivePeerAddresses().empty());
+  EXPECT_EQ(comm->PeerAddresses(), std::vector<std::string>{"a1"});
+  RankBuffer b{std::vector<float>(16, 1.0f)};
+  const auto coll = comm->Submit(b.Request(1, 0, OpKind::kAllReduce, sink_));
+  EXPECT_EQ(coll.status().code(), absl::StatusCode::kAborted) << coll.status();
+  EXPECT_THAT(coll.status().message(), HasSubstr("rank 1 destroyed communicator departed"));
+  EXPECT_EQ(comm->NodeOfRank(1), 1);
+  EXPECT_EQ(comm->NodeOfRank(7), -1);
 }
 
 TEST_F(TwoDaemonsTest, AStalledPeerFailsTheOperationAtItsDeadline) {

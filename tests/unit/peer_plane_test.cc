@@ -221,6 +221,45 @@ TEST_F(PeerPlaneTest, APeersAbortFailsTheCommunicatorOnlyFromAMemberNode) {
   EXPECT_EQ(sink_->Wait(other_op).status.code(), absl::StatusCode::kAborted);
 }
 
+// departed_ranks: only the sender's own ranks; a clean departure fails only what needs them.
+TEST_F(PeerPlaneTest, ADepartureNoticeNamesOnlyTheSendersRanks) {
+  v1::AbortCommRequest notice;
+  notice.set_job_id("job");
+  notice.set_comm_id(comm_->comm_id());
+  notice.set_from_node("node1");
+  notice.set_code(static_cast<int>(absl::StatusCode::kAborted));
+  notice.set_message("rank 1 destroyed communicator");
+  notice.add_departed_ranks(0);  // node0's (this daemon's) rank
+  absl::Status s = plane_.AbortFromPeer(Claims(), notice);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("is not a rank of node node1"));
+  notice.set_departed_ranks(0, 7);  // no such rank
+  EXPECT_EQ(plane_.AbortFromPeer(Claims(), notice).code(), absl::StatusCode::kInvalidArgument);
+  for (int i = 0; i < 5; ++i) notice.add_departed_ranks(1);  // more than the communicator has
+  EXPECT_EQ(plane_.AbortFromPeer(Claims(), notice).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(comm_->failed());
+
+  notice.clear_departed_ranks();
+  notice.add_departed_ranks(1);
+  ASSERT_TRUE(plane_.AbortFromPeer(Claims(), notice).ok());
+  EXPECT_FALSE(comm_->failed());                    // nothing waited for rank 1
+  EXPECT_TRUE(comm_->LivePeerAddresses().empty());  // and node1 is heartbeated no more
+  ASSERT_TRUE(comm_->Join(0, absl::Seconds(100), [](const absl::Status&) {}).ok());
+  auto p = std::make_unique<PendingRequest>();
+  p->request_id = 99;
+  p->rank = 0;
+  p->session = sink_;
+  p->req.op = scheduler::OpKind::kAllReduce;
+  p->req.dtype = kernels::DataType::kFloat32;
+  p->req.count = data_.size();
+  p->req.send = p->req.recv = reinterpret_cast<std::byte*>(data_.data());
+  const auto refused = comm_->Submit(std::move(p));  // a collective needs rank 1
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("rank 1 destroyed communicator"));
+  EXPECT_TRUE(comm_->failed());
+}
+
 TEST_F(PeerPlaneTest, ViewsAreFilteredAndRefusedToNonMembers) {
   v1::GetCommStateRequest all;
   absl::StatusOr<v1::GetCommStateResponse> got = plane_.GetCommState(all);
