@@ -262,8 +262,13 @@ absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingReque
         return absl::AbortedError(
             absl::StrCat("communicator ", comm_id_, " was aborted: ", departure_.message()));
       }
+      // A send to it is never received. A receive from it is refused only when it lived here:
+      // its sends were matched before it left. One on another daemon may have sent before it
+      // left, and the data may still be on its way.
       const int peer = request->req.root;
-      if (peer >= 0 && peer < nranks_ && departed_[static_cast<size_t>(peer)]) {
+      const bool is_send = request->req.op == OpKind::kSend;
+      if (peer >= 0 && peer < nranks_ && departed_[static_cast<size_t>(peer)] &&
+          (is_send || LocalIndex(peer) >= 0)) {
         return absl::AbortedError(absl::StrCat(scheduler::OpName(request->req.op), " of rank ",
                                                request->rank, " with rank ", peer, ": rank ", peer,
                                                " has left communicator ", comm_id_));

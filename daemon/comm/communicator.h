@@ -156,7 +156,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // clean: `graceful` (DestroyComm) with nothing of the rank's pending. Then, as NCCL's
   // ncclCommDestroy, what does not need the rank goes on (the other ranks' sends and receives
   // among themselves); a collective waiting, or submitted later, fails with `why` (it needs
-  // every rank), and so does a same-daemon send or receive with it. The other daemons are told.
+  // every rank), and so does a send to it, or a receive from it when it lived on this daemon (one
+  // on another daemon may have sent before it left). The other daemons are told.
   void Leave(int rank, const absl::Status& why, bool graceful = false);
   // Another daemon's ranks left cleanly (Peer.AbortComm with departed_ranks), as Leave(graceful).
   // The caller checked that they are that daemon's.

@@ -591,6 +591,32 @@ TEST_F(TwoDaemonsTest, SendRecvAcrossNodes) {
   EXPECT_EQ(dst.data, src.data);
 }
 
+// A rank on another daemon that sent and then left cleanly: its data is still received (the
+// notice can overtake it); a send to it is refused.
+TEST_F(TwoDaemonsTest, AReceiveFromARankThatSentAndLeftStillGetsItsData) {
+  std::shared_ptr<Communicator> comm[2] = {Make(0, "sent-left", 1, {1, 2}, ""),
+                                           Make(1, "sent-left", 1, {1, 2}, "")};
+  JoinAll(*comm[0], {0});
+  JoinAll(*comm[1], {1});
+  RankBuffer src{std::vector<float>(300, 6.0f)}, dst{std::vector<float>(300, 0.0f)};
+  auto s = src.Request(1, 1, OpKind::kSend, sink_);
+  s->req.root = 0;
+  ASSERT_TRUE(comm[1]->Submit(std::move(s)).ok());
+  // (Over UCX an eager send completes before it is received, and its rank may leave at once; the
+  // in-process fabric completes it on receipt: the notice arrives first here.)
+  comm[0]->RanksDeparted({1}, absl::AbortedError("rank 1 destroyed communicator sent-left"));
+  auto r = dst.Request(2, 0, OpKind::kRecv, sink_);
+  r->req.root = 1;
+  ASSERT_TRUE(comm[0]->Submit(std::move(r)).ok());
+  ASSERT_TRUE(sink_->Wait(1).status.ok());
+  ASSERT_TRUE(sink_->Wait(2).status.ok());
+  EXPECT_EQ(dst.data, src.data);
+  auto back = src.Request(3, 0, OpKind::kSend, sink_);
+  back->req.root = 1;
+  EXPECT_EQ(comm[0]->Submit(std::move(back)).status().code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(comm[0]->failed());
+}
+
 // A send and a receive across nodes that disagree on the size fail the receive with
 // INVALID_ARGUMENT naming both sizes, as on one node (where the daemon sees both and fails
 // both); the sender's daemon saw a complete send, as an MPI sender does when its receiver
