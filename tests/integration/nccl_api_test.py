@@ -111,3 +111,4 @@ def test_nccl_debug_info_logs_init_and_version(cluster):
     out = results[0][1]
     assert re.search(r"NCCL version 2\.28\.9\+railyard", out), out
     assert re.search(r"\[0\] NCCL INFO Init COMPLETE comm ry1-[0-9a-f]{32}@", out), out
+

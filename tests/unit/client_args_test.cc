@@ -483,22 +483,99 @@ TEST(DataCheckTest, ExpectedRegionsPerOp) {
 TEST(ResultTableTest, MatchesNcclTestsColumns) {
   EXPECT_EQ(FormatRowPrefix(1048576, 262144, "float", "sum", -1),
             "     1048576        262144     float     sum      -1");
-  EXPECT_EQ(FormatResult(105.9, 9.90, 17.33, 0), "    105.9    9.90   17.33      0");
+  EXPECT_EQ(FormatResult(105.9, 9.90, 17.33, 0), "   105.90    9.90   17.33       0");
   EXPECT_EQ(FormatResult(5.63, 0.0, 0.0, -1), "     5.63    0.00    0.00    N/A");
-  EXPECT_EQ(FormatTime(90330.4), "  90330");
+  // nccl-tests' getFloatStr: 2 decimals while they fit the column, then 1, 0, an exponent.
+  EXPECT_EQ(FormatTime(90330.4), "90330.4");
+  EXPECT_EQ(FormatTime(1234.567), "1234.57");
   EXPECT_EQ(FormatTime(99.994), "  99.99");
+  EXPECT_EQ(FormatTime(123456789.0), "1.2e+08");
+  EXPECT_EQ(FormatFloat(1234.5, 6), "1234.5");
+  EXPECT_EQ(FormatFloat(123456.0, 6), "123456");
   const std::string header = FormatColumnHeader();
-  EXPECT_NE(header.find("#       size         count      type   redop    root     time   algbw"
-                        "   busbw #wrong     time   algbw   busbw #wrong\n"),
-            std::string::npos);
-  EXPECT_NE(header.find("#        (B)    (elements)                               (us)  (GB/s)"
-                        "  (GB/s)            (us)  (GB/s)  (GB/s)       \n"),
-            std::string::npos);
-  EXPECT_EQ(header.find('|'), std::string::npos);
-  EXPECT_EQ(FormatFooter(0, 12.5),
-            "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 12.5 \n#\n");
+  EXPECT_EQ(header,
+            "#\n"
+            "#                                                              out-of-place           "
+            "            in-place          \n"
+            "#       size         count      type   redop    root     time   algbw   busbw  "
+            "#wrong     time   algbw   busbw  #wrong \n"
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)       "
+            "      (us)  (GB/s)  (GB/s)         \n");
+  EXPECT_EQ(FormatFooter(0, 12.5, -1, "all_reduce_perf"),
+            "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 12.5 \n#\n"
+            "# Collective test concluded: all_reduce_perf\n#\n\n");
+  EXPECT_EQ(FormatFooter(2, 12.5, 10, "all_gather_perf"),
+            "# Out of bounds values : 2 FAILED\n# Avg bus bandwidth    : 12.5 OK\n#\n"
+            "# Collective test concluded: all_gather_perf\n#\n\n");
+  EXPECT_FALSE(BelowMinBw(12.5, 13.8));  // 90% of 13.8 is 12.42
+  EXPECT_TRUE(BelowMinBw(12.5, 14));
+  EXPECT_FALSE(BelowMinBw(0, -1));
   EXPECT_DOUBLE_EQ(AlgBw(2e9, 1.0), 2.0);
   EXPECT_EQ(AlgBw(100, 0), 0.0);
+}
+
+TEST(ResultTableTest, RunHeaderIsNcclTests219s) {
+  RunHeader h;
+  h.program = "all_reduce_perf";
+  h.min_bytes = 8;
+  h.max_bytes = 134217728;
+  h.step_factor = 2;
+  h.warmup_iters = 5;
+  h.iters = 20;
+  std::vector<RankLine> ranks = {{0, 4242, "nodea", -1, "host memory, railyardd"},
+                                 {1, 4243, "nodeb", -1, "host memory, railyardd"}};
+  EXPECT_EQ(FormatRunHeader(h, ranks),
+            "# nccl-tests version 2.19.0 nccl-headers=22809 nccl-library=22809\n"
+            "# Collective test starting: all_reduce_perf\n"
+            "# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 "
+            "iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0\n"
+            "#\n"
+            "# Using devices\n"
+            "#  Rank  0 Group  0 Pid   4242 on      nodea device -1 [0000:00:00] host memory, "
+            "railyardd\n"
+            "#  Rank  1 Group  0 Pid   4243 on      nodeb device -1 [0000:00:00] host memory, "
+            "railyardd\n");
+  h.step_factor = 1;
+  h.step_bytes = 1048576;
+  h.blocking = 1;
+  const std::string blocking = FormatRunHeader(h, {});
+  EXPECT_NE(blocking.find("step: 1048576(bytes)"), std::string::npos) << blocking;
+  EXPECT_NE(
+      blocking.find("# Blocking Enabled: wait and barrier after each inner iteration (-m) \n"),
+      std::string::npos);
+  EXPECT_EQ(ProgramName(PerfOp::kReduceScatter), "reduce_scatter_perf");
+  EXPECT_EQ(ProgramName(PerfOp::kAllGather), "all_gather_perf");
+}
+
+TEST(ParsePerfArgsTest, NcclTestsTGMNAZGFlags) {
+  absl::StatusOr<PerfArgs> a =
+      Parse({"-t", "1", "-g", "4", "-m", "8", "-N", "3", "-a", "1", "-z", "1", "-G", "0"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->ranks_per_daemon, 4);  // -g: ranks per daemon here
+  EXPECT_EQ(a->ngpus, 4);
+  EXPECT_EQ(a->agg_iters, 8);
+  EXPECT_EQ(a->run_cycles, 3);
+  EXPECT_EQ(a->average, 1);
+  EXPECT_EQ(a->blocking, 1);
+  EXPECT_EQ(Parse({})->average, 3);  // the slowest rank unless asked
+  struct Bad {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {{"-t", "2"}, "every rank is a process of its own"},
+           {{"-G", "1"}, "does not launch through CUDA graphs"},
+           {{"-N", "0"}, "run forever"},
+           {{"-z", "2"}, "only -z 0"},
+           {{"-a", "4"}, "out of range"},
+           {{"-g", "2", "--ranks-per-daemon", "3"}, "disagrees with --ranks-per-daemon 3"},
+           {{"-m", "0"}, "out of range"},
+       }) {
+    absl::StatusOr<PerfArgs> r = Parse(bad.args);
+    ASSERT_FALSE(r.ok()) << bad.args[0];
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(r.status().message()).find(bad.says), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace

@@ -97,6 +97,16 @@ Setter IntSetter(T PerfArgs::*field, T min, T max) {
   };
 }
 
+Setter RanksPerDaemonSetter() {
+  return [](std::string_view f, std::string_view v, PerfArgs* a) {
+    absl::StatusOr<int> n = ParseInt<int>(f, v, 1, kMaxRanksPerDaemon);
+    if (!n.ok()) return n.status();
+    a->ranks_per_daemon = *n;
+    a->ranks_per_daemon_set = true;
+    return absl::OkStatus();
+  };
+}
+
 Setter StringSetter(std::string PerfArgs::*field) {
   return [field](std::string_view, std::string_view value, PerfArgs* args) {
     args->*field = std::string(value);
@@ -149,10 +159,22 @@ const std::vector<FlagSpec>& Flags() {
          }
          return absl::OkStatus();
        }},
-      {0, "ranks-per-daemon", true,
-       IntSetter<int>(&PerfArgs::ranks_per_daemon, 1, kMaxRanksPerDaemon)},
-      {0, "ranks_per_daemon", true,
-       IntSetter<int>(&PerfArgs::ranks_per_daemon, 1, kMaxRanksPerDaemon)},
+      {0, "ranks-per-daemon", true, RanksPerDaemonSetter()},
+      {0, "ranks_per_daemon", true, RanksPerDaemonSetter()},
+      {'t', "nthreads", true, IntSetter<int>(&PerfArgs::nthreads, 1, 1024)},
+      {'g', "ngpus", true,
+       [](std::string_view f, std::string_view v, PerfArgs* a) {
+         absl::StatusOr<int> n = ParseInt<int>(f, v, 1, kMaxRanksPerDaemon);
+         if (!n.ok()) return n.status();
+         a->ngpus = *n;
+         a->ngpus_set = true;
+         return absl::OkStatus();
+       }},
+      {'m', "agg_iters", true, IntSetter<int>(&PerfArgs::agg_iters, 1, 1024)},
+      {'N', "run_cycles", true, IntSetter<int>(&PerfArgs::run_cycles, 0, 1000000)},
+      {'a', "average", true, IntSetter<int>(&PerfArgs::average, 0, 3)},
+      {'z', "blocking", true, IntSetter<int>(&PerfArgs::blocking, 0, 3)},
+      {'G', "cudagraph", true, IntSetter<int>(&PerfArgs::graph, 0, 1000000)},
       {0, "timeout_ms", true,
        IntSetter<uint32_t>(&PerfArgs::timeout_ms, 0, std::numeric_limits<uint32_t>::max())},
       {0, "job", true, StringSetter(&PerfArgs::job)},
@@ -209,6 +231,41 @@ const FlagSpec* FindLong(std::string_view name) {
 
 absl::Status Validate(PerfArgs* args) {
   if (args->help) return absl::OkStatus();
+  if (args->nthreads != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "-t ", args->nthreads,
+        ": every rank is a process of its own here (nccl-tests' threads per process have no "
+        "meaning): use -g or --ranks-per-daemon for more ranks"));
+  }
+  if (args->ngpus_set) {
+    if (args->ranks_per_daemon_set && args->ranks_per_daemon != args->ngpus) {
+      return absl::InvalidArgumentError(absl::StrCat("-g ", args->ngpus,
+                                                     " (ranks per daemon here) disagrees with "
+                                                     "--ranks-per-daemon ",
+                                                     args->ranks_per_daemon));
+    }
+    args->ranks_per_daemon = args->ngpus;
+  }
+  if (args->run_cycles == 0) {
+    return absl::InvalidArgumentError(
+        "-N 0 (run forever) is not supported: give the number of runs of the sweep (-N 1 or "
+        "more)");
+  }
+  if (args->graph != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("-G ", args->graph,
+                     ": railyard-perf does not launch through CUDA graphs (the daemon runs each "
+                     "operation): use -G 0"));
+  }
+  if (args->blocking > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("-z ", args->blocking,
+                     ": only -z 0 (operations back to back) and -z 1 (wait and barrier after each "
+                     "iteration) are supported"));
+  }
+  if (args->agg_iters > 1 && !args->latency_file.empty()) {
+    return absl::InvalidArgumentError("-m with --latency_file: time one operation at a time");
+  }
   if (args->fake_device && args->device < 0) {
     return absl::InvalidArgumentError("--fake_device needs --device N");
   }
@@ -380,6 +437,14 @@ daemon on this host (ranks numbered daemon-major); rank 0 prints the table.
   -d, --datatype TYPE        float, half, bfloat16, double, int8, uint8, int32, uint32, int64,
                              uint64 or all (default float)
   -r, --root N               root of broadcast and reduce (default 0)
+  -g, --ngpus N              ranks per daemon (nccl-tests: GPUs per thread; default 1)
+  -m, --agg_iters N          operations per timed iteration, issued as one group (default 1)
+  -N, --run_cycles N         run the whole sweep N times (default 1; 0, forever, is refused)
+  -a, --average N            time reported: 0 rank 0's, 1 average, 2 minimum, 3 maximum over
+                             ranks (default 3, the slowest rank)
+  -z, --blocking 0|1         1: wait and barrier after each iteration (default 0)
+  -t, --nthreads 1           threads per process: 1 only (each rank is a process)
+  -G, --cudagraph 0          CUDA graph launches: 0 only
       --op COLL              allreduce (default), reducescatter, allgather, broadcast, reduce,
                              alltoall, alltoallv, sendrecv, barrier
       --daemons S1[,S2...]   daemon sockets (default $RAILYARD_SOCKET, else
@@ -403,7 +468,9 @@ daemon on this host (ranks numbered daemon-major); rank 0 prints the table.
 
 Sizes follow nccl-tests: allreduce, broadcast, reduce and sendrecv move SIZE bytes per rank;
 allgather, reducescatter, alltoall(v) SIZE bytes in total per rank (SIZE/nranks per peer).
-Time is the slowest rank's average per iteration; #wrong is summed over ranks.
+Time is per operation, of the slowest rank unless -a says; #wrong is summed over ranks. The
+output is nccl-tests 2.19's, header and footer included; NCCL_TESTS_MIN_BW=X judges the average
+bus bandwidth (below 90% of X: FAILED, exit status 1).
 )";
 }
 

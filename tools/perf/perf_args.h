@@ -56,6 +56,24 @@ struct PerfArgs {
   // Every operation carries a stream sync (docs/gpu.md) whose ready word the rank writes right
   // after submitting it, as a stream that reaches it at once would: the cost of stream ordering.
   bool stream_sync = false;
+  // nccl-tests' -t, -g, -m, -N, -a, -z, -G. -t: threads per process (1: each rank is a process
+  // here). -g: GPUs per thread, i.e. ranks per process there; here ranks per daemon (unless
+  // --ranks-per-daemon says). -m: operations per timed iteration, issued as one group. -N: runs
+  // of the whole sweep (1..; nccl-tests' 0, forever, is refused). -a: the time reported: 0 rank
+  // 0's, 1 the average, 2 the minimum, 3 the maximum over ranks (3 unless given: the slowest
+  // rank, as railyard-perf always reported). -z 1: wait and barrier after each iteration. -G: CUDA
+  // graph launches (0 only).
+  int nthreads = 1;
+  int ngpus = 1;
+  bool ngpus_set = false;
+  bool ranks_per_daemon_set = false;
+  int agg_iters = 1;
+  int run_cycles = 1;
+  int average = 3;
+  int blocking = 0;
+  int graph = 0;
+  // NCCL_TESTS_MIN_BW (GB/s; negative: unset): an average bus bandwidth below 90% of it fails.
+  double min_bw = -1;
   bool help = false;
 
   // Set on the rank processes the launcher spawns (hidden --_rank, --_comm_id, ...).

@@ -42,6 +42,17 @@ int PerfMain(int argc, char** argv, const PerfHooks& hooks) {
     std::fputs(PerfUsage().c_str(), stdout);
     return 0;
   }
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): as above.
+  if (const char* min_bw = std::getenv("NCCL_TESTS_MIN_BW"); min_bw != nullptr && *min_bw) {
+    char* end = nullptr;
+    const double v = std::strtod(min_bw, &end);
+    if (end == min_bw || *end != '\0' || !(v >= 0)) {
+      std::fprintf(stderr, "railyard-perf: NCCL_TESTS_MIN_BW='%s' is not a bandwidth in GB/s\n",
+                   min_bw);
+      return 2;
+    }
+    args->min_bw = v;
+  }
   if (args->fake_device && hooks.fake_device_memory == nullptr) {
     std::fprintf(stderr,
                  "railyard-perf: --fake_device is a test-only flag and this railyard-perf has no "

@@ -8,14 +8,19 @@ namespace {
 struct OpName {
   std::string_view name;
   PerfOp op;
+  std::string_view program;  // nccl-tests' binary for it
 };
 
 constexpr OpName kOpNames[] = {
-    {"allreduce", PerfOp::kAllReduce}, {"reducescatter", PerfOp::kReduceScatter},
-    {"allgather", PerfOp::kAllGather}, {"broadcast", PerfOp::kBroadcast},
-    {"reduce", PerfOp::kReduce},       {"alltoall", PerfOp::kAllToAll},
-    {"alltoallv", PerfOp::kAllToAllv}, {"sendrecv", PerfOp::kSendRecv},
-    {"barrier", PerfOp::kBarrier},
+    {"allreduce", PerfOp::kAllReduce, "all_reduce_perf"},
+    {"reducescatter", PerfOp::kReduceScatter, "reduce_scatter_perf"},
+    {"allgather", PerfOp::kAllGather, "all_gather_perf"},
+    {"broadcast", PerfOp::kBroadcast, "broadcast_perf"},
+    {"reduce", PerfOp::kReduce, "reduce_perf"},
+    {"alltoall", PerfOp::kAllToAll, "alltoall_perf"},
+    {"alltoallv", PerfOp::kAllToAllv, "alltoallv_perf"},
+    {"sendrecv", PerfOp::kSendRecv, "sendrecv_perf"},
+    {"barrier", PerfOp::kBarrier, "barrier_perf"},
 };
 
 // Lower case without '_' and '-': "All_Reduce" -> "allreduce".
@@ -35,6 +40,13 @@ bool SameOpName(std::string_view given, std::string_view canonical) {
 std::string_view Name(PerfOp op) {
   for (const OpName& entry : kOpNames) {
     if (entry.op == op) return entry.name;
+  }
+  return "unknown";
+}
+
+std::string_view ProgramName(PerfOp op) {
+  for (const OpName& entry : kOpNames) {
+    if (entry.op == op) return entry.program;
   }
   return "unknown";
 }

@@ -22,6 +22,9 @@ enum class PerfOp {
 // "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "alltoallv",
 // "sendrecv", "barrier".
 std::string_view Name(PerfOp op);
+// nccl-tests' program for it ("all_reduce_perf", ...; alltoallv_perf and barrier_perf have none
+// there), as its header and footer name it.
+std::string_view ProgramName(PerfOp op);
 // Inverse of Name(); also accepts "all_reduce", "all-reduce", ... Returns false if unknown.
 bool ParsePerfOp(std::string_view name, PerfOp* out);
 // Whether the op takes a reduction operator (printed in the redop column, else "none").

@@ -1,6 +1,7 @@
 #include "tools/perf/rank_worker.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -61,19 +62,25 @@ class RankBenchmark {
 
   absl::Status Run() {
     if (absl::Status st = Setup(); !st.ok()) return st;
-    if (args_.rank == 0) PrintHeader();
-    for (DataType dtype : args_.dtypes) {
-      const std::vector<RedOp> redops =
-          UsesRedOp(args_.op) ? args_.redops : std::vector<RedOp>{RedOp::kSum};
-      for (RedOp redop : redops) {
-        for (size_t bytes : SizeSweep(args_)) {
-          if (absl::Status st = RunCase(dtype, redop, bytes); !st.ok()) return st;
+    absl::StatusOr<std::vector<RankLine>> ranks = GatherRanks();
+    if (!ranks.ok()) return ranks.status();
+    if (args_.rank == 0) PrintHeader(*ranks);
+    for (int cycle = 0; cycle < args_.run_cycles; ++cycle) {
+      for (DataType dtype : args_.dtypes) {
+        const std::vector<RedOp> redops =
+            UsesRedOp(args_.op) ? args_.redops : std::vector<RedOp>{RedOp::kSum};
+        for (RedOp redop : redops) {
+          for (size_t bytes : SizeSweep(args_)) {
+            if (absl::Status st = RunCase(dtype, redop, bytes); !st.ok()) return st;
+          }
         }
       }
     }
+    const double avg = busbw_count_ > 0 ? busbw_sum_ / busbw_count_ : 0.0;
     if (args_.rank == 0) {
-      const double avg = busbw_count_ > 0 ? busbw_sum_ / busbw_count_ : 0.0;
-      std::fputs(FormatFooter(results_with_errors_, avg).c_str(), out_);
+      std::fputs(
+          FormatFooter(results_with_errors_, avg, args_.min_bw, ProgramName(args_.op)).c_str(),
+          out_);
       std::fflush(out_);
     }
     absl::Status destroyed = comm_.Destroy();
@@ -81,6 +88,11 @@ class RankBenchmark {
       return absl::DataLossError(
           absl::StrCat("data check failed: ", results_with_errors_,
                        " results with wrong elements, first: ", first_error_));
+    }
+    if (args_.rank == 0 && BelowMinBw(avg, args_.min_bw)) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("average bus bandwidth %g GB/s is below 90%% of NCCL_TESTS_MIN_BW=%g",
+                          avg, args_.min_bw));
     }
     return Annotate(destroyed, "DestroyComm");
   }
@@ -153,22 +165,57 @@ class RankBenchmark {
     return client_->RegisterDeviceMemory(fd->get(), bytes, device, view);
   }
 
-  void PrintHeader() {
-    std::string header = absl::StrFormat(
-        "# railyard-perf op: %s nranks: %d daemons: %d minBytes %d maxBytes %d step: %s "
-        "warmup iters: %d iters: %d validation: %d\n#\n# Using daemons\n",
-        Name(args_.op), nranks_, args_.daemons.size(), args_.min_bytes, args_.max_bytes,
-        args_.step_factor > 1 ? absl::StrCat(args_.step_factor, "(factor)")
-                              : absl::StrCat(args_.step_bytes, "(bytes)"),
-        args_.warmup_iters, args_.iters, args_.check);
-    for (size_t d = 0; d < args_.daemons.size(); ++d) {
-      const int first = static_cast<int>(d) * args_.ranks_per_daemon;
-      absl::StrAppendFormat(&header, "#  Ranks %3d-%-3d on %s\n", first,
-                            first + args_.ranks_per_daemon - 1, args_.daemons[d]);
+  // Every rank's pid, node and device, gathered over the communicator for the header.
+  absl::StatusOr<std::vector<RankLine>> GatherRanks() {
+    constexpr size_t kRecord = 128;  // pid, device, node name (NUL-terminated)
+    absl::StatusOr<Buffer> buf = client_->Allocate(kRecord * (static_cast<size_t>(nranks_) + 1));
+    if (!buf.ok()) return Annotate(buf.status(), "allocating the rank table");
+    auto* base = static_cast<unsigned char*>(buf->data());
+    unsigned char* mine = base + kRecord * static_cast<size_t>(nranks_);
+    std::memset(mine, 0, kRecord);
+    const int32_t head[2] = {static_cast<int32_t>(::getpid()), args_.device};
+    std::memcpy(mine, head, sizeof(head));
+    std::snprintf(reinterpret_cast<char*>(mine) + 8, kRecord - 8, "%s",
+                  client_->node_name().c_str());
+    works_.push_back(comm_.AllGather(BufferRef(*buf, kRecord * static_cast<size_t>(nranks_)),
+                                     BufferRef(*buf, 0), kRecord, DataType::kUint8,
+                                     collective_opts_));
+    if (absl::Status st = WaitAll(&works_, "gathering the ranks' devices"); !st.ok()) return st;
+    std::vector<RankLine> lines;
+    for (int r = 0; r < nranks_; ++r) {
+      const unsigned char* rec = base + kRecord * static_cast<size_t>(r);
+      int32_t got[2];
+      std::memcpy(got, rec, sizeof(got));
+      RankLine line;
+      line.rank = r;
+      line.pid = got[0];
+      line.device = got[1];
+      line.host = std::string(reinterpret_cast<const char*>(rec) + 8,
+                              strnlen(reinterpret_cast<const char*>(rec) + 8, kRecord - 9));
+      line.what = got[1] < 0 ? "host memory, railyardd"
+                             : (args_.fake_device ? "fake device memory, railyardd"
+                                                  : "CUDA device memory, railyardd");
+      lines.push_back(std::move(line));
     }
-    absl::StrAppendFormat(&header, "#  Comm %s (rank 0 on node %s)\n#\n", args_.comm_id,
-                          client_->node_name());
-    header += FormatColumnHeader();
+    return lines;
+  }
+
+  void PrintHeader(const std::vector<RankLine>& ranks) {
+    RunHeader h;
+    h.program = std::string(ProgramName(args_.op));
+    h.nthreads = args_.nthreads;
+    h.ngpus = args_.ngpus;
+    h.min_bytes = args_.min_bytes;
+    h.max_bytes = args_.max_bytes;
+    h.step_factor = args_.step_factor;
+    h.step_bytes = args_.step_bytes;
+    h.warmup_iters = args_.warmup_iters;
+    h.iters = args_.iters;
+    h.agg_iters = args_.agg_iters;
+    h.validation = args_.check > 0 ? 1 : 0;
+    h.graph = args_.graph;
+    h.blocking = args_.blocking;
+    std::string header = FormatRunHeader(h, ranks) + FormatColumnHeader();
     std::fputs(header.c_str(), out_);
     std::fflush(out_);
   }
@@ -256,11 +303,28 @@ class RankBenchmark {
   // are reaped from the front as the loop goes, so that a failure (a peer daemon gone, the
   // communicator aborted) ends the loop at once, not after every remaining iteration has been
   // issued and refused one by one (100000 of them took 20 s under AddressSanitizer).
-  absl::Status Iterate(const Case& c, bool in_place, int iters, const std::string& context) {
+  absl::Status Iterate(const Case& c, bool in_place, int iters, const std::string& context,
+                       int agg = 1) {
     size_t reaped = 0;
     absl::Status first;
     for (int i = 0; i < iters && first.ok(); ++i) {
-      Issue(c, in_place, &works_);
+      // -m: agg operations per iteration, issued as one group (nccl-tests' ncclGroupStart/End).
+      if (agg > 1) GroupStart();
+      for (int k = 0; k < agg; ++k) Issue(c, in_place, &works_);
+      if (agg > 1) {
+        if (absl::Status st = GroupEnd(); !st.ok() && first.ok()) first = st;
+      }
+      if (args_.blocking == 1) {
+        // -z 1: wait for this iteration, then a barrier, before the next.
+        for (; first.ok() && reaped < works_.size(); ++reaped) {
+          first = works_[reaped].wait(wait_timeout_);
+        }
+        if (first.ok()) {
+          Work barrier = comm_.Barrier(collective_opts_);
+          first = barrier.wait(wait_timeout_);
+        }
+        continue;
+      }
       while (first.ok() && reaped < works_.size() && works_[reaped].test()) {
         first = works_[reaped++].wait(wait_timeout_);
       }
@@ -277,8 +341,12 @@ class RankBenchmark {
     }
     const Clock::time_point start = Clock::now();
     if (!args_.latency_file.empty()) return TimeEach(c, in_place, context, start);
-    if (absl::Status st = Iterate(c, in_place, args_.iters, context); !st.ok()) return st;
-    return std::chrono::duration<double>(Clock::now() - start).count() / args_.iters;
+    if (absl::Status st = Iterate(c, in_place, args_.iters, context, args_.agg_iters); !st.ok()) {
+      return st;
+    }
+    // Per operation, as nccl-tests: iters x agg_iters of them.
+    return std::chrono::duration<double>(Clock::now() - start).count() /
+           (static_cast<double>(args_.iters) * args_.agg_iters);
   }
 
   // --latency_file: one iteration at a time, each one's time recorded by rank 0.
@@ -348,16 +416,21 @@ class RankBenchmark {
     return result;
   }
 
-  // Max of the times and sum of the wrong counts over all ranks, through railyard itself.
+  // The times over all ranks as -a says (0: rank 0's, 1: average, 2: min, 3: max) and the sum of
+  // the wrong counts, through railyard itself.
   absl::Status Exchange(ModeResult results[2], const std::string& context) {
     auto* times = static_cast<double*>(scratch_.data());
     auto* wrongs = reinterpret_cast<uint64_t*>(static_cast<unsigned char*>(scratch_.data()) + 16);
-    times[0] = results[0].seconds;
-    times[1] = results[1].seconds;
+    const bool only_rank0 = args_.average == 0;
+    times[0] = only_rank0 && args_.rank != 0 ? 0.0 : results[0].seconds;
+    times[1] = only_rank0 && args_.rank != 0 ? 0.0 : results[1].seconds;
     wrongs[0] = results[0].wrong;
     wrongs[1] = results[1].wrong;
+    const RedOp how = args_.average == 2   ? RedOp::kMin
+                      : args_.average == 3 ? RedOp::kMax
+                                           : RedOp::kSum;
     works_.push_back(comm_.AllReduce(BufferRef(scratch_, 0), BufferRef(scratch_, 0), 2,
-                                     DataType::kFloat64, RedOp::kMax, collective_opts_));
+                                     DataType::kFloat64, how, collective_opts_));
     works_.push_back(comm_.AllReduce(BufferRef(scratch_, 16), BufferRef(scratch_, 16), 2,
                                      DataType::kUint64, RedOp::kSum, collective_opts_));
     if (absl::Status st = WaitAll(&works_, absl::StrCat(context, ", gathering results"));
@@ -365,7 +438,7 @@ class RankBenchmark {
       return st;
     }
     for (int i = 0; i < 2; ++i) {
-      results[i].seconds = times[i];
+      results[i].seconds = args_.average == 1 ? times[i] / nranks_ : times[i];
       results[i].wrong = wrongs[i];
     }
     return absl::OkStatus();
