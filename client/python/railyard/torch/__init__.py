@@ -56,6 +56,7 @@ This one registers the backend (and wraps ``destroy_process_group`` and ``monito
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch.distributed as dist
@@ -108,7 +109,13 @@ _torch_monitored_barrier = dist.distributed_c10d.monitored_barrier
 
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, create_process_group)
+        # torch >= 2.1 asks which devices the backend serves: CPU tensors, and CUDA tensors
+        # (docs/gpu.md: staged or registered device memory). torch 1.13 has no such parameter.
+        if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+            dist.Backend.register_backend(BACKEND, create_process_group,
+                                          devices=["cpu", "cuda"])
+        else:
+            dist.Backend.register_backend(BACKEND, create_process_group)
     if dist.distributed_c10d.destroy_process_group is not _destroy_process_group:
         dist.distributed_c10d.destroy_process_group = _destroy_process_group
         dist.destroy_process_group = _destroy_process_group
