@@ -27,10 +27,11 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRAILYARD_WITH_CUDA=
   -DCMAKE_CUDA_ARCHITECTURES=90 -DRAILYARD_WERROR=OFF >"$build.cmake.log" 2>&1 ||
   { tail -30 "$build.cmake.log"; exit 1; }
 binaries=(daemon/railyardd tools/railyard-perf tools/cuda-bench/cuda-bench
-  tests/cuda/cuda_device_test tests/cuda/cuda_daemon_test tests/unit/device_runtime_test)
+  tests/cuda/cuda_device_test tests/cuda/cuda_daemon_test tests/unit/device_runtime_test
+  tests/nccl/nccl-test-ranks)
 targets=()
 for b in "${binaries[@]}"; do targets+=("$(basename "$b")"); done
-ninja -C "$build" -j "$(nproc)" "${targets[@]}" railyard_python
+ninja -C "$build" -j "$(nproc)" "${targets[@]}" railyard_python railyard_nccl
 
 out=$build/bundle
 rm -rf "$out"
@@ -39,6 +40,10 @@ for b in "${binaries[@]}"; do
   cp "$build/$b" "$out/bin/"
   strip --strip-unneeded "$out/bin/$(basename "$b")"
 done
+# libnccl.so.2 in a folder of its own: only what asks for it (LD_LIBRARY_PATH, LD_PRELOAD) loads
+# it, never a torch that links NCCL.
+mkdir -p "$out/nccl"
+cp -P "$build"/nccl/libnccl.so* "$out/nccl/"
 cp -r "$build/python" "$out/python"
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 pb=$(/usr/bin/python3 -c 'import google.protobuf, os; print(os.path.dirname(google.protobuf.__file__))' 2>/dev/null || true)
@@ -52,7 +57,7 @@ fi
 # driver. Everything else the binaries load travels.
 provided='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libresolv|libcuda|libnvidia)[.-]'
 cxx='^(libstdc\+\+|libgcc_s)[.]'
-ldd "$out"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+ldd "$out"/bin/* "$out"/nccl/libnccl.so.2 | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r name path; do
     if [[ $name =~ $provided ]]; then continue; fi
     if [[ $name =~ $cxx ]]; then cp -L "$path" "$out/lib-cxx/$name"; else cp -L "$path" "$out/lib/$name"; fi

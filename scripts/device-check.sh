@@ -12,11 +12,14 @@
 #
 #   scripts/device-check.sh [BUILD_DIR [STEP...]]    default: build-gpu, every step
 #
-# STEPs, run in the order given (default: gtest bench perf python torch internode): gtest (the
+# STEPs, run in the order given (default: gtest bench perf python torch internode nccl): gtest (the
 # GPU test binaries), bench (cuda-bench), perf (railyard-perf), python (the client on CUDA
 # memory), torch (the torch backend on cuda tensors), internode (bench/device_internode.sh: an
-# AllReduce across two daemons on device 0, staged through host memory, 1-64 MiB). LOG_DIR, when
-# set, keeps each step's full output there.
+# AllReduce across two daemons on device 0, staged through host memory, 1-64 MiB), nccl (NCCL
+# programs on railyard's libnccl.so.2: tests/nccl/nccl_ranks.cc's device part, 4 ranks on 2
+# daemons all on device 0, cudaMalloc'd and ncclMemAlloc'd memory on a CUDA stream; then torch's
+# ProcessGroupNCCL through LD_PRELOAD, tests/nccl/torch_nccl_ddp.py, DDP steps against gloo on
+# CPU). LOG_DIR, when set, keeps each step's full output there.
 #
 # Builds when the machine can (what scripts/install-deps.sh installs, and nvcc on PATH or in
 # /usr/local/cuda/bin). A machine without gRPC and UCX development files, such as the CUDA image
@@ -29,7 +32,7 @@ cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 shift $(($# > 0 ? 1 : 0))
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gtest bench perf python torch internode)
+[ ${#steps[@]} -gt 0 ] || steps=(gtest bench perf python torch internode nccl)
 start=$SECONDS
 failures=()
 step() { printf '\n== %s (at %ds)\n' "$*" $((SECONDS - start)); }
@@ -48,7 +51,8 @@ echo "cores: $(nproc)"
 . scripts/lib/device-bins.sh
 step "binaries"
 railyard_binaries "$build" railyardd railyard-perf cuda-bench cuda_device_test cuda_daemon_test \
-  device_runtime_test railyard_python || { echo "device-check: no binaries to run"; exit 1; }
+  device_runtime_test railyard_python railyard_nccl nccl-test-ranks ||
+  { echo "device-check: no binaries to run"; exit 1; }
 echo "ready at $((SECONDS - start)) s"
 export RAILYARDD=$daemon_bin  # the daemon the GPU tests start
 if [ -z "${PYTHON:-}" ]; then
@@ -157,11 +161,50 @@ check_internode() {
   sed -n '/^# 2 railyardd/,$p' <<<"$out"
 }
 
+check_nccl() {
+  local dir a r out rc pids=()
+  dir=$(mktemp -d /tmp/ry-devnccl-XXXXXX)
+  step "NCCL programs on railyard's libnccl.so.2, device memory on a stream (logs: $dir)"
+  for node in a b; do
+    # Two virtual nodes on loopback, one rail on lo each (as tests/integration/virtual_nodes.py).
+    printf '{"node": "node%s", "rails": [{"name": "rail0", "device": "lo"}]}\n' "$node" \
+      >"$dir/$node.json"
+    "$daemon_bin" --socket="$dir/$node.sock" --topology="$dir/$node.json" \
+      --peer_listen=127.0.0.1:0 --peer_insecure --cuda_ipc --insecure_first_session_token \
+      >"$dir/$node.log" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 100); do [ -S "$dir/a.sock" ] && [ -S "$dir/b.sock" ] && break; sleep 0.1; done
+  for r in 0 1 2 3; do
+    [ $r -lt 2 ] && a=$dir/a.sock || a=$dir/b.sock
+    NCCL_TEST_RANK=$r NCCL_TEST_NRANKS=4 NCCL_TEST_DIR=$dir NCCL_TEST_PARTS=device \
+      RAILYARD_SOCKET=$a RAILYARD_JOB=devnccl LD_LIBRARY_PATH=$nccl_dir:${LD_LIBRARY_PATH:-} \
+      timeout 180 "$nccl_ranks_bin" >"$dir/rank$r.out" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for p in "${pids[@]:2}"; do wait "$p" || rc=1; done
+  cat "$dir"/rank*.out
+  [ $rc -eq 0 ] || fail "nccl device part"
+  step "torch's ProcessGroupNCCL on railyard's libnccl.so.2 (LD_PRELOAD), DDP against gloo"
+  out=$(LD_PRELOAD=$nccl_dir/libnccl.so.2 RAILYARD_SOCKET=$dir/a.sock RAILYARD_JOB=devtorch \
+    timeout 300 "${PYTHON:-python3}" tests/nccl/torch_nccl_ddp.py --nproc 2 2>&1)
+  rc=$?
+  keep torch-nccl.log <<<"$out"
+  tail -25 <<<"$out"
+  # 3: this machine's torch has no CUDA (said above): not a failure of railyard.
+  [ $rc -eq 0 ] || [ $rc -eq 3 ] || fail "torch ProcessGroupNCCL on railyard (exit $rc)"
+  kill "${pids[0]}" "${pids[1]}" 2>/dev/null
+  wait "${pids[0]}" "${pids[1]}" 2>/dev/null
+  keep nccl-daemons.log < <(cat "$dir"/a.log "$dir"/b.log)
+  rm -rf "$dir"
+}
+
 # The most telling checks first, so that a run cut short still reports them.
 for s in "${steps[@]}"; do
   case $s in
-    gtest | bench | perf | python | torch | internode) "check_$s" ;;
-    *) fail "unknown step $s (gtest, bench, perf, python, torch, internode)" ;;
+    gtest | bench | perf | python | torch | internode | nccl) "check_$s" ;;
+    *) fail "unknown step $s (gtest, bench, perf, python, torch, internode, nccl)" ;;
   esac
 done
 

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # railyard_binaries BUILD_DIR [TARGET...]: sets daemon_bin, perf_bin, bench_bin, cuda_tests,
-# unit_tests and pkg (the Python package) for scripts/device-check.sh and bench/device_*.sh, from
+# unit_tests, nccl_dir (libnccl.so.2's folder), nccl_ranks_bin and pkg (the Python package) for scripts/device-check.sh and bench/device_*.sh, from
 # the prebuilt bundle BUILD_DIR/bundle (scripts/device-bundle.sh) when there is one and this
 # machine cannot build (no gRPC or UCX development files) or RAILYARD_PREBUILT=1, else by building
 # TARGETs in BUILD_DIR with CUDA for sm_90. Source from the repository root; returns non-zero,
@@ -28,6 +28,7 @@ railyard_binaries() {
     fi
     pkg=$bundle/python
     daemon_bin=$bin/railyardd perf_bin=$bin/railyard-perf bench_bin=$bin/cuda-bench
+    nccl_dir=$bundle/nccl nccl_ranks_bin=$bin/nccl-test-ranks
     cuda_tests=$bin unit_tests=$bin
     return 0
   fi
@@ -47,5 +48,6 @@ railyard_binaries() {
   pkg=$build/python
   daemon_bin=$build/daemon/railyardd perf_bin=$build/tools/railyard-perf
   bench_bin=$build/tools/cuda-bench/cuda-bench
+  nccl_dir=$build/nccl nccl_ranks_bin=$build/tests/nccl/nccl-test-ranks
   cuda_tests=$build/tests/cuda unit_tests=$build/tests/unit
 }

@@ -5,7 +5,10 @@
 //
 // Environment: NCCL_TEST_RANK, NCCL_TEST_NRANKS, NCCL_TEST_DIR (where rank 0 publishes unique
 // ids for the others), NCCL_TEST_PARTS (comma list; default all): matrix, group, p2p, split,
-// shrink, nonblocking, premulsum, errors, initall, abort.
+// shrink, nonblocking, premulsum, errors, initall, abort; and "device" (not in "all"), on a GPU:
+// the same checks on cudaMalloc'd and ncclMemAlloc'd device memory ordered on a CUDA stream,
+// every rank on device 0 (scripts/device-check.sh, step nccl; its daemons run with --cuda_ipc).
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <unistd.h>
 
@@ -586,6 +589,95 @@ void Abort() {
   CHECK_NCCL(ncclCommAbort(comm));
 }
 
+#define CHECK_CUDA(call)                                                                     \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "rank %d FATAL %s: %s\n", g_rank, #call, cudaGetErrorString(e_)); \
+      std::exit(102);                                                                        \
+    }                                                                                        \
+  } while (0)
+
+// Device memory on a stream: what a GPU program does. Every rank on device 0 (NCCL refuses two
+// ranks on one GPU; railyard does not).
+void Device() {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("rank %d: device part skipped: no CUDA device\n", g_rank);
+    ++g_failures;  // asked for on a machine without a GPU: say so in the exit code
+    return;
+  }
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  ncclComm_t comm = Init("device", g_nranks, g_rank);
+  const size_t count = (size_t{1} << 20) + 5;
+  const int n = g_nranks;
+  for (bool memalloc : {false, true}) {
+    for (ncclDataType_t t : {ncclFloat32, ncclBfloat16, ncclInt32, ncclFloat64}) {
+      const size_t e = railyard::nccl::ElementBytes(t);
+      for (ncclRedOp_t op : {ncclSum, ncclMax}) {
+        std::vector<char> host(count * e * n), back(count * e * n);
+        for (size_t i = 0; i < count; ++i) Set(host.data(), i, t, Input(g_rank, i, op));
+        void *send = nullptr, *recv = nullptr;
+        if (memalloc) {
+          CHECK_NCCL(ncclMemAlloc(&send, count * e * n));
+          CHECK_NCCL(ncclMemAlloc(&recv, count * e * n));
+        } else {
+          CHECK_CUDA(cudaMalloc(&send, count * e * n));
+          CHECK_CUDA(cudaMalloc(&recv, count * e * n));
+        }
+        CHECK_CUDA(cudaMemcpyAsync(send, host.data(), count * e, cudaMemcpyHostToDevice, stream));
+        CHECK_NCCL(ncclAllReduce(send, recv, count, t, op, comm, stream));
+        CHECK_CUDA(cudaMemcpyAsync(back.data(), recv, count * e, cudaMemcpyDeviceToHost, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        size_t bad = 0;
+        for (size_t i = 0; i < count; ++i)
+          bad += !Close(Get(back.data(), i, t), Reduce(i, op, t), t);
+        EXPECT(bad == 0, "device AllReduce type %d op %d memalloc %d: %zu wrong", t, op, memalloc,
+               bad);
+        // AllGather in place, then a send/recv ring in a group, on the same stream.
+        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(recv) + g_rank * count * e, host.data(),
+                                   count * e, cudaMemcpyHostToDevice, stream));
+        CHECK_NCCL(ncclAllGather(static_cast<char*>(recv) + g_rank * count * e, recv, count, t,
+                                 comm, stream));
+        CHECK_CUDA(
+            cudaMemcpyAsync(back.data(), recv, count * e * n, cudaMemcpyDeviceToHost, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        bad = 0;
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; i += 97)
+            bad += Get(back.data(), q * count + i, t) != Input(q, i, op);
+        }
+        EXPECT(bad == 0, "device AllGather type %d memalloc %d: %zu wrong", t, memalloc, bad);
+        CHECK_NCCL(ncclGroupStart());
+        CHECK_NCCL(ncclSend(send, count, t, (g_rank + 1) % n, comm, stream));
+        CHECK_NCCL(ncclRecv(recv, count, t, (g_rank + n - 1) % n, comm, stream));
+        CHECK_NCCL(ncclGroupEnd());
+        CHECK_CUDA(cudaMemcpyAsync(back.data(), recv, count * e, cudaMemcpyDeviceToHost, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        bad = 0;
+        for (size_t i = 0; i < count; i += 97) {
+          bad += Get(back.data(), i, t) != Input((g_rank + n - 1) % n, i, op);
+        }
+        EXPECT(bad == 0, "device send/recv ring type %d memalloc %d: %zu wrong", t, memalloc, bad);
+        if (memalloc) {
+          CHECK_NCCL(ncclMemFree(send));
+          CHECK_NCCL(ncclMemFree(recv));
+        } else {
+          CHECK_CUDA(cudaFree(send));
+          CHECK_CUDA(cudaFree(recv));
+        }
+      }
+    }
+  }
+  ncclResult_t async = ncclInternalError;
+  CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
+  EXPECT(async == ncclSuccess, "device async error %d", async);
+  CHECK_NCCL(ncclCommDestroy(comm));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
 bool Wants(const std::string& parts, const char* part) {
   return parts.empty() ||
          ("," + parts + ",").find(std::string(",") + part + ",") != std::string::npos;
@@ -613,9 +705,11 @@ int main() {
       {"errors", [&] { Errors(comm); }},
       {"initall", [] { InitAll(); }},
       {"abort", [] { Abort(); }},
+      {"device", [] { Device(); }},
   };
   for (const auto& step : steps) {
     if (!Wants(parts, step.name)) continue;
+    if (parts.empty() && std::strcmp(step.name, "device") == 0) continue;  // only when asked
     const int before_cases = g_cases, before_failures = g_failures;
     const auto t0 = std::chrono::steady_clock::now();
     step.run();
