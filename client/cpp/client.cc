@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client_core.h"
+#include "derived_comm_id.h"
 #include "memfd_buffer.h"
 #include "railyard/device_memory.h"
 #include "small_pool.h"
@@ -586,19 +589,73 @@ absl::StatusOr<std::string> Client::CreateCommId() { return core_->CreateCommId(
 
 absl::StatusOr<Comm> Client::InitComm(const std::string& comm_id, int rank, int nranks,
                                       std::chrono::milliseconds timeout) {
+  return Comm::Join(core_, comm_id, rank, nranks, timeout);
+}
+
+absl::StatusOr<Comm> Comm::Join(const std::shared_ptr<ClientCore>& core, const std::string& comm_id,
+                                int rank, int nranks, std::chrono::milliseconds timeout) {
   if (nranks <= 0 || rank < 0 || rank >= nranks) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " of ", nranks, " ranks: need 0 <= rank < nranks"));
   }
-  absl::StatusOr<v1::InitCommResponse> response = core_->InitComm(comm_id, rank, nranks, timeout);
+  absl::StatusOr<v1::InitCommResponse> response = core->InitComm(comm_id, rank, nranks, timeout);
   if (!response.ok()) return response.status();
   Comm comm;
-  comm.core_ = core_;
+  comm.core_ = core;
   comm.handle_ = response->comm_handle();
   comm.rank_ = rank;
   comm.nranks_ = nranks;
   comm.nnodes_ = response->nnodes();
   return comm;
+}
+
+absl::StatusOr<Comm> Comm::Shrink(const std::vector<int>& exclude,
+                                  std::chrono::milliseconds timeout) {
+  if (core_ == nullptr || handle_ == 0) {
+    return absl::FailedPreconditionError("Shrink on a communicator not initialized or destroyed");
+  }
+  std::set<int> gone;
+  for (int r : exclude) {
+    if (r < 0 || r >= nranks_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Shrink: excluded rank ", r, " not in [0, ", nranks_, ")"));
+    }
+    gone.insert(r);
+  }
+  if (gone.count(rank_) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Shrink: rank ", rank_, " is in its own exclude list"));
+  }
+  if (static_cast<int>(gone.size()) == nranks_) {
+    return absl::InvalidArgumentError("Shrink: every rank excluded");
+  }
+  absl::StatusOr<std::string> id = core_->CommIdOf(handle_);
+  if (!id.ok()) return id.status();
+  const std::string child = internal::DerivedCommId(
+      *id, absl::StrCat("shrink/", ++children_, "/", absl::StrJoin(gone, ",")));
+  int newrank = rank_;
+  for (int g : gone) newrank -= g < rank_ ? 1 : 0;
+  return Join(core_, child, newrank, nranks_ - static_cast<int>(gone.size()), timeout);
+}
+
+absl::StatusOr<std::string> Comm::GrowId(int new_nranks) const {
+  if (core_ == nullptr || handle_ == 0) {
+    return absl::FailedPreconditionError("GrowId on a communicator not initialized or destroyed");
+  }
+  if (new_nranks <= nranks_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Grow to ", new_nranks, " ranks: not more than ", nranks_));
+  }
+  absl::StatusOr<std::string> id = core_->CommIdOf(handle_);
+  if (!id.ok()) return id.status();
+  return internal::DerivedCommId(*id, absl::StrCat("grow/", children_ + 1, "/", new_nranks));
+}
+
+absl::StatusOr<Comm> Comm::Grow(int new_nranks, std::chrono::milliseconds timeout) {
+  absl::StatusOr<std::string> id = GrowId(new_nranks);
+  if (!id.ok()) return id.status();
+  ++children_;
+  return Join(core_, *id, rank_, new_nranks, timeout);
 }
 
 const std::string& Client::session_id() const { return core_->session_id(); }

@@ -1003,6 +1003,15 @@ absl::StatusOr<v1::InitCommResponse> ClientCore::InitComm(const std::string& com
   return response;
 }
 
+absl::StatusOr<std::string> ClientCore::CommIdOf(uint64_t comm_handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = comms_.find(comm_handle);
+  if (it == comms_.end()) {
+    return absl::FailedPreconditionError("communicator not initialized or already destroyed");
+  }
+  return it->second.comm_id;
+}
+
 absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
   {
     // Between sessions: forgotten here, it is not joined again (see ReleaseBuffer).

@@ -147,6 +147,8 @@ class ClientCore {
   absl::StatusOr<v1::InitCommResponse> InitComm(const std::string& comm_id, int rank, int nranks,
                                                 std::chrono::milliseconds timeout);
   absl::Status DestroyComm(uint64_t comm_handle);
+  // The comm id of a communicator of this client (by the handle callers hold).
+  absl::StatusOr<std::string> CommIdOf(uint64_t comm_handle) const;
 
   // Fills in session_id and request_id, registers `pending` and submits. A Submit error, or a
   // session already closed, completes `pending` with that status.

@@ -36,7 +36,11 @@ absl::StatusOr<Client*> ProcessClient() {
   if (*client != nullptr) return client->get();
   ClientOptions options;  // socket, job and token from RAILYARD_* (client.h)
   absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(options);
-  if (!made.ok()) return made.status();
+  if (!made.ok()) {
+    // No daemon to talk to is the node's fault, not a peer's: NCCL's system error.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no railyardd session: ", made.status().message()));
+  }
   *client = std::move(*made);
   return client->get();
 }

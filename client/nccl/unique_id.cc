@@ -3,34 +3,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "client/cpp/derived_comm_id.h"
 
 namespace railyard::nccl {
 namespace {
 
 constexpr char kMagic[8] = {'R', 'Y', 'N', 'C', 'C', 'L', '1', '\0'};
-
-// 128 bits from two FNV-1a-64 runs with different bases, each finished by splitmix64: the nonce
-// of a derived id (not a secret: the parent's nonce is random and the job's token guards it).
-uint64_t Mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t Fnv(absl::string_view s, uint64_t h) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return Mix(h);
-}
-
-std::string Nonce(absl::string_view what) {
-  return absl::StrFormat("%016x%016x", Fnv(what, 0xcbf29ce484222325ull),
-                         Fnv(what, 0x84222325cbf29ce4ull));
-}
 
 }  // namespace
 
@@ -63,15 +41,13 @@ absl::StatusOr<std::string> DecodeUniqueId(const ncclUniqueId& id) {
 }
 
 std::string DerivedCommId(absl::string_view parent, absl::string_view salt) {
-  const size_t at = parent.find('@');
-  const absl::string_view coordinator =
-      at == absl::string_view::npos ? absl::string_view() : parent.substr(at + 1);
-  return absl::StrCat("ry1-", Nonce(absl::StrCat(parent, "/", salt)), "@", coordinator);
+  return internal::DerivedCommId(parent, salt);
 }
 
 std::string CommIdAt(absl::string_view coordinator, absl::string_view job) {
-  return absl::StrCat("ry1-", Nonce(absl::StrCat("NCCL_COMM_ID/", job, "/", coordinator)), "@",
-                      coordinator);
+  // As derived from a parent "@<coordinator>" salted with the job: every rank alike.
+  return internal::DerivedCommId(absl::StrCat("NCCL_COMM_ID@", coordinator),
+                                 absl::StrCat("job/", job));
 }
 
 }  // namespace railyard::nccl

@@ -254,6 +254,45 @@ def join_and_leave(rank: int, n: int, comm_id: str) -> Dict[str, Any]:
         comm.close()
 
 
+def shrink_and_grow(rank: int, n: int, comm_id: str, grow_id_file: str) -> Dict[str, Any]:
+    """Ranks 0..n-2 join comm_id (n-1 ranks); rank 1 leaves; the others shrink it without rank 1
+    (no id exchanged), then grow the result by one with rank n-1 as its new last rank, which
+    joins with the id the shrunk communicator's rank 0 writes to grow_id_file. Returns each
+    stage's all_reduce of (rank + 1), with the ranks and sizes seen."""
+    import time
+    c = client()
+    out: Dict[str, Any] = {}
+    if rank < n - 1:
+        comm = c.comm(comm_id, rank, n - 1, timeout=OP_TIMEOUT)
+        x = np.full(8, rank + 1, np.float32)
+        out["full"] = float(comm.all_reduce(x, timeout=OP_TIMEOUT)[0])
+        if rank == 1:
+            comm.close()
+            return out
+        small = comm.shrink([1], timeout=OP_TIMEOUT)
+        out["shrunk_rank"], out["shrunk_n"] = small.rank, small.nranks
+        y = np.full(8, rank + 1, np.float32)
+        out["shrunk"] = float(small.all_reduce(y, timeout=OP_TIMEOUT)[0])
+        if small.rank == 0:
+            gid = small.grow_id(small.nranks + 1)
+            with open(grow_id_file + ".tmp", "w") as f:
+                f.write(gid)
+            os.rename(grow_id_file + ".tmp", grow_id_file)
+        big = small.grow(small.nranks + 1, timeout=OP_TIMEOUT)
+        comm.close()
+    else:
+        deadline = time.monotonic() + OP_TIMEOUT
+        while not os.path.exists(grow_id_file) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gid = open(grow_id_file).read()
+        big = c.comm(gid, n - 2, n - 1, timeout=OP_TIMEOUT)
+    out["grown_rank"], out["grown_n"] = big.rank, big.nranks
+    z = np.full(8, big.rank + 1, np.float32)
+    out["grown"] = float(big.all_reduce(z, timeout=OP_TIMEOUT)[0])
+    big.close()
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.distributed
 

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from . import _ring, _staging
+from ._comm_ids import derived_comm_id
 from ._device import DeviceArray
 from ._generated import common_pb2
 from ._request import _Request
@@ -156,6 +157,7 @@ class Comm:
         self.local_rank: Optional[int] = None
         # What the client keeps to rejoin it after a reconnect (None: not one it joined).
         self._state = client._comms.get(handle)
+        self._children = 0  # shrink and grow calls so far: each child's id is derived from it
 
     def __repr__(self) -> str:
         return (f"<railyard.Comm rank {self.rank} of {self.nranks} ({self.nnodes} node(s)) "
@@ -167,6 +169,43 @@ class Comm:
             handle, self.handle = self.handle, 0
             self.client._destroy_comm(handle)
         self.handle = 0
+
+    def shrink(self, exclude: Sequence[int], timeout: Optional[float] = None) -> "Comm":
+        """A communicator of this one's ranks but ``exclude`` (as ``ncclCommShrink``), the others
+        renumbered in order. Every surviving rank calls it with the same list, in the same order
+        as its other ``shrink``/``grow`` calls; the excluded ranks do not take part (they may be
+        dead). Its comm id is derived from this one's alike on every rank (in C++ too), so none is
+        handed around and none of this communicator's traffic can match the new one's. This
+        communicator stays as it is (close it when done)."""
+        gone = set()
+        for r in exclude:
+            if not isinstance(r, int) or not 0 <= r < self.nranks:
+                raise _invalid(f"shrink: excluded rank {r!r} not in [0, {self.nranks})")
+            gone.add(r)
+        if self.rank in gone:
+            raise _invalid(f"shrink: rank {self.rank} is in its own exclude list")
+        if len(gone) == self.nranks:
+            raise _invalid("shrink: every rank excluded")
+        self._children += 1
+        child = derived_comm_id(self.comm_id, f"shrink/{self._children}/"
+                                + ",".join(str(r) for r in sorted(gone)))
+        newrank = self.rank - sum(1 for g in gone if g < self.rank)
+        return self.client.comm(child, newrank, self.nranks - len(gone), timeout)
+
+    def grow_id(self, new_nranks: int) -> str:
+        """The comm id new ranks join with when this communicator grows to ``new_nranks`` (as
+        ``ncclCommGrow``): ``client.comm(id, rank, new_nranks)`` with ranks ``nranks`` to
+        ``new_nranks - 1``; hand it to them by whatever means the job has."""
+        if not isinstance(new_nranks, int) or new_nranks <= self.nranks:
+            raise _invalid(f"grow to {new_nranks!r} ranks: not more than {self.nranks}")
+        return derived_comm_id(self.comm_id, f"grow/{self._children + 1}/{new_nranks}")
+
+    def grow(self, new_nranks: int, timeout: Optional[float] = None) -> "Comm":
+        """Every existing rank's part of growing to ``new_nranks`` (same rank numbers), in the
+        same order as its other ``shrink``/``grow`` calls: returns once all have joined."""
+        child = self.grow_id(new_nranks)
+        self._children += 1
+        return self.client.comm(child, self.rank, new_nranks, timeout)
 
     def __enter__(self) -> "Comm":
         return self

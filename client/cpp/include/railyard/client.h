@@ -188,6 +188,23 @@ class Comm {
   // Leaves the communicator now.
   absl::Status Destroy();
 
+  // A communicator of this one's ranks but those in `exclude` (as ncclCommShrink): the others
+  // renumbered in order (rank r becomes r minus the excluded ranks below it). Every surviving
+  // rank calls it, with the same list, in the same order as its other Shrink and Grow calls;
+  // the excluded ranks do not take part (they may be dead). Its comm id is derived from this
+  // one's alike on every rank, so none is handed around, and nothing of this communicator's
+  // traffic can match the new one's. This communicator stays as it is (Destroy it when done).
+  // INVALID_ARGUMENT for a rank out of range, this rank excluded, or every rank excluded.
+  absl::StatusOr<Comm> Shrink(const std::vector<int>& exclude,
+                              std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+  // Growing to `new_nranks` (> nranks(), as ncclCommGrow): GrowId is the comm id the new ranks
+  // join with (Client::InitComm(id, rank, new_nranks), ranks nranks()..new_nranks-1), handed to
+  // them by whatever means the job has; Grow is every existing rank's part (same rank numbers),
+  // in the same order as its other Shrink and Grow calls. Returns once all have joined.
+  absl::StatusOr<std::string> GrowId(int new_nranks) const;
+  absl::StatusOr<Comm> Grow(int new_nranks,
+                            std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+
  private:
   friend class Client;
   // Fills in the buffers, handle and options, and submits.
@@ -201,6 +218,11 @@ class Comm {
   int rank_ = 0;
   int nranks_ = 0;
   int nnodes_ = 1;
+  uint64_t children_ = 0;  // Shrink and Grow calls so far: each child's id is derived from it
+  // Joins comm_id as rank of nranks (Client::InitComm, Shrink, Grow).
+  static absl::StatusOr<Comm> Join(const std::shared_ptr<ClientCore>& core,
+                                   const std::string& comm_id, int rank, int nranks,
+                                   std::chrono::milliseconds timeout);
 };
 
 // Operations submitted on this thread between GroupStart() and GroupEnd() go to the daemon
