@@ -468,6 +468,25 @@ def torch_subgroups(rank: int, n: int, store_path: str) -> Dict[str, Any]:
         dist.destroy_process_group()
 
 
+def torch_shrink(rank: int, n: int, store_path: str) -> Dict[str, Any]:
+    """The world group shrinks without its last rank (which leaves first): the others get a
+    group renumbered in order and all_reduce on it."""
+    import torch
+    dist = _init_torch(rank, n, "railyard", store_path)
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        if rank == n - 1:
+            return {}
+        small = pg.shrink([n - 1])
+        t = torch.full((3,), float(rank + 1))
+        small.allreduce([t]).wait()
+        out = {"rank": small.rank(), "size": small.size(), "sum": t.tolist()}
+        small.shutdown()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
 def torch_small_all_reduce(rank: int, n: int, store_path: str) -> Dict[str, Any]:
     """all_reduce sums of every dtype the lean path takes, at sizes either side of its limit, a
     non-contiguous view and an async one; with the path each took (the railyard work behind the

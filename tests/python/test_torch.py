@@ -83,6 +83,15 @@ def test_subgroups(ranks, store_path):
                        "backend": "railyard"}, got
 
 
+def test_shrink_drops_a_rank_without_a_store(ranks, store_path):
+    n = 3
+    results = ranks.run(rank_tasks.torch_shrink, [(r, n, store_path) for r in range(n)],
+                        timeout=120)
+    assert results[2] == {}
+    for r in (0, 1):
+        assert results[r] == {"rank": r, "size": 2, "sum": [3.0, 3.0, 3.0]}, results
+
+
 def test_small_all_reduce_takes_the_lean_path_and_agrees_with_the_general_one(ranks, store_path):
     n = 2
     results = ranks.run(rank_tasks.torch_small_all_reduce, [(r, n, store_path) for r in range(n)],

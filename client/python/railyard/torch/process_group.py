@@ -89,28 +89,46 @@ class ProcessGroupRailyard(dist.ProcessGroup):
     def __init__(self, store: Any, rank: int, world_size: int,
                  timeout: timedelta = timedelta(minutes=30),
                  client: Optional["railyard.Client"] = None,
-                 device_tensors: Optional[DeviceTensors] = None) -> None:
+                 device_tensors: Optional[DeviceTensors] = None,
+                 comm: Optional["railyard.Comm"] = None) -> None:
         super().__init__(rank, world_size)
         self.client = client if client is not None else shared_client()
         # Tensors that are not host memory (cuda ones by default; tests give a fake).
         self._devices = device_tensors if device_tensors is not None else _cuda_tensors
         seconds = _seconds(timeout, "timeout")
         self._op_timeout = min(max(seconds or 0.0, 0.001), MAX_TIMEOUT)
-        # Every init of this store's group gets its own key (re-initialization reuses group
-        # names): the n-th init of each rank reads the n-th id.
-        generation = (store.add(_INIT_COUNT_KEY, 1) - 1) // world_size
-        key = f"{_STORE_KEY}/{generation}"
-        if rank == 0:
-            comm_id = self.client.new_comm_id()
-            store.set(key, comm_id)
+        if comm is not None:  # a group made from a communicator (shrink)
+            self.comm = comm
         else:
-            comm_id = store.get(key).decode()
-        self.comm = self.client.comm(comm_id, rank, world_size, timeout=self._op_timeout)
+            # Every init of this store's group gets its own key (re-initialization reuses group
+            # names): the n-th init of each rank reads the n-th id.
+            generation = (store.add(_INIT_COUNT_KEY, 1) - 1) // world_size
+            key = f"{_STORE_KEY}/{generation}"
+            if rank == 0:
+                comm_id = self.client.new_comm_id()
+                store.set(key, comm_id)
+            else:
+                comm_id = store.get(key).decode()
+            self.comm = self.client.comm(comm_id, rank, world_size, timeout=self._op_timeout)
         self._p2p = PointToPoint(self)
         live_groups.add(self)
 
     def getBackendName(self) -> str:  # noqa: N802 - the name C++ calls
         return BACKEND
+
+    def shrink(self, exclude: Sequence[int],
+               timeout: Optional[timedelta] = None) -> "ProcessGroupRailyard":
+        """A group of this one's ranks but ``exclude`` (as torchcomms' and NCCL's shrink): every
+        surviving rank calls it with the same list; the excluded ranks do not take part (they may
+        be dead); the others are renumbered in order. No store is needed: the new
+        communicator's id is derived alike on every rank (``railyard.Comm.shrink``). Use the
+        returned group's methods directly (``group.allreduce([t]).wait()``); this group stays
+        as it is (``shutdown()`` it when done)."""
+        seconds = self._op_timeout if timeout is None else _seconds(timeout, "timeout")
+        small = self.comm.shrink(list(exclude), timeout=seconds)
+        return ProcessGroupRailyard(None, small.rank, small.nranks,
+                                    timedelta(seconds=self._op_timeout), client=self.client,
+                                    device_tensors=self._devices, comm=small)
 
     def __repr__(self) -> str:
         return f"<ProcessGroupRailyard rank {self.rank()} of {self.size()} {self.comm.comm_id}>"
