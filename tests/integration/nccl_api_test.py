@@ -24,17 +24,8 @@ pytestmark = pytest.mark.skipif(not (LIB and RANKS), reason="libnccl not built (
 
 @pytest.fixture(scope="module")
 def cluster():
-    with tempfile.TemporaryDirectory(prefix="ry-nccl-") as tmp:
-        procs = []
-        try:
-            a = virtual_nodes.start_daemon(tmp, "nodea", 1, insecure=True)
-            procs.append(a[0])
-            b = virtual_nodes.start_daemon(tmp, "nodeb", 1, insecure=True)
-            procs.append(b[0])
-            yield tmp, [a[1], b[1]]
-        finally:
-            for p in procs:
-                virtual_nodes.stop(p)
+    with virtual_nodes.insecure_nodes("ry-nccl-", ["nodea", "nodeb"]) as nodes:
+        yield nodes
 
 
 def run_ranks(tmp, sockets, program, parts="", nranks=4, timeout=240, extra_env=None):

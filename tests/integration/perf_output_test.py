@@ -6,7 +6,6 @@ they mean nothing here. 4 ranks on 2 daemons (virtual nodes on loopback)."""
 import os
 import re
 import subprocess
-import tempfile
 
 import pytest
 
@@ -17,17 +16,8 @@ PERF = os.environ["RAILYARD_PERF"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    with tempfile.TemporaryDirectory(prefix="ry-perf-") as tmp:
-        procs = []
-        try:
-            a = virtual_nodes.start_daemon(tmp, "nodea", 1, insecure=True)
-            procs.append(a[0])
-            b = virtual_nodes.start_daemon(tmp, "nodeb", 1, insecure=True)
-            procs.append(b[0])
-            yield tmp, [a[1], b[1]]
-        finally:
-            for p in procs:
-                virtual_nodes.stop(p)
+    with virtual_nodes.insecure_nodes("ry-perf-", ["nodea", "nodeb"]) as nodes:
+        yield nodes
 
 
 def test_railyard_perf_prints_nccl_tests_header_and_footer(cluster):

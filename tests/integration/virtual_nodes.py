@@ -2,11 +2,13 @@
 topology of `rails` rails on lo, a metrics endpoint on a free port and the peer plane on mutual
 TLS with certificates made at test time), bounded waits, and stopping by PID."""
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -74,3 +76,21 @@ def start_daemon(tmp, name, rails, extra_args=(), insecure=False, pace=None):
         stop(proc)
         raise
     return proc, sock, addr
+
+
+@contextlib.contextmanager
+def insecure_nodes(prefix, names):
+    """Daemons `names` (one rail each, plaintext peer plane) in a temporary directory: yields
+    (tmp, [socket, ...]); stops them on exit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        procs = []
+        try:
+            sockets = []
+            for name in names:
+                proc, sock, _ = start_daemon(tmp, name, 1, insecure=True)
+                procs.append(proc)
+                sockets.append(sock)
+            yield tmp, sockets
+        finally:
+            for p in procs:
+                stop(p)
