@@ -140,6 +140,9 @@ struct DaemonConfig {
   // After handing over: exit (systemd, a shell), or stay idle until SIGTERM (a pod replaced by a
   // RollingUpdate: a container that exits is restarted by the kubelet).
   bool exit_after_handover = true;
+  // SIGTERM/SIGINT: hand the sessions back to their clients as a handover does, for the next
+  // daemon (--on_stop=drain), instead of cancelling what is pending (cancel).
+  bool drain_on_stop = true;
   // How long a takeover may take to start serving: the new daemon's wait for the old one's
   // answers, and the old one's wait for the new one's Ready.
   absl::Duration takeover_timeout = absl::Seconds(60);

@@ -201,6 +201,12 @@ ABSL_FLAG(std::string, after_handover, "exit",
           "What a railyardd does once it handed the node over: exit, or wait (idle, serving "
           "nothing, until SIGTERM: a pod replaced by a RollingUpdate, which the kubelet would "
           "restart if it exited)");
+ABSL_FLAG(std::string, on_stop, "drain",
+          "What SIGTERM or SIGINT does to the sessions: drain (the collectives every local rank "
+          "submitted finish, within --handover_drain (5 s at most); the rest go back to their "
+          "clients, which "
+          "wait RAILYARD_RECONNECT_S for the next railyardd on the socket and run them there: "
+          "a restart fails nothing), or cancel (every pending operation fails CANCELLED at once)");
 ABSL_FLAG(absl::Duration, takeover_timeout, absl::Seconds(60),
           "How long a takeover may take: the new railyardd's wait for the old one, and the old "
           "one's wait for the new one to serve");
@@ -309,6 +315,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "takeover_timeout",
                                    "takeover_if_serving",
                                    "after_handover",
+                                   "on_stop",
                                    "handover_drain",
                                    "log_level",
                                    "topology",
@@ -560,6 +567,12 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
         absl::StrCat("--after_handover=", after, ": expected exit or wait"));
   }
   c.exit_after_handover = after == "exit";
+  const std::string on_stop = absl::GetFlag(FLAGS_on_stop);
+  if (on_stop != "drain" && on_stop != "cancel") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--on_stop=", on_stop, ": expected drain or cancel"));
+  }
+  c.drain_on_stop = on_stop == "drain";
   c.handover_drain = absl::GetFlag(FLAGS_handover_drain);
   if (c.takeover_timeout < absl::Seconds(1) || c.takeover_timeout > absl::Hours(1)) {
     return absl::InvalidArgumentError("--takeover_timeout must be in [1s, 1h]");

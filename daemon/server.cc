@@ -511,6 +511,20 @@ void Server::Shutdown() {
   if (core_ == nullptr) return;
   serving_ = false;  // /readyz: 503 from here on
   Log(LogLevel::kInfo, "daemon", "shutting down", {F("socket", config_.socket)});
+  if (config_.drain_on_stop && (handover_ == nullptr || !handover_->handed_over()) &&
+      core_->session_count() > 0) {
+    // A restart (systemctl restart, a pod replaced): no new client reaches this daemon (the
+    // socket goes now), what every local rank submitted finishes, the rest goes back to the
+    // clients, which wait for the next railyardd on the socket (RAILYARD_RECONNECT_S) and run it
+    // there, as after a handover (docs/restarts.md).
+    if (listener_ != nullptr) listener_->Stop();
+    // A stop is not held long by a collective that cannot finish (a peer gone): 5 s at most.
+    const size_t moved = core_->HandOver(
+        std::min(config_.handover_drain, absl::Seconds(5)),
+        "railyardd is stopping (SIGTERM); its clients wait RAILYARD_RECONNECT_S for the next one "
+        "on the socket (--on_stop=drain)");
+    Log(LogLevel::kInfo, "daemon", "sessions sent to the next railyardd", {F("sessions", moved)});
+  }
   if (handover_ != nullptr) {
     handover_->Stop();
     // Handed over, the path holds the new daemon's handover socket.

@@ -244,8 +244,8 @@ v1::StatusResponse DaemonCore::Status() {
   return out;
 }
 
-size_t DaemonCore::HandOver(absl::Duration drain) {
-  const std::string why = "railyardd is handing this node over to a new railyardd (--takeover)";
+size_t DaemonCore::HandOver(absl::Duration drain, std::string why) {
+  if (why.empty()) why = "railyardd is handing this node over to a new railyardd (--takeover)";
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return 0;

@@ -128,7 +128,8 @@ class DaemonCore {
   // session's rings are emptied the same way, and once nothing runs (or `drain` passed: what
   // still runs then fails UNAVAILABLE with the sessions) each session hears Moving and ends.
   // Returns how many sessions were handed over.
-  size_t HandOver(absl::Duration drain);
+  // why: what the clients are told (empty: a handover to a new railyardd, --takeover).
+  size_t HandOver(absl::Duration drain, std::string why = "");
 
  private:
   // What the metrics' daemon and job gauges show, sampled at scrape time.

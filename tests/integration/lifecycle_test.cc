@@ -144,8 +144,10 @@ TEST(LifecycleTest, AForkedChildCannotUseOrEndItsParentsSession) {
   EXPECT_EQ(daemon.Status().sessions_size(), 1);
 }
 
+// --on_stop=cancel: what is pending fails at once (the default, drain, hands it back to the
+// clients for the next daemon: restart_test).
 TEST(LifecycleTest, ShutdownCancelsInFlightCollectivesAndRemovesTheSocket) {
-  DaemonProcess daemon;
+  DaemonProcess daemon({"--on_stop=cancel"});
   ASSERT_TRUE(daemon.ready());
   auto c = Client::Connect(daemon.Options());
   ASSERT_TRUE(c.ok());

@@ -98,6 +98,32 @@ def test_handovers_fail_nothing_and_a_crash_fails_only_what_was_taken():
             stop(d)
 
 
+def test_a_sigterm_restart_fails_nothing():
+    """systemctl restart, a pod deleted and started again: SIGTERM (--on_stop=drain, the default),
+    then a new daemon on the socket once the old one exited. What both ranks had submitted ran;
+    the rest went back to the clients, which waited for the new daemon and ran it there."""
+    tmp = tempfile.mkdtemp(prefix="ry-restart-term-")
+    daemons = []
+    try:
+        old, sock, node, log = start(tmp, "d0")
+        daemons.append(old)
+        procs = ranks(sock, node, 8)
+        time.sleep(3)
+        os.kill(old.pid, signal.SIGTERM)
+        assert old.wait(timeout=30) == 0
+        assert "sessions sent to the next railyardd" in open(log).read()
+        new, _, _, _ = start(tmp, "d1")
+        daemons.append(new)
+        for counts, text in results(procs, 120):
+            print("rank:", counts)
+            assert counts["failed"] == 0 and counts["wrong"] == 0, text[-3000:]
+            assert counts["reconnects"] == 1, text[-3000:]
+            assert counts["ok"] >= 100, text[-3000:]
+    finally:
+        for d in daemons:
+            stop(d)
+
+
 def test_reconnect_zero_ends_the_session_with_the_daemon():
     tmp = tempfile.mkdtemp(prefix="ry-restart0-")
     d, sock, node, _ = start(tmp, "d0")
