@@ -152,6 +152,9 @@ int RunLauncher(const PerfArgs& args, const std::vector<std::string>& argv) {
       return 1;
     }
     comm_id = *id;
+    // stdout is nccl-tests' output, line for line: railyard's own facts go to stderr.
+    std::fprintf(stderr, "railyard-perf: communicator %s, %d ranks on %zu daemon(s)\n",
+                 comm_id.c_str(), args.nranks(), args.daemons.size());
   }  // the launcher's session ends here; the id stays valid for the ranks
 
   std::vector<RankProcess> ranks(static_cast<size_t>(args.nranks()));
