@@ -81,7 +81,7 @@ ncclResult_t InitRank(ncclComm_t* out, int nranks, const std::string& comm_id, i
   }
   if (ncclResult_t r = CheckConfig(config); r != ncclSuccess) return r;
   auto state = std::make_shared<CommState>(comm_id, rank, nranks, device, Blocking(config));
-  const ncclResult_t r = state->Init();
+  const ncclResult_t r = state->Init(railyard::nccl::InGroup());
   if (r != ncclSuccess && r != ncclInProgress) return r;
   *out = new ncclComm{std::move(state)};
   return r;

@@ -32,6 +32,8 @@ namespace {
 
 thread_local int group_depth = 0;
 thread_local std::vector<std::shared_ptr<PendingOp>> group_ops;
+// Communicators initialized inside the thread's group: ncclGroupEnd waits for their joins.
+thread_local std::vector<std::shared_ptr<CommState>> group_inits;
 
 // Waits (or, with poll, only looks) for op; copies a staged result out and lets its memory go.
 // True once finished.
@@ -106,7 +108,7 @@ CommState::CommState(std::string comm_id, int rank, int nranks, int cuda_device,
 
 CommState::~CommState() = default;
 
-ncclResult_t CommState::Init() {
+ncclResult_t CommState::Init(bool in_group) {
   LogVersionOnce();
   auto join = [](const std::shared_ptr<CommState>& self) -> ncclResult_t {
     absl::StatusOr<Client*> client = ProcessClient();
@@ -134,9 +136,29 @@ ncclResult_t CommState::Init() {
                      self->nranks_, " nnodes ", self->comm_.nnodes(), " - railyard"));
     return ncclSuccess;
   };
-  if (blocking_) return join(shared_from_this());
-  std::thread([join, self = shared_from_this()] { join(self); }).detach();
+  if (blocking_ && !in_group) return join(shared_from_this());
+  // Non-blocking, or inside a group (NCCL's way to initialize several ranks from one thread:
+  // each join waits for the others, so they run at once and ncclGroupEnd waits for them).
+  std::thread([join, self = shared_from_this()] {
+    const ncclResult_t r = join(self);
+    {
+      absl::MutexLock lock(&self->mu_);
+      self->init_result_ = r;
+    }
+    self->init_done_.Notify();
+  }).detach();
+  if (in_group) {
+    group_inits.push_back(shared_from_this());
+    return ncclSuccess;
+  }
   return ncclInProgress;
+}
+
+ncclResult_t CommState::WaitInit(bool poll) {
+  if (poll && !init_done_.HasBeenNotified()) return ncclInProgress;
+  init_done_.WaitForNotification();
+  absl::MutexLock lock(&mu_);
+  return init_result_;
 }
 
 CommState::Phase CommState::phase() const {
@@ -481,8 +503,18 @@ ncclResult_t GroupEnd() {
   if (group_depth > 0) return ncclSuccess;
   std::vector<std::shared_ptr<PendingOp>> ops;
   ops.swap(group_ops);
+  std::vector<std::shared_ptr<CommState>> inits;
+  inits.swap(group_inits);
   ncclResult_t first = ncclSuccess;
   bool running = false;
+  for (auto& c : inits) {
+    const ncclResult_t r = c->WaitInit(/*poll=*/!c->blocking());
+    if (r == ncclInProgress) {
+      running = true;
+    } else if (r != ncclSuccess && first == ncclSuccess) {
+      first = r;
+    }
+  }
   for (auto& op : ops) {
     if (op->comm->blocking() && !op->device) {
       Finish(*op, /*poll=*/false);

@@ -21,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "railyard/client.h"
 
 namespace railyard::nccl {
@@ -41,8 +42,11 @@ class CommState : public std::enable_shared_from_this<CommState> {
   int cuda_device() const { return cuda_device_; }
   bool blocking() const { return blocking_; }
 
-  // Joins the railyard communicator: now (blocking) or on a thread of its own.
-  ncclResult_t Init();
+  // Joins the railyard communicator: now (blocking, outside a group) or on a thread of its own
+  // (non-blocking: ncclInProgress; inside a group: ncclSuccess, and ncclGroupEnd waits).
+  ncclResult_t Init(bool in_group);
+  // The join's result once it ended (poll: ncclInProgress while it runs).
+  ncclResult_t WaitInit(bool poll);
   Phase phase() const;
   // ncclCommGetAsyncError: finishes what completed; ncclInProgress while initializing or while
   // operations run, else the first error (sticky) or ncclSuccess.
@@ -89,7 +93,9 @@ class CommState : public std::enable_shared_from_this<CommState> {
 
   mutable absl::Mutex mu_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kInitializing;
-  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // aborted while the join ran
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;                     // aborted while the join ran
+  ncclResult_t init_result_ ABSL_GUARDED_BY(mu_) = ncclInProgress;  // a join on its own thread
+  absl::Notification init_done_;
   ncclResult_t async_error_ ABSL_GUARDED_BY(mu_) = ncclSuccess;
   std::string async_why_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<PendingOp>> outstanding_ ABSL_GUARDED_BY(mu_);

@@ -566,6 +566,21 @@ void InitAll() {
            rank, dev, b[k][0]);
     CHECK_NCCL(ncclCommDestroy(comms[k]));
   }
+  // The same by hand, as single-process multi-GPU NCCL code does: every rank's init from one
+  // thread inside a group (each waits for the others: ncclGroupEnd waits for them all).
+  ncclUniqueId id;
+  CHECK_NCCL(ncclGetUniqueId(&id));
+  CHECK_NCCL(ncclGroupStart());
+  for (int k = 0; k < 3; ++k) CHECK_NCCL(ncclCommInitRank(&comms[k], 3, id, k));
+  CHECK_NCCL(ncclGroupEnd());
+  double d[3] = {1, 2, 4};
+  CHECK_NCCL(ncclGroupStart());
+  for (int k = 0; k < 3; ++k) {
+    CHECK_NCCL(ncclAllReduce(&d[k], &d[k], 1, ncclFloat64, ncclSum, comms[k], nullptr));
+  }
+  CHECK_NCCL(ncclGroupEnd());
+  EXPECT(d[0] == 7 && d[1] == 7 && d[2] == 7, "grouped inits: %f %f %f", d[0], d[1], d[2]);
+  for (int k = 0; k < 3; ++k) CHECK_NCCL(ncclCommDestroy(comms[k]));
 }
 
 // The last rank aborts; the others' next operation fails with ncclRemoteError, and the
