@@ -31,8 +31,9 @@ std::vector<float> SumOfRanks(std::vector<std::unique_ptr<Client>>& clients,
       if (!buf.ok()) return;
       float* v = buf->span<float>().data();
       for (int k = 0; k < 16; ++k) v[k] = static_cast<float>(comms[i]->rank() + 1);
-      absl::Status s = comms[i]->AllReduce(*buf, *buf, 16, DataType::kFloat32, RedOp::kSum).wait(
-          std::chrono::seconds(60));
+      absl::Status s = comms[i]
+                           ->AllReduce(*buf, *buf, 16, DataType::kFloat32, RedOp::kSum)
+                           .wait(std::chrono::seconds(60));
       if (s.ok() && v[15] == v[0]) got[i] = v[0];
     });
   }
@@ -42,9 +43,9 @@ std::vector<float> SumOfRanks(std::vector<std::unique_ptr<Client>>& clients,
 
 TEST(ShrinkGrowTest, DerivedIdsMatchThePythonClients) {
   // The same pair as tests/python/test_shrink_grow.py checks in Python.
-  EXPECT_EQ(internal::DerivedCommId("ry1-0123456789abcdef0123456789abcdef@10.0.0.1:7070",
-                                    "shrink/1/3"),
-            "ry1-3fd3c6c74204b9cc3950258877052ad2@10.0.0.1:7070");
+  EXPECT_EQ(
+      internal::DerivedCommId("ry1-0123456789abcdef0123456789abcdef@10.0.0.1:7070", "shrink/1/3"),
+      "ry1-3fd3c6c74204b9cc3950258877052ad2@10.0.0.1:7070");
 }
 
 TEST(ShrinkGrowTest, SurvivorsShrinkWithoutAnIdAndNewRanksGrowItBack) {
