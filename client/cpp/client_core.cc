@@ -906,35 +906,50 @@ absl::StatusOr<uint64_t> ClientCore::RegisterPart(uint64_t parent, uint64_t offs
   return vid;
 }
 
-absl::Status ClientCore::ReleaseBuffer(uint64_t buffer_id) {
+absl::Status ClientCore::Release(const char* rpc, const std::function<grpc::Status(Link&)>& call,
+                                 const std::function<void()>& forget) {
   {
-    // Between sessions there is no daemon to tell: forgotten here, it is not registered again
-    // (and a destructor never waits out a reconnect).
+    // Between sessions there is no daemon to tell: forgotten here, it is not registered or joined
+    // again (and a destructor never waits out a reconnect).
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kRebuilding || dead_) {
-      buffers_.erase(buffer_id);
+      forget();
       return dead_ ? end_status_ : absl::OkStatus();
     }
   }
-  absl::StatusOr<bool> done = WithLink<bool>([&](Link& link) -> absl::StatusOr<bool> {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, internal::kRpcTimeout);
-    v1::ReleaseBufferRequest request;
-    request.set_session_id(link.session_id);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      request.set_buffer_id(BufferIdLocked(buffer_id));
-    }
-    v1::ReleaseBufferResponse response;
-    grpc::Status status = link.stub->ReleaseBuffer(&ctx, request, &response);
-    if (!status.ok()) return RpcError("ReleaseBuffer", status);
-    return true;
-  });
+  absl::StatusOr<std::shared_ptr<Link>> link = AcquireLink();
+  const grpc::Status status = link.ok() ? call(**link) : grpc::Status::OK;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    buffers_.erase(buffer_id);
+    forget();
   }
-  return done.status();
+  if (!link.ok()) return link.status();
+  // The daemon went away during the call (stopping, handing over): what it held went with the
+  // session, and the next session does not hold it either. Never retried on it: a destructor
+  // must not wait for the next daemon.
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::CANCELLED) {
+    return absl::OkStatus();
+  }
+  return status.ok() ? absl::OkStatus() : RpcError(rpc, status);
+}
+
+absl::Status ClientCore::ReleaseBuffer(uint64_t buffer_id) {
+  return Release(
+      "ReleaseBuffer",
+      [&](Link& link) {
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, internal::kRpcTimeout);
+        v1::ReleaseBufferRequest request;
+        request.set_session_id(link.session_id);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          request.set_buffer_id(BufferIdLocked(buffer_id));
+        }
+        v1::ReleaseBufferResponse response;
+        return link.stub->ReleaseBuffer(&ctx, request, &response);
+      },
+      [&] { buffers_.erase(buffer_id); });
 }
 
 absl::StatusOr<std::string> ClientCore::CreateCommId() {
@@ -1013,34 +1028,22 @@ absl::StatusOr<std::string> ClientCore::CommIdOf(uint64_t comm_handle) const {
 }
 
 absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
-  {
-    // Between sessions: forgotten here, it is not joined again (see ReleaseBuffer).
-    std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == State::kRebuilding || dead_) {
-      comms_.erase(comm_handle);
-      return dead_ ? end_status_ : absl::OkStatus();
-    }
-  }
-  absl::StatusOr<bool> done = WithLink<bool>([&](Link& link) -> absl::StatusOr<bool> {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, internal::kRpcTimeout);
-    v1::DestroyCommRequest request;
-    request.set_session_id(link.session_id);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto c = comms_.find(comm_handle);
-      request.set_comm_handle(c == comms_.end() ? comm_handle : c->second.handle);
-    }
-    v1::DestroyCommResponse response;
-    grpc::Status status = link.stub->DestroyComm(&ctx, request, &response);
-    if (!status.ok()) return RpcError("DestroyComm", status);
-    return true;
-  });
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    comms_.erase(comm_handle);
-  }
-  return done.status();
+  return Release(
+      "DestroyComm",
+      [&](Link& link) {
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, internal::kRpcTimeout);
+        v1::DestroyCommRequest request;
+        request.set_session_id(link.session_id);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto c = comms_.find(comm_handle);
+          request.set_comm_handle(c == comms_.end() ? comm_handle : c->second.handle);
+        }
+        v1::DestroyCommResponse response;
+        return link.stub->DestroyComm(&ctx, request, &response);
+      },
+      [&] { comms_.erase(comm_handle); });
 }
 
 absl::StatusOr<internal::StreamWords*> ClientCore::StreamWords() {

@@ -237,6 +237,11 @@ class ClientCore {
   void Die(absl::Status status);
   // The live link, waiting out a rebuild (bounded); the error when the session is over.
   absl::StatusOr<std::shared_ptr<Link>> AcquireLink();
+  // Tells the daemon of a release (ReleaseBuffer, DestroyComm: `call` on the live link, once)
+  // and forgets it here (`forget`, under mu_) in every case; between sessions, or when the daemon
+  // goes away during the call, only forgets: a destructor never waits for the next daemon.
+  absl::Status Release(const char* rpc, const std::function<grpc::Status(Link&)>& call,
+                       const std::function<void()>& forget);
   // Runs fn on the live link; again on the next one when the daemon went away meanwhile.
   template <typename T>
   absl::StatusOr<T> WithLink(const std::function<absl::StatusOr<T>(Link&)>& fn);
