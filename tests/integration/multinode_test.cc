@@ -184,7 +184,7 @@ TEST(MultiNodeTest, KilledDaemonFailsEverySurvivingRankInBoundedTime) {
                 "-c", "0", "--daemons", cluster.Sockets(), "--ranks-per-daemon", "2"},
                cluster.dir() + "/perf-kill.log");
   // The header names the communicator once every rank has joined; then iterations are running.
-  ASSERT_TRUE(perf.WaitForOutput("#  Comm ", std::chrono::seconds(60))) << perf.Output();
+  ASSERT_TRUE(perf.WaitForOutput("# Using devices", std::chrono::seconds(60))) << perf.Output();
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   cluster[2].process().Signal(SIGKILL);
   const auto start = std::chrono::steady_clock::now();

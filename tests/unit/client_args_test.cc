@@ -197,7 +197,9 @@ TEST(ParsePerfArgsTest, StreamSyncIsOffUnlessAsked) {
 
 TEST(ParsePerfArgsTest, WorkerFlagsRoundTrip) {
   std::vector<std::string> argv = {"--op", "sendrecv", "--ranks-per-daemon", "4"};
-  for (std::string& flag : WorkerFlags(3, "/x.sock", "ry1-abc@local:n", 42)) argv.push_back(flag);
+  for (std::string& flag : WorkerFlags(3, "/x.sock", "ry1-abc@local:n", 42, "/tmp/r")) {
+    argv.push_back(flag);
+  }
   absl::StatusOr<PerfArgs> args = Parse(argv);
   ASSERT_TRUE(args.ok()) << args.status();
   EXPECT_TRUE(args->worker);
@@ -205,6 +207,7 @@ TEST(ParsePerfArgsTest, WorkerFlagsRoundTrip) {
   EXPECT_EQ(args->socket, "/x.sock");
   EXPECT_EQ(args->comm_id, "ry1-abc@local:n");
   EXPECT_EQ(args->parent_pid, 42);
+  EXPECT_EQ(args->rank_dir, "/tmp/r");
   EXPECT_FALSE(Parse({"--_rank", "4", "--_socket", "/s", "--_comm_id", "c"}).ok());
 }
 

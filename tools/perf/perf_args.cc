@@ -208,6 +208,7 @@ const std::vector<FlagSpec>& Flags() {
          return absl::OkStatus();
        }},
       {0, "_socket", true, StringSetter(&PerfArgs::socket)},
+      {0, "_rank_dir", true, StringSetter(&PerfArgs::rank_dir)},
       {0, "_comm_id", true, StringSetter(&PerfArgs::comm_id)},
       {0, "_parent_pid", true,
        IntSetter<int64_t>(&PerfArgs::parent_pid, 1, std::numeric_limits<int64_t>::max())},
@@ -416,9 +417,11 @@ std::vector<size_t> SizeSweep(const PerfArgs& args) {
 }
 
 std::vector<std::string> WorkerFlags(int rank, const std::string& socket,
-                                     const std::string& comm_id, int64_t parent_pid) {
-  return {"--_rank",       std::to_string(rank),      "--_socket", socket, "--_comm_id", comm_id,
-          "--_parent_pid", std::to_string(parent_pid)};
+                                     const std::string& comm_id, int64_t parent_pid,
+                                     const std::string& rank_dir) {
+  return {
+      "--_rank",       std::to_string(rank),       "--_socket",   socket,  "--_comm_id", comm_id,
+      "--_parent_pid", std::to_string(parent_pid), "--_rank_dir", rank_dir};
 }
 
 std::string PerfUsage() {

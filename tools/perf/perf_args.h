@@ -82,6 +82,10 @@ struct PerfArgs {
   std::string comm_id;
   std::string socket;  // this rank's daemon
   int64_t parent_pid = 0;
+  // The launcher's temporary folder where each rank writes "<pid> <device> <node>" to rank-<r>
+  // before it joins, for rank 0's "#  Rank" lines (no collective of its own, so that a run's
+  // operations are only the benchmark's).
+  std::string rank_dir;
 
   int nranks() const { return static_cast<int>(daemons.size()) * ranks_per_daemon; }
 };
@@ -99,8 +103,10 @@ absl::StatusOr<size_t> ParseSize(std::string_view text);
 std::vector<size_t> SizeSweep(const PerfArgs& args);
 
 // The hidden flags that turn the program into rank `rank` of the launcher's run.
+// rank_dir: where each rank leaves its pid, device and node for rank 0's header.
 std::vector<std::string> WorkerFlags(int rank, const std::string& socket,
-                                     const std::string& comm_id, int64_t parent_pid);
+                                     const std::string& comm_id, int64_t parent_pid,
+                                     const std::string& rank_dir);
 
 // Usage text for -h.
 std::string PerfUsage();

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string_view>
 
@@ -157,6 +158,20 @@ int RunLauncher(const PerfArgs& args, const std::vector<std::string>& argv) {
                  comm_id.c_str(), args.nranks(), args.daemons.size());
   }  // the launcher's session ends here; the id stays valid for the ranks
 
+  // Where the ranks leave their facts for rank 0's header; removed when the launcher returns.
+  char dir_template[] = "/tmp/railyard-perf-XXXXXX";
+  if (::mkdtemp(dir_template) == nullptr) {
+    PrintError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+    return 1;
+  }
+  const std::string rank_dir = dir_template;
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_rank_dir{rank_dir};
   std::vector<RankProcess> ranks(static_cast<size_t>(args.nranks()));
   const pid_t self = getpid();
   for (size_t d = 0; d < args.daemons.size(); ++d) {
@@ -165,7 +180,7 @@ int RunLauncher(const PerfArgs& args, const std::vector<std::string>& argv) {
       RankProcess& process = ranks[static_cast<size_t>(rank)];
       process.rank = rank;
       std::vector<std::string> child_argv = argv;
-      for (std::string& flag : WorkerFlags(rank, args.daemons[d], comm_id, self)) {
+      for (std::string& flag : WorkerFlags(rank, args.daemons[d], comm_id, self, rank_dir)) {
         child_argv.push_back(std::move(flag));
       }
       if (absl::Status st = Spawn(child_argv, &process); !st.ok()) {

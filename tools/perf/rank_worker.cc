@@ -62,9 +62,7 @@ class RankBenchmark {
 
   absl::Status Run() {
     if (absl::Status st = Setup(); !st.ok()) return st;
-    absl::StatusOr<std::vector<RankLine>> ranks = GatherRanks();
-    if (!ranks.ok()) return ranks.status();
-    if (args_.rank == 0) PrintHeader(*ranks);
+    if (args_.rank == 0) PrintHeader(RankLines());
     for (int cycle = 0; cycle < args_.run_cycles; ++cycle) {
       for (DataType dtype : args_.dtypes) {
         const std::vector<RedOp> redops =
@@ -106,6 +104,7 @@ class RankBenchmark {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     if (!client.ok()) return Annotate(client.status(), "connect");
     client_ = *std::move(client);
+    WriteRankFacts();
 
     absl::StatusOr<Comm> comm = client_->InitComm(args_.comm_id, args_.rank, nranks_,
                                                   std::chrono::milliseconds(args_.timeout_ms));
@@ -165,36 +164,42 @@ class RankBenchmark {
     return client_->RegisterDeviceMemory(fd->get(), bytes, device, view);
   }
 
-  // Every rank's pid, node and device, gathered over the communicator for the header.
-  absl::StatusOr<std::vector<RankLine>> GatherRanks() {
-    constexpr size_t kRecord = 128;  // pid, device, node name (NUL-terminated)
-    absl::StatusOr<Buffer> buf = client_->Allocate(kRecord * (static_cast<size_t>(nranks_) + 1));
-    if (!buf.ok()) return Annotate(buf.status(), "allocating the rank table");
-    auto* base = static_cast<unsigned char*>(buf->data());
-    unsigned char* mine = base + kRecord * static_cast<size_t>(nranks_);
-    std::memset(mine, 0, kRecord);
-    const int32_t head[2] = {static_cast<int32_t>(::getpid()), args_.device};
-    std::memcpy(mine, head, sizeof(head));
-    std::snprintf(reinterpret_cast<char*>(mine) + 8, kRecord - 8, "%s",
-                  client_->node_name().c_str());
-    works_.push_back(comm_.AllGather(BufferRef(*buf, kRecord * static_cast<size_t>(nranks_)),
-                                     BufferRef(*buf, 0), kRecord, DataType::kUint8,
-                                     collective_opts_));
-    if (absl::Status st = WaitAll(&works_, "gathering the ranks' devices"); !st.ok()) return st;
+  // Leaves this rank's pid, device and node in the launcher's folder (before it joins: once
+  // InitComm returned on rank 0, every rank has written its file).
+  void WriteRankFacts() const {
+    if (args_.rank_dir.empty()) return;
+    const std::string path = absl::StrCat(args_.rank_dir, "/rank-", args_.rank);
+    if (std::FILE* f = std::fopen((path + ".tmp").c_str(), "w")) {
+      std::fprintf(f, "%d %d %s\n", static_cast<int>(::getpid()), args_.device,
+                   client_->node_name().c_str());
+      std::fclose(f);
+      std::rename((path + ".tmp").c_str(), path.c_str());
+    }
+  }
+
+  // Every rank's line for the header, from the launcher's folder (this rank's own facts where a
+  // file is missing: a rank run without the launcher).
+  std::vector<RankLine> RankLines() const {
     std::vector<RankLine> lines;
     for (int r = 0; r < nranks_; ++r) {
-      const unsigned char* rec = base + kRecord * static_cast<size_t>(r);
-      int32_t got[2];
-      std::memcpy(got, rec, sizeof(got));
       RankLine line;
       line.rank = r;
-      line.pid = got[0];
-      line.device = got[1];
-      line.host = std::string(reinterpret_cast<const char*>(rec) + 8,
-                              strnlen(reinterpret_cast<const char*>(rec) + 8, kRecord - 9));
-      line.what = got[1] < 0 ? "host memory, railyardd"
-                             : (args_.fake_device ? "fake device memory, railyardd"
-                                                  : "CUDA device memory, railyardd");
+      line.device = args_.device;
+      line.host = "?";
+      std::FILE* f = args_.rank_dir.empty()
+                         ? nullptr
+                         : std::fopen(absl::StrCat(args_.rank_dir, "/rank-", r).c_str(), "r");
+      char node[256] = {0};
+      if (f != nullptr) {
+        if (std::fscanf(f, "%d %d %255s", &line.pid, &line.device, node) == 3) line.host = node;
+        std::fclose(f);
+      } else if (r == args_.rank) {
+        line.pid = static_cast<int>(::getpid());
+        line.host = client_->node_name();
+      }
+      line.what = line.device < 0 ? "host memory, railyardd"
+                                  : (args_.fake_device ? "fake device memory, railyardd"
+                                                       : "CUDA device memory, railyardd");
       lines.push_back(std::move(line));
     }
     return lines;
