@@ -185,6 +185,7 @@ absl::StatusOr<uint64_t> Communicator::Submit(std::unique_ptr<PendingRequest> re
   {
     absl::MutexLock lock(&mu_);
     result = SubmitLocked(std::move(request), &out);
+    if (result.ok()) ++accepted_;
   }
   Deliver(out);
   return result;
@@ -199,7 +200,10 @@ std::vector<absl::StatusOr<uint64_t>> Communicator::SubmitBatch(
     absl::MutexLock lock(&mu_);
     // Queued first, started after: a group whose last rank submits it all at once runs fused.
     batching_ = true;
-    for (auto& r : requests) results.push_back(SubmitLocked(std::move(r), &out));
+    for (auto& r : requests) {
+      results.push_back(SubmitLocked(std::move(r), &out));
+      if (results.back().ok()) ++accepted_;
+    }
     batching_ = false;
     NextCollectiveLocked(&out);
   }
@@ -223,8 +227,10 @@ void Communicator::BeginHandover(const std::string& why) {
 
 bool Communicator::idle() const {
   absl::MutexLock lock(&mu_);
+  // Every accepted request's completion posted too: a collective is popped (and the queue
+  // empty) before its completions leave Deliver, and a session closed in between loses them.
   return !collective_running_ && collectives_.empty() && p2p_.in_flight_locked() == 0 &&
-         p2p_.queued_locked() == 0;
+         p2p_.queued_locked() == 0 && posted_.load() >= accepted_;
 }
 
 absl::StatusOr<uint64_t> Communicator::SubmitLocked(std::unique_ptr<PendingRequest> request,
@@ -744,6 +750,7 @@ void Communicator::Deliver(Outcomes& out) {
     if (auto session = o.request->session.lock()) {
       session->PostCompletion(o.request->request_id, o.status, o.seq);
     }
+    posted_.fetch_add(1);
   }
   out.completions.clear();
   for (auto& done : out.joins) {

@@ -324,6 +324,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Records a finished collective of the front slot (before it is popped).
   void RecordCollectiveLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Requests accepted (Submit, SubmitBatch) and completions posted (Deliver): idle() only once
+  // every accepted one's completion has reached its session.
+  uint64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> posted_{0};
   uint64_t ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_moved_ ABSL_GUARDED_BY(mu_) = 0;
