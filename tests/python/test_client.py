@@ -326,3 +326,30 @@ def test_integrity_option(daemon, monkeypatch):
     monkeypatch.delenv("RAILYARD_INTEGRITY")
     with railyard.connect(daemon.socket, job="integrity", integrity="none") as c:
         assert c.integrity == "none"
+
+
+def test_closing_between_daemons_never_waits_for_the_next_one():
+    """A daemon stops (SIGTERM: its sessions are told to move) and no other comes: closing a
+    communicator and releasing a buffer return at once instead of waiting out
+    RAILYARD_RECONNECT_S for a daemon to tell (what the old one held went with the session)."""
+    import time
+    d = Daemon(node_name="pytest-closing")
+    c = railyard.connect(d.socket, job="closing")
+    try:
+        comm = c.comm(c.new_comm_id(), 0, 1)
+        arr = c.empty((1024,), np.float32)
+        arr[:] = 1
+        assert comm.all_reduce(arr)[0] == 1
+        assert d.stop() == 0
+        deadline = time.monotonic() + 10
+        while not c._rebuilding and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c._rebuilding, "the client did not notice its daemon stop"
+        start = time.monotonic()
+        comm.close()
+        del arr
+        gc.collect()
+        c._flush_releases()
+        assert time.monotonic() - start < 5, time.monotonic() - start
+    finally:
+        c.close()

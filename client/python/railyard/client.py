@@ -1122,6 +1122,30 @@ class Client:
                                        f"{e}") from None
         return self._with_link(call)
 
+    def _release_call(self, rpc: str, request: Any,
+                      prepare: Optional[Callable[[Any], None]] = None) -> None:
+        """A release (ReleaseBuffer, DestroyComm) told once to the daemon of the live session.
+        Between sessions, or when that daemon goes away during the call, nothing is left to
+        release there (what it held went with the session): never retried on the next one, so
+        that a close or a finalizer never waits for the next daemon."""
+        with self._lock:
+            link = None if self._rebuilding or self._closing or self._ended.is_set() \
+                else self._link
+            if link is not None:
+                request.session_id = link.session_id
+                if prepare is not None and self._translating:
+                    prepare(request)
+        if link is None:
+            return
+        try:
+            getattr(link.stub, rpc)(request, timeout=_RPC_TIMEOUT)
+        except grpc.RpcError as e:
+            error = self._rpc_error(rpc, e)
+            if not _gone(error) and error.code != grpc.StatusCode.CANCELLED:
+                raise error from None
+        except ValueError:  # the channel of a session closed meanwhile
+            pass
+
     @property
     def closed(self) -> bool:
         """True once :meth:`close` was called or the session ended (the daemon went away and
@@ -1300,9 +1324,10 @@ class Client:
                 break
             if not self.closed:
                 try:
-                    self._call("ReleaseBuffer", local_pb2.ReleaseBufferRequest(buffer_id=buffer_id),
-                               prepare=lambda r, b=buffer_id: setattr(r, "buffer_id",
-                                                                      self._daemon_buffer(b)))
+                    self._release_call(
+                        "ReleaseBuffer", local_pb2.ReleaseBufferRequest(buffer_id=buffer_id),
+                        prepare=lambda r, b=buffer_id: setattr(r, "buffer_id",
+                                                               self._daemon_buffer(b)))
                 except RailyardError:
                     pass  # the daemon forgets the buffer with the session anyway
             with self._lock:
@@ -1528,8 +1553,9 @@ class Client:
     def _destroy_comm(self, handle: int) -> None:
         """DestroyComm of a communicator this client joined (``Comm.close``)."""
         try:
-            self._call("DestroyComm", local_pb2.DestroyCommRequest(comm_handle=handle),
-                       prepare=lambda r: setattr(r, "comm_handle", self._daemon_comm(handle)))
+            self._release_call(
+                "DestroyComm", local_pb2.DestroyCommRequest(comm_handle=handle),
+                prepare=lambda r: setattr(r, "comm_handle", self._daemon_comm(handle)))
         finally:
             with self._lock:
                 self._comms.pop(handle, None)
