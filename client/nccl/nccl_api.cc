@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/cpp/derived_comm_id.h"
 #include "client/nccl/nccl_comm.h"
 #include "client/nccl/nccl_convert.h"
 #include "client/nccl/nccl_memory.h"
@@ -253,7 +254,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     if (members[i].second == s->rank()) newrank = static_cast<int>(i);
   }
   const std::string child =
-      railyard::nccl::DerivedCommId(s->comm_id(), absl::StrCat("split/", split, "/", color));
+      railyard::internal::DerivedCommId(s->comm_id(), absl::StrCat("split/", split, "/", color));
   if (ncclResult_t c = CheckConfig(config); c != ncclSuccess) return c;
   if (config == nullptr) {
     ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
@@ -294,7 +295,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int exclude_count, nc
   int newrank = s->rank();
   for (int g : gone) newrank -= g < s->rank() ? 1 : 0;
   const uint64_t split = s->NextSplit();
-  const std::string child = railyard::nccl::DerivedCommId(
+  const std::string child = railyard::internal::DerivedCommId(
       s->comm_id(), absl::StrCat("shrink/", split, "/", absl::StrJoin(gone, ",")));
   if (ncclResult_t c = CheckConfig(config); c != ncclSuccess) return c;
   return InitRank(newcomm, s->nranks() - static_cast<int>(gone.size()), child, newrank, config,

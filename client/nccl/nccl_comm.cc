@@ -244,7 +244,6 @@ ncclResult_t CommState::Destroy(bool abort) {
       return ncclSuccess;
     }
   }
-  ncclResult_t r = ncclSuccess;
   if (!abort) {
     // Destroy waits for what was launched (it finalizes, as NCCL does, if the caller did not).
     std::deque<std::shared_ptr<PendingOp>> ops;
@@ -274,7 +273,7 @@ ncclResult_t CommState::Destroy(bool abort) {
     Log(DebugLevel::kWarn, rank_,
         absl::StrCat("ncclCommDestroy: leaving ", comm_id_, ": ", left.message()));
   }
-  return r;
+  return ncclSuccess;
 }
 
 ncclResult_t CommState::CreatePreMulSum(ncclRedOp_t* op, const void* scalar, ncclDataType_t dtype,

@@ -40,10 +40,6 @@ absl::StatusOr<std::string> DecodeUniqueId(const ncclUniqueId& id) {
   return std::string(text, len);
 }
 
-std::string DerivedCommId(absl::string_view parent, absl::string_view salt) {
-  return internal::DerivedCommId(parent, salt);
-}
-
 std::string CommIdAt(absl::string_view coordinator, absl::string_view job) {
   // As derived from a parent "@<coordinator>" salted with the job: every rank alike.
   return internal::DerivedCommId(absl::StrCat("NCCL_COMM_ID@", coordinator),

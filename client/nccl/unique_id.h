@@ -16,10 +16,6 @@ absl::StatusOr<ncclUniqueId> EncodeUniqueId(absl::string_view comm_id);
 // INVALID_ARGUMENT for bytes that are not an id this library made (another NCCL's, or garbage).
 absl::StatusOr<std::string> DecodeUniqueId(const ncclUniqueId& id);
 
-// A comm id every caller with the same arguments derives alike, at the same coordinator as
-// `parent` (a railyard comm id): what ncclCommSplit and ncclCommShrink give their children
-// without exchanging an id. `salt` says which child (split number and color, excluded ranks).
-std::string DerivedCommId(absl::string_view parent, absl::string_view salt);
 // The comm id NCCL_COMM_ID=<host:port> stands for in job `job`: coordinated by the railyardd
 // whose peer service is at host:port, the same on every rank that sets it.
 std::string CommIdAt(absl::string_view coordinator, absl::string_view job);
