@@ -191,8 +191,29 @@ int main(int argc, char** argv) {
     const auto end =
         std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_duration_s));
     uint64_t ok = 0, failed = 0, wrong = 0, n = 0;
-    // Every rank runs the same number of cases (a deadline alone would let them stop apart).
-    for (size_t i = 0; std::chrono::steady_clock::now() < end || i % cases.size() != 0; ++i) {
+    // Every rank runs the same number of cases: at the end of each round of the matrix the ranks
+    // agree whether any is past its deadline (a deadline alone let them stop a round apart: each
+    // process started, and so ends, at its own time). Out of place, so that a crash re-runs it.
+    auto flag_in = (*client)->Allocate(64);
+    auto flag_out = (*client)->Allocate(64);
+    if (!flag_in.ok() || !flag_out.ok()) {
+      std::fprintf(stderr, "allocate: %s\n", flag_in.status().ToString().c_str());
+      return 1;
+    }
+    auto all_past_end = [&]() {
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        flag_in->span<int32_t>()[0] = std::chrono::steady_clock::now() >= end ? 1 : 0;
+        absl::Status s = comm->AllReduce(*flag_in, *flag_out, 1, railyard::DataType::kInt32,
+                                         railyard::RedOp::kMax)
+                             .wait();
+        if (s.ok()) return flag_out->span<int32_t>()[0] != 0;
+        ++failed;
+        std::printf("FAILED rank=%d stop agreement: %s\n", rank, s.ToString().c_str());
+        std::fflush(stdout);
+      }
+      return true;  // the communicator is gone: nothing left to agree with
+    };
+    for (size_t i = 0; i % cases.size() != 0 || i == 0 || !all_past_end(); ++i) {
       const auto& c = cases[i % cases.size()];
       auto result = railyard::testing::RunCase(*comm, *buf, c);
       ++n;
