@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,7 +32,8 @@ struct CommOutcomes {
   std::vector<scheduler::Execution*> copies;           // same-daemon send/recv copies to start
   absl::Status abort_transfers;                        // non-OK: fail transfers to other daemons,
   bool abort_transfers_now = false;                    // now, or after a grace period
-  bool notify_peers = false;                           // and tell those daemons why
+  bool notify_peers = false;                           // and tell those daemons why,
+  std::optional<uint64_t> unrun_seq;                   // and which collective this node won't run
   std::vector<int> departed;                           // local ranks that left cleanly: tell
   absl::Status departed_why;                           // the other daemons (not a failure)
   std::vector<std::function<void()>> transport_posts;  // Send/Recv to issue, outside the lock

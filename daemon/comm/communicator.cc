@@ -515,6 +515,7 @@ void Communicator::OnCollectiveDone(const absl::Status& run_status) {
     // A fused group completes each of its operations.
     const size_t ran = std::max<size_t>(fused_, 1);
     fused_ = 1;
+    const uint64_t first_ran = collectives_.front_seq();
     for (size_t i = 0; i < ran && !collectives_.empty(); ++i) {
       CollectiveQueue::Entry& slot = collectives_.front();
       const uint64_t seq = collectives_.front_seq();
@@ -536,7 +537,10 @@ void Communicator::OnCollectiveDone(const absl::Status& run_status) {
     node_outputs_.clear();
     collective_running_ = false;
     // A failed transfer leaves the daemons out of step: the communicator cannot go on.
-    if (!status.ok()) AbortLocked(status, &out, /*transfers_now=*/true);
+    if (!status.ok()) {
+      AbortLocked(status, &out, /*transfers_now=*/true);
+      if (out.notify_peers) out.unrun_seq = first_ran;  // this node did not finish it
+    }
     NextCollectiveLocked(&out);
   }
   Deliver(out);
@@ -688,21 +692,33 @@ void Communicator::RanksDeparted(const std::vector<int>& ranks, const absl::Stat
   Deliver(out);
 }
 
-void Communicator::Abort(const absl::Status& status, bool notify, bool transfers_now) {
+void Communicator::Abort(const absl::Status& status, bool notify, bool transfers_now,
+                         std::optional<uint64_t> unrun_seq) {
   Outcomes out;
+  absl::Status cut_now;  // non-OK: an earlier abort left the running collective its grace
   {
     absl::MutexLock lock(&mu_);
     const bool was_failed = state_ == State::kFailed;
+    if (unrun_seq.has_value() && collective_running_ &&
+        node_run_seq_ + std::max<size_t>(fused_, 1) - 1 >= *unrun_seq) {
+      transfers_now = true;  // what it waits for from that peer never comes
+      if (was_failed) cut_now = error_;
+    }
     // A notice is about the collective at the front: what this node runs or its ranks submit
     // next (this node has not finished it, or it would have failed on its own already).
     const uint64_t front = collectives_.front_seq();
     AbortLocked(status, &out, transfers_now);
     if (!notify) {
-      out.notify_peers = false;  // they told us
+      // They told us, and the others alike; but when this node will not run a collective the
+      // teller will (its ranks had not started it here), the others' runs of it wait for this
+      // node's part in vain until the grace: they are told which (once: the abort is once).
+      out.notify_peers = !was_failed && unrun_seq.has_value() && out.unrun_seq.has_value() &&
+                         *out.unrun_seq < *unrun_seq;
       if (!was_failed) noticed_seq_ = front;
     }
   }
   Deliver(out);
+  if (!cut_now.ok()) AbortTransfers(cut_now);
 }
 
 void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now) {
@@ -714,6 +730,9 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
     out->abort_transfers = status;
     out->abort_transfers_now = transfers_now;
     out->notify_peers = true;
+    // The running collective finishes here unless its transfers fail now; nothing later runs.
+    const uint64_t front = collectives_.front_seq();
+    out->unrun_seq = collective_running_ && !transfers_now ? front + 1 : front;
   }
   const size_t failed_before = out->completions.size() + out->joins.size();
   if (was_joining) {
@@ -770,7 +789,13 @@ void Communicator::Deliver(Outcomes& out) {
     } else {
       AbortTransfersAfterGrace(out.abort_transfers);
     }
-    if (out.notify_peers && net_.notify_peers) net_.notify_peers(out.abort_transfers);
+    if (out.notify_peers && net_.notify_peers) {
+      // A disagreement or corrupt data: the peers' grace lets their own diagnosis arrive.
+      const absl::StatusCode code = out.abort_transfers.code();
+      const bool diagnosed =
+          code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kDataLoss;
+      net_.notify_peers(out.abort_transfers, diagnosed ? std::nullopt : out.unrun_seq);
+    }
   }
   if (out.start_node_run) {
     scheduler::NodeRun::Params p;
@@ -842,6 +867,11 @@ void Communicator::AbortTransfers(const absl::Status& status) {
 bool Communicator::failed() const {
   absl::MutexLock lock(&mu_);
   return state_ == State::kFailed;
+}
+
+absl::Status Communicator::error() const {
+  absl::MutexLock lock(&mu_);
+  return state_ == State::kFailed ? error_ : absl::OkStatus();
 }
 
 bool Communicator::all_left() const {

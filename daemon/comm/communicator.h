@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,7 +68,8 @@ struct MultiNodeEnv {
   // endpoints[node][rail] to the other daemons (null for this node).
   scheduler::EndpointTable endpoints;
   // Tells the other daemons that this communicator failed here (Peer.AbortComm).
-  std::function<void(const absl::Status&)> notify_peers;
+  // unrun_seq: the collective this node will not run, nor any later one (AbortCommRequest).
+  std::function<void(const absl::Status&, std::optional<uint64_t> unrun_seq)> notify_peers;
   // Tells them that these local ranks left it cleanly (AbortCommRequest.departed_ranks).
   std::function<void(const std::vector<int>&, const absl::Status&)> notify_departed;
   // Picks algorithm and chunk size per operation shape (the coordinator's calibration).
@@ -167,9 +169,15 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // the first reason sticks. notify: also tell the other daemons (false when they told us).
   // transfers_now: also fail the running operation's transfers at once (a peer is dead); else
   // the running operation gets a grace period to finish before they are failed.
-  void Abort(const absl::Status& status, bool notify = true, bool transfers_now = true);
+  // unrun_seq (a peer's notice): the peer will not run that collective nor a later one, so a
+  // run of one of them here fails its transfers at once, as transfers_now; and when this node
+  // will not run an earlier one (its ranks had not started it), it tells the other daemons so.
+  void Abort(const absl::Status& status, bool notify = true, bool transfers_now = true,
+             std::optional<uint64_t> unrun_seq = std::nullopt);
 
   bool failed() const;
+  // Why it failed (OK while it has not).
+  absl::Status error() const;
   // The daemon hands its node over (railyardd --takeover, docs/restarts.md): the collectives
   // every local rank submitted still run, in order; the rest, the sends and receives waiting for
   // their partner, and every later submission go back to their clients untaken (MovedStatus).

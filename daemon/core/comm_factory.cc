@@ -197,7 +197,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCommFactory::MakeMultiNode(
   }
   const std::string me = config_.node_name;
   PeerCalls* clients = deps_.peers;
-  net.notify_peers = [clients, peers, job, comm_id, me](const absl::Status& status) {
+  net.notify_peers = [clients, peers, job, comm_id, me](const absl::Status& status,
+                                                        std::optional<uint64_t> unrun_seq) {
     if (clients == nullptr) return;
     v1::AbortCommRequest abort;
     abort.set_job_id(job);
@@ -205,6 +206,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DaemonCommFactory::MakeMultiNode(
     abort.set_code(static_cast<int32_t>(status.code()));
     abort.set_message(std::string(status.message()));
     abort.set_from_node(me);
+    if (unrun_seq.has_value()) abort.set_unrun_seq(*unrun_seq);
     for (const auto& [addr, node] : peers) clients->AbortComm(addr, node, abort);
   };
   net.notify_departed = [clients, peers, job, comm_id, me](const std::vector<int>& ranks,

@@ -1,11 +1,13 @@
 #include "daemon/core/peer_plane.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/comm/peer_input.h"
+#include "daemon/diagnose/census.h"
 #include "daemon/diagnose/verdicts.h"
 #include "daemon/util/log.h"
 
@@ -91,8 +93,10 @@ absl::Status PeerPlane::AbortFromPeer(const PeerIdentity& who, const v1::AbortCo
     comm->RanksDeparted(ranks, absl::Status(code, req.message().substr(0, 1024)));
     return absl::OkStatus();
   }
+  // unrun_seq only hastens failing this daemon's transfers of a communicator that fails anyway.
   comm->Abort(absl::Status(code, req.message().substr(0, 1024)),
-              /*notify=*/false, /*transfers_now=*/false);
+              /*notify=*/false, /*transfers_now=*/false,
+              req.has_unrun_seq() ? std::optional<uint64_t>(req.unrun_seq()) : std::nullopt);
   return absl::OkStatus();
 }
 
@@ -243,21 +247,101 @@ void PeerPlane::Diagnose(const v1::DiagnoseRequest& req,
     return;
   }
 
+  GatherViews(
+      comms, timeout,
+      [done = std::move(done), stall](std::vector<std::vector<v1::CommState>> states,
+                                      std::vector<std::vector<diagnose::Unanswered>> silent) {
+        v1::DiagnoseResponse out;
+        for (size_t c = 0; c < states.size(); ++c) {
+          *out.add_comms() = diagnose::Diagnose(states[c], silent[c], stall);
+        }
+        done(out);
+      });
+}
+
+void PeerPlane::Census(const std::shared_ptr<Communicator>& comm, uint32_t timeout_ms,
+                       const std::vector<int>& exclude,
+                       std::function<void(const absl::StatusOr<v1::CommCensusResponse>&)> done) {
+  if (timeout_ms > kMaxDiagnoseTimeoutMs) {
+    done(absl::InvalidArgumentError(absl::StrCat("CommCensusRequest.timeout_ms ", timeout_ms,
+                                                 " is past the ", kMaxDiagnoseTimeoutMs,
+                                                 " ms limit")));
+    return;
+  }
+  for (int r : exclude) {
+    if (r < 0 || r >= comm->nranks()) {
+      done(absl::InvalidArgumentError(absl::StrCat("CommCensusRequest.exclude: rank ", r,
+                                                   " not in [0, ", comm->nranks(), ")")));
+      return;
+    }
+  }
+  diagnose::CensusLayout layout;
+  layout.nranks = comm->nranks();
+  if (comm->multi_node()) {
+    layout.node_names = comm->node_names();
+    layout.node_addresses = comm->node_addresses();
+    for (int r = 0; r < layout.nranks; ++r) layout.node_of_rank.push_back(comm->NodeOfRank(r));
+  } else {
+    layout.node_names = {options_.node_name};
+    layout.node_addresses = {""};
+    layout.node_of_rank.assign(static_cast<size_t>(layout.nranks), 0);
+  }
+  // "ry1-<nonce>@<coordinator>" (checked at InitComm), as the clients split it.
+  const std::string& id = comm->comm_id();
+  if (const size_t at = id.find('@'); at != std::string::npos) {
+    layout.coordinator = id.substr(at + 1);
+  }
+  // An explicit shrink: the layout's every node, with the excluded ranks left (made before
+  // `answer` takes the layout).
+  std::vector<v1::CommState> excluded;
+  if (!exclude.empty()) {
+    const std::set<int> gone(exclude.begin(), exclude.end());
+    excluded.resize(layout.node_names.size());
+    for (size_t n = 0; n < excluded.size(); ++n) excluded[n].set_node_index(static_cast<int>(n));
+    for (int r = 0; r < layout.nranks; ++r) {
+      const int n = layout.node_of_rank[static_cast<size_t>(r)];
+      if (n < 0 || static_cast<size_t>(n) >= excluded.size()) continue;
+      v1::RankProgress* p = excluded[static_cast<size_t>(n)].add_ranks();
+      p->set_rank(r);
+      p->set_left(gone.count(r) > 0);
+    }
+  }
+  const absl::Status failure = comm->error();
+  auto answer = [layout = std::move(layout), failure, done = std::move(done)](
+                    std::vector<std::vector<v1::CommState>> states,
+                    std::vector<std::vector<diagnose::Unanswered>> silent) {
+    const diagnose::Census c = diagnose::TakeCensus(layout, states[0], silent[0]);
+    v1::CommCensusResponse out;
+    for (int r : c.lost_ranks) out.add_lost_ranks(r);
+    for (const std::string& n : c.lost_nodes) out.add_lost_nodes(n);
+    out.set_coordinator(c.coordinator);
+    out.set_failure_code(static_cast<int>(failure.code()));
+    out.set_failure(std::string(failure.message()));
+    done(out);
+  };
+  if (!exclude.empty()) {
+    answer({std::move(excluded)}, {{}});
+    return;
+  }
+  GatherViews({comm}, absl::Milliseconds(timeout_ms > 0 ? timeout_ms : kDefaultDiagnoseTimeoutMs),
+              std::move(answer));
+}
+
+void PeerPlane::GatherViews(const std::vector<std::shared_ptr<Communicator>>& comms,
+                            absl::Duration timeout, ViewsDone done) {
   // Every member daemon of every communicator is asked at once; the last answer (or deadline)
-  // judges and replies.
+  // hands them over.
   struct Gather {
     absl::Mutex mu;
     std::vector<std::vector<v1::CommState>> states;  // by communicator
     std::vector<std::vector<diagnose::Unanswered>> silent;
     size_t outstanding = 0;
-    std::function<void(const absl::StatusOr<v1::DiagnoseResponse>&)> done;
-    absl::Duration stall;
+    ViewsDone done;
   };
   auto g = std::make_shared<Gather>();
   g->states.resize(comms.size());
   g->silent.resize(comms.size());
   g->done = std::move(done);
-  g->stall = stall;
   struct Ask {
     size_t comm;
     int node;
@@ -283,11 +367,7 @@ void PeerPlane::Diagnose(const v1::DiagnoseRequest& req,
     }
   }
   auto finish = [](const std::shared_ptr<Gather>& g) {
-    v1::DiagnoseResponse out;
-    for (size_t c = 0; c < g->states.size(); ++c) {
-      *out.add_comms() = diagnose::Diagnose(g->states[c], g->silent[c], g->stall);
-    }
-    g->done(out);
+    g->done(std::move(g->states), std::move(g->silent));
   };
   if (asks.empty()) {
     finish(g);
@@ -296,27 +376,31 @@ void PeerPlane::Diagnose(const v1::DiagnoseRequest& req,
   g->outstanding = asks.size();
   const double timeout_s = absl::ToDoubleSeconds(timeout);
   for (const Ask& a : asks) {
-    deps_.peers->GetCommState(a.address, a.name, a.req, timeout,
-                              [g, a, timeout_s, finish](const absl::StatusOr<v1::CommState>& st) {
-                                bool last;
-                                {
-                                  absl::MutexLock lock(&g->mu);
-                                  if (st.ok()) {
-                                    g->states[a.comm].push_back(*st);
-                                  } else {
-                                    std::string why = absl::StatusCodeToString(st.status().code());
-                                    if (st.status().code() == absl::StatusCode::kDeadlineExceeded) {
-                                      absl::StrAppend(&why, " after ", timeout_s, " s");
-                                    } else {
-                                      absl::StrAppend(&why, ": ",
-                                                      st.status().message().substr(0, 200));
-                                    }
-                                    g->silent[a.comm].push_back({a.node, a.name, why});
-                                  }
-                                  last = --g->outstanding == 0;
-                                }
-                                if (last) finish(g);
-                              });
+    deps_.peers->GetCommState(
+        a.address, a.name, a.req, timeout,
+        [g, a, timeout_s, finish](const absl::StatusOr<v1::CommState>& st) {
+          bool last;
+          {
+            absl::MutexLock lock(&g->mu);
+            if (st.ok() && st->node_index() == a.node) {
+              g->states[a.comm].push_back(*st);
+            } else if (st.ok()) {
+              g->silent[a.comm].push_back(
+                  {a.node, a.name,
+                   absl::StrCat("answered for node index ", st->node_index(), ", not ", a.node)});
+            } else {
+              std::string why = absl::StatusCodeToString(st.status().code());
+              if (st.status().code() == absl::StatusCode::kDeadlineExceeded) {
+                absl::StrAppend(&why, " after ", timeout_s, " s");
+              } else {
+                absl::StrAppend(&why, ": ", st.status().message().substr(0, 200));
+              }
+              g->silent[a.comm].push_back({a.node, a.name, why});
+            }
+            last = --g->outstanding == 0;
+          }
+          if (last) finish(g);
+        });
   }
 }
 

@@ -23,11 +23,13 @@
 #include "daemon/comm/communicator.h"
 #include "daemon/comm/peer_client.h"
 #include "daemon/comm/peer_identity.h"
+#include "daemon/diagnose/verdicts.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/session/session_registry.h"
 #include "daemon/util/deadline_timer.h"
 #include "railyard/v1/admin.pb.h"
 #include "railyard/v1/diagnose.pb.h"
+#include "railyard/v1/local.pb.h"
 #include "railyard/v1/peer.pb.h"
 
 namespace railyard {
@@ -86,6 +88,13 @@ class PeerPlane {
   // name no communicator here.
   void Diagnose(const v1::DiagnoseRequest& req,
                 std::function<void(const absl::StatusOr<v1::DiagnoseResponse>&)> done);
+  // Which of comm's ranks are gone (Local.CommCensus; daemon/diagnose/census.h): every other
+  // member daemon's view within timeout_ms (0: 2 s); with `exclude`, no view but the layout's,
+  // those ranks lost. done runs once, on this thread or another. INVALID_ARGUMENT for a timeout
+  // past 30 s or an excluded rank out of range.
+  void Census(const std::shared_ptr<Communicator>& comm, uint32_t timeout_ms,
+              const std::vector<int>& exclude,
+              std::function<void(const absl::StatusOr<v1::CommCensusResponse>&)> done);
 
  private:
   // One round of heartbeats (the timer runs it every heartbeat_interval after Start).
@@ -94,6 +103,13 @@ class PeerPlane {
   absl::StatusOr<std::shared_ptr<Communicator>> MemberComm(
       const PeerIdentity& who, absl::string_view rpc, absl::string_view field,
       const std::string& job, const std::string& comm_id, const std::string& from_node);
+  // Every member daemon's view of each of comms (this daemon's first; the others asked in
+  // parallel, each within timeout), and the nodes that did not answer (or answered for another
+  // node index), by communicator. done runs once, on this thread or another.
+  using ViewsDone = std::function<void(std::vector<std::vector<v1::CommState>>,
+                                       std::vector<std::vector<diagnose::Unanswered>>)>;
+  void GatherViews(const std::vector<std::shared_ptr<Communicator>>& comms, absl::Duration timeout,
+                   ViewsDone done);
   // comm->ProgressState() with this node's name and its ranks' pids.
   v1::CommState LocalCommState(const std::shared_ptr<Communicator>& comm);
 

@@ -1,5 +1,8 @@
 #include "daemon/services/local_service.h"
 
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "daemon/util/log.h"
 #include "daemon/version.h"
 
@@ -128,6 +131,28 @@ grpc::ServerUnaryReactor* LocalService::OpenRings(grpc::CallbackServerContext* c
         static_cast<uint32_t>(absl::ToInt64Microseconds(core_->config().spin)));
   }
   return Done(ctx, s);
+}
+
+grpc::ServerUnaryReactor* LocalService::CommCensus(grpc::CallbackServerContext* ctx,
+                                                   const v1::CommCensusRequest* req,
+                                                   v1::CommCensusResponse* resp) {
+  auto session = core_->sessions().Find(req->session_id());
+  if (!session.ok()) return Done(ctx, session.status());
+  absl::StatusOr<Membership> m = (*session)->FindMembership(req->comm_handle());
+  if (!m.ok()) return Done(ctx, m.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (req->exclude_size() > m->comm->nranks()) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("CommCensusRequest.exclude: ", req->exclude_size(),
+                                      " ranks for a ", m->comm->nranks(), "-rank communicator")));
+  }
+  const std::vector<int> exclude(req->exclude().begin(), req->exclude().end());
+  core_->peer_plane().Census(m->comm, req->timeout_ms(), exclude,
+                             [reactor, resp](const absl::StatusOr<v1::CommCensusResponse>& c) {
+                               if (c.ok()) *resp = *c;
+                               reactor->Finish(ToGrpc(c.status()));
+                             });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* LocalService::DestroyComm(grpc::CallbackServerContext* ctx,

@@ -31,6 +31,9 @@ class LocalService final : public v1::Local::CallbackService {
   grpc::ServerUnaryReactor* OpenRings(grpc::CallbackServerContext* ctx,
                                       const v1::OpenRingsRequest* req,
                                       v1::OpenRingsResponse* resp) override;
+  grpc::ServerUnaryReactor* CommCensus(grpc::CallbackServerContext* ctx,
+                                       const v1::CommCensusRequest* req,
+                                       v1::CommCensusResponse* resp) override;
   grpc::ServerUnaryReactor* DestroyComm(grpc::CallbackServerContext* ctx,
                                         const v1::DestroyCommRequest* req,
                                         v1::DestroyCommResponse* resp) override;

@@ -6,8 +6,10 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -59,6 +61,12 @@ class FakePeers : public PeerCalls {
     v1::CommState st;
     st.set_node_name(node);
     st.set_comm_id(req.comm_id());
+    st.set_node_index(address == "10.0.0.1:7070" ? 1 : 0);  // the layouts' node1
+    if (address == "10.0.0.1:7070") {
+      v1::RankProgress* r = st.add_ranks();
+      r->set_rank(1);
+      r->set_left(rank1_left);
+    }
     done(st);
   }
   std::vector<std::string> Heartbeats() {
@@ -69,6 +77,7 @@ class FakePeers : public PeerCalls {
   absl::Mutex mu_;
   std::vector<std::string> aborts, heartbeats, state_asks;
   std::set<std::string> silent;  // addresses that do not answer
+  bool rank1_left = false;       // node1's view of its rank 1
 };
 
 PeerIdentity Claims() { return PeerIdentity{}; }  // --peer_insecure: trusted as claimed
@@ -92,6 +101,10 @@ class PeerPlaneTest : public ::testing::Test {
     net.endpoints[1].resize(1);
     net.endpoints[1][0] = nodes_.Connect(0, 1);
     net.node_slots = {1, 2};
+    net.notify_peers = [this](const absl::Status& status, std::optional<uint64_t> unrun_seq) {
+      absl::MutexLock lock(&peers_.mu_);
+      notices_.push_back({status.code(), unrun_seq});
+    };
     CommEnv env;
     env.executor = &executor_;
     env.timer = &timer_;
@@ -136,6 +149,8 @@ class PeerPlaneTest : public ::testing::Test {
   PeerPlane plane_{{"node0", absl::Seconds(1), absl::Seconds(10)},
                    {&comms_, nullptr, &peers_, &timer_, nullptr}};
   std::shared_ptr<Communicator> comm_;
+  // What this node's communicators told the other daemons (Peer.AbortComm): code, unrun_seq.
+  std::vector<std::pair<absl::StatusCode, std::optional<uint64_t>>> notices_;
 };
 
 TEST_F(PeerPlaneTest, HeartbeatsGoEveryIntervalToTheNodesLiveCommunicatorsNeed) {
@@ -310,6 +325,129 @@ TEST_F(PeerPlaneTest, DiagnosisAsksEveryOtherMemberAndNamesTheSilentOnes) {
   v1::DiagnoseRequest empty;
   req = empty;
   EXPECT_EQ(run().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A peer's notice that it will not run a collective (unrun_seq): a run here of that collective
+// waits for its part in vain, so it fails at once; a notice about a later one leaves the grace.
+TEST_F(PeerPlaneTest, APeersUnrunSeqFailsTheRunningCollectiveAtOnceNotAfterTheGrace) {
+  const uint64_t running = Pending(comm_);
+  v1::AbortCommRequest abort;
+  abort.set_job_id("job");
+  abort.set_comm_id(comm_->comm_id());
+  abort.set_from_node("node1");
+  abort.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  abort.set_message("rank 1 left: client disconnected");
+  abort.set_unrun_seq(comm_->ProgressState().front().seq() + 1);  // node1 runs this one
+  ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());
+  EXPECT_EQ(sink_->Wait(running, absl::Milliseconds(300)).status.code(),
+            absl::StatusCode::kDeadlineExceeded)
+      << "failed before the grace, though node1 runs it";
+  clock_.Advance(absl::Minutes(10));
+  timer_.RunDue();
+  EXPECT_EQ(sink_->Wait(running).status.code(), absl::StatusCode::kUnavailable);
+
+  auto other = Register("job", "ry1-e@10.0.0.0:7070");
+  const uint64_t op = Pending(other);
+  abort.set_comm_id(other->comm_id());
+  abort.set_unrun_seq(other->ProgressState().front().seq());
+  ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());
+  const absl::Status why = sink_->Wait(op).status;  // no clock advanced
+  EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable) << why;
+  EXPECT_THAT(why.message(), HasSubstr("client disconnected"));
+}
+
+// A node that had not started the collective a peer's notice says that peer still runs tells
+// the others so (once), and a node that already failed but still runs it cuts its transfers at
+// such a notice instead of waiting out the grace.
+TEST_F(PeerPlaneTest, ANodeThatWillNotRunTheCollectiveTellsThePeersThatStillDo) {
+  ASSERT_TRUE(comm_->Join(0, absl::Seconds(100), [](const absl::Status&) {}).ok());
+  const uint64_t front = comm_->ProgressState().ranks(0).completed();
+  v1::AbortCommRequest abort;
+  abort.set_job_id("job");
+  abort.set_comm_id(comm_->comm_id());
+  abort.set_from_node("node1");
+  abort.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  abort.set_message("rank 1 left: client disconnected");
+  abort.set_unrun_seq(front + 1);  // node1 runs `front`; this node has not started it
+  ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());
+  {
+    absl::MutexLock lock(&peers_.mu_);
+    ASSERT_EQ(notices_.size(), 1u);
+    EXPECT_EQ(notices_[0].first, absl::StatusCode::kUnavailable);
+    EXPECT_EQ(notices_[0].second, std::optional<uint64_t>(front));
+  }
+  ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());  // told again: nothing more to say
+  {
+    absl::MutexLock lock(&peers_.mu_);
+    EXPECT_EQ(notices_.size(), 1u);
+  }
+
+  // Told without a sequence (grace for the running one), then that a peer will not run it.
+  auto other = Register("job", "ry1-f@10.0.0.0:7070");
+  const uint64_t op = Pending(other);
+  abort.set_comm_id(other->comm_id());
+  abort.clear_unrun_seq();
+  ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());
+  EXPECT_EQ(sink_->Wait(op, absl::Milliseconds(300)).status.code(),
+            absl::StatusCode::kDeadlineExceeded);
+  abort.set_unrun_seq(other->ProgressState().front().seq());
+  ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());
+  EXPECT_EQ(sink_->Wait(op).status.code(), absl::StatusCode::kUnavailable);  // no clock moved
+  absl::MutexLock lock(&peers_.mu_);
+  EXPECT_EQ(notices_.size(), 1u) << "a node running the collective has nothing to add";
+}
+
+TEST_F(PeerPlaneTest, ACensusCountsTheRanksEachMemberStillHas) {
+  std::vector<int> exclude;
+  auto census = [&](uint32_t timeout_ms) {
+    absl::Notification done;
+    absl::StatusOr<v1::CommCensusResponse> out;
+    plane_.Census(comm_, timeout_ms, exclude, [&](const absl::StatusOr<v1::CommCensusResponse>& r) {
+      out = r;
+      done.Notify();
+    });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return out;
+  };
+  ASSERT_TRUE(comm_->Join(0, absl::Seconds(100), [](const absl::Status&) {}).ok());
+  absl::StatusOr<v1::CommCensusResponse> all = census(0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->lost_ranks_size(), 0);
+  EXPECT_EQ(all->failure_code(), 0);
+  EXPECT_EQ(all->coordinator(), "10.0.0.0:7070");
+
+  peers_.rank1_left = true;
+  absl::StatusOr<v1::CommCensusResponse> left = census(500);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_THAT(left->lost_ranks(), ::testing::ElementsAre(1));
+  EXPECT_EQ(left->lost_nodes_size(), 0);
+
+  peers_.silent.insert("10.0.0.1:7070");
+  comm_->Abort(absl::UnavailableError("node1 stopped answering"), /*notify=*/false);
+  absl::StatusOr<v1::CommCensusResponse> dead = census(500);
+  ASSERT_TRUE(dead.ok()) << dead.status();
+  EXPECT_THAT(dead->lost_ranks(), ::testing::ElementsAre(1));
+  ASSERT_EQ(dead->lost_nodes_size(), 1);
+  EXPECT_THAT(dead->lost_nodes(0), HasSubstr("node1 (10.0.0.1:7070): DEADLINE_EXCEEDED"));
+  EXPECT_EQ(dead->failure_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(dead->failure(), "node1 stopped answering");
+  EXPECT_EQ(dead->coordinator(), "10.0.0.0:7070");  // node0, the coordinator, survives
+
+  EXPECT_EQ(census(30001).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // An explicit shrink's question: no daemon asked, the excluded ranks lost; excluding node0's
+  // only rank (the coordinator's) moves the coordinator to node1.
+  peers_.state_asks.clear();
+  exclude = {0};
+  absl::StatusOr<v1::CommCensusResponse> moved = census(0);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_THAT(moved->lost_ranks(), ::testing::ElementsAre(0));
+  EXPECT_EQ(moved->coordinator(), "10.0.0.1:7070");
+  EXPECT_TRUE(peers_.state_asks.empty());
+  exclude = {2};
+  EXPECT_EQ(census(0).status().code(), absl::StatusCode::kInvalidArgument);
+  exclude = {-1};
+  EXPECT_EQ(census(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
