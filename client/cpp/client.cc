@@ -631,11 +631,76 @@ absl::StatusOr<Comm> Comm::Shrink(const std::vector<int>& exclude,
   }
   absl::StatusOr<std::string> id = core_->CommIdOf(handle_);
   if (!id.ok()) return id.status();
+  // The coordinator's node may be among the excluded (dead): the daemon names the survivors'.
+  absl::StatusOr<std::string> coordinator =
+      ShrinkCoordinator(std::vector<int>(gone.begin(), gone.end()));
+  if (!coordinator.ok()) return coordinator.status();
   const std::string child = internal::DerivedCommId(
-      *id, absl::StrCat("shrink/", ++children_, "/", absl::StrJoin(gone, ",")));
+      *id, absl::StrCat("shrink/", ++children_, "/", absl::StrJoin(gone, ",")), *coordinator);
   int newrank = rank_;
   for (int g : gone) newrank -= g < rank_ ? 1 : 0;
   return Join(core_, child, newrank, nranks_ - static_cast<int>(gone.size()), timeout);
+}
+
+absl::StatusOr<std::string> Comm::ShrinkCoordinator(const std::vector<int>& exclude) const {
+  if (core_ == nullptr || handle_ == 0) {
+    return absl::FailedPreconditionError(
+        "ShrinkCoordinator on a communicator not initialized or destroyed");
+  }
+  absl::StatusOr<v1::CommCensusResponse> c = core_->CommCensus(handle_, 0, exclude);
+  if (c.ok()) return c->coordinator();
+  if (c.status().code() == absl::StatusCode::kUnimplemented) return std::string();
+  return c.status();
+}
+
+absl::StatusOr<Comm::Lost> Comm::LostRanks(std::chrono::milliseconds timeout) const {
+  if (core_ == nullptr || handle_ == 0) {
+    return absl::FailedPreconditionError(
+        "LostRanks on a communicator not initialized or destroyed");
+  }
+  if (timeout.count() <= 0 || timeout > std::chrono::milliseconds(30000)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LostRanks: timeout ", timeout.count(), " ms not in (0, 30000]"));
+  }
+  absl::StatusOr<v1::CommCensusResponse> c =
+      core_->CommCensus(handle_, static_cast<uint32_t>(timeout.count()));
+  if (!c.ok()) return c.status();
+  Lost out;
+  out.ranks.assign(c->lost_ranks().begin(), c->lost_ranks().end());
+  out.nodes.assign(c->lost_nodes().begin(), c->lost_nodes().end());
+  out.coordinator = c->coordinator();
+  const int code = c->failure_code();
+  out.failure = code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                    ? absl::Status(static_cast<absl::StatusCode>(code), c->failure())
+                    : absl::OkStatus();
+  return out;
+}
+
+absl::StatusOr<Comm> Comm::ShrinkLost(std::chrono::milliseconds timeout) {
+  absl::StatusOr<Lost> lost = LostRanks();
+  if (!lost.ok()) return lost.status();
+  if (lost->ranks.empty()) {
+    return absl::FailedPreconditionError(
+        lost->failure.ok() ? "ShrinkLost: no rank is gone and the communicator has not failed"
+                           : absl::StrCat("ShrinkLost: no rank is gone; the communicator failed: ",
+                                          lost->failure.message()));
+  }
+  const std::set<int> gone(lost->ranks.begin(), lost->ranks.end());
+  if (gone.count(rank_) != 0 || static_cast<int>(gone.size()) >= nranks_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ShrinkLost: the daemons count this rank (", rank_, ") among the lost"));
+  }
+  absl::StatusOr<std::string> id = core_->CommIdOf(handle_);
+  if (!id.ok()) return id.status();
+  const std::string child = internal::DerivedCommId(
+      *id, absl::StrCat("shrink/", children_ + 1, "/", absl::StrJoin(gone, ",")),
+      lost->coordinator);
+  int newrank = rank_;
+  for (int g : gone) newrank -= g < rank_ ? 1 : 0;
+  absl::StatusOr<Comm> joined =
+      Join(core_, child, newrank, nranks_ - static_cast<int>(gone.size()), timeout);
+  if (joined.ok()) ++children_;
+  return joined;
 }
 
 absl::StatusOr<std::string> Comm::GrowId(int new_nranks) const {

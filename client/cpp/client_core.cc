@@ -1027,6 +1027,33 @@ absl::StatusOr<std::string> ClientCore::CommIdOf(uint64_t comm_handle) const {
   return it->second.comm_id;
 }
 
+absl::StatusOr<v1::CommCensusResponse> ClientCore::CommCensus(uint64_t comm_handle,
+                                                              uint32_t timeout_ms,
+                                                              const std::vector<int>& exclude) {
+  return WithLink<v1::CommCensusResponse>(
+      [&](Link& link) -> absl::StatusOr<v1::CommCensusResponse> {
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, std::chrono::milliseconds(timeout_ms) + internal::kRpcTimeout);
+        v1::CommCensusRequest request;
+        request.set_session_id(link.session_id);
+        request.set_timeout_ms(timeout_ms);
+        for (int r : exclude) request.add_exclude(r);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto c = comms_.find(comm_handle);
+          if (c == comms_.end()) {
+            return absl::FailedPreconditionError(
+                "communicator not initialized or already destroyed");
+          }
+          request.set_comm_handle(c->second.handle);
+        }
+        v1::CommCensusResponse response;
+        grpc::Status status = link.stub->CommCensus(&ctx, request, &response);
+        if (!status.ok()) return RpcError("CommCensus", status);
+        return response;
+      });
+}
+
 absl::Status ClientCore::DestroyComm(uint64_t comm_handle) {
   return Release(
       "DestroyComm",

@@ -149,6 +149,10 @@ class ClientCore {
   absl::Status DestroyComm(uint64_t comm_handle);
   // The comm id of a communicator of this client (by the handle callers hold).
   absl::StatusOr<std::string> CommIdOf(uint64_t comm_handle) const;
+  // Local.CommCensus of a communicator this client joined: which of its ranks are gone (or,
+  // with `exclude`, the coordinator of a shrink without those ranks).
+  absl::StatusOr<v1::CommCensusResponse> CommCensus(uint64_t comm_handle, uint32_t timeout_ms,
+                                                    const std::vector<int>& exclude = {});
 
   // Fills in session_id and request_id, registers `pending` and submits. A Submit error, or a
   // session already closed, completes `pending` with that status.

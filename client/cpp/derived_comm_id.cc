@@ -25,10 +25,12 @@ uint64_t Fnv(absl::string_view s, uint64_t h) {
 
 }  // namespace
 
-std::string DerivedCommId(absl::string_view parent, absl::string_view salt) {
-  const size_t at = parent.find('@');
-  const absl::string_view coordinator =
-      at == absl::string_view::npos ? absl::string_view() : parent.substr(at + 1);
+std::string DerivedCommId(absl::string_view parent, absl::string_view salt,
+                          absl::string_view coordinator) {
+  if (coordinator.empty()) {
+    const size_t at = parent.find('@');
+    coordinator = at == absl::string_view::npos ? absl::string_view() : parent.substr(at + 1);
+  }
   const std::string what = absl::StrCat(parent, "/", salt);
   return absl::StrCat("ry1-",
                       absl::StrFormat("%016x%016x", Fnv(what, 0xcbf29ce484222325ull),

@@ -11,7 +11,9 @@ namespace railyard::internal {
 
 // "ry1-<32 hex>@<the parent's coordinator>": the nonce hashes (parent, salt) with two FNV-1a-64
 // runs of different bases, each finished by splitmix64 (not a secret: the parent's nonce is
-// random, and the job's token guards who may join).
-std::string DerivedCommId(absl::string_view parent, absl::string_view salt);
+// random, and the job's token guards who may join). A non-empty coordinator replaces the
+// parent's (a shrink after the parent's coordinator node was lost: Local.CommCensus).
+std::string DerivedCommId(absl::string_view parent, absl::string_view salt,
+                          absl::string_view coordinator = {});
 
 }  // namespace railyard::internal

@@ -295,9 +295,15 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int exclude_count, nc
   int newrank = s->rank();
   for (int g : gone) newrank -= g < s->rank() ? 1 : 0;
   const uint64_t split = s->NextSplit();
-  const std::string child = railyard::internal::DerivedCommId(
-      s->comm_id(), absl::StrCat("shrink/", split, "/", absl::StrJoin(gone, ",")));
   if (ncclResult_t c = CheckConfig(config); c != ncclSuccess) return c;
+  // The coordinator's node may be among the excluded (dead): the daemon names the survivors'.
+  absl::StatusOr<std::string> coordinator =
+      s->comm().ShrinkCoordinator(std::vector<int>(gone.begin(), gone.end()));
+  if (!coordinator.ok()) {
+    return Fail(ncclRemoteError, absl::StrCat("ncclCommShrink: ", coordinator.status().ToString()));
+  }
+  const std::string child = railyard::internal::DerivedCommId(
+      s->comm_id(), absl::StrCat("shrink/", split, "/", absl::StrJoin(gone, ",")), *coordinator);
   return InitRank(newcomm, s->nranks() - static_cast<int>(gone.size()), child, newrank, config,
                   s->cuda_device());
 }

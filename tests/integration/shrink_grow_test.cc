@@ -130,5 +130,89 @@ TEST(ShrinkGrowTest, SurvivorsShrinkWithoutAnIdAndNewRanksGrowItBack) {
   for (Comm& c : world) c.Destroy().IgnoreError();
 }
 
+// A node dies (SIGKILL of its daemon, the communicator's coordinator): the survivors' next
+// AllReduce fails, LostRanks names the rank and node, and ShrinkLost joins the survivors'
+// communicator, coordinated by the lowest survivor's node now.
+TEST(ShrinkGrowTest, SurvivorsOfADeadCoordinatorNodeShrinkByTheDaemonsCensus) {
+  // The dead node's client must not wait for a new daemon there.
+  setenv("RAILYARD_RECONNECT_S", "0", 1);
+  VirtualCluster cluster(3, {"--peer_timeout=2s"}, PeerPlane::kInsecure);
+  ASSERT_TRUE(cluster.ready()) << cluster.Logs();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 3; ++i) {
+    auto c = Client::Connect(cluster[i].Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  auto id = clients[0]->CreateCommId();  // vnode0 coordinates
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<Comm> world(3);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        auto c = clients[r]->InitComm(*id, r, 3);
+        if (c.ok()) world[r] = *std::move(c);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(world[r].nranks(), 3) << r;
+  EXPECT_EQ(SumOfRanks(clients, {&world[0], &world[1], &world[2]}), std::vector<float>(3, 6.0f));
+
+  // Healthy: nothing is lost, and nothing to shrink; bad timeouts are refused.
+  auto none = world[1].LostRanks();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->ranks.empty());
+  EXPECT_TRUE(none->failure.ok());
+  EXPECT_EQ(none->coordinator, id->substr(id->find('@') + 1));
+  EXPECT_EQ(world[1].ShrinkLost().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(world[1].LostRanks(std::chrono::milliseconds(0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(world[1].LostRanks(std::chrono::milliseconds(30001)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  cluster[0].Kill();
+  std::vector<std::unique_ptr<Client>> sc;  // the survivors' clients
+  for (int r : {1, 2}) sc.push_back(std::move(clients[r]));
+  // Their AllReduce on the old communicator fails (a transfer to the dead node, or its silence).
+  EXPECT_EQ(SumOfRanks(sc, {&world[1], &world[2]}), std::vector<float>(2, -1.0f));
+
+  std::vector<Comm> small(2);
+  std::vector<Comm::Lost> lost(2);
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        auto l = world[i + 1].LostRanks();
+        if (l.ok()) lost[i] = *l;
+        auto c = world[i + 1].ShrinkLost(std::chrono::seconds(30));
+        if (c.ok()) small[i] = *std::move(c);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(lost[i].ranks, std::vector<int>{0}) << i;
+    ASSERT_EQ(lost[i].nodes.size(), 1u) << i;
+    EXPECT_THAT(lost[i].nodes[0], HasSubstr("vnode0"));
+    EXPECT_FALSE(lost[i].failure.ok());
+    // vnode0 coordinated: the survivors' communicator names vnode1 (rank 1's node) instead.
+    EXPECT_NE(lost[i].coordinator, id->substr(id->find('@') + 1));
+    ASSERT_EQ(small[i].nranks(), 2) << i;
+    EXPECT_EQ(small[i].rank(), i);
+  }
+  // An explicit Shrink({0}) names the same coordinator (its id is the one ShrinkLost joined).
+  auto explicit_coordinator = world[1].ShrinkCoordinator({0});
+  ASSERT_TRUE(explicit_coordinator.ok()) << explicit_coordinator.status();
+  EXPECT_EQ(*explicit_coordinator, lost[0].coordinator);
+  EXPECT_EQ(world[1].ShrinkCoordinator({7}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SumOfRanks(sc, {&small[0], &small[1]}), std::vector<float>(2, 3.0f));
+  for (Comm& c : small) EXPECT_TRUE(c.Destroy().ok());
+  for (int r : {1, 2}) world[r].Destroy().IgnoreError();
+  world[0] = Comm();  // its daemon is gone
+  unsetenv("RAILYARD_RECONNECT_S");
+}
+
 }  // namespace
 }  // namespace railyard

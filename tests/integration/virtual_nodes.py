@@ -26,6 +26,16 @@ def wait_for(what, predicate, timeout_s, interval_s=0.05):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def rank_events(tmp, rank_id):
+    """The JSON lines rank rank_id wrote so far to tmp/rank-<id>.jsonl (shrink_ranks.py), a line
+    being written excepted."""
+    path = os.path.join(tmp, f"rank-{rank_id}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
 def http_get(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, r.read().decode()

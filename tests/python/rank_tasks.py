@@ -293,6 +293,32 @@ def shrink_and_grow(rank: int, n: int, comm_id: str, grow_id_file: str) -> Dict[
     return out
 
 
+def auto_shrink_after_a_departure(rank: int, n: int, comm_id: str) -> Dict[str, Any]:
+    """n ranks of an on_failure="shrink" communicator; after one all_reduce the last rank leaves
+    (Comm.close). The others' next all_reduce fails naming it, the communicator shrinks on its
+    own, and the one after runs on the n - 1 left. Returns what each saw."""
+    import railyard
+    c = client()
+    comm = c.comm(comm_id, rank, n, timeout=OP_TIMEOUT, on_failure="shrink",
+                  shrink_timeout=OP_TIMEOUT)
+    out: Dict[str, Any] = {"first": float(comm.all_reduce(np.full(8, rank + 1, np.float64),
+                                                          timeout=OP_TIMEOUT)[0])}
+    if rank == n - 1:
+        comm.close()
+        return out
+    try:
+        comm.all_reduce(np.full(8, rank + 1, np.float64), timeout=OP_TIMEOUT)
+        out["error"] = None
+    except railyard.RailyardError as e:
+        out["error"] = type(e).__name__
+        out["message"] = e.message
+        out["lost"] = getattr(e, "lost_ranks", None)
+    out["rank"], out["nranks"], out["lost_ranks"] = comm.rank, comm.nranks, comm.lost_ranks
+    out["after"] = float(comm.all_reduce(np.full(8, rank + 1, np.float64), timeout=OP_TIMEOUT)[0])
+    comm.close()
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.distributed
 

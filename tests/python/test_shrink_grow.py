@@ -4,6 +4,7 @@ an existing rank obtains; and the derived ids agree with the C++ client's."""
 
 import os
 
+import numpy as np
 import pytest
 
 import rank_tasks
@@ -42,5 +43,47 @@ def test_bad_shrink_and_grow_arguments(client):
             comm.grow(1)
         with pytest.raises(railyard.InvalidArgumentError):
             comm.grow_id(0)
+    finally:
+        comm.close()
+
+
+def test_on_failure_shrink_goes_on_without_a_rank_that_left(ranks, client):
+    n = 3
+    comm_id = client.new_comm_id()
+    res = ranks.run(rank_tasks.auto_shrink_after_a_departure,
+                    [(r, n, comm_id) for r in range(n)], timeout=120)
+    assert [r["first"] for r in res] == [6.0, 6.0, 6.0], res
+    for r in (0, 1):
+        assert res[r]["error"] == "AbortedError", res[r]
+        assert res[r]["lost"] == [2] and res[r]["lost_ranks"] == [2], res[r]
+        assert "rank(s) 2 of 3 are gone" in res[r]["message"], res[r]
+        assert (res[r]["rank"], res[r]["nranks"]) == (r, 2), res[r]
+        assert res[r]["after"] == 3.0, res[r]  # 1 + 2
+
+
+def test_bad_on_failure_and_census_arguments(client):
+    import railyard
+    from railyard._generated import local_pb2
+    comm_id = client.new_comm_id()
+    for bad in ("restart", "", None, 1):
+        with pytest.raises(railyard.InvalidArgumentError, match="on_failure"):
+            client.comm(comm_id, 0, 1, on_failure=bad)
+    for bad in (0, -1, "5", True, float("nan")):
+        with pytest.raises(railyard.InvalidArgumentError, match="shrink_timeout"):
+            client.comm(comm_id, 0, 1, on_failure="shrink", shrink_timeout=bad)
+    comm = client.comm(comm_id, 0, 1, on_failure="shrink")
+    try:
+        healthy = client._call("CommCensus", local_pb2.CommCensusRequest(comm_handle=comm.handle))
+        assert list(healthy.lost_ranks) == [] and healthy.failure_code == 0, healthy
+        assert healthy.coordinator == comm_id.split("@", 1)[1], healthy
+        with pytest.raises(railyard.InvalidArgumentError, match="30000"):
+            client._call("CommCensus", local_pb2.CommCensusRequest(comm_handle=comm.handle,
+                                                                   timeout_ms=30001))
+        with pytest.raises(railyard.NotFoundError, match="not a communicator of this session"):
+            client._call("CommCensus", local_pb2.CommCensusRequest(comm_handle=987654))
+        # A healthy communicator's failed operation (a bad root is refused at once) shrinks nothing.
+        with pytest.raises(railyard.InvalidArgumentError):
+            comm.broadcast(np.zeros(4, np.float32), root=3)
+        assert comm.nranks == 1 and comm.lost_ranks == []
     finally:
         comm.close()

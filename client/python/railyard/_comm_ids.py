@@ -19,9 +19,11 @@ def _fnv(data: bytes, h: int) -> int:
     return _mix(h)
 
 
-def derived_comm_id(parent: str, salt: str) -> str:
-    """``ry1-<32 hex>@<the parent's coordinator>`` from (parent, salt)."""
-    coordinator = parent.split("@", 1)[1] if "@" in parent else ""
+def derived_comm_id(parent: str, salt: str, coordinator: str = "") -> str:
+    """``ry1-<32 hex>@<coordinator>`` from (parent, salt); the parent's coordinator unless one is
+    given (a shrink after the parent's coordinator node was lost)."""
+    if not coordinator:
+        coordinator = parent.split("@", 1)[1] if "@" in parent else ""
     what = f"{parent}/{salt}".encode()
     return (f"ry1-{_fnv(what, 0xCBF29CE484222325):016x}{_fnv(what, 0x84222325CBF29CE4):016x}"
             f"@{coordinator}")

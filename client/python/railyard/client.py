@@ -1497,7 +1497,8 @@ class Client:
         return self._call("CreateCommId", local_pb2.CreateCommIdRequest()).comm_id
 
     def comm(self, comm_id: str, rank: int, nranks: int,
-             timeout: Optional[float] = None, *, integrity: Optional[str] = None) -> "Comm":
+             timeout: Optional[float] = None, *, integrity: Optional[str] = None,
+             on_failure: str = "abort", shrink_timeout: Optional[float] = None) -> "Comm":
         """Joins communicator ``comm_id`` as ``rank`` of ``nranks``; returns once all have joined.
 
         Args:
@@ -1508,9 +1509,21 @@ class Client:
                 the operation with :class:`DataLossError`); ``"none"``; ``None``: the client's
                 ``integrity`` (``$RAILYARD_INTEGRITY``). The strongest any member asks for
                 applies.
+            on_failure: ``"abort"`` (a failure is the communicator's end, as NCCL's) or
+                ``"shrink"``: when ranks are gone (a dead node or process), the survivors go on
+                in a communicator without them (:class:`Comm` says how;
+                docs/fabric-failures.md).
+            shrink_timeout: seconds an automatic shrink waits for the other survivors (``None``:
+                the daemon's ``--init_timeout``).
         """
         if not 0 <= rank < nranks:
             raise _invalid(f"rank {rank} out of range for {nranks} ranks")
+        if on_failure not in ("abort", "shrink"):
+            raise _invalid(f"on_failure {on_failure!r}: expected \"abort\" or \"shrink\"")
+        if shrink_timeout is not None and (isinstance(shrink_timeout, bool) or
+                                           not isinstance(shrink_timeout, (int, float)) or
+                                           not shrink_timeout > 0):
+            raise _invalid(f"shrink_timeout {shrink_timeout!r}: expected seconds > 0 or None")
         integrity = self.integrity if integrity is None else _check_integrity(integrity)
         ms = _timeout_ms(timeout)
         deadline = _INIT_DEFAULT_DEADLINE if ms == 0 else ms / 1000.0 + _INIT_MARGIN
@@ -1521,7 +1534,8 @@ class Client:
         with self._lock:
             handle = self._new_id(response.comm_handle, "comm")
             self._comms[handle] = state
-        return Comm(self, comm_id, handle, rank, nranks, response.nnodes)
+        return Comm(self, comm_id, handle, rank, nranks, response.nnodes, on_failure,
+                    shrink_timeout)
 
     def _init_comm_on(self, link: _Link, comm_id: str, rank: int, nranks: int, timeout_ms: int,
                       integrity: str, resume_seq: int, deadline: float) -> Any:

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
 
-from . import _ring, _staging
+from . import _ring, _shrink, _staging
 from ._comm_ids import derived_comm_id
 from ._device import DeviceArray
 from ._generated import common_pb2
 from ._request import _Request
 from ._util import invalid as _invalid
-from .errors import FailedPreconditionError, RailyardError
+from .errors import FailedPreconditionError, RailyardError, UnimplementedError
 from .wire import RedOpLike, ReduceOp, dtype_number, red_op_number
 from .wire import timeout_ms as _timeout_ms
 from .work import Work, _HostOp
@@ -144,10 +145,19 @@ class Comm:
     collective) orders the operation on an accelerator stream, as NCCL does: it starts once the
     stream's earlier work is done, the stream's later work waits for it, and the call returns at
     once (``async_op=True`` needed; docs/gpu.md, "Stream ordering").
+
+    A communicator made with ``on_failure="shrink"`` outlives the loss of ranks (a dead node, a
+    killed process): the ``wait`` of an operation that failed because ranks are gone (an
+    ``async_op=False`` call waits too) first asks the daemons which ranks are gone and joins the
+    survivors' communicator in this one's place, then raises the operation's error, which names
+    the lost ranks and nodes (its ``lost_ranks`` and ``lost_nodes``). The next call runs on the
+    shrunk communicator: ``rank``, ``nranks``, ``comm_id`` and ``lost_ranks`` say what it is now
+    (docs/fabric-failures.md).
     """
 
     def __init__(self, client: Client, comm_id: str, handle: int, rank: int, nranks: int,
-                 nnodes: int) -> None:
+                 nnodes: int, on_failure: str = "abort",
+                 shrink_timeout: Optional[float] = None) -> None:
         self.client = client
         self.comm_id = comm_id
         self.handle = handle
@@ -158,6 +168,20 @@ class Comm:
         # What the client keeps to rejoin it after a reconnect (None: not one it joined).
         self._state = client._comms.get(handle)
         self._children = 0  # shrink and grow calls so far: each child's id is derived from it
+        self.on_failure = on_failure
+        self.shrink_timeout = shrink_timeout  # joining the survivors' communicator (None: daemon's)
+        # The ranks (numbered as they were then) and nodes the last automatic shrink dropped.
+        self.lost_ranks: List[int] = []
+        self.lost_nodes: List[str] = []
+        self._generation = 0  # automatic shrinks so far
+        self._shrinking = threading.Lock()
+
+    def _adopt(self, other: "Comm") -> None:
+        """Becomes ``other`` (the survivors' communicator an automatic shrink joined)."""
+        self.comm_id, self.handle, self.rank = other.comm_id, other.handle, other.rank
+        self.nranks, self.nnodes, self._state = other.nranks, other.nnodes, other._state
+        self._children = 0
+        other.handle = 0  # this object owns it now
 
     def __repr__(self) -> str:
         return (f"<railyard.Comm rank {self.rank} of {self.nranks} ({self.nnodes} node(s)) "
@@ -186,11 +210,18 @@ class Comm:
             raise _invalid(f"shrink: rank {self.rank} is in its own exclude list")
         if len(gone) == self.nranks:
             raise _invalid("shrink: every rank excluded")
+        # The coordinator's node may be among the excluded (dead): the daemon names the
+        # survivors' (a daemon from before CommCensus: the parent's).
+        try:
+            coordinator = _shrink.census(self, exclude=sorted(gone)).coordinator
+        except UnimplementedError:
+            coordinator = ""
         self._children += 1
         child = derived_comm_id(self.comm_id, f"shrink/{self._children}/"
-                                + ",".join(str(r) for r in sorted(gone)))
+                                + ",".join(str(r) for r in sorted(gone)), coordinator)
         newrank = self.rank - sum(1 for g in gone if g < self.rank)
-        return self.client.comm(child, newrank, self.nranks - len(gone), timeout)
+        return self.client.comm(child, newrank, self.nranks - len(gone), timeout,
+                                on_failure=self.on_failure, shrink_timeout=self.shrink_timeout)
 
     def grow_id(self, new_nranks: int) -> str:
         """The comm id new ranks join with when this communicator grows to ``new_nranks`` (as
@@ -205,7 +236,8 @@ class Comm:
         same order as its other ``shrink``/``grow`` calls: returns once all have joined."""
         child = self.grow_id(new_nranks)
         self._children += 1
-        return self.client.comm(child, self.rank, new_nranks, timeout)
+        return self.client.comm(child, self.rank, new_nranks, timeout,
+                                on_failure=self.on_failure, shrink_timeout=self.shrink_timeout)
 
     def __enter__(self) -> "Comm":
         return self
@@ -276,6 +308,8 @@ class Comm:
         if op != _SEND and op != _RECV:
             work._collective_of = state
         work._rerun_safe = _disjoint(send, recv)
+        if self.on_failure == "shrink":
+            work._shrink_of = (self, self._generation)
         client._submit(request, work)
         if async_op:
             return work

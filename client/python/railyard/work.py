@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import grpc
 
-from . import _ring, _staging, _streams
+from . import _ring, _shrink, _staging, _streams
 from ._util import SPAWN_HINT as _SPAWN_HINT
 from .errors import DeadlineExceededError, FailedPreconditionError, RailyardError
 
@@ -99,7 +99,7 @@ class Work(_OnRings):
     # a thread on the session rings reads them itself until _done instead.
     __slots__ = ("_done", "_event", "_lock", "_error", "_result", "_finish", "_callbacks",
                  "_seq", "_rings", "_stream_slot", "_entry", "_link", "_slot", "_rerun_safe",
-                 "_collective_of", "__weakref__")
+                 "_collective_of", "_shrink_of", "__weakref__")
 
     def __init__(self, result: Any = None,
                  finish: Optional[Callable[[bool], None]] = None,
@@ -122,6 +122,8 @@ class Work(_OnRings):
         self._slot = -1
         self._rerun_safe = False
         self._collective_of: Any = None
+        # (Comm, its generation) for a communicator made with on_failure="shrink".
+        self._shrink_of: Any = None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits until the operation completes and returns its result (the output array).
@@ -146,6 +148,10 @@ class Work(_OnRings):
                     f"operation not complete after {timeout} s (it keeps running in the daemon; "
                     "wait again or give up)")
         if self._error is not None:
+            with self._lock:
+                shrink, self._shrink_of = self._shrink_of, None
+            if shrink is not None:  # first wait of a failed operation of an on_failure="shrink" comm
+                self._error = _shrink.after_failure(shrink[0], self._error, shrink[1])
             raise self._error.with_traceback(None)
         return self._result
 

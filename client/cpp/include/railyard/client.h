@@ -197,6 +197,26 @@ class Comm {
   // INVALID_ARGUMENT for a rank out of range, this rank excluded, or every rank excluded.
   absl::StatusOr<Comm> Shrink(const std::vector<int>& exclude,
                               std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+  // After a failure (a dead node or process; as Python's on_failure="shrink" does on its own):
+  // asks the member daemons which ranks are gone (LostRanks: dead, or left) and, when some are,
+  // joins the survivors' communicator, as Shrink(lost) would (with the coordinator moved to the
+  // lowest survivor's node when the old one's node is gone). Every survivor calls it after the
+  // same failure and derives the same id from the same answer. FAILED_PRECONDITION, saying why,
+  // when no rank is gone.
+  struct Lost {
+    std::vector<int> ranks;          // ascending, numbered as in this communicator
+    std::vector<std::string> nodes;  // "name (host:port): why" of each node that did not answer
+    std::string coordinator;         // the survivors' communicator's coordinator
+    absl::Status failure;            // why this communicator failed (OK: it has not)
+  };
+  absl::StatusOr<Lost> LostRanks(std::chrono::milliseconds timeout = std::chrono::milliseconds{
+                                     2000}) const;
+  absl::StatusOr<Comm> ShrinkLost(std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+  // The coordinator ("host:port") the id of a shrink without `exclude` names, as Shrink derives
+  // it (for a library that derives the id itself, as libnccl's ncclCommShrink): this one's
+  // coordinator, unless every rank of its node is excluded. Empty from a daemon without
+  // Local.CommCensus (the parent's coordinator then).
+  absl::StatusOr<std::string> ShrinkCoordinator(const std::vector<int>& exclude) const;
   // Growing to `new_nranks` (> nranks(), as ncclCommGrow): GrowId is the comm id the new ranks
   // join with (Client::InitComm(id, rank, new_nranks), ranks nranks()..new_nranks-1), handed to
   // them by whatever means the job has; Grow is every existing rank's part (same rank numbers),
