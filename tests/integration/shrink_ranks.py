@@ -53,7 +53,7 @@ def main():
             comm.all_reduce(x, timeout=30)
         except railyard.RailyardError as e:
             lost = getattr(e, "lost_ranks", None)
-            if not lost:
+            if not getattr(e, "shrunk", False):
                 say(event="failed", error=str(e)[:2000])
                 raise
             gone = set(lost)

@@ -313,6 +313,7 @@ def auto_shrink_after_a_departure(rank: int, n: int, comm_id: str) -> Dict[str, 
         out["error"] = type(e).__name__
         out["message"] = e.message
         out["lost"] = getattr(e, "lost_ranks", None)
+        out["shrunk"] = getattr(e, "shrunk", None)
     out["rank"], out["nranks"], out["lost_ranks"] = comm.rank, comm.nranks, comm.lost_ranks
     out["after"] = float(comm.all_reduce(np.full(8, rank + 1, np.float64), timeout=OP_TIMEOUT)[0])
     comm.close()

@@ -56,6 +56,7 @@ def test_on_failure_shrink_goes_on_without_a_rank_that_left(ranks, client):
     for r in (0, 1):
         assert res[r]["error"] == "AbortedError", res[r]
         assert res[r]["lost"] == [2] and res[r]["lost_ranks"] == [2], res[r]
+        assert res[r]["shrunk"] is True, res[r]
         assert "rank(s) 2 of 3 are gone" in res[r]["message"], res[r]
         assert (res[r]["rank"], res[r]["nranks"]) == (r, 2), res[r]
         assert res[r]["after"] == 3.0, res[r]  # 1 + 2

@@ -29,10 +29,14 @@ _LOSS_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED,
                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
-def _with(error: RailyardError, note: str, lost: List[int], nodes: List[str]) -> RailyardError:
+def _with(error: RailyardError, note: str, lost: List[int], nodes: List[str],
+          shrunk: bool = False) -> RailyardError:
+    """error with note appended; lost_ranks and lost_nodes say who is gone, shrunk whether this
+    failure's wait moved the communicator to the survivors' (only one wait per loss does)."""
     out = error_from_code(error.code, f"{error.message}; {note}")
     out.lost_ranks = list(lost)  # type: ignore[attr-defined]
     out.lost_nodes = list(nodes)  # type: ignore[attr-defined]
+    out.shrunk = shrunk  # type: ignore[attr-defined]
     return out
 
 
@@ -82,8 +86,7 @@ def after_failure(comm: "Comm", error: RailyardError, generation: int) -> Railya
             return _with(error, f"rank(s) {', '.join(map(str, lost))} of {old_n} are gone{where}"
                          f"; joining the {newn} survivors' communicator {child} failed: {e}",
                          lost, nodes)
-        comm._children += 1  # as Comm.shrink counts its children
-        comm._adopt(new)
+        comm._adopt(new)  # its shrink/grow count starts again, as the child's of Comm.shrink
         comm.lost_ranks = lost
         comm.lost_nodes = nodes
         comm._generation += 1
@@ -93,4 +96,5 @@ def after_failure(comm: "Comm", error: RailyardError, generation: int) -> Railya
             pass  # the old communicator has failed already; leaving it is best effort
         return _with(error, f"rank(s) {', '.join(map(str, lost))} of {old_n} are gone{where} "
                      f"(communicator {old_id}: {answer.failure or 'failed'}); it continues "
-                     f"without them as {child}, this rank now {newrank} of {newn}", lost, nodes)
+                     f"without them as {child}, this rank now {newrank} of {newn}", lost, nodes,
+                     shrunk=True)

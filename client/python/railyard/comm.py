@@ -150,8 +150,9 @@ class Comm:
     killed process): the ``wait`` of an operation that failed because ranks are gone (an
     ``async_op=False`` call waits too) first asks the daemons which ranks are gone and joins the
     survivors' communicator in this one's place, then raises the operation's error, which names
-    the lost ranks and nodes (its ``lost_ranks`` and ``lost_nodes``). The next call runs on the
-    shrunk communicator: ``rank``, ``nranks``, ``comm_id`` and ``lost_ranks`` say what it is now
+    the lost ranks and nodes (its ``lost_ranks`` and ``lost_nodes``; ``shrunk`` is True on the
+    one error whose wait moved the communicator). The next call runs on the shrunk communicator:
+    ``rank``, ``nranks``, ``comm_id`` and ``lost_ranks`` say what it is now
     (docs/fabric-failures.md).
     """
 
