@@ -297,13 +297,12 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int exclude_count, nc
   const uint64_t split = s->NextSplit();
   if (ncclResult_t c = CheckConfig(config); c != ncclSuccess) return c;
   // The coordinator's node may be among the excluded (dead): the daemon names the survivors'.
+  // Where it cannot say (a communicator still joining), the parent's, as before it could.
   absl::StatusOr<std::string> coordinator =
       s->comm().ShrinkCoordinator(std::vector<int>(gone.begin(), gone.end()));
-  if (!coordinator.ok()) {
-    return Fail(ncclRemoteError, absl::StrCat("ncclCommShrink: ", coordinator.status().ToString()));
-  }
   const std::string child = railyard::internal::DerivedCommId(
-      s->comm_id(), absl::StrCat("shrink/", split, "/", absl::StrJoin(gone, ",")), *coordinator);
+      s->comm_id(), absl::StrCat("shrink/", split, "/", absl::StrJoin(gone, ",")),
+      coordinator.ok() ? *coordinator : std::string());
   return InitRank(newcomm, s->nranks() - static_cast<int>(gone.size()), child, newrank, config,
                   s->cuda_device());
 }
