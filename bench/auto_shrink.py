@@ -3,11 +3,12 @@
 NODES railyardd on loopback (1 rail on lo, mutual TLS), RANKS ranks each running checked float64
 AllReduces of 32 KiB (tests/integration/shrink_ranks.py). Each round SIGKILLs one rank's process
 (its daemon lives), then a whole node (its daemon and ranks; every other round the communicator's
-coordinator), and times each survivor from the kill to its first good AllReduce on the shrunk
+coordinator), then, with 4 nodes or more, freezes node 1's daemon (SIGSTOP: silent, no socket
+closed), and times each survivor from the failure to its first good AllReduce on the shrunk
 communicator. Prints, per kind of failure, the median and the worst over rounds of the slowest
 survivor's pause.
 
-    /usr/bin/python3 bench/auto_shrink.py [--nodes 3] [--ranks 2] [--rounds 5] [--build build]
+    /usr/bin/python3 bench/auto_shrink.py [--nodes 4] [--ranks 2] [--rounds 6] [--build build]
 """
 
 import argparse
@@ -55,7 +56,7 @@ def progressed(tmp, ids, more):
 
 def one_round(nodes, per, coordinator_dies, env):
     with tempfile.TemporaryDirectory(prefix="ry-autoshrink-") as tmp:
-        daemons, procs = [], {}
+        daemons, procs, frozen = [], {}, []
         try:
             for n in range(nodes):
                 proc, sock, _ = start_daemon(tmp, f"n{n}", 1, ["--peer_timeout=2s"])
@@ -86,15 +87,31 @@ def one_round(nodes, per, coordinator_dies, env):
                 alive.remove(i)
             os.kill(daemons[node][0].pid, signal.SIGKILL)
             node_pause = max(resumed(tmp, alive, len(alive), t))
+            freeze_pause = None
+            if nodes >= 4:
+                # A node that falls silent without closing a socket (a hung or partitioned
+                # machine): SIGSTOP node 1's daemon. Found by heartbeats (--peer_timeout), then
+                # the census's deadline (2 s) for its answer.
+                progressed(tmp, alive, 20)
+                t = time.time()
+                os.kill(daemons[1][0].pid, signal.SIGSTOP)
+                frozen.append(daemons[1][0])
+                for i in range(per, 2 * per):
+                    if i in alive:
+                        alive.remove(i)
+                freeze_pause = max(resumed(tmp, alive, len(alive), t))
             open(os.path.join(tmp, "stop"), "w").close()
             for i in alive:
                 procs[i].wait(timeout=60)
-            return rank_pause, node_pause
+            return rank_pause, node_pause, freeze_pause
         finally:
             for p in procs.values():
                 if p.poll() is None:
                     os.kill(p.pid, signal.SIGKILL)
                     p.wait(timeout=10)
+            for proc in frozen:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
             for proc, _ in daemons:
                 if proc.poll() is None:
                     stop(proc)
@@ -102,27 +119,30 @@ def one_round(nodes, per, coordinator_dies, env):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--build", default="build")
     a = ap.parse_args()
     build = os.path.abspath(os.path.join(REPO, a.build))
     os.environ["RAILYARDD"] = os.path.join(build, "daemon", "railyardd")
     env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
-    rank_p, node_p, coord_p = [], [], []
+    rank_p, node_p, coord_p, frozen_p = [], [], [], []
     for r in range(a.rounds):
-        rp, np_ = one_round(a.nodes, a.ranks, r % 2 == 1, env)
+        rp, np_, fp = one_round(a.nodes, a.ranks, r % 2 == 1, env)
         rank_p.append(rp)
         (coord_p if r % 2 == 1 else node_p).append(np_)
+        if fp is not None:
+            frozen_p.append(fp)
         print(f"# round {r}: rank killed {rp * 1000:.1f} ms, "
-              f"{'coordinator' if r % 2 else 'other'} node killed {np_ * 1000:.1f} ms", flush=True)
+              f"{'coordinator' if r % 2 else 'other'} node killed {np_ * 1000:.1f} ms"
+              + (f", node frozen {fp * 1000:.1f} ms" if fp is not None else ""), flush=True)
     print(f"# auto-shrink pause: {a.nodes} railyardd x {a.ranks} ranks on loopback, "
           f"--peer_timeout=2s, {a.rounds} rounds; ms from SIGKILL to the slowest survivor's "
           "first good AllReduce on the shrunk communicator")
     print(f"{'failure':>22}  {'p50':>8}  {'max':>8}  rounds")
     for name, xs in (("rank process", rank_p), ("node (not coordinator)", node_p),
-                     ("node (coordinator)", coord_p)):
+                     ("node (coordinator)", coord_p), ("node frozen (SIGSTOP)", frozen_p)):
         if xs:
             print(f"{name:>22}  {statistics.median(xs) * 1000:8.1f}  {max(xs) * 1000:8.1f}  "
                   + " ".join(f"{x * 1000:.1f}" for x in xs))

@@ -42,6 +42,8 @@ ABSL_FLAG(int, seed, 1, "job-specific base of the values (lockstep mode)");
 ABSL_FLAG(int, duration_s, 10, "how long to run (restart and latency modes)");
 ABSL_FLAG(uint64_t, bytes, 8, "bytes per operation (latency mode)");
 ABSL_FLAG(std::string, trace, "", "where latency mode writes its operations");
+ABSL_FLAG(std::string, ready_file, "",
+          "created once the communicator is joined (a test waits for it before it signals)");
 
 namespace {
 
@@ -73,6 +75,11 @@ int main(int argc, char** argv) {
   if (!buf.ok()) return Fail("allocate", buf.status());
   auto comm = (*client)->InitComm(absl::GetFlag(FLAGS_comm_id), rank, nranks);
   if (!comm.ok()) return Fail("init", comm.status());
+  if (const std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
+    std::FILE* f = std::fopen(ready.c_str(), "w");
+    if (f == nullptr) return Fail("ready_file", absl::InternalError(ready));
+    std::fclose(f);
+  }
 
   if (mode == "idle") {
     std::printf("READY\n");

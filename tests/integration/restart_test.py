@@ -42,12 +42,21 @@ def start(tmp, name, extra=()):
 
 
 def ranks(sock, node, seconds, env_extra=None):
-    comm = f"ry1-{secrets.token_hex(16)}@local:{node}"
+    """Two ranks running the matrix for `seconds` from their join; returns once both joined (a
+    test that signals after a fixed sleep otherwise raced ranks still starting on a loaded
+    machine: they joined the successor and never moved)."""
+    nonce = secrets.token_hex(16)
+    comm = f"ry1-{nonce}@local:{node}"
+    ready = [os.path.join(os.path.dirname(sock), f"joined-{nonce}-{r}") for r in range(2)]
     env = dict(os.environ, **(env_extra or {}))
-    return [subprocess.Popen(
+    procs = [subprocess.Popen(
         [os.environ["RANK_PATH"], "--mode=restart", f"--socket={sock}", f"--comm_id={comm}",
-         f"--rank={r}", "--nranks=2", f"--duration_s={seconds}", "--job=restart"],
+         f"--rank={r}", "--nranks=2", f"--duration_s={seconds}", "--job=restart",
+         f"--ready_file={ready[r]}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    wait_for("both ranks to join", lambda: all(os.path.exists(f) for f in ready)
+             or any(p.poll() is not None for p in procs), 60)
+    return procs
 
 
 def results(procs, timeout):
