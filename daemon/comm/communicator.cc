@@ -17,6 +17,11 @@ namespace {
 // How long a running multi-node operation may still finish after its communicator was aborted
 // for a reason other than a dead peer.
 constexpr absl::Duration kTransferGrace = absl::Seconds(2);
+// The same for a run whose own step failed with UNAVAILABLE (a peer's endpoint closed or broke:
+// the peer died, or aborted its side). Long enough for the peer's own reason to arrive over the
+// peer plane (milliseconds), short enough that survivors of a dead node do not wait the full
+// grace: with 4 nodes a node the dead one was not sending to waited 2 s for the others to give up.
+constexpr absl::Duration kBrokenLinkGrace = absl::Milliseconds(250);
 
 }  // namespace
 
@@ -787,7 +792,7 @@ void Communicator::Deliver(Outcomes& out) {
     if (out.abort_transfers_now) {
       AbortTransfers(out.abort_transfers);
     } else {
-      AbortTransfersAfterGrace(out.abort_transfers);
+      AbortTransfersAfterGrace(out.abort_transfers, kTransferGrace);
     }
     if (out.notify_peers && net_.notify_peers) {
       // A disagreement or corrupt data: the peers' grace lets their own diagnosis arrive.
@@ -829,7 +834,11 @@ void Communicator::Deliver(Outcomes& out) {
     // precedes). The run keeps its first error (a corrupted message's DATA_LOSS, say).
     std::weak_ptr<Communicator> weak = weak_from_this();
     p.on_failing = [weak](const absl::Status& status) {
-      if (auto self = weak.lock()) self->AbortTransfersAfterGrace(status);
+      if (auto self = weak.lock()) {
+        self->AbortTransfersAfterGrace(status, status.code() == absl::StatusCode::kUnavailable
+                                                   ? kBrokenLinkGrace
+                                                   : kTransferGrace);
+      }
     };
     digests_.Arm();
     // The run first: the digests' completions report its carried steps to it (NodeRun::Carried),
@@ -845,9 +854,9 @@ void Communicator::Deliver(Outcomes& out) {
   }
 }
 
-void Communicator::AbortTransfersAfterGrace(const absl::Status& status) {
+void Communicator::AbortTransfersAfterGrace(const absl::Status& status, absl::Duration grace) {
   std::weak_ptr<Communicator> weak = weak_from_this();
-  env_.timer->Schedule(env_.timer->Now() + kTransferGrace, [weak, status] {
+  env_.timer->Schedule(env_.timer->Now() + grace, [weak, status] {
     if (auto self = weak.lock()) self->AbortTransfers(status);
   });
 }

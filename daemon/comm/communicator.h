@@ -267,9 +267,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   bool PendingLocked(int li) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the transfers of the running multi-node operation (if one still runs).
   void AbortTransfers(const absl::Status& status);
-  // AbortTransfers once the grace (2 s) has passed: the running operation may still complete,
-  // or a better reason to fail it arrive.
-  void AbortTransfersAfterGrace(const absl::Status& status);
+  // AbortTransfers once `grace` has passed: the running operation may still complete, or a
+  // better reason to fail it arrive.
+  void AbortTransfersAfterGrace(const absl::Status& status, absl::Duration grace);
   absl::Duration TimeoutOf(const PendingRequest& r) const;
   // Posts completions, runs join callbacks and starts prepared executions. Without the lock.
   void Deliver(Outcomes& out);
