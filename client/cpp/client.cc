@@ -635,11 +635,17 @@ absl::StatusOr<Comm> Comm::Shrink(const std::vector<int>& exclude,
   absl::StatusOr<std::string> coordinator =
       ShrinkCoordinator(std::vector<int>(gone.begin(), gone.end()));
   if (!coordinator.ok()) return coordinator.status();
-  const std::string child = internal::DerivedCommId(
-      *id, absl::StrCat("shrink/", ++children_, "/", absl::StrJoin(gone, ",")), *coordinator);
+  return JoinShrunk(*id, ++children_, gone, *coordinator, timeout);
+}
+
+absl::StatusOr<Comm> Comm::JoinShrunk(const std::string& id, uint64_t child,
+                                      const std::set<int>& gone, const std::string& coordinator,
+                                      std::chrono::milliseconds timeout) const {
+  const std::string child_id = internal::DerivedCommId(
+      id, absl::StrCat("shrink/", child, "/", absl::StrJoin(gone, ",")), coordinator);
   int newrank = rank_;
   for (int g : gone) newrank -= g < rank_ ? 1 : 0;
-  return Join(core_, child, newrank, nranks_ - static_cast<int>(gone.size()), timeout);
+  return Join(core_, child_id, newrank, nranks_ - static_cast<int>(gone.size()), timeout);
 }
 
 absl::StatusOr<std::string> Comm::ShrinkCoordinator(const std::vector<int>& exclude) const {
@@ -692,13 +698,7 @@ absl::StatusOr<Comm> Comm::ShrinkLost(std::chrono::milliseconds timeout) {
   }
   absl::StatusOr<std::string> id = core_->CommIdOf(handle_);
   if (!id.ok()) return id.status();
-  const std::string child = internal::DerivedCommId(
-      *id, absl::StrCat("shrink/", children_ + 1, "/", absl::StrJoin(gone, ",")),
-      lost->coordinator);
-  int newrank = rank_;
-  for (int g : gone) newrank -= g < rank_ ? 1 : 0;
-  absl::StatusOr<Comm> joined =
-      Join(core_, child, newrank, nranks_ - static_cast<int>(gone.size()), timeout);
+  absl::StatusOr<Comm> joined = JoinShrunk(*id, children_ + 1, gone, lost->coordinator, timeout);
   if (joined.ok()) ++children_;
   return joined;
 }

@@ -268,6 +268,12 @@ void PeerPlane::Census(const std::shared_ptr<Communicator>& comm, uint32_t timeo
                                                  " ms limit")));
     return;
   }
+  if (exclude.size() > static_cast<size_t>(comm->nranks())) {
+    done(absl::InvalidArgumentError(absl::StrCat("CommCensusRequest.exclude: ", exclude.size(),
+                                                 " ranks for a ", comm->nranks(),
+                                                 "-rank communicator")));
+    return;
+  }
   for (int r : exclude) {
     if (r < 0 || r >= comm->nranks()) {
       done(absl::InvalidArgumentError(absl::StrCat("CommCensusRequest.exclude: rank ", r,

@@ -91,7 +91,7 @@ class PeerPlane {
   // Which of comm's ranks are gone (Local.CommCensus; daemon/diagnose/census.h): every other
   // member daemon's view within timeout_ms (0: 2 s); with `exclude`, no view but the layout's,
   // those ranks lost. done runs once, on this thread or another. INVALID_ARGUMENT for a timeout
-  // past 30 s or an excluded rank out of range.
+  // past 30 s, an excluded rank out of range, or more excluded ranks than comm has.
   void Census(const std::shared_ptr<Communicator>& comm, uint32_t timeout_ms,
               const std::vector<int>& exclude,
               std::function<void(const absl::StatusOr<v1::CommCensusResponse>&)> done);

@@ -80,6 +80,10 @@ def test_bad_on_failure_and_census_arguments(client):
         with pytest.raises(railyard.InvalidArgumentError, match="30000"):
             client._call("CommCensus", local_pb2.CommCensusRequest(comm_handle=comm.handle,
                                                                    timeout_ms=30001))
+        for bad in ([5], [-1], [0, 0]):  # out of range; more ranks than the communicator has
+            with pytest.raises(railyard.InvalidArgumentError, match="exclude"):
+                client._call("CommCensus", local_pb2.CommCensusRequest(comm_handle=comm.handle,
+                                                                       exclude=bad))
         with pytest.raises(railyard.NotFoundError, match="not a communicator of this session"):
             client._call("CommCensus", local_pb2.CommCensusRequest(comm_handle=987654))
         # A healthy communicator's failed operation (a bad root is refused at once) shrinks nothing.

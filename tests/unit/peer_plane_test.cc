@@ -138,6 +138,18 @@ class PeerPlaneTest : public ::testing::Test {
     return id;
   }
 
+  // Peer.AbortComm from `from` about comm: failed with code and message.
+  v1::AbortCommRequest Notice(const std::shared_ptr<Communicator>& comm, const std::string& from,
+                              absl::StatusCode code, const std::string& message) {
+    v1::AbortCommRequest abort;
+    abort.set_job_id("job");
+    abort.set_comm_id(comm->comm_id());
+    abort.set_from_node(from);
+    abort.set_code(static_cast<int>(code));
+    abort.set_message(message);
+    return abort;
+  }
+
   std::vector<float> data_ = std::vector<float>(16, 1.0f);
   std::shared_ptr<testing::RecordingSink> sink_ = std::make_shared<testing::RecordingSink>();
   testing::FakeClock clock_;
@@ -207,12 +219,8 @@ TEST_F(PeerPlaneTest, HeartbeatsAreAnsweredOnlyForMemberNodesAndNodesBeingBuilt)
 
 TEST_F(PeerPlaneTest, APeersAbortFailsTheCommunicatorOnlyFromAMemberNode) {
   const uint64_t op = Pending(comm_);
-  v1::AbortCommRequest abort;
-  abort.set_job_id("job");
-  abort.set_comm_id(comm_->comm_id());
-  abort.set_from_node("node9");
-  abort.set_code(static_cast<int>(absl::StatusCode::kDataLoss));
-  abort.set_message(std::string(5000, 'x'));
+  v1::AbortCommRequest abort =
+      Notice(comm_, "node9", absl::StatusCode::kDataLoss, std::string(5000, 'x'));
   EXPECT_EQ(plane_.AbortFromPeer(Claims(), abort).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_FALSE(comm_->failed());
 
@@ -238,12 +246,8 @@ TEST_F(PeerPlaneTest, APeersAbortFailsTheCommunicatorOnlyFromAMemberNode) {
 
 // departed_ranks: only the sender's own ranks; a clean departure fails only what needs them.
 TEST_F(PeerPlaneTest, ADepartureNoticeNamesOnlyTheSendersRanks) {
-  v1::AbortCommRequest notice;
-  notice.set_job_id("job");
-  notice.set_comm_id(comm_->comm_id());
-  notice.set_from_node("node1");
-  notice.set_code(static_cast<int>(absl::StatusCode::kAborted));
-  notice.set_message("rank 1 destroyed communicator");
+  v1::AbortCommRequest notice =
+      Notice(comm_, "node1", absl::StatusCode::kAborted, "rank 1 destroyed communicator");
   notice.add_departed_ranks(0);  // node0's (this daemon's) rank
   absl::Status s = plane_.AbortFromPeer(Claims(), notice);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -331,12 +335,8 @@ TEST_F(PeerPlaneTest, DiagnosisAsksEveryOtherMemberAndNamesTheSilentOnes) {
 // waits for its part in vain, so it fails at once; a notice about a later one leaves the grace.
 TEST_F(PeerPlaneTest, APeersUnrunSeqFailsTheRunningCollectiveAtOnceNotAfterTheGrace) {
   const uint64_t running = Pending(comm_);
-  v1::AbortCommRequest abort;
-  abort.set_job_id("job");
-  abort.set_comm_id(comm_->comm_id());
-  abort.set_from_node("node1");
-  abort.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-  abort.set_message("rank 1 left: client disconnected");
+  v1::AbortCommRequest abort =
+      Notice(comm_, "node1", absl::StatusCode::kUnavailable, "rank 1 left: client disconnected");
   abort.set_unrun_seq(comm_->ProgressState().front().seq() + 1);  // node1 runs this one
   ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());
   EXPECT_EQ(sink_->Wait(running, absl::Milliseconds(300)).status.code(),
@@ -362,12 +362,8 @@ TEST_F(PeerPlaneTest, APeersUnrunSeqFailsTheRunningCollectiveAtOnceNotAfterTheGr
 TEST_F(PeerPlaneTest, ANodeThatWillNotRunTheCollectiveTellsThePeersThatStillDo) {
   ASSERT_TRUE(comm_->Join(0, absl::Seconds(100), [](const absl::Status&) {}).ok());
   const uint64_t front = comm_->ProgressState().ranks(0).completed();
-  v1::AbortCommRequest abort;
-  abort.set_job_id("job");
-  abort.set_comm_id(comm_->comm_id());
-  abort.set_from_node("node1");
-  abort.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-  abort.set_message("rank 1 left: client disconnected");
+  v1::AbortCommRequest abort =
+      Notice(comm_, "node1", absl::StatusCode::kUnavailable, "rank 1 left: client disconnected");
   abort.set_unrun_seq(front + 1);  // node1 runs `front`; this node has not started it
   ASSERT_TRUE(plane_.AbortFromPeer(Claims(), abort).ok());
   {
@@ -447,6 +443,8 @@ TEST_F(PeerPlaneTest, ACensusCountsTheRanksEachMemberStillHas) {
   exclude = {2};
   EXPECT_EQ(census(0).status().code(), absl::StatusCode::kInvalidArgument);
   exclude = {-1};
+  EXPECT_EQ(census(0).status().code(), absl::StatusCode::kInvalidArgument);
+  exclude = {1, 1, 1};  // more than the communicator's 2 ranks
   EXPECT_EQ(census(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import grpc
 
-from ._comm_ids import derived_comm_id
 from ._generated import local_pb2
 from .errors import RailyardError, error_from_code
 
@@ -72,10 +71,7 @@ def after_failure(comm: "Comm", error: RailyardError, generation: int) -> Railya
         if not lost or comm.rank in lost:
             return error  # no rank is gone: nothing to drop
         old_id, old_handle, old_n = comm.comm_id, comm.handle, comm.nranks
-        salt = f"shrink/{comm._children + 1}/" + ",".join(str(r) for r in lost)
-        child = derived_comm_id(old_id, salt, answer.coordinator)
-        newrank = comm.rank - sum(1 for r in lost if r < comm.rank)
-        newn = old_n - len(lost)
+        child, newrank, newn = comm._shrunk(comm._children + 1, lost, answer.coordinator)
         state = comm._state
         integrity: Optional[str] = state.integrity if state is not None else None
         where = f" (node(s) {'; '.join(nodes)})" if nodes else ""

@@ -218,11 +218,19 @@ class Comm:
         except UnimplementedError:
             coordinator = ""
         self._children += 1
-        child = derived_comm_id(self.comm_id, f"shrink/{self._children}/"
-                                + ",".join(str(r) for r in sorted(gone)), coordinator)
-        newrank = self.rank - sum(1 for g in gone if g < self.rank)
-        return self.client.comm(child, newrank, self.nranks - len(gone), timeout,
+        child, newrank, newn = self._shrunk(self._children, sorted(gone), coordinator)
+        return self.client.comm(child, newrank, newn, timeout,
                                 on_failure=self.on_failure, shrink_timeout=self.shrink_timeout)
+
+    def _shrunk(self, child: int, gone: List[int], coordinator: str) -> Tuple[str, int, int]:
+        """The id, this rank's number and the size of this communicator's child-th child
+        without the ranks ``gone`` (ascending), its id naming ``coordinator`` ("": this one's);
+        shrink and the automatic shrink (_shrink.after_failure) derive it alike."""
+        child_id = derived_comm_id(self.comm_id,
+                                   f"shrink/{child}/" + ",".join(str(r) for r in gone),
+                                   coordinator)
+        return (child_id, self.rank - sum(1 for g in gone if g < self.rank),
+                self.nranks - len(gone))
 
     def grow_id(self, new_nranks: int) -> str:
         """The comm id new ranks join with when this communicator grows to ``new_nranks`` (as

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -239,6 +240,11 @@ class Comm {
   int nranks_ = 0;
   int nnodes_ = 1;
   uint64_t children_ = 0;  // Shrink and Grow calls so far: each child's id is derived from it
+  // Joins the child-th child of `id` (Shrink, ShrinkLost): this communicator without `gone`,
+  // renumbered, its id naming `coordinator` (empty: id's).
+  absl::StatusOr<Comm> JoinShrunk(const std::string& id, uint64_t child, const std::set<int>& gone,
+                                  const std::string& coordinator,
+                                  std::chrono::milliseconds timeout) const;
   // Joins comm_id as rank of nranks (Client::InitComm, Shrink, Grow).
   static absl::StatusOr<Comm> Join(const std::shared_ptr<ClientCore>& core,
                                    const std::string& comm_id, int rank, int nranks,
