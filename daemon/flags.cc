@@ -48,6 +48,10 @@ ABSL_FLAG(std::string, algo, "",
           "direct, hier, torus; empty: the tuner's choice");
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
           "A peer daemon silent this long fails the communicators it shares with this one");
+ABSL_FLAG(absl::Duration, rail_stall_timeout, absl::Seconds(10),
+          "A running operation one of whose rails delivered nothing from a peer this long, while "
+          "another rail from that peer did, fails with UNAVAILABLE naming the rail (a link "
+          "down); 0: never (the operation waits for --op_timeout)");
 ABSL_FLAG(std::string, job_tokens, "",
           "File of 'job_id token' lines: these jobs may connect with these tokens");
 ABSL_FLAG(std::string, token_key_file, "",
@@ -321,6 +325,7 @@ const std::vector<std::string>& DaemonFlagNames() {
                                    "topology",
                                    "algo",
                                    "peer_timeout",
+                                   "rail_stall_timeout",
                                    "metrics_listen",
                                    "state_dir",
                                    "admin_socket",
@@ -453,6 +458,10 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.peer_timeout = absl::GetFlag(FLAGS_peer_timeout);
   if (c.peer_timeout <= absl::ZeroDuration() || c.peer_timeout > absl::Minutes(10)) {
     return absl::InvalidArgumentError("--peer_timeout must be in (0, 10m]");
+  }
+  c.rail_stall_timeout = absl::GetFlag(FLAGS_rail_stall_timeout);
+  if (c.rail_stall_timeout < absl::ZeroDuration() || c.rail_stall_timeout > absl::Minutes(10)) {
+    return absl::InvalidArgumentError("--rail_stall_timeout must be in [0, 10m] (0: never)");
   }
   if (const std::string cpus = absl::GetFlag(FLAGS_cpus); !cpus.empty()) {
     absl::StatusOr<std::vector<int>> list = ParseCpuMask(cpus);

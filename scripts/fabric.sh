@@ -3,7 +3,7 @@
 # every link shaped to RATE in both directions, one railyardd per node (issue 14).
 #
 #   scripts/fabric.sh up --nodes K --rails R --rate RATE [--ranks-per-node G] [--pace BW|none]
-#                        [--intra BW] [--dir DIR] [--prefix P]
+#                        [--intra BW] [--dir DIR] [--prefix P] [--daemon-flags "FLAGS"]
 #   scripts/fabric.sh status [--dir DIR]
 #   scripts/fabric.sh down   [--dir DIR]
 #   scripts/fabric.sh probe  [--dir DIR] [--seconds S]   # single-TCP-flow throughput n0 -> n1
@@ -20,7 +20,8 @@
 # with --socket=DIR/n<k>.sock (Admin on DIR/n<k>.sock.admin), --peer_listen and --metrics_listen
 # on its rail0 address (ports 7077 and 9090; plaintext peer plane, --peer_insecure, and
 # --insecure_first_session_token: an emulation, not a cluster), --state_dir=DIR/n<k>.state and
-# the topology DIR/n<k>.json naming its rails (device rail<i>, speed_gbps RATE, pace). DIR/
+# the topology DIR/n<k>.json naming its rails (device rail<i>, speed_gbps RATE, pace), then
+# --daemon-flags (words split on spaces, e.g. "--rail_stall_timeout=2s"). DIR/
 # fabric.json describes the whole cluster for the cost model:
 #   railctl model allreduce --size 64MiB --topology DIR/fabric.json
 # Clients (railyard-perf, railctl) run in the host namespace: they reach a daemon over its Unix
@@ -72,9 +73,11 @@ cmd=${1:-}
 [ -n "$cmd" ] || usage
 shift
 nodes="" rails="" rate="" rpn="" pace="" intra="4GB/s" dir=/tmp/railyard-fabric prefix=ry- seconds=3
+daemon_flags=""
 while [ $# -gt 0 ]; do
   case $1 in
-    --nodes | --rails | --rate | --ranks-per-node | --pace | --intra | --dir | --prefix | --seconds)
+    --nodes | --rails | --rate | --ranks-per-node | --pace | --intra | --dir | --prefix | --seconds | \
+      --daemon-flags)
       [ $# -ge 2 ] || die 2 "$1 needs a value"
       case $1 in
         --nodes) nodes=$2 ;;
@@ -86,6 +89,7 @@ while [ $# -gt 0 ]; do
         --dir) dir=$2 ;;
         --prefix) prefix=$2 ;;
         --seconds) seconds=$2 ;;
+        --daemon-flags) daemon_flags=$2 ;;
       esac
       shift 2
       ;;
@@ -173,7 +177,7 @@ check_up_args() {
   # tbf: a burst of 4 ms at the rate (at least 16 KiB, so a GSO super-packet is not split more
   # than needed) and a queue of 25 ms: what lets one TCP flow fill the link (see the header).
   burst=$(awk -v b="$rate_bps" 'BEGIN { v = b / 8 * 0.004; if (v < 16384) v = 16384; printf "%.0f\n", v }')
-  params="nodes=$nodes rails=$rails rate=$rate_bps rpn=$rpn pace=$pace intra=$intra prefix=$prefix build=$build"
+  params="nodes=$nodes rails=$rails rate=$rate_bps rpn=$rpn pace=$pace intra=$intra prefix=$prefix build=$build flags=$daemon_flags"
 }
 
 up_failed() {
@@ -293,7 +297,8 @@ do_up() {
 }
 JSON
   record "file $dir/fabric.json"
-  local pids=()
+  local pids=() extra=()
+  read -r -a extra <<<"$daemon_flags"
   for ((k = 0; k < nodes; k++)); do
     node=n$k ns=${prefix}n$k sock=$dir/n$k.sock addr=$subnet.0.$((k + 1))
     rm -f "$sock" "$sock.admin" "$sock.fd"
@@ -308,7 +313,7 @@ JSON
     setsid ip netns exec "$ns" "$build/daemon/railyardd" --socket="$sock" \
       --insecure_first_session_token --peer_listen="$addr:$peer_port" --peer_insecure \
       --metrics_listen="$addr:$metrics_port" --node_name="$node" --topology="$dir/$node.json" \
-      --state_dir="$dir/$node.state" </dev/null >"$dir/$node.log" 2>&1 &
+      --state_dir="$dir/$node.state" "${extra[@]}" </dev/null >"$dir/$node.log" 2>&1 &
     pids+=($!)
     record "pid $!"
   done

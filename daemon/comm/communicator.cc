@@ -501,6 +501,57 @@ void Communicator::OnRunDeadline(uint64_t seq, absl::Duration limit) {
   Deliver(out);
 }
 
+std::optional<Communicator::RailSuspect> Communicator::SuspectRail(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration() || !multi_node_) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  if (!collective_running_ || state_ == State::kFailed) return std::nullopt;
+  const auto stall = scheduler::FindStalledRail(
+      node_run_.Progress(), std::chrono::steady_clock::now(), absl::ToChronoNanoseconds(timeout));
+  if (!stall) return std::nullopt;
+  return RailSuspect{*stall, collectives_.front_seq()};
+}
+
+bool Communicator::FailStalledRail(const RailSuspect& suspect, absl::Duration timeout,
+                                   const std::string& evidence) {
+  Outcomes out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!collective_running_ || state_ == State::kFailed ||
+        collectives_.front_seq() != suspect.seq) {
+      return false;
+    }
+    const auto stall = scheduler::FindStalledRail(
+        node_run_.Progress(), std::chrono::steady_clock::now(), absl::ToChronoNanoseconds(timeout));
+    if (!stall || stall->peer != suspect.stall.peer || stall->rail != suspect.stall.rail) {
+      return false;
+    }
+    auto ago = [](std::chrono::steady_clock::duration d) {
+      return absl::FormatDuration(absl::Trunc(absl::FromChrono(d), absl::Milliseconds(100)));
+    };
+    const std::string peer = NodeName(stall->peer);
+    AbortLocked(
+        absl::UnavailableError(absl::StrCat(
+            "rail", stall->rail, " between node ", NodeName(net_.my_node), " and node ", peer,
+            " stopped delivering: seq ", suspect.seq, " on communicator ", comm_id_, " waited ",
+            ago(stall->waited), " for its ", stall->send ? "send to " : "chunk from ", peer,
+            " on rail", stall->rail, " (step ", stall->step, ") and ", peer, " ", evidence,
+            stall->other_rail >= 0 ? absl::StrCat("; rail", stall->other_rail, " delivered from ",
+                                                  peer, " ", ago(stall->other_ago), " ago")
+                                   : std::string(),
+            " (a link down? --rail_stall_timeout=", absl::FormatDuration(timeout), ")")),
+        &out, /*transfers_now=*/true);
+    if (static_cast<size_t>(stall->peer) < net_.links.size()) {
+      const auto& rails = net_.links[stall->peer];
+      if (stall->rail >= 0 && static_cast<size_t>(stall->rail) < rails.size() &&
+          rails[stall->rail] != nullptr && rails[stall->rail]->stalls != nullptr) {
+        rails[stall->rail]->stalls->Increment();
+      }
+    }
+  }
+  Deliver(out);
+  return true;
+}
+
 void Communicator::OnCollectiveDone(const absl::Status& run_status) {
   std::shared_ptr<Communicator> keep;
   Outcomes out;
@@ -757,7 +808,9 @@ void Communicator::AbortLocked(const absl::Status& status, Outcomes* out, bool t
   ops_failed_ += drained.entries;
   ops_failed_ += p2p_.DrainLocked(status, out);
   // A rank leaving an idle communicator is how jobs end: only failed work is worth a warning.
-  const size_t failed = out->completions.size() + out->joins.size() - failed_before;
+  // A running collective whose transfers fail now fails too (its completion comes later).
+  const size_t failed = out->completions.size() + out->joins.size() - failed_before +
+                        (collective_running_ && transfers_now ? 1 : 0);
   if (env_.metrics != nullptr) {
     if (failed > 0) env_.metrics->CountCommAbort();
     if (status.code() == absl::StatusCode::kDeadlineExceeded) env_.metrics->CountOpTimeout();

@@ -34,6 +34,7 @@
 #include "daemon/scheduler/merge.h"
 #include "daemon/scheduler/node_executor.h"
 #include "daemon/scheduler/op.h"
+#include "daemon/scheduler/rail_stall.h"
 #include "daemon/scheduler/schedule.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/session/completion_sink.h"
@@ -174,6 +175,24 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // will not run an earlier one (its ranks had not started it), it tells the other daemons so.
   void Abort(const absl::Status& status, bool notify = true, bool transfers_now = true,
              std::optional<uint64_t> unrun_seq = std::nullopt);
+
+  // A rail of the running operation that may have stopped delivering: a transfer on it has
+  // waited `timeout` with nothing from its peer on it since (scheduler::FindStalledRail), with
+  // the seq running. A link that goes down leaves its TCP connections open and silent, so without
+  // this the operation would wait for its deadline (--op_timeout). nullopt: none, nothing runs,
+  // failed, one node, or timeout <= 0. A late peer looks the same here: PeerPlane asks the peer's
+  // view (diagnose::PeerConfirmsRailStall) before it calls FailStalledRail.
+  struct RailSuspect {
+    scheduler::RailStall stall;
+    uint64_t seq = 0;
+  };
+  std::optional<RailSuspect> SuspectRail(absl::Duration timeout);
+  // Fails the running operation, and so the communicator, with UNAVAILABLE naming the rail, both
+  // nodes and the peer's evidence (a phrase after its name), when it still runs suspect.seq and
+  // that rail is still silent (checked again now); tells the other daemons and counts it in the
+  // link's stalls. Returns whether it did.
+  bool FailStalledRail(const RailSuspect& suspect, absl::Duration timeout,
+                       const std::string& evidence);
 
   bool failed() const;
   // Why it failed (OK while it has not).

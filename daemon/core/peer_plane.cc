@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/comm/peer_input.h"
 #include "daemon/diagnose/census.h"
+#include "daemon/diagnose/rail_check.h"
 #include "daemon/diagnose/verdicts.h"
 #include "daemon/util/log.h"
 
@@ -17,6 +18,8 @@ namespace {
 
 constexpr uint32_t kDefaultDiagnoseTimeoutMs = 2000;
 constexpr uint32_t kMaxDiagnoseTimeoutMs = 30000;
+// How long a rail check waits for the peer's view (Communicator::SuspectRail).
+constexpr absl::Duration kRailCheckTimeout = absl::Seconds(2);
 constexpr uint32_t kDefaultStallMs = 1000;
 
 bool Matches(const Communicator& comm, const std::string& comm_id, const std::string& job) {
@@ -137,9 +140,11 @@ void PeerPlane::CountBuilding(const std::vector<std::string>& nodes, int delta) 
 void PeerPlane::Tick() {
   // The peers live communicators need, gathered before mu_ (each comm takes its own lock).
   std::map<std::string, std::vector<std::shared_ptr<Communicator>>> by_peer;
+  std::vector<std::shared_ptr<Communicator>> live;
   for (const auto& comm : deps_.comms->Snapshot()) {
     if (!comm->multi_node() || comm->failed()) continue;
     for (const auto& addr : comm->LivePeerAddresses()) by_peer[addr].push_back(comm);
+    live.push_back(comm);
   }
   std::vector<std::pair<std::string, std::string>> dead;  // (address, last error)
   {
@@ -162,6 +167,7 @@ void PeerPlane::Tick() {
     }
     timer_id_ = deps_.timer->Schedule(now + options_.heartbeat_interval, [this] { Tick(); });
   }
+  for (const auto& comm : live) CheckRails(comm);
   for (const auto& [addr, error] : dead) {
     if (deps_.metrics != nullptr) deps_.metrics->CountPeerFailure();
     for (const auto& comm : by_peer[addr]) {
@@ -184,6 +190,39 @@ void PeerPlane::Tick() {
                              }
                            });
   }
+}
+
+void PeerPlane::CheckRails(const std::shared_ptr<Communicator>& comm) {
+  const std::optional<Communicator::RailSuspect> suspect =
+      comm->SuspectRail(options_.rail_stall_timeout);
+  if (!suspect) return;
+  const int peer = suspect->stall.peer;
+  if (peer < 0 || static_cast<size_t>(peer) >= comm->node_addresses().size() ||
+      static_cast<size_t>(peer) >= comm->node_names().size()) {
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_ || !rail_checks_.insert(comm->comm_id()).second) return;  // one at a time
+  }
+  // The peer's view tells a rail that lost what it carried from a peer that is late.
+  v1::PeerCommStateRequest req;
+  req.set_job_id(comm->job());
+  req.set_comm_id(comm->comm_id());
+  req.set_from_node(options_.node_name);
+  deps_.peers->GetCommState(
+      comm->node_addresses()[peer], comm->node_names()[peer], req, kRailCheckTimeout,
+      [this, comm, s = *suspect](const absl::StatusOr<v1::CommState>& view) {
+        {
+          absl::MutexLock lock(&mu_);
+          rail_checks_.erase(comm->comm_id());
+        }
+        if (!view.ok()) return;  // a silent peer is the heartbeats' to judge
+        const std::optional<std::string> evidence = diagnose::PeerConfirmsRailStall(
+            *view, {s.seq, comm->my_node(), s.stall.rail,
+                    absl::ToDoubleSeconds(options_.rail_stall_timeout)});
+        if (evidence) comm->FailStalledRail(s, options_.rail_stall_timeout, *evidence);
+      });
 }
 
 v1::CommState PeerPlane::LocalCommState(const std::shared_ptr<Communicator>& comm) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ class PeerPlane {
     std::string node_name;                                 // this daemon, as its peers know it
     absl::Duration heartbeat_interval = absl::Seconds(1);  // --heartbeat_interval
     absl::Duration peer_timeout = absl::Seconds(10);       // --peer_timeout
+    // Each heartbeat interval, a running operation whose rail stopped delivering this long fails
+    // (Communicator::CheckRails); 0: never.
+    absl::Duration rail_stall_timeout = absl::Seconds(10);  // --rail_stall_timeout
   };
   // Everything here must outlive this PeerPlane's Stop() (the daemon's members). metrics may be
   // null (nothing counted); sessions may be null (no pids in the views).
@@ -99,6 +103,9 @@ class PeerPlane {
  private:
   // One round of heartbeats (the timer runs it every heartbeat_interval after Start).
   void Tick();
+  // Asks the peer of a rail comm suspects (Communicator::SuspectRail) for its view and fails the
+  // operation when the view confirms the rail stopped delivering (diagnose::rail_check.h).
+  void CheckRails(const std::shared_ptr<Communicator>& comm);
   bool SharesCommWith(const std::string& node);
   absl::StatusOr<std::shared_ptr<Communicator>> MemberComm(
       const PeerIdentity& who, absl::string_view rpc, absl::string_view field,
@@ -124,6 +131,8 @@ class PeerPlane {
   std::map<std::string, std::string> last_error_ ABSL_GUARDED_BY(mu_);
   // The other nodes of multi-node communicators being built here (by name, how many builds).
   std::map<std::string, int> building_ ABSL_GUARDED_BY(mu_);
+  // Communicators (by id) whose rail check waits for the peer's view.
+  std::set<std::string> rail_checks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace railyard

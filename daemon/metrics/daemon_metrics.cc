@@ -91,6 +91,10 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
           "railyard_peer_rejected_messages_total",
           "Messages that arrived for a receive on the link without the communicator's data "
           "secret (or with a wrong frame or length): dropped, the receive posted again")),
+      link_stalls_(registry_.AddCounter(
+          "railyard_link_stalls_total",
+          "Operations failed because the link (this rail to that peer) delivered nothing for "
+          "--rail_stall_timeout while another rail from the same peer did: a rail down")),
       coll_ops_(registry_.AddCounter("railyard_collective_ops_total",
                                      "Collectives completed on this node, by op, algorithm, "
                                      "power-of-4 size bucket (bytes, lower bound) and job")),
@@ -220,6 +224,7 @@ const LinkCounters* DaemonMetrics::ForLink(const std::string& peer, const std::s
     const Labels link{{"node", node_}, {"peer", peer}, {"rail", rail}};
     slot->integrity_errors = &link_integrity_errors_.Add(link);
     slot->rejected_messages = &peer_rejected_.Add(link);
+    slot->stalls = &link_stalls_.Add(link);
   }
   return slot.get();
 }

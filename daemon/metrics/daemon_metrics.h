@@ -43,6 +43,9 @@ struct LinkCounters {
   // Received messages that were not the member's (wrong secret, magic or length): dropped, and
   // the receive posted again (daemon/transport/framed_endpoint.h).
   Counter* rejected_messages = nullptr;
+  // Operations failed because this rail stopped delivering from the peer while another rail
+  // still did (--rail_stall_timeout, daemon/scheduler/rail_stall.h): a link down.
+  Counter* stalls = nullptr;
   // Compressed operations (docs/compression.md): the float32 bytes their messages stood for, and
   // the bytes those messages took (also counted in tx_bytes/rx_bytes, with the exact traffic).
   Counter* tx_uncompressed_bytes = nullptr;
@@ -183,6 +186,7 @@ class DaemonMetrics {
   Family<Gauge>& link_throughput_;
   Family<Counter>& link_integrity_errors_;
   Family<Counter>& peer_rejected_;
+  Family<Counter>& link_stalls_;
   Family<Counter>& coll_ops_;
   Family<Counter>& coll_bytes_;
   Family<Histogram>& coll_latency_;

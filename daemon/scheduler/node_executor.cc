@@ -82,12 +82,12 @@ void NodeRun::Start(const Params& params, std::function<void(absl::Status)> done
     progress_schedule_ = params.schedule_owner;
     if (n > progress_capacity_) {  // reused while schedules fit: no allocation per operation
       issued_ns_ = std::make_unique<std::atomic<int64_t>[]>(n);
-      finished_ = std::make_unique<std::atomic<bool>[]>(n);
+      finished_ = std::make_unique<std::atomic<int64_t>[]>(n);
       progress_capacity_ = n;
     }
     for (uint32_t i = 0; i < n; ++i) {
       issued_ns_[i].store(0, std::memory_order_relaxed);
-      finished_[i].store(false, std::memory_order_relaxed);
+      finished_[i].store(0, std::memory_order_relaxed);
     }
     progress_steps_ = n;
     issued_ = issued_ns_.get();
@@ -291,8 +291,21 @@ RunProgress NodeRun::Progress() const {
   const auto& steps = progress_schedule_->steps;
   out.steps_total = progress_steps_;
   for (uint32_t i = 0; i < progress_steps_ && i < steps.size(); ++i) {
-    if (finished_[i].load(std::memory_order_relaxed)) {
+    if (const int64_t finished = finished_[i].load(std::memory_order_relaxed); finished != 0) {
       ++out.steps_done;
+      if (finished > 1) {
+        const NodeStep& s = steps[i];
+        const auto at =
+            std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(finished));
+        auto seen = std::find_if(
+            out.received.begin(), out.received.end(),
+            [&](const RunProgress::Received& r) { return r.peer == s.peer && r.rail == s.rail; });
+        if (seen == out.received.end()) {
+          out.received.push_back({s.peer, s.rail, at});
+        } else if (at > seen->last) {
+          seen->last = at;
+        }
+      }
       continue;
     }
     const int64_t issued = issued_ns_[i].load(std::memory_order_relaxed);
@@ -381,7 +394,11 @@ absl::Status NodeRun::RunLocal(uint32_t i) {
 }
 
 void NodeRun::Finished(uint32_t i, const absl::Status& status) {
-  done_flags_[i].store(true, std::memory_order_relaxed);
+  int64_t finished = 1;
+  if (status.ok() && p_.schedule->steps[i].kind == NodeStep::Kind::kRecv) {
+    finished = std::chrono::steady_clock::now().time_since_epoch().count();
+  }
+  done_flags_[i].store(finished, std::memory_order_relaxed);
   if (status.ok() && i < final_writes_.size() && final_writes_[i]) {
     // Before any step that depends on it starts: a later write of the same bytes is told later.
     const NodeStep& s = p_.schedule->steps[i];

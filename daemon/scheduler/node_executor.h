@@ -59,9 +59,17 @@ struct RunProgress {
     uint64_t bytes = 0;
     std::chrono::steady_clock::time_point issued;
   };
+  // The last receive from `peer` on `rail` that arrived in this run (one entry per pair that
+  // delivered any): the evidence that a rail, not its peer, stopped (rail_stall.h).
+  struct Received {
+    int peer = 0;
+    int rail = 0;
+    std::chrono::steady_clock::time_point last;
+  };
   uint32_t steps_total = 0;
   uint32_t steps_done = 0;
   std::vector<Transfer> transfers;  // issued and not finished, by step
+  std::vector<Received> received;
 };
 
 class NodeRun {
@@ -174,16 +182,17 @@ class NodeRun {
   std::atomic<uint32_t> remaining_{0};  // steps not yet finished
   std::atomic<uint32_t> in_flight_{0};  // steps started and not finished
   // Per step, for Progress(): when its transfer was issued (steady clock ns; 0: not issued) and
-  // whether it finished. Replaced by Start under progress_mu_, which Progress() holds.
+  // when it finished (steady clock ns for a receive whose bytes arrived, 1 for any other step;
+  // 0: not finished). Replaced by Start under progress_mu_, which Progress() holds.
   mutable absl::Mutex progress_mu_;
   std::unique_ptr<std::atomic<int64_t>[]> issued_ns_ ABSL_GUARDED_BY(progress_mu_);
-  std::unique_ptr<std::atomic<bool>[]> finished_ ABSL_GUARDED_BY(progress_mu_);
+  std::unique_ptr<std::atomic<int64_t>[]> finished_ ABSL_GUARDED_BY(progress_mu_);
   uint32_t progress_steps_ ABSL_GUARDED_BY(progress_mu_) = 0;
   uint32_t progress_capacity_ ABSL_GUARDED_BY(progress_mu_) = 0;
   std::shared_ptr<const NodeSchedule> progress_schedule_ ABSL_GUARDED_BY(progress_mu_);
   // The same arrays, for the steps themselves (valid while the run that Start made them for runs).
   std::atomic<int64_t>* issued_ = nullptr;
-  std::atomic<bool>* done_flags_ = nullptr;
+  std::atomic<int64_t>* done_flags_ = nullptr;
   // This run's carried steps (Params::carried); few (one send and one receive per peer at most),
   // in an array reused while they fit.
   std::unique_ptr<CarriedStep[]> carried_;

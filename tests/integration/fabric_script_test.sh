@@ -7,28 +7,9 @@
 #   tests/integration/fabric_script_test.sh          # binaries from ${RAILYARD_BUILD_DIR:-build}
 # Exits 77 (ctest SKIP_RETURN_CODE) with the reason when not root or without ip netns / tc.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-# shellcheck source=scripts/lib/netns.sh
-. "$root/scripts/lib/netns.sh"
-build=${RAILYARD_BUILD_DIR:-$root/build}
-case $build in /*) ;; *) build=$root/$build ;; esac
-export RAILYARD_BUILD_DIR=$build
-fabric=$root/scripts/fabric.sh
-
-skip() {
-  echo "SKIP: fabric_script_test: $1"
-  exit 77
-}
-fail() {
-  echo "FAIL: fabric_script_test: $1" >&2
-  [ -n "${dir:-}" ] && for f in "$dir"/n*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -20 "$f" >&2; }; done
-  exit 1
-}
-if why=$(netns_unavailable); then skip "$why"; fi
-command -v tc >/dev/null 2>&1 || skip "no tc command (iproute2's tc)"
-for b in daemon/railyardd tools/railctl tools/railyard-perf; do
-  [ -x "$build/$b" ] || fail "no $build/$b (build first)"
-done
+TEST=fabric_script_test
+# shellcheck source=tests/integration/fabric_test_lib.sh
+. "$(dirname "$0")/fabric_test_lib.sh"
 
 dir=$(mktemp -d /tmp/railyard-fabric-test.XXXXXX)
 prefix=rt$(($$ % 100000))-

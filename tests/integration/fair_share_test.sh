@@ -12,30 +12,11 @@
 #   - set-weight refuses a weight out of range and a bad job id, with exit 1 and the reason.
 # Exits 77 (ctest SKIP_RETURN_CODE) with the reason when not root or without ip netns / tc.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-# shellcheck source=scripts/lib/netns.sh
-. "$root/scripts/lib/netns.sh"
-build=${RAILYARD_BUILD_DIR:-$root/build}
-case $build in /*) ;; *) build=$root/$build ;; esac
-export RAILYARD_BUILD_DIR=$build
-fabric=$root/scripts/fabric.sh
+TEST=fair_share_test
+# shellcheck source=tests/integration/fabric_test_lib.sh
+. "$(dirname "$0")/fabric_test_lib.sh"
 ctl=$build/tools/railctl
 perf=$build/tools/railyard-perf
-
-skip() {
-  echo "SKIP: fair_share_test: $1"
-  exit 77
-}
-fail() {
-  echo "FAIL: fair_share_test: $1" >&2
-  [ -n "${dir:-}" ] && for f in "$dir"/n*.log "$dir"/perf-*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -15 "$f" >&2; }; done
-  exit 1
-}
-if why=$(netns_unavailable); then skip "$why"; fi
-command -v tc >/dev/null 2>&1 || skip "no tc command (iproute2's tc)"
-for b in daemon/railyardd tools/railctl tools/railyard-perf; do
-  [ -x "$build/$b" ] || fail "no $build/$b (build first)"
-done
 
 dir=$(mktemp -d /tmp/railyard-fair-test.XXXXXX)
 prefix=rq$(($$ % 100000))-

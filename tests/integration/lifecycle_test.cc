@@ -284,6 +284,11 @@ TEST(LifecycleTest, FlagsComeFromTheEnvironmentAndBadValuesAreRefused) {
   std::string output;
   EXPECT_EQ(ExitCodeWithEnv(dir, "RAILYARD_OP_TIMEOUT", "soon", &output), 2);
   EXPECT_THAT(output, HasSubstr("RAILYARD_OP_TIMEOUT=soon"));
+  // --rail_stall_timeout: 0 turns the rail watch off; negative or past 10 minutes is refused.
+  for (const char* bad : {"-1s", "11m"}) {
+    EXPECT_EQ(ExitCodeWithEnv(dir, "RAILYARD_RAIL_STALL_TIMEOUT", bad, &output), 2) << bad;
+    EXPECT_THAT(output, HasSubstr("--rail_stall_timeout must be in [0, 10m] (0: never)")) << bad;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "daemon/diagnose/rail_check.h"
 #include "daemon/scheduler/executor.h"
 #include "daemon/scheduler/tags.h"
 #include "daemon/util/deadline_timer.h"
@@ -25,6 +26,7 @@ namespace {
 using scheduler::OpKind;
 using testing::FakeClock;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using testing::RecordingSink;
 
 // A rank's float buffer and the request that reduces it in place.
@@ -1030,6 +1032,126 @@ TEST_F(TwoDaemonsTest, APeersCleanDepartureFailsOnlyWhatNeedsItsRanks) {
   EXPECT_THAT(coll.status().message(), HasSubstr("rank 1 destroyed communicator departed"));
   EXPECT_EQ(comm->NodeOfRank(1), 1);
   EXPECT_EQ(comm->NodeOfRank(7), -1);
+}
+
+// A rail whose link went down: sends on it complete (into a socket buffer, as UCX's eager sends
+// do) and deliver nothing; receives on it wait until aborted.
+class DeadRailEndpoint final : public transport::Endpoint {
+ public:
+  void SendV(transport::Tag, const transport::Segment*, int,
+             transport::CompletionFn done) override {
+    done(absl::OkStatus());
+  }
+  void RecvV(transport::Tag, const transport::Segment*, int,
+             transport::RecvCompletionFn done) override {
+    absl::MutexLock lock(&mu_);
+    recvs_.push_back(std::move(done));
+  }
+  void Abort(const absl::Status& status) override {
+    std::vector<transport::RecvCompletionFn> recvs;
+    {
+      absl::MutexLock lock(&mu_);
+      recvs.swap(recvs_);
+    }
+    for (auto& done : recvs) done(status, 0);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<transport::RecvCompletionFn> recvs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Two nodes x 2 ranks on 2 rails (local rank i on rail i), rhd: ranks 0 and 2 exchange on
+// rail 0, ranks 1 and 3 on rail 1. dead_rail1: rail 1 between the nodes delivers nothing.
+class TwoRailsTest : public TwoDaemonsTest {
+ protected:
+  std::shared_ptr<Communicator> MakeTwoRails(int me, const std::string& id, bool dead_rail1) {
+    MultiNodeEnv net;
+    net.layout = scheduler::CommLayout::Uniform(2, 2, 2);
+    net.my_node = me;
+    net.node_names = {"node0", "node1"};
+    net.node_addresses = {"a0", "a1"};
+    net.endpoints.assign(2, {});
+    const int peer = 1 - me;
+    // Both rails ride the in-process fabric's one rail: tags are unique across rails.
+    net.endpoints[peer] = {nodes_.Connect(me, peer), dead_rail1
+                                                         ? std::make_shared<DeadRailEndpoint>()
+                                                         : nodes_.Connect(me, peer)};
+    net.node_slots = {1, 2};
+    return std::make_shared<Communicator>(id, "job-" + id, Env("rhd"), std::move(net));
+  }
+};
+
+// A rail that delivers nothing becomes a suspect past the timeout; each node's view confirms
+// the other's suspicion (both wait on rail 1), and failing it fails the operation with
+// UNAVAILABLE naming the rail, both nodes and the evidence.
+TEST_F(TwoRailsTest, ARailThatStopsDeliveringFailsTheOperationNamingIt) {
+  std::shared_ptr<Communicator> c0 = MakeTwoRails(0, "rails", true);
+  std::shared_ptr<Communicator> c1 = MakeTwoRails(1, "rails", true);
+  JoinAll(*c0, {0, 1});
+  JoinAll(*c1, {2, 3});
+  std::vector<RankBuffer> b(4, RankBuffer{std::vector<float>(1 << 16, 1.0f)});
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE((r < 2 ? c0 : c1)->Submit(b[r].Request(10 + r, r, OpKind::kAllReduce, sink_)).ok());
+  }
+  // Rail 0's exchange completes at once; rail 1's never does.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(c0->SuspectRail(absl::Seconds(10)).has_value());
+  const auto suspect = c0->SuspectRail(absl::Milliseconds(200));
+  ASSERT_TRUE(suspect.has_value());
+  EXPECT_EQ(suspect->seq, 0u);
+  EXPECT_EQ(suspect->stall.peer, 1);
+  EXPECT_EQ(suspect->stall.rail, 1);
+  EXPECT_EQ(suspect->stall.other_rail, 0);
+  const auto evidence = diagnose::PeerConfirmsRailStall(c1->ProgressState(), {0, 0, 1, 0.2});
+  ASSERT_TRUE(evidence.has_value());
+  EXPECT_THAT(*evidence, MatchesRegex("waits [0-9.]+ s for its chunk from node0 on rail1 too"));
+  // A suspect about another seq (the operation it named is over) fails nothing.
+  EXPECT_FALSE(c0->FailStalledRail({suspect->stall, 1}, absl::Milliseconds(200), *evidence));
+  EXPECT_FALSE(c0->failed());
+  ASSERT_TRUE(c0->FailStalledRail(*suspect, absl::Milliseconds(200), *evidence));
+  for (uint64_t id : {10, 11}) {
+    const auto c = sink_->Wait(id);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+    EXPECT_THAT(c.status.message(),
+                HasSubstr("rail1 between node node0 and node node1 stopped delivering: seq 0"));
+    EXPECT_THAT(c.status.message(), HasSubstr("and node1 waits"));
+    EXPECT_THAT(c.status.message(), HasSubstr("; rail0 delivered from node1"));
+  }
+  EXPECT_TRUE(c0->failed());
+  EXPECT_FALSE(c0->SuspectRail(absl::Milliseconds(200)).has_value());  // once
+  EXPECT_FALSE(c0->FailStalledRail(*suspect, absl::Milliseconds(200), *evidence));
+  // The peer fails the same way (over the daemons it is also told, Peer.AbortComm).
+  const auto theirs = c1->SuspectRail(absl::Milliseconds(200));
+  ASSERT_TRUE(theirs.has_value());
+  ASSERT_TRUE(c1->FailStalledRail(*theirs, absl::Milliseconds(200), "finished seq 0"));
+  for (uint64_t id : {12, 13}) {
+    EXPECT_EQ(sink_->Wait(id).status.code(), absl::StatusCode::kUnavailable);
+  }
+}
+
+// A peer whose ranks have not submitted yet delivers on no rail: a suspect here, but its view
+// (nothing pending, seq 0 not finished) confirms nothing: late, not a rail down.
+TEST_F(TwoRailsTest, APeerThatHasNotStartedConfirmsNoRailDown) {
+  std::shared_ptr<Communicator> c0 = MakeTwoRails(0, "late", false);
+  std::shared_ptr<Communicator> c1 = MakeTwoRails(1, "late", false);
+  JoinAll(*c0, {0, 1});
+  JoinAll(*c1, {2, 3});
+  std::vector<RankBuffer> b(2, RankBuffer{std::vector<float>(1024, 1.0f)});
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(c0->Submit(b[r].Request(20 + r, r, OpKind::kAllReduce, sink_)).ok());
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  const auto suspect = c0->SuspectRail(absl::Milliseconds(100));
+  ASSERT_TRUE(suspect.has_value());
+  EXPECT_EQ(suspect->stall.other_rail, -1);
+  EXPECT_FALSE(
+      diagnose::PeerConfirmsRailStall(c1->ProgressState(), {0, 0, suspect->stall.rail, 0.1})
+          .has_value());
+  EXPECT_FALSE(c0->failed());
+  c0->Abort(absl::CancelledError("test over"));
+  c1->Abort(absl::CancelledError("test over"));
+  for (uint64_t id : {20, 21}) EXPECT_FALSE(sink_->Wait(id).status.ok());
 }
 
 TEST_F(TwoDaemonsTest, AStalledPeerFailsTheOperationAtItsDeadline) {
