@@ -38,7 +38,7 @@ struct DaemonConfig {
   std::string algo;
   // A peer daemon that has not answered heartbeats for this long fails its communicators.
   absl::Duration peer_timeout = absl::Seconds(10);
-  absl::Duration rail_stall_timeout = absl::Seconds(10);  // 0: never
+  absl::Duration rail_stall_timeout = absl::Seconds(60);  // 0: never
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Socket serving the Admin API (railctl), created mode 0600; never the client socket. Empty:
   // "<socket>.admin" (AdminSocketPath). Where tenants may be root in their own mount namespace

@@ -48,10 +48,11 @@ ABSL_FLAG(std::string, algo, "",
           "direct, hier, torus; empty: the tuner's choice");
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
           "A peer daemon silent this long fails the communicators it shares with this one");
-ABSL_FLAG(absl::Duration, rail_stall_timeout, absl::Seconds(10),
-          "A running operation one of whose rails delivered nothing from a peer this long, while "
-          "another rail from that peer did, fails with UNAVAILABLE naming the rail (a link "
-          "down); 0: never (the operation waits for --op_timeout)");
+ABSL_FLAG(absl::Duration, rail_stall_timeout, absl::Seconds(60),
+          "A running operation waiting on a rail that delivered nothing from a peer this long, "
+          "while the peer confirms it sent, fails with UNAVAILABLE naming the rail (a link down); "
+          "shorter outages only pause it (TCP resends once the link is back); 0: never (the "
+          "operation waits for --op_timeout)");
 ABSL_FLAG(std::string, job_tokens, "",
           "File of 'job_id token' lines: these jobs may connect with these tokens");
 ABSL_FLAG(std::string, token_key_file, "",

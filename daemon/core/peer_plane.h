@@ -43,7 +43,7 @@ class PeerPlane {
     absl::Duration peer_timeout = absl::Seconds(10);       // --peer_timeout
     // Each heartbeat interval, a running operation whose rail stopped delivering this long fails
     // (Communicator::CheckRails); 0: never.
-    absl::Duration rail_stall_timeout = absl::Seconds(10);  // --rail_stall_timeout
+    absl::Duration rail_stall_timeout = absl::Seconds(60);  // --rail_stall_timeout
   };
   // Everything here must outlive this PeerPlane's Stop() (the daemon's members). metrics may be
   // null (nothing counted); sessions may be null (no pids in the views).

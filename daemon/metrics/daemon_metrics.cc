@@ -94,7 +94,7 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
       link_stalls_(registry_.AddCounter(
           "railyard_link_stalls_total",
           "Operations failed because the link (this rail to that peer) delivered nothing for "
-          "--rail_stall_timeout while another rail from the same peer did: a rail down")),
+          "--rail_stall_timeout while the peer confirmed it was sending: a rail down")),
       coll_ops_(registry_.AddCounter("railyard_collective_ops_total",
                                      "Collectives completed on this node, by op, algorithm, "
                                      "power-of-4 size bucket (bytes, lower bound) and job")),

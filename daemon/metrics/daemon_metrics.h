@@ -43,8 +43,8 @@ struct LinkCounters {
   // Received messages that were not the member's (wrong secret, magic or length): dropped, and
   // the receive posted again (daemon/transport/framed_endpoint.h).
   Counter* rejected_messages = nullptr;
-  // Operations failed because this rail stopped delivering from the peer while another rail
-  // still did (--rail_stall_timeout, daemon/scheduler/rail_stall.h): a link down.
+  // Operations failed because this rail stopped delivering from the peer while the peer
+  // confirmed it was sending (--rail_stall_timeout, daemon/diagnose/rail_check.h): a link down.
   Counter* stalls = nullptr;
   // Compressed operations (docs/compression.md): the float32 bytes their messages stood for, and
   // the bytes those messages took (also counted in tx_bytes/rx_bytes, with the exact traffic).

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # A rail whose link goes down under a running job (issue 58): on scripts/fabric.sh, 2 nodes x 2
-# rails at 200 Mbit/s, daemons with --rail_stall_timeout=2s, railyard-perf runs AllReduces of
-# 256 KiB with 2 ranks per daemon (local rank i on rail i). `ip link set rail1 down` on n1: the
-# operation must fail with UNAVAILABLE naming rail1 and both nodes within a few seconds (not
-# hang until --op_timeout, 300 s, as before), railyard_link_stalls_total must count it on rail1
-# and not on rail0, and once the link is up again a new communicator must run with the data
-# check. Until rail failover exists, failing fast and saying why is the behaviour.
+# rails at 200 Mbit/s, daemons with --rail_stall_timeout=6s, railyard-perf runs AllReduces of
+# 256 KiB with 2 ranks per daemon (local rank i on rail i).
+#  - A 1 s outage of rail1 on n1 (a flap) only pauses the job: TCP resends once the link is
+#    back; every operation succeeds with the data check.
+#  - An outage that lasts fails the operation with UNAVAILABLE naming rail1, both nodes and the
+#    peer's evidence within the timeout and a few seconds (not at --op_timeout, 300 s, as
+#    before); railyard_link_stalls_total counts it on rail1 and not on rail0.
+#  - Once the link is up again a new communicator runs with the data check.
+# Until rail failover exists, pausing through a flap and failing fast, saying why, on a dead
+# rail is the behaviour.
 #   tests/integration/rail_down_test.sh          # binaries from ${RAILYARD_BUILD_DIR:-build}
 # Exits 77 (ctest SKIP_RETURN_CODE) with the reason when not root or without ip netns / tc.
 set -euo pipefail
@@ -24,18 +28,39 @@ cleanup() {
 trap cleanup EXIT
 
 "$fabric" up --nodes 2 --rails 2 --rate 200mbit --dir "$dir" --prefix "$prefix" \
-  --daemon-flags "--rail_stall_timeout=2s" || fail "fabric.sh up failed"
+  --daemon-flags "--rail_stall_timeout=6s" || fail "fabric.sh up failed"
 perf=("$build/tools/railyard-perf" --op allreduce -b 256K -e 256K --ranks-per-daemon 2
   --daemons "$dir/n0.sock,$dir/n1.sock")
+
+# wait_started: until railyard-perf ($perf_pid, output $1) has its communicator.
+wait_started() {
+  for _ in $(seq 200); do
+    grep -q 'communicator ry1-' "$1" && return 0
+    kill -0 "$perf_pid" 2>/dev/null || fail "railyard-perf ended before the link went down"
+    sleep 0.05
+  done
+  fail "railyard-perf made no communicator in 10 s"
+}
+
+# A flap: 1 s down, then up. About 7 s of AllReduces, checked.
+"${perf[@]}" -n 500 -w 1 -c 1 >"$dir/perf-flap.txt" 2>&1 &
+perf_pid=$!
+wait_started "$dir/perf-flap.txt"
+sleep 1
+ip -n "${prefix}n1" link set rail1 down
+sleep 1
+ip -n "${prefix}n1" link set rail1 up
+rc=0
+wait "$perf_pid" || rc=$?
+perf_pid=""
+[ "$rc" = 0 ] || fail "a 1 s outage failed the job (exit $rc)"
+grep -q '^# Out of bounds values : 0 OK' "$dir/perf-flap.txt" || fail "the data check failed"
+echo "a 1 s outage of rail1: every operation succeeded, results exact"
 
 # Far more iterations than the test lasts: the link goes down under a running operation.
 "${perf[@]}" -n 1000000 -w 1 -c 0 >"$dir/perf-down.txt" 2>&1 &
 perf_pid=$!
-for _ in $(seq 200); do
-  grep -q 'communicator ry1-' "$dir/perf-down.txt" && break
-  kill -0 "$perf_pid" 2>/dev/null || fail "railyard-perf ended before the link went down"
-  sleep 0.05
-done
+wait_started "$dir/perf-down.txt"
 sleep 1 # a second of AllReduces on both rails
 kill -0 "$perf_pid" 2>/dev/null || fail "railyard-perf ended before the link went down"
 ip -n "${prefix}n1" link set rail1 down
@@ -59,8 +84,8 @@ grep -q 'UNAVAILABLE: allreduce of 262144 bytes .*: rail1 between node n[01] and
   "$dir/perf-down.txt" || fail "the error does not name rail1 and the nodes"
 grep -Eq 'and n[01] (waits [0-9.]+ s for its chunk from n[01] on rail1 too|finished seq [0-9]+)' \
   "$dir/perf-down.txt" || fail "the error gives no evidence from the peer"
-# 2 s of stall, up to 1 s to the next check, a grace for a loaded machine; before: --op_timeout.
-awk -v t="$took" 'BEGIN { exit !(t < 15) }' || fail "the failure took ${took} s"
+# 6 s of stall, up to 1 s to the next check, a grace for a loaded machine; before: --op_timeout.
+awk -v t="$took" 'BEGIN { exit !(t >= 6 && t < 20) }' || fail "the failure took ${took} s"
 
 stalls() {  # RAIL: railyard_link_stalls_total{rail=RAIL} summed over both nodes
   local k sum=0 v
