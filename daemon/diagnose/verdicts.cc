@@ -199,6 +199,7 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
   // By cause: a silent peer or a stalled link first, then a lost message, a peer that has not
   // started, a peer still on its way.
   std::vector<std::pair<int, std::string>> links;
+  std::set<std::pair<int, int>> mutual_pairs;  // (node, node) reported as waiting on each other
   for (const auto& [i, st] : by_node) {
     if (!st->has_front() || !st->front().running()) continue;
     const v1::OpProgress& op = st->front();
@@ -243,6 +244,32 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
           absl::StrAppend(&v, name_of(peer), " completed seq ", op.seq(),
                           " (the message was lost or went elsewhere)");
         } else if (ps.has_front() && ps.front().seq() == op.seq() && ps.front().running()) {
+          // Each waiting for the other: in a schedule that is right, waits cannot form a cycle
+          // unless what one of them sent was lost. On the same rail (both receiving: their sends
+          // left into a link that delivers nothing), that link. Reported once per pair.
+          const v1::TransferProgress* mutual = nullptr;
+          for (const v1::TransferProgress& pt : ps.front().transfers()) {
+            if (pt.peer_node() != i || pt.age_seconds() < stall_s) continue;
+            const bool better =
+                mutual == nullptr || (pt.rail() == t->rail()) > (mutual->rail() == t->rail());
+            if (better) mutual = &pt;
+          }
+          if (mutual != nullptr) {
+            if (!mutual_pairs.insert({std::min(i, peer), std::max(i, peer)}).second) continue;
+            cause = 1;
+            absl::StrAppend(
+                &v, name_of(peer),
+                mutual->send() ? " waits for its send to " : " waits for a chunk from ", name_of(i),
+                " on rail", mutual->rail(), mutual->rail() == t->rail() ? " too" : "", ", since ",
+                Seconds(mutual->age_seconds()),
+                mutual->rail() == t->rail()
+                    ? " (neither side's data arrives: the link is down, cut or very slow)"
+                    : absl::StrCat(" (each waits for the other: what one sent was "
+                                   "lost, on rail",
+                                   t->rail(), " or rail", mutual->rail(), ")"));
+            links.emplace_back(cause, std::move(v));
+            continue;
+          }
           if (stalled(ps)) continue;  // a chain: the peer's own wait is the finding
           cause = 4;
           absl::StrAppend(&v, name_of(peer), " runs seq ", op.seq(), " (step ",

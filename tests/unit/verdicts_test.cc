@@ -149,6 +149,34 @@ TEST(VerdictsTest, AStalledLinkNamesBothEndsAndTheRail) {
             "reports that send in flight (link stalled)");
 }
 
+// A link down: both nodes' sends left (into the socket), both wait for the other's chunk on
+// rail1. Neither wait is a chain of the other's (before, each was taken for the other's chain
+// and the communicator was called healthy): the link is the finding, once.
+TEST(VerdictsTest, TwoNodesWaitingForEachOtherOnOneRailNameTheLinkOnce) {
+  auto n0 = Node(0, 41, 41, 40), n2 = Node(2, 41, 41, 40);
+  auto* f0 = Front(&n0, 40, "allreduce", 1 << 20, 45, {0, 1});
+  f0->set_running(true);
+  AddTransfer(f0, /*send=*/false, /*peer=*/2, /*rail=*/1, 43.5, 26);
+  auto* f2 = Front(&n2, 40, "allreduce", 1 << 20, 45, {4, 5});
+  f2->set_running(true);
+  AddTransfer(f2, /*send=*/false, /*peer=*/0, /*rail=*/1, 43.4, 22);
+  const v1::CommDiagnosis d = Diagnose({n0, n2}, {}, absl::Seconds(1));
+  EXPECT_FALSE(d.healthy());
+  ASSERT_EQ(d.verdicts_size(), 1) << d.DebugString();
+  EXPECT_EQ(d.verdicts(0),
+            "seq 40 step 26: n0 waits for a chunk from n2 on rail1 (64 KiB) since 44 s; n2 waits "
+            "for a chunk from n0 on rail1 too, since 43 s (neither side's data arrives: the link "
+            "is down, cut or very slow)");
+  // On another rail each, waits in a cycle still mean something sent was lost.
+  f2->mutable_transfers(0)->set_rail(0);
+  const v1::CommDiagnosis cycle = Diagnose({n0, n2}, {}, absl::Seconds(1));
+  ASSERT_EQ(cycle.verdicts_size(), 1) << cycle.DebugString();
+  EXPECT_EQ(cycle.verdicts(0),
+            "seq 40 step 26: n0 waits for a chunk from n2 on rail1 (64 KiB) since 44 s; n2 waits "
+            "for a chunk from n0 on rail0, since 43 s (each waits for the other: what one sent "
+            "was lost, on rail1 or rail0)");
+}
+
 TEST(VerdictsTest, ADaemonThatDoesNotAnswerIsAFindingAndExplainsTheWait) {
   auto n0 = Node(0, 8, 8, 7), n1 = Node(1, 8, 8, 7);
   auto* f0 = Front(&n0, 7, "allreduce", 256, 12, {0, 1});
