@@ -42,7 +42,7 @@ class PeerPlane {
     absl::Duration heartbeat_interval = absl::Seconds(1);  // --heartbeat_interval
     absl::Duration peer_timeout = absl::Seconds(10);       // --peer_timeout
     // Each heartbeat interval, a running operation whose rail stopped delivering this long fails
-    // (Communicator::CheckRails); 0: never.
+    // once the peer confirms it (CheckRails); 0: never.
     absl::Duration rail_stall_timeout = absl::Seconds(60);  // --rail_stall_timeout
   };
   // Everything here must outlive this PeerPlane's Stop() (the daemon's members). metrics may be

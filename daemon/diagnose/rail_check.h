@@ -1,11 +1,11 @@
 // Whether a peer's view of a communicator (Peer.GetCommState, the view railctl diagnose gathers)
 // confirms that a rail between it and this node stopped delivering, given a suspect this node's
 // run found (scheduler::FindStalledRail: a transfer with that peer on that rail has waited past
-// the timeout with nothing from the peer on the rail since). Confirmed when the peer has finished
-// the operation (everything it sent for it left long ago: the bytes were lost on the way), or
-// runs it and itself waits at least as long on a transfer with this node on the same rail. A
-// peer that has not started the operation, waits for another node, or failed, confirms nothing:
-// it is late, not cut off. Pure: unit tested with hand-made views.
+// the timeout with nothing from the peer on the rail for as long). Confirmed when the peer has
+// finished the operation (everything it sent for it left long ago: the bytes were lost on the
+// way), or runs it and itself waits at least as long on a transfer with this node on the same
+// rail. A peer that has not started the operation, waits for another node, or failed, confirms
+// nothing: it is late, not cut off. Pure: unit tested with hand-made views.
 #pragma once
 
 #include <optional>

@@ -245,8 +245,9 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
                           " (the message was lost or went elsewhere)");
         } else if (ps.has_front() && ps.front().seq() == op.seq() && ps.front().running()) {
           // Each waiting for the other: in a schedule that is right, waits cannot form a cycle
-          // unless what one of them sent was lost. On the same rail (both receiving: their sends
-          // left into a link that delivers nothing), that link. Reported once per pair.
+          // unless what one of them sent has not arrived (lost, or crawling). On the same rail
+          // (both receiving: their sends left into a link that delivers nothing), that link.
+          // Reported once per pair.
           const v1::TransferProgress* mutual = nullptr;
           for (const v1::TransferProgress& pt : ps.front().transfers()) {
             if (pt.peer_node() != i || pt.age_seconds() < stall_s) continue;
@@ -264,8 +265,8 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
                 Seconds(mutual->age_seconds()),
                 mutual->rail() == t->rail()
                     ? " (neither side's data arrives: the link is down, cut or very slow)"
-                    : absl::StrCat(" (each waits for the other: what one sent was "
-                                   "lost, on rail",
+                    : absl::StrCat(" (each waits for the other: what one sent has not "
+                                   "arrived, on rail",
                                    t->rail(), " or rail", mutual->rail(), ")"));
             links.emplace_back(cause, std::move(v));
             continue;

@@ -174,7 +174,7 @@ TEST(VerdictsTest, TwoNodesWaitingForEachOtherOnOneRailNameTheLinkOnce) {
   EXPECT_EQ(cycle.verdicts(0),
             "seq 40 step 26: n0 waits for a chunk from n2 on rail1 (64 KiB) since 44 s; n2 waits "
             "for a chunk from n0 on rail0, since 43 s (each waits for the other: what one sent "
-            "was lost, on rail1 or rail0)");
+            "has not arrived, on rail1 or rail0)");
 }
 
 TEST(VerdictsTest, ADaemonThatDoesNotAnswerIsAFindingAndExplainsTheWait) {
