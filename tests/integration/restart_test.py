@@ -242,31 +242,41 @@ def test_a_daemonset_pod_takes_over_when_one_serves_and_the_old_one_idles():
 
 def test_a_communicator_spanning_nodes_fails_fast_across_a_handover_and_says_why():
     # Not carried across a restart yet (docs/restarts.md): its ranks are told so at once, no
-    # rank waits out the reconnect window for peers that will not rejoin.
-    tmp_a = tempfile.mkdtemp(prefix="ry-restart-mn-a-")
-    tmp_b = tempfile.mkdtemp(prefix="ry-restart-mn-b-")
+    # rank waits out the reconnect window for peers that will not rejoin. A communicator of two
+    # other daemons (node-b and node-c, a bystander of node-a's handover; node-b also serves the
+    # one that fails) runs on throughout and fails nothing.
+    tmps = [tempfile.mkdtemp(prefix=f"ry-restart-mn-{n}-") for n in "abc"]
     peer = ["--peer_listen=127.0.0.1:0", "--peer_insecure"]
-    a, sock_a, _, log_a = start(tmp_a, "a0", peer + ["--node_name=node-a"])
-    b, sock_b, _, _ = start(tmp_b, "b0", peer + ["--node_name=node-b"])
+    a, sock_a, _, log_a = start(tmps[0], "a0", peer + ["--node_name=node-a"])
+    b, sock_b, _, log_b = start(tmps[1], "b0", peer + ["--node_name=node-b"])
+    c, sock_c, _, _ = start(tmps[2], "c0", peer + ["--node_name=node-c"])
     new = None
     try:
-        addr = re.search(r"coordinator=(\S+)", open(log_a).read()).group(1)
-        comm = f"ry1-{secrets.token_hex(16)}@{addr}"
-        procs = [subprocess.Popen(
-            [os.environ["RANK_PATH"], "--mode=restart", f"--socket={s}", f"--comm_id={comm}",
-             f"--rank={r}", "--nranks=2", "--duration_s=4", "--job=restart"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for r, s in ((0, sock_a), (1, sock_b))]
+        def rank_pair(coordinator_log, socks, seconds):
+            addr = re.search(r"coordinator=(\S+)", open(coordinator_log).read()).group(1)
+            comm = f"ry1-{secrets.token_hex(16)}@{addr}"
+            return [subprocess.Popen(
+                [os.environ["RANK_PATH"], "--mode=restart", f"--socket={s}", f"--comm_id={comm}",
+                 f"--rank={r}", "--nranks=2", f"--duration_s={seconds}", "--job=restart"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for r, s in enumerate(socks)]
+
+        procs = rank_pair(log_a, (sock_a, sock_b), 4)
+        bystanders = rank_pair(log_b, (sock_b, sock_c), 8)
         time.sleep(2)
         started = time.monotonic()
-        new, _, _, _ = start(tmp_a, "a1", peer + ["--node_name=node-a", "--takeover"])
+        new, _, _, _ = start(tmps[0], "a1", peer + ["--node_name=node-a", "--takeover"])
         outs = results(procs, 60)
         assert time.monotonic() - started < 30, "no rank waited out the reconnect window"
         counts, text = outs[0]
         assert counts["ok"] > 0 and counts["wrong"] == 0, text[-2000:]
         assert "spans 2 nodes" in text, text[-2000:]
         assert outs[1][0]["wrong"] == 0, outs[1][1][-2000:]
+        for counts, text in results(bystanders, 60):
+            assert counts["ok"] > 0, text[-2000:]
+            assert counts["failed"] == 0 and counts["wrong"] == 0, text[-2000:]
+            assert counts["reconnects"] == 0, text[-2000:]
     finally:
-        for d in (a, b, new):
+        for d in (a, b, c, new):
             if d is not None:
                 stop(d)
