@@ -1,7 +1,8 @@
 """deploy/prometheus: the alerting rules pass `promtool check rules` and their unit tests
 (`promtool test rules alerts_test.yml`), prometheus.yml loads them, and they watch what the
-daemon exports: every rule is on railyard_comm_stalled_seconds, and the warning fires before the
-default --op_timeout fails the stalled op (after which `railctl diagnose` has nothing to show)."""
+daemon exports: the collective rules are on railyard_comm_stalled_seconds, and the warning fires
+before the default --op_timeout fails the stalled op (after which `railctl diagnose` has nothing
+to show); the rail rule is on railyard_link_stalls_total, one alert per link."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ RULES = os.path.join(PROM_DIR, "alerts.yml")
 RULES_TEST = os.path.join(PROM_DIR, "alerts_test.yml")
 CONFIG = os.path.join(PROM_DIR, "prometheus.yml")
 DASHBOARD = os.path.join(dm.REPO, "deploy", "grafana", "railyard.json")
-ALERTS = {"RailyardCollectiveStalled": "warning", "RailyardCollectiveHung": "critical"}
+COLLECTIVE_ALERTS = {"RailyardCollectiveStalled": "warning", "RailyardCollectiveHung": "critical"}
+LINK_ALERTS = {"RailyardRailDown": "warning"}
+ALERTS = {**COLLECTIVE_ALERTS, **LINK_ALERTS}
 
 
 def promtool(*args):
@@ -85,7 +88,8 @@ def test_prometheus_config_loads_the_rules():
 def test_rules_watch_the_stall_gauge_per_job_and_daemon():
     by_name = {r["alert"]: r for r in rules()}
     assert set(by_name) == set(ALERTS)
-    for name, rule in by_name.items():
+    for name in COLLECTIVE_ALERTS:
+        rule = by_name[name]
         assert "railyard_comm_stalled_seconds" in rule["expr"], name
         # One alert per job and daemon: the operator needs both to run railctl diagnose.
         assert re.search(r"by \(job, instance\)", rule["expr"]), name
@@ -94,6 +98,24 @@ def test_rules_watch_the_stall_gauge_per_job_and_daemon():
             text = rule["annotations"][key]
             assert "{{ $labels.job }}" in text and "{{ $labels.instance }}" in text, (name, key)
         assert "railctl diagnose --job {{ $labels.job }}" in rule["annotations"]["description"]
+
+
+def test_the_rail_rule_watches_the_link_stall_counter_per_link():
+    by_name = {r["alert"]: r for r in rules()}
+    for name, severity in LINK_ALERTS.items():
+        rule = by_name[name]
+        assert "increase(railyard_link_stalls_total[" in rule["expr"], name
+        # One alert per link: the operator needs the node, the peer and the rail to check it.
+        assert re.search(r"by \(instance, node, peer, rail\)", rule["expr"]), name
+        assert threshold(rule["expr"]) == 0, name
+        assert rule["labels"]["severity"] == severity
+        for key in ("summary", "description"):
+            text = rule["annotations"][key]
+            for label in ("node", "peer", "rail"):
+                assert "{{ $labels.%s }}" % label in text, (name, key, label)
+    # The counter the rule watches is the daemon's.
+    with open(os.path.join(dm.REPO, "daemon", "metrics", "daemon_metrics.cc")) as f:
+        assert '"railyard_link_stalls_total"' in f.read()
 
 
 def test_warning_fires_before_the_default_op_timeout():
@@ -117,9 +139,11 @@ def test_unit_tests_cover_every_alert_firing_and_not():
         mine = [c for c in cases if c["alertname"] == name]
         assert any(c["exp_alerts"] for c in mine), f"no test where {name} fires"
         assert any(not c["exp_alerts"] for c in mine), f"no test where {name} stays silent"
+        labels = ({"job", "instance", "severity"} if name in COLLECTIVE_ALERTS
+                  else {"instance", "node", "peer", "rail", "severity"})
         for c in mine:
             for a in c["exp_alerts"]:
-                assert {"job", "instance", "severity"} <= set(a["exp_labels"]), (name, c)
+                assert labels <= set(a["exp_labels"]), (name, c)
                 assert "railctl diagnose --job" in a["exp_annotations"]["description"]
 
 
