@@ -543,8 +543,9 @@ bool Communicator::FailStalledRail(const RailSuspect& suspect, absl::Duration ti
     if (static_cast<size_t>(stall->peer) < net_.links.size()) {
       const auto& rails = net_.links[stall->peer];
       if (stall->rail >= 0 && static_cast<size_t>(stall->rail) < rails.size() &&
-          rails[stall->rail] != nullptr && rails[stall->rail]->stalls != nullptr) {
-        rails[stall->rail]->stalls->Increment();
+          rails[stall->rail] != nullptr) {
+        if (rails[stall->rail]->stalls != nullptr) rails[stall->rail]->stalls->Increment();
+        if (rails[stall->rail]->up != nullptr) rails[stall->rail]->up->Set(0);
       }
     }
   }

@@ -189,8 +189,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::optional<RailSuspect> SuspectRail(absl::Duration timeout);
   // Fails the running operation, and so the communicator, with UNAVAILABLE naming the rail, both
   // nodes and the peer's evidence (a phrase after its name), when it still runs suspect.seq and
-  // that rail is still silent (checked again now); tells the other daemons and counts it in the
-  // link's stalls. Returns whether it did.
+  // that rail is still silent (checked again now); tells the other daemons, counts it in the
+  // link's stalls and sets the link's up gauge to 0. Returns whether it did.
   bool FailStalledRail(const RailSuspect& suspect, absl::Duration timeout,
                        const std::string& evidence);
 

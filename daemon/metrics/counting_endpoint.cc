@@ -40,6 +40,8 @@ void CountingEndpoint::RecvV(transport::Tag tag, const transport::Segment* segme
         if (s.ok()) {
           link->rx_bytes->Increment(static_cast<double>(length));
           link->rx_messages->Increment();
+          // Read first: the line stays shared while the link is up, as it almost always is.
+          if (link->up != nullptr && link->up->Value() != 1.0) link->up->Set(1.0);
           if (job != nullptr) job->Increment(static_cast<double>(length));
         } else {
           link->rx_errors->Increment();

@@ -95,6 +95,10 @@ DaemonMetrics::DaemonMetrics(std::string node_name, std::string version, uint64_
           "railyard_link_stalls_total",
           "Operations failed because the link (this rail to that peer) delivered nothing for "
           "--rail_stall_timeout while the peer confirmed it was sending: a rail down")),
+      link_up_(registry_.AddGauge(
+          "railyard_link_up",
+          "1 while the link (this rail to that peer) delivers or nothing is known against it; 0 "
+          "from a stall (railyard_link_stalls_total) until a message arrives on it again")),
       coll_ops_(registry_.AddCounter("railyard_collective_ops_total",
                                      "Collectives completed on this node, by op, algorithm, "
                                      "power-of-4 size bucket (bytes, lower bound) and job")),
@@ -225,6 +229,8 @@ const LinkCounters* DaemonMetrics::ForLink(const std::string& peer, const std::s
     slot->integrity_errors = &link_integrity_errors_.Add(link);
     slot->rejected_messages = &peer_rejected_.Add(link);
     slot->stalls = &link_stalls_.Add(link);
+    slot->up = &link_up_.Add(link);
+    slot->up->Set(1);
   }
   return slot.get();
 }

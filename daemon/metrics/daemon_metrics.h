@@ -46,6 +46,9 @@ struct LinkCounters {
   // Operations failed because this rail stopped delivering from the peer while the peer
   // confirmed it was sending (--rail_stall_timeout, daemon/diagnose/rail_check.h): a link down.
   Counter* stalls = nullptr;
+  // 1 while the link delivers (or nothing is known against it); 0 from a stall (above) until a
+  // message arrives on it again.
+  Gauge* up = nullptr;
   // Compressed operations (docs/compression.md): the float32 bytes their messages stood for, and
   // the bytes those messages took (also counted in tx_bytes/rx_bytes, with the exact traffic).
   Counter* tx_uncompressed_bytes = nullptr;
@@ -187,6 +190,7 @@ class DaemonMetrics {
   Family<Counter>& link_integrity_errors_;
   Family<Counter>& peer_rejected_;
   Family<Counter>& link_stalls_;
+  Family<Gauge>& link_up_;
   Family<Counter>& coll_ops_;
   Family<Counter>& coll_bytes_;
   Family<Histogram>& coll_latency_;

@@ -6,8 +6,9 @@
 #    back; every operation succeeds with the data check.
 #  - An outage that lasts fails the operation with UNAVAILABLE naming rail1, both nodes and the
 #    peer's evidence within the timeout and a few seconds (not at --op_timeout, 300 s, as
-#    before); railyard_link_stalls_total counts it on rail1 and not on rail0.
-#  - Once the link is up again a new communicator runs with the data check.
+#    before); railyard_link_stalls_total counts it on rail1 and not on rail0, and
+#    railyard_link_up is 0 for rail1 on the node that found it.
+#  - Once the link is up again a new communicator runs with the data check, and the link is up.
 # Until rail failover exists, pausing through a flap and failing fast, saying why, on a dead
 # rail is the behaviour.
 #   tests/integration/rail_down_test.sh          # binaries from ${RAILYARD_BUILD_DIR:-build}
@@ -87,18 +88,22 @@ grep -Eq 'and n[01] (waits [0-9.]+ s for its chunk from n[01] on rail1 too|finis
 # 6 s of stall, up to 1 s to the next check, a grace for a loaded machine; before: --op_timeout.
 awk -v t="$took" 'BEGIN { exit !(t >= 6 && t < 20) }' || fail "the failure took ${took} s"
 
-stalls() {  # RAIL: railyard_link_stalls_total{rail=RAIL} summed over both nodes
-  local k sum=0 v
-  for k in 0 1; do
-    v=$(ip netns exec "${prefix}n$k" curl -sf --max-time 5 "http://10.77.0.$((k + 1)):9090/metrics" |
-      awk -v r="rail=\"$1\"" 'index($0, "railyard_link_stalls_total{") == 1 && index($0, r) { s += $2 }
-        END { print s + 0 }') || fail "cannot scrape /metrics of n$k"
-    sum=$((sum + v))
-  done
-  echo "$sum"
+metric() {  # NAME NODE RAIL: the sample of NAME{rail=RAIL} on node NODE (0 or 1)
+  ip netns exec "${prefix}n$2" curl -sf --max-time 5 "http://10.77.0.$(($2 + 1)):9090/metrics" |
+    awk -v m="$1{" -v r="rail=\"$3\"" 'index($0, m) == 1 && index($0, r) { s += $2 }
+      END { print s + 0 }' || fail "cannot scrape /metrics of n$2"
 }
-s1=$(stalls rail1) s0=$(stalls rail0)
-echo "railyard_link_stalls_total: rail1 $s1, rail0 $s0"
+s1=0 s0=0
+for k in 0 1; do
+  n1=$(metric railyard_link_stalls_total "$k" rail1) n0=$(metric railyard_link_stalls_total "$k" rail0)
+  up1=$(metric railyard_link_up "$k" rail1) up0=$(metric railyard_link_up "$k" rail0)
+  echo "n$k: railyard_link_stalls_total rail1 $n1 rail0 $n0, railyard_link_up rail1 $up1 rail0 $up0"
+  s1=$((s1 + n1)) s0=$((s0 + n0))
+  # The node that found the stall marks the link down; the other was told (Peer.AbortComm).
+  if [ "$n1" -ge 1 ] && [ "$up1" != 0 ]; then fail "n$k counted a stall on rail1 but its link is up"; fi
+  [ "$n1" != 0 ] || [ "$up1" = 1 ] || fail "n$k marks rail1 down without a stall"
+  [ "$up0" = 1 ] || fail "n$k marks rail0 down"
+done
 if [ "$s1" -lt 1 ] || [ "$s1" -gt 2 ]; then fail "rail1 stalls counted $s1 (want 1, or 2 when both nodes saw it)"; fi
 [ "$s0" = 0 ] || fail "rail0 counted $s0 stalls"
 
@@ -106,4 +111,7 @@ ip -n "${prefix}n1" link set rail1 up
 timeout 120 "${perf[@]}" -n 20 -w 1 -c 1 >"$dir/perf-up.txt" 2>&1 ||
   fail "a new communicator failed once rail1 was up again"
 grep -q '^# Out of bounds values : 0 OK' "$dir/perf-up.txt" || fail "the data check failed after"
+for k in 0 1; do
+  [ "$(metric railyard_link_up "$k" rail1)" = 1 ] || fail "n$k's rail1 is not up once it delivers again"
+done
 echo "PASS: rail_down_test"
