@@ -540,13 +540,9 @@ bool Communicator::FailStalledRail(const RailSuspect& suspect, absl::Duration ti
                                    : std::string(),
             " (a link down? --rail_stall_timeout=", absl::FormatDuration(timeout), ")")),
         &out, /*transfers_now=*/true);
-    if (static_cast<size_t>(stall->peer) < net_.links.size()) {
-      const auto& rails = net_.links[stall->peer];
-      if (stall->rail >= 0 && static_cast<size_t>(stall->rail) < rails.size() &&
-          rails[stall->rail] != nullptr) {
-        if (rails[stall->rail]->stalls != nullptr) rails[stall->rail]->stalls->Increment();
-        if (rails[stall->rail]->up != nullptr) rails[stall->rail]->up->Set(0);
-      }
+    if (const metrics::LinkCounters* link = LinkAt(stall->peer, stall->rail)) {
+      if (link->stalls != nullptr) link->stalls->Increment();
+      if (link->up != nullptr) link->up->Set(0);
     }
   }
   Deliver(out);
@@ -603,17 +599,21 @@ void Communicator::OnCollectiveDone(const absl::Status& run_status) {
   Deliver(out);
 }
 
+const metrics::LinkCounters* Communicator::LinkAt(int node, int rail) const {
+  if (node < 0 || static_cast<size_t>(node) >= net_.links.size() || rail < 0 ||
+      static_cast<size_t>(rail) >= net_.links[node].size()) {
+    return nullptr;
+  }
+  return net_.links[node][rail];
+}
+
 void Communicator::CountCompressedBytesLocked() {
   if (node_schedule_ == nullptr) return;
   for (const scheduler::NodeStep& s : node_schedule_->steps) {
     if (s.aux == 0) continue;
     const bool send = s.kind == scheduler::NodeStep::Kind::kSend;
     if (!send && s.kind != scheduler::NodeStep::Kind::kRecv) continue;
-    if (s.peer < 0 || static_cast<size_t>(s.peer) >= net_.links.size() || s.rail < 0 ||
-        static_cast<size_t>(s.rail) >= net_.links[s.peer].size()) {
-      continue;
-    }
-    const metrics::LinkCounters* link = net_.links[s.peer][s.rail];
+    const metrics::LinkCounters* link = LinkAt(s.peer, s.rail);
     if (link == nullptr || link->tx_uncompressed_bytes == nullptr) continue;
     (send ? link->tx_uncompressed_bytes : link->rx_uncompressed_bytes)
         ->Increment(static_cast<double>(s.aux));

@@ -275,6 +275,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A compressed run's bytes before and after compression, per link (MultiNodeEnv::links).
   void CountCompressedBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The metrics of the link to `node` on `rail` (MultiNodeEnv::links); null when there are none
+  // (this node, tests) or either index is out of range.
+  const metrics::LinkCounters* LinkAt(int node, int rail) const;
   void OnOpDeadline(uint64_t seq);
   void OnJoinDeadline();
   void AbortLocked(const absl::Status& status, Outcomes* out, bool transfers_now = false)

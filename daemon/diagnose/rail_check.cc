@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/diagnose/verdicts.h"
 
 namespace railyard::diagnose {
 
@@ -14,18 +15,13 @@ std::optional<std::string> PeerConfirmsRailStall(const v1::CommState& peer,
     if (r.completed() <= suspect.seq) finished = false;
   }
   if (finished) return absl::StrCat("finished seq ", suspect.seq);
-  if (!peer.has_front() || peer.front().seq() != suspect.seq || !peer.front().running()) {
-    return std::nullopt;
-  }
-  for (const v1::TransferProgress& t : peer.front().transfers()) {
-    if (t.peer_node() != suspect.my_node || t.rail() != suspect.rail) continue;
-    if (t.age_seconds() < suspect.timeout_s) continue;
-    const std::string me =
-        t.peer_name().empty() ? absl::StrCat("node ", suspect.my_node) : t.peer_name();
-    return absl::StrFormat("waits %.1f s for its %s %s on rail%d too", t.age_seconds(),
-                           t.send() ? "send to" : "chunk from", me, t.rail());
-  }
-  return std::nullopt;
+  const v1::TransferProgress* t =
+      WaitOn(peer, suspect.seq, suspect.my_node, suspect.rail, suspect.timeout_s);
+  if (t == nullptr) return std::nullopt;
+  const std::string me =
+      t->peer_name().empty() ? absl::StrCat("node ", suspect.my_node) : t->peer_name();
+  return absl::StrFormat("waits %.1f s for its %s %s on rail%d too", t->age_seconds(),
+                         t->send() ? "send to" : "chunk from", me, t->rail());
 }
 
 }  // namespace railyard::diagnose

@@ -44,6 +44,17 @@ std::string ExactBytes(uint64_t b) {
   return absl::StrCat(b, " B");
 }
 
+const v1::TransferProgress* WaitOn(const v1::CommState& st, uint64_t seq, int node, int rail,
+                                   double min_age_s) {
+  if (!st.has_front() || st.front().seq() != seq || !st.front().running()) return nullptr;
+  for (const v1::TransferProgress& t : st.front().transfers()) {
+    if (t.peer_node() == node && (rail < 0 || t.rail() == rail) && t.age_seconds() >= min_age_s) {
+      return &t;
+    }
+  }
+  return nullptr;
+}
+
 std::string Describe(const v1::OpProgress& op) {
   std::string out = absl::StrCat(op.op(), " ", op.dtype());
   // An AllToAllv's counts are per peer, a barrier has none.
@@ -248,13 +259,8 @@ v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
           // unless what one of them sent has not arrived (lost, or crawling). On the same rail
           // (both receiving: their sends left into a link that delivers nothing), that link.
           // Reported once per pair.
-          const v1::TransferProgress* mutual = nullptr;
-          for (const v1::TransferProgress& pt : ps.front().transfers()) {
-            if (pt.peer_node() != i || pt.age_seconds() < stall_s) continue;
-            const bool better =
-                mutual == nullptr || (pt.rail() == t->rail()) > (mutual->rail() == t->rail());
-            if (better) mutual = &pt;
-          }
+          const v1::TransferProgress* mutual = WaitOn(ps, op.seq(), i, t->rail(), stall_s);
+          if (mutual == nullptr) mutual = WaitOn(ps, op.seq(), i, /*rail=*/-1, stall_s);
           if (mutual != nullptr) {
             if (!mutual_pairs.insert({std::min(i, peer), std::max(i, peer)}).second) continue;
             cause = 1;

@@ -26,6 +26,11 @@ struct Unanswered {
 v1::CommDiagnosis Diagnose(const std::vector<v1::CommState>& states,
                            const std::vector<Unanswered>& unanswered, absl::Duration stall);
 
+// The first transfer of st's running operation `seq` with node `node` on `rail` (any rail when
+// rail < 0) that has waited at least min_age_s; null when st does not run seq or none has.
+const v1::TransferProgress* WaitOn(const v1::CommState& st, uint64_t seq, int node, int rail,
+                                   double min_age_s);
+
 // "allreduce float count=1024 (4 KiB) sum": how verdicts and the daemons' disagreement errors
 // (daemon/comm/op_digest.h) name an operation.
 std::string Describe(const v1::OpProgress& op);
